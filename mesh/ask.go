@@ -1,0 +1,175 @@
+package mesh
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"time"
+)
+
+// The build seat's contract: what is asked of node-build-agent and what its
+// holders announce. Every payload carries a version; a holder refuses a
+// version it does not know.
+
+// AskVersion is the version of the build ask this code speaks.
+const AskVersion = 1
+
+// BuildSeat is the seat that builds images, and BuildVerb its verb.
+const (
+	BuildSeat = "node-build-agent"
+	BuildVerb = "build"
+)
+
+// Events the build seat emits.
+const (
+	EventStarted = "started"
+	EventBuilt   = "built"
+	EventFailed  = "failed"
+)
+
+// Reason classes of a failed build.
+const (
+	ReasonAsk    = "ask"    // malformed ask, unknown version, unknown module
+	ReasonSource = "source" // commit, path or Dockerfile missing
+	ReasonBuild  = "build"  // the Dockerfile failed
+	ReasonPush   = "push"   // the registry refused the image (4xx)
+	ReasonInfra  = "infra"  // buildkitd or the registry unreachable, after retries
+	ReasonCancel = "cancelled"
+)
+
+// Source is where a module's build context comes from.
+type Source struct {
+	Repo       string `json:"repo"`
+	Commit     string `json:"commit"`
+	Path       string `json:"path,omitempty"`
+	Dockerfile string `json:"dockerfile,omitempty"`
+}
+
+// Base is one base image of a build, pinned to a digest.
+type Base struct {
+	Module string `json:"module"`
+	// Image is the base's repository in the registry, without tag or digest
+	// (e.g. "127.0.0.1:5000/runtime").
+	Image  string `json:"image"`
+	Digest string `json:"digest"`
+}
+
+// Ref is the base's pinned reference, repository@digest.
+func (b Base) Ref() string { return b.Image + "@" + b.Digest }
+
+// Ask is one build asked of the build seat.
+type Ask struct {
+	Version  int    `json:"version"`
+	ID       string `json:"id"`
+	Plan     string `json:"plan"`
+	Module   string `json:"module"`
+	Source   Source `json:"source"`
+	Platform string `json:"platform,omitempty"`
+	// Image is the target repository, without tag or digest; the agent tags
+	// it with the commit and pushes it by digest.
+	Image string `json:"image"`
+	Bases []Base `json:"bases,omitempty"`
+	// Cache is the registry reference build cache is imported from and
+	// exported to; empty for none.
+	Cache string `json:"cache,omitempty"`
+}
+
+var (
+	// ErrMalformedAsk is wrapped by every refusal of an ask's payload.
+	ErrMalformedAsk = errors.New("malformed ask")
+	// ErrAskVersion is wrapped when an ask's version is not AskVersion.
+	ErrAskVersion = errors.New("unknown ask version")
+
+	digestRE = regexp.MustCompile(`^sha256:[a-f0-9]{64}$`)
+	idRE     = regexp.MustCompile(`^[A-Za-z0-9_-]{1,128}$`)
+)
+
+// DecodeAsk parses and checks an ask. Every error wraps ErrMalformedAsk or
+// ErrAskVersion and says which field is wrong.
+func DecodeAsk(data []byte) (Ask, error) {
+	var a Ask
+	if err := json.Unmarshal(data, &a); err != nil {
+		return Ask{}, fmt.Errorf("%w: %v", ErrMalformedAsk, err)
+	}
+	if a.Version != AskVersion {
+		return a, fmt.Errorf("%w: version %d, this agent speaks %d", ErrAskVersion, a.Version, AskVersion)
+	}
+	return a, a.Validate()
+}
+
+// Validate checks every field an agent needs.
+func (a Ask) Validate() error {
+	bad := func(field, why string) error { return fmt.Errorf("%w: %s: %s", ErrMalformedAsk, field, why) }
+	switch {
+	case !idRE.MatchString(a.ID):
+		return bad("id", "want 1-128 of [A-Za-z0-9_-]")
+	case a.Plan == "":
+		return bad("plan", "empty")
+	case !nameRE.MatchString(a.Module):
+		return bad("module", fmt.Sprintf("%q is not a module name", a.Module))
+	case a.Source.Repo == "":
+		return bad("source.repo", "empty")
+	case a.Source.Commit == "":
+		return bad("source.commit", "empty")
+	case a.Image == "":
+		return bad("image", "empty")
+	}
+	for i, b := range a.Bases {
+		if !nameRE.MatchString(b.Module) || b.Image == "" || !digestRE.MatchString(b.Digest) {
+			return bad(fmt.Sprintf("bases[%d]", i), "want module, image and a sha256 digest")
+		}
+	}
+	return nil
+}
+
+// Started is announced when a holder begins an ask.
+type Started struct {
+	Version int       `json:"version"`
+	Ask     string    `json:"ask"`
+	Plan    string    `json:"plan"`
+	Module  string    `json:"module"`
+	On      string    `json:"on"`
+	Attempt int       `json:"attempt"`
+	At      time.Time `json:"at"`
+}
+
+// Built is announced when an image is pushed and resolvable by digest.
+type Built struct {
+	Version   int           `json:"version"`
+	Ask       string        `json:"ask"`
+	Plan      string        `json:"plan"`
+	Module    string        `json:"module"`
+	Commit    string        `json:"commit"`
+	Digest    string        `json:"digest"`
+	Image     string        `json:"image"` // repository@digest
+	On        string        `json:"on"`
+	Duration  time.Duration `json:"duration"`
+	Bytes     int64         `json:"bytes"`
+	CacheHits int           `json:"cache_hits"`
+	Steps     int           `json:"steps"`
+	At        time.Time     `json:"at"`
+}
+
+// Failed is announced once when an ask is settled without an image.
+type Failed struct {
+	Version int       `json:"version"`
+	Ask     string    `json:"ask"`
+	Plan    string    `json:"plan"`
+	Module  string    `json:"module"`
+	On      string    `json:"on"`
+	Reason  string    `json:"reason"`
+	Message string    `json:"message"`
+	Log     []string  `json:"log,omitempty"`
+	Attempt int       `json:"attempt"`
+	At      time.Time `json:"at"`
+}
+
+// LogBatch is a batch of a build's output, published on log.<ask>.
+type LogBatch struct {
+	Ask   string   `json:"ask"`
+	On    string   `json:"on"`
+	Seq   int      `json:"seq"`
+	Lines []string `json:"lines"`
+	Final bool     `json:"final,omitempty"`
+}

@@ -1,0 +1,106 @@
+package mesh
+
+import "time"
+
+// Manifest is one module's declaration: one YAML file in a catalogue
+// directory. It names things locally; it never contains a subject, stream,
+// consumer or bucket name.
+type Manifest struct {
+	Module   string   `yaml:"module" json:"module"`
+	Build    *Build   `yaml:"build,omitempty" json:"build,omitempty"`
+	Seats    []Seat   `yaml:"seats,omitempty" json:"seats,omitempty"`
+	Holds    []string `yaml:"holds,omitempty" json:"holds,omitempty"`
+	Emits    []string `yaml:"emits,omitempty" json:"emits,omitempty"`
+	Consumes []string `yaml:"consumes,omitempty" json:"consumes,omitempty"`
+	Uses     []string `yaml:"uses,omitempty" json:"uses,omitempty"`
+	Serves   []string `yaml:"serves,omitempty" json:"serves,omitempty"`
+	State    []Bucket `yaml:"state,omitempty" json:"state,omitempty"`
+	Reads    []string `yaml:"reads,omitempty" json:"reads,omitempty"`
+
+	// File is the path the manifest was loaded from ("" for the mesh's own).
+	File string `yaml:"-" json:"file,omitempty"`
+}
+
+// Build says how a module is built into an image.
+type Build struct {
+	Repo       string   `yaml:"repo" json:"repo"`
+	Path       string   `yaml:"path,omitempty" json:"path,omitempty"`
+	Dockerfile string   `yaml:"dockerfile,omitempty" json:"dockerfile,omitempty"`
+	On         []string `yaml:"on,omitempty" json:"on,omitempty"`
+	Platforms  []string `yaml:"platforms,omitempty" json:"platforms,omitempty"`
+}
+
+// Seat is a role with a protocol: the verbs it accepts (a work queue), the
+// events it emits and the tools it serves.
+type Seat struct {
+	Seat    string   `yaml:"seat" json:"seat"`
+	Scope   string   `yaml:"scope,omitempty" json:"scope,omitempty"`
+	Accepts []string `yaml:"accepts,omitempty" json:"accepts,omitempty"`
+	Emits   []string `yaml:"emits,omitempty" json:"emits,omitempty"`
+	Serves  []string `yaml:"serves,omitempty" json:"serves,omitempty"`
+}
+
+// Bucket is a piece of state a module owns (ADR 0201).
+type Bucket struct {
+	Name    string `yaml:"name" json:"name"`
+	History int    `yaml:"history,omitempty" json:"history,omitempty"`
+	// TTL is how long a value lives: 0 (or empty) is forever; otherwise a
+	// duration such as 90s, 12h or 7d.
+	TTL string `yaml:"ttl,omitempty" json:"ttl,omitempty"`
+}
+
+// Scopes a seat may have.
+const (
+	ScopeMesh = "mesh"
+	ScopeNode = "node"
+)
+
+// Accept is one parsed entry of a seat's accepts: a verb and how long its
+// backlog survives.
+type Accept struct {
+	Verb   string
+	Retain time.Duration
+}
+
+// DefaultRetain is how long an accepted verb's backlog survives when the
+// manifest says nothing.
+const DefaultRetain = 7 * 24 * time.Hour
+
+// DefaultPlatform is a build's platform when the manifest names none.
+const DefaultPlatform = "linux/amd64"
+
+// DefaultDockerfile is a build's Dockerfile when the manifest names none.
+const DefaultDockerfile = "Dockerfile"
+
+// MeshSeats are the mesh's own seats, declared by the mesh itself (ADR 0121):
+// a module is assigned one with holds, and never declares one.
+var MeshSeats = []Seat{
+	{Seat: "mesh-git", Scope: ScopeMesh, Emits: []string{"pushed"}},
+	{Seat: "mesh-controller", Scope: ScopeMesh, Accepts: []string{"report retain 7d"}},
+}
+
+// MeshSeat returns the mesh's own seat by name.
+func MeshSeat(name string) (Seat, bool) {
+	for _, s := range MeshSeats {
+		if s.Seat == name {
+			return s, true
+		}
+	}
+	return Seat{}, false
+}
+
+// Platforms returns the build's platforms, defaulted.
+func (b *Build) PlatformsOrDefault() []string {
+	if b == nil || len(b.Platforms) == 0 {
+		return []string{DefaultPlatform}
+	}
+	return b.Platforms
+}
+
+// DockerfileOrDefault returns the build's Dockerfile path relative to Path.
+func (b *Build) DockerfileOrDefault() string {
+	if b == nil || b.Dockerfile == "" {
+		return DefaultDockerfile
+	}
+	return b.Dockerfile
+}

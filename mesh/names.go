@@ -1,0 +1,126 @@
+package mesh
+
+import (
+	"strings"
+)
+
+// The wire grammar. Every name on the wire is derived by exactly one function
+// in this file; everything that needs a name — the stream, the consumer, the
+// permission, the subscriber, the publisher — calls it, so they cannot drift
+// apart (ADR 0121, issue 127).
+const (
+	// Root is the first token of every subject the mesh derives.
+	Root = "mesh"
+
+	// EventsStream keeps every declared event except logs.
+	EventsStream = "EVENTS"
+	// LogsStream keeps log.* events, bounded by size.
+	LogsStream = "LOGS"
+
+	tokMod    = "mod"
+	tokSeat   = "seat"
+	tokEvent  = "event"
+	tokTool   = "tool"
+	tokAccept = "accept"
+
+	seatStreamPrefix = "SEAT_"
+	logEventPrefix   = "log"
+)
+
+// ReservedTokens are the derivation's own tokens; a verb, event or tool may
+// not be named one of them where the name would be read as a token.
+var ReservedTokens = []string{tokMod, tokSeat, tokEvent, tokTool, tokAccept, Root}
+
+// WireName turns a local name (dotted, with the mesh's wildcards * and **)
+// into subject tokens: * stays *, ** becomes >.
+func WireName(local string) string {
+	parts := strings.Split(local, ".")
+	for i, p := range parts {
+		if p == "**" {
+			parts[i] = ">"
+		}
+	}
+	return strings.Join(parts, ".")
+}
+
+// ModuleEventSubject is where module m publishes its event e.
+func ModuleEventSubject(module, event string) string {
+	return Root + "." + tokMod + "." + module + "." + tokEvent + "." + WireName(event)
+}
+
+// ModuleToolSubject is the request/reply subject of module m's tool t.
+func ModuleToolSubject(module, tool string) string {
+	return Root + "." + tokMod + "." + module + "." + tokTool + "." + WireName(tool)
+}
+
+// SeatAcceptSubject is where work asking seat s to do verb v is published.
+func SeatAcceptSubject(seat, verb string) string {
+	return Root + "." + tokSeat + "." + seat + "." + tokAccept + "." + WireName(verb)
+}
+
+// SeatAcceptAll is every subject of seat s's work queue.
+func SeatAcceptAll(seat string) string {
+	return SeatAcceptSubject(seat, "**")
+}
+
+// SeatEventSubject is where a holder of seat s publishes the seat's event e.
+func SeatEventSubject(seat, event string) string {
+	return Root + "." + tokSeat + "." + seat + "." + tokEvent + "." + WireName(event)
+}
+
+// SeatToolSubject is the request/reply subject of seat s's tool t.
+func SeatToolSubject(seat, tool string) string {
+	return Root + "." + tokSeat + "." + seat + "." + tokTool + "." + WireName(tool)
+}
+
+// IsLogEvent reports whether an event name is a log event (kept in LOGS, not
+// EVENTS): "log" or anything under "log.".
+func IsLogEvent(event string) bool {
+	return event == logEventPrefix || strings.HasPrefix(event, logEventPrefix+".")
+}
+
+// LogEvent is the local name of the log event for one ask or job id.
+func LogEvent(id string) string { return logEventPrefix + "." + id }
+
+// EventStream is the stream that keeps an event: LOGS for log events,
+// EVENTS otherwise.
+func EventStream(event string) string {
+	if IsLogEvent(event) {
+		return LogsStream
+	}
+	return EventsStream
+}
+
+// SeatStream is the name of seat s's work-queue stream.
+func SeatStream(seat string) string { return seatStreamPrefix + seat }
+
+// SeatFromStream is the inverse of SeatStream; ok is false for a stream that
+// is not a seat's work queue.
+func SeatFromStream(stream string) (seat string, ok bool) {
+	return strings.CutPrefix(stream, seatStreamPrefix)
+}
+
+// SeatConsumer is the name of the one durable pull consumer every holder of
+// seat s shares. Seat names have no dots, and a durable name may not contain
+// one (the fault ADR 0121 found), so the seat's name is used as is.
+func SeatConsumer(seat string) string { return "holders-" + seat }
+
+// ModuleConsumer is the name of module m's one durable consumer on EVENTS,
+// carrying a filter for every event it consumes.
+func ModuleConsumer(module string) string { return "module-" + module }
+
+// AckSubject is the ack grant of a consumer on a stream: every ack, nak,
+// in-progress and term for a message it delivered is published under it.
+func AckSubject(stream, consumer string) string {
+	return "$JS.ACK." + stream + "." + consumer + ".>"
+}
+
+// KVBucket is the name of module m's bucket b. Local names never contain
+// "_", so two (module, bucket) pairs cannot derive the same name.
+func KVBucket(module, bucket string) string { return module + "_" + bucket }
+
+// KVStream is the stream behind a key-value bucket.
+func KVStream(bucket string) string { return "KV_" + bucket }
+
+// KVSubjects is every key subject of a bucket.
+func KVSubjects(bucket string) string { return "$KV." + bucket + ".>" }
