@@ -1,0 +1,237 @@
+package mesh
+
+import (
+	"sort"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Limits the mesh puts on what it derives.
+const (
+	// EventsMaxAge is how long EVENTS keeps an event.
+	EventsMaxAge = 7 * 24 * time.Hour
+	// LogsMaxBytes bounds LOGS; the oldest output goes first.
+	LogsMaxBytes = 256 << 20
+	// LogsMaxAge is how long LOGS keeps output.
+	LogsMaxAge = 7 * 24 * time.Hour
+	// BucketMaxValue and BucketMaxBytes are ADR 0201's caps.
+	BucketMaxValue = 256 << 10
+	BucketMaxBytes = 64 << 20
+	// DuplicateWindow is how long a work queue remembers an ask id
+	// (Nats-Msg-Id), so a re-submit inside it is a no-op.
+	DuplicateWindow = time.Hour
+	// HolderAckWait is how long a holder may stay silent on an ask before it
+	// is redelivered; holders send InProgress well inside it.
+	HolderAckWait = 30 * time.Second
+	// ConsumerAckWait is the ack wait of a module's event consumer.
+	ConsumerAckWait = 30 * time.Second
+)
+
+// StreamSpec is a stream the catalogue implies.
+type StreamSpec struct {
+	Config jetstream.StreamConfig
+	// Why says which declaration implies it.
+	Why string
+}
+
+// ConsumerSpec is a durable consumer the catalogue implies.
+type ConsumerSpec struct {
+	Stream string
+	Config jetstream.ConsumerConfig
+	Why    string
+}
+
+// BucketSpec is a key-value bucket the catalogue implies.
+type BucketSpec struct {
+	Module string
+	Config jetstream.KeyValueConfig
+	Why    string
+}
+
+// Wire is everything a catalogue implies on the server.
+type Wire struct {
+	Streams   []StreamSpec
+	Consumers []ConsumerSpec
+	Buckets   []BucketSpec
+}
+
+// Derive returns every stream, consumer and bucket the catalogue implies,
+// in a deterministic order. Replicas is the replica count of each (1 for a
+// single server, 3 for a cluster).
+func (c *Catalogue) Derive(replicas int) Wire {
+	if replicas < 1 {
+		replicas = 1
+	}
+	var w Wire
+	w.Streams = append(w.Streams, c.eventStreams(replicas)...)
+	for _, s := range c.Seats() {
+		if spec, ok := SeatStreamSpec(s, replicas); ok {
+			w.Streams = append(w.Streams, spec)
+			w.Consumers = append(w.Consumers, SeatConsumerSpec(s, replicas))
+		}
+	}
+	for _, m := range c.Modules {
+		w.Consumers = append(w.Consumers, c.ModuleConsumerSpecs(m, replicas)...)
+		for _, b := range m.State {
+			w.Buckets = append(w.Buckets, BucketSpecOf(m.Module, b, replicas))
+		}
+	}
+	return w
+}
+
+// eventStreams derives EVENTS and LOGS: each carries exactly the declared
+// event subjects, so the two never overlap.
+func (c *Catalogue) eventStreams(replicas int) []StreamSpec {
+	var events, logs []string
+	add := func(event, subject string) {
+		if IsLogEvent(event) {
+			logs = append(logs, subject)
+		} else {
+			events = append(events, subject)
+		}
+	}
+	for _, s := range c.Seats() {
+		for _, e := range s.Emits {
+			add(e, SeatEventSubject(s.Seat, e))
+		}
+	}
+	for _, m := range c.Modules {
+		for _, e := range m.Emits {
+			add(e, ModuleEventSubject(m.Module, e))
+		}
+	}
+	sort.Strings(events)
+	sort.Strings(logs)
+	out := []StreamSpec{{
+		Why: "every declared event",
+		Config: jetstream.StreamConfig{
+			Name: EventsStream, Subjects: events, Retention: jetstream.LimitsPolicy,
+			MaxAge: EventsMaxAge, Storage: jetstream.FileStorage, Replicas: replicas,
+			Duplicates: DuplicateWindow, Discard: jetstream.DiscardOld,
+		},
+	}}
+	if len(logs) > 0 {
+		out = append(out, StreamSpec{
+			Why: "every declared log.* event, bounded by size",
+			Config: jetstream.StreamConfig{
+				Name: LogsStream, Subjects: logs, Retention: jetstream.LimitsPolicy,
+				MaxAge: LogsMaxAge, MaxBytes: LogsMaxBytes, Storage: jetstream.FileStorage,
+				Replicas: replicas, Discard: jetstream.DiscardOld,
+			},
+		})
+	}
+	return out
+}
+
+// SeatRetain is how long a seat's work queue keeps an ask: the longest
+// retain of its verbs (one stream per seat).
+func SeatRetain(s Seat) time.Duration {
+	var max time.Duration
+	for _, a := range s.Accepts {
+		if acc, err := ParseAccept(a); err == nil && acc.Retain > max {
+			max = acc.Retain
+		}
+	}
+	if max == 0 {
+		max = DefaultRetain
+	}
+	return max
+}
+
+// SeatStreamSpec derives seat s's work queue; ok is false for a seat that
+// accepts nothing.
+func SeatStreamSpec(s Seat, replicas int) (StreamSpec, bool) {
+	if len(s.Accepts) == 0 {
+		return StreamSpec{}, false
+	}
+	return StreamSpec{
+		Why: "seat " + s.Seat + " accepts work",
+		Config: jetstream.StreamConfig{
+			Name: SeatStream(s.Seat), Subjects: []string{SeatAcceptAll(s.Seat)},
+			Retention: jetstream.WorkQueuePolicy, MaxAge: SeatRetain(s),
+			Storage: jetstream.FileStorage, Replicas: replicas,
+			Duplicates: DuplicateWindow, Discard: jetstream.DiscardOld,
+		},
+	}, true
+}
+
+// SeatConsumerSpec derives the one durable pull consumer every holder of
+// seat s shares. No max-deliver: a holder bounds its own retries by the
+// delivery count and settles with Term.
+func SeatConsumerSpec(s Seat, replicas int) ConsumerSpec {
+	return ConsumerSpec{
+		Stream: SeatStream(s.Seat),
+		Why:    "the holders of " + s.Seat + " pull from it",
+		Config: jetstream.ConsumerConfig{
+			Durable: SeatConsumer(s.Seat), FilterSubject: SeatAcceptAll(s.Seat),
+			AckPolicy: jetstream.AckExplicitPolicy, AckWait: HolderAckWait,
+			DeliverPolicy: jetstream.DeliverAllPolicy, MaxDeliver: -1,
+			MaxAckPending: 100_000, MaxWaiting: 4096, Replicas: replicas,
+		},
+	}
+}
+
+// ModuleConsumerSpecs derives module m's durable consumers: one on EVENTS
+// carrying a filter for every event it consumes, and one on LOGS if it
+// consumes log events.
+func (c *Catalogue) ModuleConsumerSpecs(m *Manifest, replicas int) []ConsumerSpec {
+	filters := map[string][]string{}
+	for _, ref := range m.Consumes {
+		subj, ok := c.ConsumedSubject(ref)
+		if !ok {
+			continue
+		}
+		_, event, _ := SplitRef(ref)
+		st := EventStream(event)
+		filters[st] = append(filters[st], subj)
+	}
+	var out []ConsumerSpec
+	for _, st := range []string{EventsStream, LogsStream} {
+		f := filters[st]
+		if len(f) == 0 {
+			continue
+		}
+		sort.Strings(f)
+		out = append(out, ConsumerSpec{
+			Stream: st,
+			Why:    "module " + m.Module + " consumes " + joinComma(f),
+			Config: jetstream.ConsumerConfig{
+				Durable: ModuleConsumer(m.Module), FilterSubjects: f,
+				AckPolicy: jetstream.AckExplicitPolicy, AckWait: ConsumerAckWait,
+				DeliverPolicy: jetstream.DeliverAllPolicy, MaxDeliver: -1,
+				MaxAckPending: 10_000, Replicas: replicas,
+			},
+		})
+	}
+	return out
+}
+
+// BucketSpecOf derives module m's bucket b.
+func BucketSpecOf(module string, b Bucket, replicas int) BucketSpec {
+	hist := b.History
+	if hist < 1 {
+		hist = 1
+	}
+	ttl, _ := ParseTTL(b.TTL)
+	return BucketSpec{
+		Module: module,
+		Why:    "module " + module + " declares state " + b.Name,
+		Config: jetstream.KeyValueConfig{
+			Bucket: KVBucket(module, b.Name), History: uint8(hist), TTL: ttl,
+			MaxValueSize: BucketMaxValue, MaxBytes: BucketMaxBytes,
+			Storage: jetstream.FileStorage, Replicas: replicas,
+		},
+	}
+}
+
+func joinComma(ss []string) string {
+	out := ""
+	for i, s := range ss {
+		if i > 0 {
+			out += ", "
+		}
+		out += s
+	}
+	return out
+}

@@ -1,0 +1,172 @@
+package mesh
+
+import (
+	"sort"
+
+	"github.com/nats-io/nats-server/v2/server"
+)
+
+// Permissions is a principal's derived NATS permission set: what it may
+// publish and subscribe to, and whether it may answer requests it receives.
+// Nobody writes an access rule; the set comes from a declaration.
+type Permissions struct {
+	Principal string   `json:"principal"`
+	Publish   []string `json:"publish"`
+	Subscribe []string `json:"subscribe"`
+	// Responses lets the principal reply to requests it received (serving
+	// tools) without a publish grant on reply subjects.
+	Responses bool `json:"responses,omitempty"`
+}
+
+// InboxPrefix is principal p's reply-subject prefix: request replies and
+// pull deliveries come here, and no other principal may read them. A client
+// sets it with nats.CustomInboxPrefix.
+func InboxPrefix(principal string) string { return "_INBOX_" + principal }
+
+// The JetStream API subjects a principal needs, each derived from the names
+// it touches.
+func consumerNext(stream, consumer string) string {
+	return "$JS.API.CONSUMER.MSG.NEXT." + stream + "." + consumer
+}
+func consumerInfo(stream, consumer string) string {
+	return "$JS.API.CONSUMER.INFO." + stream + "." + consumer
+}
+
+// consumerGrants are what binding to a durable pull consumer takes: look it
+// up, fetch from it, acknowledge what it delivered.
+func consumerGrants(stream, consumer string) []string {
+	return []string{consumerInfo(stream, consumer), consumerNext(stream, consumer), AckSubject(stream, consumer)}
+}
+
+// bucketReadGrants are what reading and watching a bucket takes.
+func bucketReadGrants(bucket string) []string {
+	st := KVStream(bucket)
+	return []string{
+		"$JS.API.STREAM.INFO." + st,
+		"$JS.API.STREAM.MSG.GET." + st,
+		"$JS.API.DIRECT.GET." + st + ".>",
+		"$JS.API.CONSUMER.CREATE." + st + ".>",
+		"$JS.API.CONSUMER.DELETE." + st + ".>",
+		"$JS.FC." + st + ".>",
+	}
+}
+
+// ControllerUses are the seats the mesh's controller submits work to. The
+// controller files no manifest, so this is stated, not derived (ADR 0121).
+var ControllerUses = []string{BuildSeat}
+
+// ControllerJetStream is the controller's grant on the JetStream API: it is
+// the only writer of stream, consumer and bucket definitions.
+const ControllerJetStream = "$JS.API.>"
+
+// ModulePermissions derives module m's permission set: its own namespace,
+// the seats it holds, the seats it uses (publish on accepts only), its
+// consumers and its buckets.
+func (c *Catalogue) ModulePermissions(m *Manifest) Permissions {
+	p := permSet{pub: map[string]bool{}, sub: map[string]bool{}}
+	inbox := InboxPrefix(m.Module) + ".>"
+	p.sub[inbox] = true
+	for _, e := range m.Emits {
+		p.pub[ModuleEventSubject(m.Module, e)] = true
+	}
+	for _, t := range m.Serves {
+		p.sub[ModuleToolSubject(m.Module, t)] = true
+	}
+	for _, s := range c.HeldSeats(m) {
+		for _, e := range s.Emits {
+			p.pub[SeatEventSubject(s.Seat, e)] = true
+		}
+		for _, t := range s.Serves {
+			p.sub[SeatToolSubject(s.Seat, t)] = true
+		}
+		if len(s.Accepts) > 0 {
+			for _, g := range consumerGrants(SeatStream(s.Seat), SeatConsumer(s.Seat)) {
+				p.pub[g] = true
+			}
+		}
+	}
+	for _, s := range m.Uses {
+		p.pub[SeatAcceptAll(s)] = true
+	}
+	for _, spec := range c.ModuleConsumerSpecs(m, 1) {
+		for _, g := range consumerGrants(spec.Stream, spec.Config.Durable) {
+			p.pub[g] = true
+		}
+	}
+	for _, b := range m.State {
+		name := KVBucket(m.Module, b.Name)
+		p.pub[KVSubjects(name)] = true
+		for _, g := range bucketReadGrants(name) {
+			p.pub[g] = true
+		}
+	}
+	for _, ref := range m.Reads {
+		if owner, bucket, ok := SplitRef(ref); ok {
+			for _, g := range bucketReadGrants(KVBucket(owner, bucket)) {
+				p.pub[g] = true
+			}
+		}
+	}
+	return p.done(m.Module, len(m.Serves) > 0 || servesAny(c.HeldSeats(m)))
+}
+
+// ControllerPermissions derives the controller's set: that of every module
+// holding mesh-controller, plus the mesh's own named list — the JetStream
+// API (it raises the wire) and the accepts of ControllerUses.
+func (c *Catalogue) ControllerPermissions(principal string) Permissions {
+	p := permSet{pub: map[string]bool{}, sub: map[string]bool{}}
+	responses := false
+	for _, m := range c.Holders("mesh-controller") {
+		mp := c.ModulePermissions(m)
+		for _, s := range mp.Publish {
+			p.pub[s] = true
+		}
+		for _, s := range mp.Subscribe {
+			p.sub[s] = true
+		}
+		responses = responses || mp.Responses
+	}
+	p.sub[InboxPrefix(principal)+".>"] = true
+	p.pub[ControllerJetStream] = true
+	for _, s := range ControllerUses {
+		p.pub[SeatAcceptAll(s)] = true
+	}
+	return p.done(principal, responses)
+}
+
+func servesAny(seats []Seat) bool {
+	for _, s := range seats {
+		if len(s.Serves) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+type permSet struct{ pub, sub map[string]bool }
+
+func (p permSet) done(principal string, responses bool) Permissions {
+	return Permissions{Principal: principal, Publish: keys(p.pub), Subscribe: keys(p.sub), Responses: responses}
+}
+
+func keys(m map[string]bool) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// ServerPermissions turns a derived set into the embedded server's form, for
+// configuring a user (tests, the embedded default).
+func (p Permissions) ServerPermissions() *server.Permissions {
+	sp := &server.Permissions{
+		Publish:   &server.SubjectPermission{Allow: append([]string(nil), p.Publish...)},
+		Subscribe: &server.SubjectPermission{Allow: append([]string(nil), p.Subscribe...)},
+	}
+	if p.Responses {
+		sp.Response = &server.ResponsePermission{MaxMsgs: 1}
+	}
+	return sp
+}

@@ -1,0 +1,183 @@
+package mesh
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"reflect"
+	"sort"
+	"strings"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// RaiseReport says what a raise did to each name.
+type RaiseReport struct {
+	Created   []string `json:"created"`
+	Updated   []string `json:"updated"`
+	Unchanged []string `json:"unchanged"`
+	// Orphans are streams, consumers and buckets the mesh made whose
+	// declaration is gone. They are reported, never deleted: data outlives
+	// the declaration that made it.
+	Orphans []string `json:"orphans"`
+}
+
+// Changed reports whether the raise changed anything on the server.
+func (r RaiseReport) Changed() bool { return len(r.Created)+len(r.Updated) > 0 }
+
+// Raise asserts on the server every stream, consumer and bucket the catalogue
+// implies, idempotently: asserting twice changes nothing. Streams come first,
+// so a seat's work queue exists before any holder binds to it.
+func Raise(ctx context.Context, js jetstream.JetStream, c *Catalogue, replicas int) (RaiseReport, error) {
+	w := c.Derive(replicas)
+	var r RaiseReport
+	note := func(kind, name string, before, after any, existed bool) {
+		label := kind + " " + name
+		switch {
+		case !existed:
+			r.Created = append(r.Created, label)
+		case !reflect.DeepEqual(before, after):
+			r.Updated = append(r.Updated, label)
+		default:
+			r.Unchanged = append(r.Unchanged, label)
+		}
+	}
+	for _, s := range w.Streams {
+		before, existed, err := streamConfig(ctx, js, s.Config.Name)
+		if err != nil {
+			return r, err
+		}
+		st, err := js.CreateOrUpdateStream(ctx, s.Config)
+		if err != nil {
+			return r, fmt.Errorf("asserting stream %s (%s): %w", s.Config.Name, s.Why, err)
+		}
+		note("stream", s.Config.Name, before, st.CachedInfo().Config, existed)
+	}
+	for _, b := range w.Buckets {
+		stream := KVStream(b.Config.Bucket)
+		before, existed, err := streamConfig(ctx, js, stream)
+		if err != nil {
+			return r, err
+		}
+		if _, err := js.CreateOrUpdateKeyValue(ctx, b.Config); err != nil {
+			return r, fmt.Errorf("asserting bucket %s (%s): %w", b.Config.Bucket, b.Why, err)
+		}
+		after, _, err := streamConfig(ctx, js, stream)
+		if err != nil {
+			return r, err
+		}
+		note("bucket", b.Config.Bucket, before, after, existed)
+	}
+	for _, cs := range w.Consumers {
+		var before jetstream.ConsumerConfig
+		existed := false
+		if cons, err := js.Consumer(ctx, cs.Stream, cs.Config.Durable); err == nil {
+			before, existed = cons.CachedInfo().Config, true
+		} else if !errors.Is(err, jetstream.ErrConsumerNotFound) {
+			return r, fmt.Errorf("looking up consumer %s on %s: %w", cs.Config.Durable, cs.Stream, err)
+		}
+		cons, err := js.CreateOrUpdateConsumer(ctx, cs.Stream, cs.Config)
+		if err != nil {
+			return r, fmt.Errorf("asserting consumer %s on %s (%s): %w", cs.Config.Durable, cs.Stream, cs.Why, err)
+		}
+		note("consumer", cs.Stream+"/"+cs.Config.Durable, before, cons.CachedInfo().Config, existed)
+	}
+	orphans, err := findOrphans(ctx, js, w)
+	if err != nil {
+		return r, err
+	}
+	r.Orphans = orphans
+	return r, nil
+}
+
+func streamConfig(ctx context.Context, js jetstream.JetStream, name string) (jetstream.StreamConfig, bool, error) {
+	st, err := js.Stream(ctx, name)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return jetstream.StreamConfig{}, false, nil
+	}
+	if err != nil {
+		return jetstream.StreamConfig{}, false, fmt.Errorf("looking up stream %s: %w", name, err)
+	}
+	return st.CachedInfo().Config, true, nil
+}
+
+// findOrphans lists the mesh's streams, buckets and consumers on the server
+// that the catalogue no longer implies.
+func findOrphans(ctx context.Context, js jetstream.JetStream, w Wire) ([]string, error) {
+	want := map[string]bool{}
+	for _, s := range w.Streams {
+		want[s.Config.Name] = true
+	}
+	for _, b := range w.Buckets {
+		want[KVStream(b.Config.Bucket)] = true
+	}
+	wantConsumer := map[string]bool{}
+	for _, c := range w.Consumers {
+		wantConsumer[c.Stream+"/"+c.Config.Durable] = true
+	}
+	var out []string
+	names := js.StreamNames(ctx)
+	var ours []string
+	for name := range names.Name() {
+		if isMeshStream(name) {
+			ours = append(ours, name)
+		}
+	}
+	if err := names.Err(); err != nil {
+		return nil, fmt.Errorf("listing streams: %w", err)
+	}
+	sort.Strings(ours)
+	for _, name := range ours {
+		if !want[name] {
+			if b, ok := strings.CutPrefix(name, "KV_"); ok {
+				out = append(out, "bucket "+b)
+			} else {
+				out = append(out, "stream "+name)
+			}
+			continue
+		}
+		if strings.HasPrefix(name, "KV_") {
+			continue
+		}
+		st, err := js.Stream(ctx, name)
+		if err != nil {
+			return nil, fmt.Errorf("looking up stream %s: %w", name, err)
+		}
+		cn := st.ConsumerNames(ctx)
+		for c := range cn.Name() {
+			if isMeshConsumer(c) && !wantConsumer[name+"/"+c] {
+				out = append(out, "consumer "+name+"/"+c)
+			}
+		}
+		if err := cn.Err(); err != nil {
+			return nil, fmt.Errorf("listing consumers of %s: %w", name, err)
+		}
+	}
+	return out, nil
+}
+
+// isMeshStream reports whether a stream is one the mesh derives.
+func isMeshStream(name string) bool {
+	if name == EventsStream || name == LogsStream {
+		return true
+	}
+	if _, ok := SeatFromStream(name); ok {
+		return true
+	}
+	if b, ok := strings.CutPrefix(name, "KV_"); ok {
+		mod, bucket, ok := strings.Cut(b, "_")
+		return ok && ValidName(mod) && ValidName(bucket)
+	}
+	return false
+}
+
+func isMeshConsumer(name string) bool {
+	return strings.HasPrefix(name, SeatConsumer("")) || strings.HasPrefix(name, ModuleConsumer(""))
+}
+
+// MarshalIndent is a helper for printing a derived value as JSON.
+func MarshalIndent(v any) string {
+	b, _ := json.MarshalIndent(v, "", "  ")
+	return string(b)
+}

@@ -1,0 +1,355 @@
+package mesh_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/meshbuild/meshbuild/internal/natstest"
+	"github.com/meshbuild/meshbuild/mesh"
+)
+
+// fixture is a small catalogue with every kind of declaration: a seat with
+// accepts, a controller holding a mesh seat, a user of the seat, a module
+// with state and a reader of it.
+func fixture() []*mesh.Manifest {
+	return []*mesh.Manifest{
+		{Module: "build-agent", Seats: []mesh.Seat{{
+			Seat: "node-build-agent", Scope: "node", Accepts: []string{"build retain 7d"},
+			Emits: []string{"started", "built", "failed", "log.*"}, Serves: []string{"status"},
+		}}},
+		{Module: "build-controller", Holds: []string{"mesh-controller"}, Uses: []string{"node-build-agent"},
+			Consumes: []string{"mesh-git.pushed", "node-build-agent.started", "node-build-agent.built", "node-build-agent.failed", "shop.order.placed"},
+			State:    []mesh.Bucket{{Name: "plans", History: 1}, {Name: "declarations", History: 1}}},
+		{Module: "git", Holds: []string{"mesh-git"}},
+		{Module: "shop", Emits: []string{"order.placed"}, Uses: []string{"node-build-agent"}, Reads: []string{"build-controller.plans"}},
+	}
+}
+
+func ctx(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return c
+}
+
+// snapshot reads back every stream, consumer and bucket config of a wire.
+func snapshot(t *testing.T, js jetstream.JetStream, w mesh.Wire) map[string]any {
+	t.Helper()
+	out := map[string]any{}
+	for _, s := range w.Streams {
+		st, err := js.Stream(ctx(t), s.Config.Name)
+		if err != nil {
+			t.Fatalf("stream %s: %v", s.Config.Name, err)
+		}
+		out["stream "+s.Config.Name] = st.CachedInfo().Config
+	}
+	for _, c := range w.Consumers {
+		cons, err := js.Consumer(ctx(t), c.Stream, c.Config.Durable)
+		if err != nil {
+			t.Fatalf("consumer %s/%s: %v", c.Stream, c.Config.Durable, err)
+		}
+		out["consumer "+c.Stream+"/"+c.Config.Durable] = cons.CachedInfo().Config
+	}
+	for _, b := range w.Buckets {
+		st, err := js.Stream(ctx(t), mesh.KVStream(b.Config.Bucket))
+		if err != nil {
+			t.Fatalf("bucket %s: %v", b.Config.Bucket, err)
+		}
+		out["bucket "+b.Config.Bucket] = st.CachedInfo().Config
+	}
+	return out
+}
+
+func TestRaiseTwiceChangesNothing(t *testing.T) {
+	s := natstest.Server(t, nil)
+	_, js := natstest.Connect(t, s)
+	c := mesh.NewCatalogue(fixture())
+
+	first, err := mesh.Raise(ctx(t), js, c, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := c.Derive(1)
+	if got, want := len(first.Created), len(w.Streams)+len(w.Consumers)+len(w.Buckets); got != want {
+		t.Fatalf("first raise created %d names, want %d: %v", got, want, first.Created)
+	}
+	before := snapshot(t, js, w)
+
+	second, err := mesh.Raise(ctx(t), js, c, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if second.Changed() {
+		t.Fatalf("second raise changed the server: created %v updated %v", second.Created, second.Updated)
+	}
+	if len(second.Unchanged) != len(first.Created) {
+		t.Fatalf("second raise saw %d unchanged, want %d", len(second.Unchanged), len(first.Created))
+	}
+	if after := snapshot(t, js, w); !reflect.DeepEqual(before, after) {
+		t.Fatalf("configs differ after a second raise:\nbefore %v\nafter  %v", before, after)
+	}
+}
+
+func TestRaiseReportsRemovedDeclarationsAndKeepsThem(t *testing.T) {
+	s := natstest.Server(t, nil)
+	_, js := natstest.Connect(t, s)
+	if _, err := mesh.Raise(ctx(t), js, mesh.NewCatalogue(fixture()), 1); err != nil {
+		t.Fatal(err)
+	}
+	// Drop the seat's declaration and the controller's state and consumes.
+	ms := fixture()
+	ms[0].Seats = nil
+	ms[1].State = nil
+	ms[1].Consumes = nil
+	r, err := mesh.Raise(ctx(t), js, mesh.NewCatalogue(ms), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"stream " + mesh.SeatStream("node-build-agent"),
+		"bucket " + mesh.KVBucket("build-controller", "plans"),
+		"bucket " + mesh.KVBucket("build-controller", "declarations"),
+		"consumer " + mesh.EventsStream + "/" + mesh.ModuleConsumer("build-controller"),
+	} {
+		if !slices.Contains(r.Orphans, want) {
+			t.Errorf("orphans %v lack %q", r.Orphans, want)
+		}
+	}
+	if _, err := js.Stream(ctx(t), mesh.SeatStream("node-build-agent")); err != nil {
+		t.Errorf("the orphaned work queue was deleted: %v", err)
+	}
+	if _, err := js.KeyValue(ctx(t), mesh.KVBucket("build-controller", "plans")); err != nil {
+		t.Errorf("the orphaned bucket was deleted: %v", err)
+	}
+}
+
+func TestAsksQueueUntilAHolderAppears(t *testing.T) {
+	s := natstest.Server(t, nil)
+	_, js := natstest.Connect(t, s)
+	c := mesh.NewCatalogue(fixture())
+	if _, err := mesh.Raise(ctx(t), js, c, 1); err != nil {
+		t.Fatal(err)
+	}
+	subj := mesh.SeatAcceptSubject(mesh.BuildSeat, mesh.BuildVerb)
+	const n = 5
+	for i := range n {
+		if _, err := js.Publish(ctx(t), subj, fmt.Appendf(nil, "ask-%d", i), jetstream.WithMsgID(fmt.Sprintf("ask-%d", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A re-submit with the same id is a no-op.
+	if ack, err := js.Publish(ctx(t), subj, []byte("ask-0"), jetstream.WithMsgID("ask-0")); err != nil || !ack.Duplicate {
+		t.Fatalf("re-submit: ack %+v err %v, want a duplicate", ack, err)
+	}
+	// The holder arrives later: it binds the derived consumer by name.
+	cons, err := js.Consumer(ctx(t), mesh.SeatStream(mesh.BuildSeat), mesh.SeatConsumer(mesh.BuildSeat))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range n {
+		batch, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for m := range batch.Messages() {
+			got = append(got, string(m.Data()))
+			if err := m.Ack(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if len(got) != 1 || got[0] != fmt.Sprintf("ask-%d", i) {
+			t.Fatalf("fetch %d got %v, want [ask-%d]", i, got, i)
+		}
+	}
+}
+
+// principals configures one NATS user per derived permission set.
+func principals(t *testing.T, c *mesh.Catalogue) (urlOf func(user string) string, connect func(user string) (*nats.Conn, jetstream.JetStream, <-chan error)) {
+	t.Helper()
+	var sets []mesh.Permissions
+	for _, m := range c.Modules {
+		sets = append(sets, c.ModulePermissions(m))
+	}
+	sets = append(sets, c.ControllerPermissions("controller"))
+	opts := &natsServerOptions{}
+	for _, p := range sets {
+		opts.add(p)
+	}
+	s := natstest.Server(t, opts.options())
+	connect = func(user string) (*nats.Conn, jetstream.JetStream, <-chan error) {
+		errs := make(chan error, 64)
+		nc, js := natstest.Connect(t, s, nats.UserInfo(user, "pw-"+user),
+			nats.CustomInboxPrefix(mesh.InboxPrefix(user)),
+			nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+				select {
+				case errs <- err:
+				default:
+				}
+			}))
+		return nc, js, errs
+	}
+	return func(string) string { return s.ClientURL() }, connect
+}
+
+// refused waits for the server to refuse an operation on subject.
+func refused(t *testing.T, errs <-chan error, subject string) {
+	t.Helper()
+	deadline := time.After(3 * time.Second)
+	for {
+		select {
+		case err := <-errs:
+			if errors.Is(err, nats.ErrPermissionViolation) && containsSubject(err, subject) {
+				return
+			}
+		case <-deadline:
+			t.Fatalf("no permissions violation for %q", subject)
+		}
+	}
+}
+
+func TestDerivedPermissionsOnARealServer(t *testing.T) {
+	c := mesh.NewCatalogue(fixture())
+	_, connect := principals(t, c)
+
+	// The controller raises under its own derived grant.
+	_, cjs, _ := connect("controller")
+	if _, err := mesh.Raise(ctx(t), cjs, c, 1); err != nil {
+		t.Fatalf("controller raising under its grant: %v", err)
+	}
+
+	ask := mesh.SeatAcceptSubject(mesh.BuildSeat, mesh.BuildVerb)
+	t.Run("a user of a seat publishes asks and nothing else of it", func(t *testing.T) {
+		nc, js, errs := connect("shop")
+		if _, err := js.Publish(ctx(t), ask, []byte("{}")); err != nil {
+			t.Fatalf("shop publishing an ask: %v", err)
+		}
+		sub, err := nc.SubscribeSync(ask)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer sub.Unsubscribe()
+		refused(t, errs, ask)
+		built := mesh.SeatEventSubject(mesh.BuildSeat, "built")
+		if err := nc.Publish(built, []byte("{}")); err != nil {
+			t.Fatal(err)
+		}
+		refused(t, errs, built)
+		other := mesh.ModuleEventSubject("git", "rotated")
+		if err := nc.Publish(other, []byte("{}")); err != nil {
+			t.Fatal(err)
+		}
+		refused(t, errs, other)
+	})
+
+	t.Run("a holder fetches and acks under exactly its grant", func(t *testing.T) {
+		_, js, _ := connect("build-agent")
+		cons, err := js.Consumer(ctx(t), mesh.SeatStream(mesh.BuildSeat), mesh.SeatConsumer(mesh.BuildSeat))
+		if err != nil {
+			t.Fatalf("holder binding its consumer: %v", err)
+		}
+		batch, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for m := range batch.Messages() {
+			n++
+			if err := m.DoubleAck(ctx(t)); err != nil {
+				t.Fatalf("holder acking: %v", err)
+			}
+		}
+		if n != 1 {
+			t.Fatalf("holder fetched %d asks, want 1 (err %v)", n, batch.Error())
+		}
+		info, err := cons.Info(ctx(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.NumAckPending != 0 || info.AckFloor.Stream == 0 {
+			t.Fatalf("ack not recorded: pending %d floor %d", info.NumAckPending, info.AckFloor.Stream)
+		}
+		if _, err := js.Publish(ctx(t), mesh.SeatEventSubject(mesh.BuildSeat, "built"), []byte("{}")); err != nil {
+			t.Fatalf("holder announcing built: %v", err)
+		}
+	})
+
+	t.Run("a reader reads a bucket and cannot write it", func(t *testing.T) {
+		bucket := mesh.KVBucket("build-controller", "plans")
+		_, cjs, _ := connect("controller")
+		ckv, err := cjs.KeyValue(ctx(t), bucket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ckv.Put(ctx(t), "p1", []byte("v1")); err != nil {
+			t.Fatalf("owner writing: %v", err)
+		}
+		_, js, errs := connect("shop")
+		kv, err := js.KeyValue(ctx(t), bucket)
+		if err != nil {
+			t.Fatalf("reader opening the bucket: %v", err)
+		}
+		e, err := kv.Get(ctx(t), "p1")
+		if err != nil || string(e.Value()) != "v1" {
+			t.Fatalf("reader get: %v %v", e, err)
+		}
+		short, cancel := context.WithTimeout(ctx(t), 2*time.Second)
+		defer cancel()
+		if _, err := kv.Put(short, "p1", []byte("forged")); err == nil {
+			t.Fatal("reader wrote a bucket it only reads")
+		}
+		refused(t, errs, "$KV."+bucket+".p1")
+		e, _ = ckv.Get(ctx(t), "p1")
+		if string(e.Value()) != "v1" {
+			t.Fatalf("value changed to %q", e.Value())
+		}
+	})
+
+	t.Run("the controller receives every event it follows", func(t *testing.T) {
+		ms, _ := c.Module("build-controller")
+		_, ajs, _ := connect("build-agent")
+		_, gjs, _ := connect("git")
+		_, sjs, _ := connect("shop")
+		publishers := map[string]jetstream.JetStream{"node-build-agent": ajs, "mesh-git": gjs, "shop": sjs}
+		want := map[string]bool{}
+		for _, ref := range ms.Consumes {
+			emitter, _, _ := mesh.SplitRef(ref)
+			subj, _ := c.ConsumedSubject(ref)
+			if _, err := publishers[emitter].Publish(ctx(t), subj, []byte(ref)); err != nil {
+				t.Fatalf("%s publishing %s: %v", emitter, subj, err)
+			}
+			want[ref] = true
+		}
+		cons, err := cjs.Consumer(ctx(t), mesh.EventsStream, mesh.ModuleConsumer("build-controller"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]bool{}
+		deadline := time.Now().Add(10 * time.Second)
+		for len(got) < len(want) && time.Now().Before(deadline) {
+			batch, err := cons.Fetch(10, jetstream.FetchMaxWait(time.Second))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for m := range batch.Messages() {
+				got[string(m.Data())] = true
+				if err := m.Ack(); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		// The holder's own "built" from the subtest above arrives too.
+		for ref := range want {
+			if !got[ref] {
+				t.Errorf("controller never received %s", ref)
+			}
+		}
+	})
+}
