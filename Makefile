@@ -1,0 +1,41 @@
+# meshbuild — see README.md. Every target installs what it needs first.
+GO      ?= go
+BIN     := $(CURDIR)/bin
+PKGS    := ./...
+export MESHBUILD_BUILDKIT := 1
+export PATH := $(BIN):$(PATH)
+
+.PHONY: all deps build demo test test-short bench lint clean
+
+all: build
+
+# runc, busybox-static, git and prometheus from Debian; buildkitd and buildctl
+# built from the github.com/moby/buildkit module pinned as tools in go.mod.
+deps:
+	@bash scripts/install-deps.sh
+
+build:
+	$(GO) build -o $(BIN)/ ./cmd/...
+
+# The main job on the embedded default: NATS, a registry and buildkitd started
+# locally, a controller and three agents, examples/fleet built as a cascade.
+demo: deps build
+	$(BIN)/builds up --catalogue examples/fleet/catalogue --agents 3 --demo examples/fleet
+
+# Every test, against the real NATS server, buildkitd + runc and registry.
+test: deps lint
+	$(GO) test -race -count=1 -timeout 60m $(PKGS)
+
+# The pure and in-process tests only (no buildkitd).
+test-short:
+	MESHBUILD_BUILDKIT= $(GO) test -count=1 $(PKGS)
+
+bench: deps build
+	$(GO) run ./cmd/benchtable
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet $(PKGS)
+
+clean:
+	rm -rf $(BIN)

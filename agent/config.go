@@ -1,0 +1,96 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"time"
+)
+
+// ErrConfig is wrapped by every refusal of a Config.
+var ErrConfig = errors.New("invalid agent config")
+
+// Config is a build agent's configuration. DefaultConfig fills every
+// default; Validate refuses what cannot work, in plain words.
+type Config struct {
+	// Machine names this agent in every outcome (`on`).
+	Machine string
+	// Slots is how many asks the agent works at once; each slot pulls one
+	// ask at a time.
+	Slots int
+	// Platforms the agent builds; an ask for another is left for an agent
+	// that can.
+	Platforms []string
+	// Heartbeat is how often a slot tells the server it is still working on
+	// its ask (InProgress). Zero derives it from the consumer's ack wait.
+	Heartbeat time.Duration
+	// Grace is how long a stopping agent lets the builds in hand finish
+	// before it gives their asks back.
+	Grace time.Duration
+	// MaxAttempts bounds infrastructure retries, counted from the delivery
+	// count; then the ask is failed{infra} and settled.
+	MaxAttempts int
+	// RetryDelay is the first retry's delay; it doubles per attempt up to
+	// MaxRetryDelay.
+	RetryDelay, MaxRetryDelay time.Duration
+	// FetchWait is how long one idle pull waits before it is renewed.
+	FetchWait time.Duration
+	// LogFlush and LogBatchLines bound how long and how many lines build
+	// output is held before it is published on log.<ask>.
+	LogFlush      time.Duration
+	LogBatchLines int
+	// FailedLogLines is how many of the last log lines a failed carries.
+	FailedLogLines int
+}
+
+// DefaultConfig returns a Config with every default set.
+func DefaultConfig() Config {
+	host, _ := os.Hostname()
+	return Config{
+		Machine:        host,
+		Slots:          1,
+		Platforms:      []string{runtime.GOOS + "/" + runtime.GOARCH},
+		Grace:          30 * time.Second,
+		MaxAttempts:    5,
+		RetryDelay:     2 * time.Second,
+		MaxRetryDelay:  time.Minute,
+		FetchWait:      5 * time.Second,
+		LogFlush:       250 * time.Millisecond,
+		LogBatchLines:  200,
+		FailedLogLines: 20,
+	}
+}
+
+// Validate refuses a config that cannot work.
+func (c Config) Validate() error {
+	switch {
+	case c.Machine == "":
+		return fmt.Errorf("%w: machine is empty: set --machine", ErrConfig)
+	case c.Slots < 1:
+		return fmt.Errorf("%w: slots %d: want 1 or more", ErrConfig, c.Slots)
+	case len(c.Platforms) == 0:
+		return fmt.Errorf("%w: no platforms: set --platforms (e.g. linux/amd64)", ErrConfig)
+	case c.MaxAttempts < 1:
+		return fmt.Errorf("%w: max attempts %d: want 1 or more", ErrConfig, c.MaxAttempts)
+	case c.RetryDelay <= 0 || c.MaxRetryDelay < c.RetryDelay:
+		return fmt.Errorf("%w: retry delay %s, max %s: want 0 < delay <= max", ErrConfig, c.RetryDelay, c.MaxRetryDelay)
+	case c.FetchWait < 100*time.Millisecond:
+		return fmt.Errorf("%w: fetch wait %s: want at least 100ms", ErrConfig, c.FetchWait)
+	case c.Grace < 0:
+		return fmt.Errorf("%w: grace %s is negative", ErrConfig, c.Grace)
+	case c.LogBatchLines < 1 || c.LogFlush <= 0:
+		return fmt.Errorf("%w: log batching needs lines >= 1 and a flush interval > 0", ErrConfig)
+	}
+	return nil
+}
+
+// retryDelay is the delay before attempt n+1 after attempt n failed on
+// infrastructure.
+func (c Config) retryDelay(attempt int) time.Duration {
+	d := c.RetryDelay
+	for i := 1; i < attempt && d < c.MaxRetryDelay; i++ {
+		d *= 2
+	}
+	return min(d, c.MaxRetryDelay)
+}

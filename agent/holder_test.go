@@ -1,0 +1,467 @@
+package agent_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/meshbuild/meshbuild/agent"
+	"github.com/meshbuild/meshbuild/internal/natstest"
+	"github.com/meshbuild/meshbuild/mesh"
+)
+
+// These tests hold the build seat with real agents on a real NATS server;
+// the worker stands in for BuildKit (whose own tests are in build_test.go)
+// so that the queue's behaviour is what is under test.
+
+const testAckWait = 2 * time.Second
+
+func seatCatalogue() *mesh.Catalogue {
+	return mesh.NewCatalogue([]*mesh.Manifest{
+		{Module: "build-agent", Seats: []mesh.Seat{{
+			Seat: mesh.BuildSeat, Scope: "node", Accepts: []string{"build retain 7d"},
+			Emits: []string{"started", "built", "failed", "log.*"}, Serves: []string{"status"},
+		}}},
+		{Module: "build-controller", Holds: []string{"mesh-controller"}, Uses: []string{mesh.BuildSeat},
+			Consumes: []string{"node-build-agent.started", "node-build-agent.built", "node-build-agent.failed"}},
+	})
+}
+
+// bus raises the seat on a fresh server, with a short ack wait so that
+// redelivery is observable in a test.
+func bus(t *testing.T) (*server.Server, jetstream.JetStream) {
+	t.Helper()
+	s := natstest.Server(t, nil)
+	_, js := natstest.Connect(t, s)
+	ctx := context.Background()
+	if _, err := mesh.Raise(ctx, js, seatCatalogue(), 1); err != nil {
+		t.Fatal(err)
+	}
+	spec := mesh.SeatConsumerSpec(mesh.Seat{Seat: mesh.BuildSeat}, 1)
+	spec.Config.AckWait = testAckWait
+	if _, err := js.UpdateConsumer(ctx, spec.Stream, spec.Config); err != nil {
+		t.Fatal(err)
+	}
+	return s, js
+}
+
+// gate is a worker that blocks each ask until released, and records how
+// many asks each machine worked at once.
+type gate struct {
+	mu       sync.Mutex
+	release  map[string]chan error
+	inFlight map[string]int
+	maxIn    map[string]int
+	began    chan string // ask ids as work begins
+}
+
+func newGate() *gate {
+	return &gate{release: map[string]chan error{}, inFlight: map[string]int{}, maxIn: map[string]int{}, began: make(chan string, 100)}
+}
+
+func (g *gate) ch(id string) chan error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.release[id] == nil {
+		g.release[id] = make(chan error, 1)
+	}
+	return g.release[id]
+}
+
+// on returns the worker for one machine.
+func (g *gate) on(machine string) agent.Worker { return gateWorker{g, machine} }
+
+type gateWorker struct {
+	g       *gate
+	machine string
+}
+
+func (w gateWorker) Work(ctx context.Context, ask mesh.Ask, log func(string)) (agent.Result, error) {
+	g := w.g
+	g.mu.Lock()
+	g.inFlight[w.machine]++
+	g.maxIn[w.machine] = max(g.maxIn[w.machine], g.inFlight[w.machine])
+	g.mu.Unlock()
+	defer func() { g.mu.Lock(); g.inFlight[w.machine]--; g.mu.Unlock() }()
+	g.began <- ask.ID
+	log("working on " + ask.ID)
+	select {
+	case err := <-g.ch(ask.ID):
+		if err != nil {
+			return agent.Result{}, err
+		}
+		return agent.Result{Digest: "sha256:" + fmt.Sprintf("%064x", len(ask.ID)), Ref: ask.Image + "@sha256:x"}, nil
+	case <-ctx.Done():
+		return agent.Result{}, fmt.Errorf("%w: %w", agent.ErrInfra, context.Cause(ctx))
+	}
+}
+
+type runningAgent struct {
+	a      *agent.Agent
+	nc     *nats.Conn
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+func startAgent(t *testing.T, s *server.Server, machine string, w agent.Worker, tweak func(*agent.Config)) *runningAgent {
+	t.Helper()
+	nc, err := nats.Connect(s.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, _ := jetstream.New(nc)
+	cfg := agent.DefaultConfig()
+	cfg.Machine = machine
+	cfg.Heartbeat = testAckWait / 4
+	cfg.FetchWait = 500 * time.Millisecond
+	cfg.RetryDelay, cfg.MaxRetryDelay = 100*time.Millisecond, 200*time.Millisecond
+	if tweak != nil {
+		tweak(&cfg)
+	}
+	a, err := agent.New(cfg, js, w, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ra := &runningAgent{a: a, nc: nc, cancel: cancel, done: make(chan struct{})}
+	go func() { defer close(ra.done); _ = a.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-ra.done; nc.Close() })
+	return ra
+}
+
+func ask(id string) mesh.Ask {
+	return mesh.Ask{Version: mesh.AskVersion, ID: id, Plan: "p1", Module: "tool",
+		Source: mesh.Source{Repo: "https://git.example/x.git", Commit: "abc"}, Image: "127.0.0.1:1/tool"}
+}
+
+func submit(t *testing.T, js jetstream.JetStream, a mesh.Ask) {
+	t.Helper()
+	data, _ := json.Marshal(a)
+	if _, err := js.Publish(context.Background(), mesh.SeatAcceptSubject(mesh.BuildSeat, mesh.BuildVerb), data, jetstream.WithMsgID(a.ID)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// record reads every event of the build seat from EVENTS.
+type record struct {
+	Started []mesh.Started
+	Built   []mesh.Built
+	Failed  []mesh.Failed
+}
+
+func events(t *testing.T, js jetstream.JetStream) record {
+	t.Helper()
+	ctx := context.Background()
+	cons, err := js.OrderedConsumer(ctx, mesh.EventsStream, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, _ := js.Stream(ctx, mesh.EventsStream)
+	info, _ := st.Info(ctx)
+	var r record
+	for n := uint64(0); n < info.State.Msgs; {
+		batch, err := cons.Fetch(int(info.State.Msgs-n), jetstream.FetchMaxWait(2*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := 0
+		for m := range batch.Messages() {
+			got++
+			switch m.Subject() {
+			case mesh.SeatEventSubject(mesh.BuildSeat, mesh.EventStarted):
+				var e mesh.Started
+				_ = json.Unmarshal(m.Data(), &e)
+				r.Started = append(r.Started, e)
+			case mesh.SeatEventSubject(mesh.BuildSeat, mesh.EventBuilt):
+				var e mesh.Built
+				_ = json.Unmarshal(m.Data(), &e)
+				r.Built = append(r.Built, e)
+			case mesh.SeatEventSubject(mesh.BuildSeat, mesh.EventFailed):
+				var e mesh.Failed
+				_ = json.Unmarshal(m.Data(), &e)
+				r.Failed = append(r.Failed, e)
+			}
+		}
+		if got == 0 {
+			break
+		}
+		n += uint64(got)
+	}
+	return r
+}
+
+// waitFor polls cond until it holds or the deadline passes.
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", d, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func consumerInfo(t *testing.T, js jetstream.JetStream) *jetstream.ConsumerInfo {
+	t.Helper()
+	c, err := js.Consumer(context.Background(), mesh.SeatStream(mesh.BuildSeat), mesh.SeatConsumer(mesh.BuildSeat))
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := c.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info
+}
+
+func recv(t *testing.T, ch <-chan string, d time.Duration) string {
+	t.Helper()
+	select {
+	case id := <-ch:
+		return id
+	case <-time.After(d):
+		t.Fatalf("nothing began within %s", d)
+		return ""
+	}
+}
+
+func TestTwoAgentsThreeAsksOneAtATime(t *testing.T) {
+	s, js := bus(t)
+	g := newGate()
+	startAgent(t, s, "m1", g.on("m1"), nil)
+	startAgent(t, s, "m2", g.on("m2"), nil)
+	for _, id := range []string{"a1", "a2", "a3"} {
+		submit(t, js, ask(id))
+	}
+	first, second := recv(t, g.began, 5*time.Second), recv(t, g.began, 5*time.Second)
+	// Both agents busy: the third ask waits in the queue, handed to nobody.
+	time.Sleep(2 * testAckWait) // past an ack wait: heartbeats keep both asks
+	select {
+	case id := <-g.began:
+		t.Fatalf("%s began while both agents were busy", id)
+	default:
+	}
+	info := consumerInfo(t, js)
+	if info.NumAckPending != 2 || info.NumPending != 1 || info.NumRedelivered != 0 {
+		t.Fatalf("consumer: ack pending %d (want 2), pending %d (want 1), redelivered %d (want 0)",
+			info.NumAckPending, info.NumPending, info.NumRedelivered)
+	}
+	r := events(t, js)
+	on := map[string]string{}
+	for _, e := range r.Started {
+		on[e.Ask] = e.On
+	}
+	if len(r.Started) != 2 || on[first] == on[second] {
+		t.Fatalf("started %+v: want the two asks on two machines", r.Started)
+	}
+	// The machine that finishes takes the third.
+	g.ch(first) <- nil
+	third := recv(t, g.began, 5*time.Second)
+	g.ch(second) <- nil
+	g.ch(third) <- nil
+	waitFor(t, 10*time.Second, "three built", func() bool { return len(events(t, js).Built) == 3 })
+	r = events(t, js)
+	for _, e := range r.Started {
+		on[e.Ask] = e.On
+	}
+	if on[third] != on[first] {
+		t.Errorf("third ask ran on %s, want %s (the machine that went idle)", on[third], on[first])
+	}
+	for m, n := range g.maxIn {
+		if n != 1 {
+			t.Errorf("machine %s had %d asks in flight at once", m, n)
+		}
+	}
+	if info := consumerInfo(t, js); info.NumAckPending != 0 || info.NumPending != 0 {
+		t.Errorf("queue not drained: ack pending %d pending %d", info.NumAckPending, info.NumPending)
+	}
+}
+
+func TestAKilledAgentsAskIsBuiltByAnother(t *testing.T) {
+	s, js := bus(t)
+	g := newGate()
+	a1 := startAgent(t, s, "m1", g.on("m1"), func(c *agent.Config) { c.Grace = 0 })
+	submit(t, js, ask("k1"))
+	recv(t, g.began, 5*time.Second)
+	// Kill m1: its connection goes, no ack, no heartbeat, no nak; and its
+	// build stops with it (the process is gone).
+	a1.nc.Close()
+	a1.cancel()
+	<-a1.done
+	startAgent(t, s, "m2", g.on("m2"), nil)
+	id := recv(t, g.began, 3*testAckWait+5*time.Second)
+	if id != "k1" {
+		t.Fatalf("m2 began %s, want k1", id)
+	}
+	g.ch("k1") <- nil
+	waitFor(t, 10*time.Second, "k1 built", func() bool { return len(events(t, js).Built) >= 1 })
+	time.Sleep(500 * time.Millisecond)
+	r := events(t, js)
+	if len(r.Built) != 1 || r.Built[0].On != "m2" {
+		t.Fatalf("built %+v: want exactly one, on m2", r.Built)
+	}
+}
+
+func TestABuildLongerThanTheAckWaitIsNotRedelivered(t *testing.T) {
+	s, js := bus(t)
+	g := newGate()
+	startAgent(t, s, "m1", g.on("m1"), nil)
+	startAgent(t, s, "m2", g.on("m2"), nil)
+	submit(t, js, ask("long"))
+	recv(t, g.began, 5*time.Second)
+	time.Sleep(3 * testAckWait)
+	select {
+	case id := <-g.began:
+		t.Fatalf("%s was redelivered while its agent heartbeated", id)
+	default:
+	}
+	if info := consumerInfo(t, js); info.NumRedelivered != 0 || info.NumAckPending != 1 {
+		t.Fatalf("redelivered %d ack pending %d", info.NumRedelivered, info.NumAckPending)
+	}
+	g.ch("long") <- nil
+	waitFor(t, 5*time.Second, "built", func() bool { return len(events(t, js).Built) == 1 })
+	if r := events(t, js); len(r.Started) != 1 || r.Started[0].Attempt != 1 {
+		t.Fatalf("started %+v: want one, attempt 1", r.Started)
+	}
+}
+
+func TestAMalformedAskIsRefusedOnce(t *testing.T) {
+	s, js := bus(t)
+	startAgent(t, s, "m1", newGate().on("m1"), nil)
+	subj := mesh.SeatAcceptSubject(mesh.BuildSeat, mesh.BuildVerb)
+	bad := map[string][]byte{
+		"garbage": []byte("{not json"),
+		"version": []byte(`{"version": 99, "id": "v99"}`),
+		"fields":  []byte(`{"version": 1, "id": "nomodule", "plan": "p"}`),
+	}
+	for id, data := range bad {
+		if _, err := js.Publish(context.Background(), subj, data, jetstream.WithMsgID(id)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, 5*time.Second, "three failed{ask}", func() bool { return len(events(t, js).Failed) == 3 })
+	time.Sleep(2 * testAckWait)
+	r := events(t, js)
+	if len(r.Failed) != 3 || len(r.Started) != 0 {
+		t.Fatalf("failed %d started %d: want 3 and 0", len(r.Failed), len(r.Started))
+	}
+	for _, f := range r.Failed {
+		if f.Reason != mesh.ReasonAsk || f.Message == "" {
+			t.Errorf("failed %+v: want reason ask and a message", f)
+		}
+	}
+	if info := consumerInfo(t, js); info.NumPending != 0 || info.NumAckPending != 0 || info.NumRedelivered != 0 {
+		t.Fatalf("malformed asks left in the queue: %+v", info)
+	}
+}
+
+func TestStoppingHandsTheAskBackAtOnce(t *testing.T) {
+	s, js := bus(t)
+	g := newGate()
+	a1 := startAgent(t, s, "m1", g.on("m1"), func(c *agent.Config) { c.Grace = 200 * time.Millisecond })
+	submit(t, js, ask("term"))
+	recv(t, g.began, 5*time.Second)
+	startAgent(t, s, "m2", g.on("m2"), nil)
+	stopped := time.Now()
+	a1.cancel() // what SIGTERM does in cmd/build-agent
+	id := recv(t, g.began, testAckWait)
+	took := time.Since(stopped)
+	if id != "term" {
+		t.Fatalf("began %s, want term", id)
+	}
+	if took >= testAckWait {
+		t.Fatalf("taken after %s: that is the ack wait, not a hand-back", took)
+	}
+	<-a1.done
+	g.ch("term") <- nil
+	waitFor(t, 5*time.Second, "built", func() bool { return len(events(t, js).Built) == 1 })
+	r := events(t, js)
+	if len(r.Failed) != 0 || r.Built[0].On != "m2" {
+		t.Fatalf("failed %+v built %+v: want no failure and built on m2", r.Failed, r.Built)
+	}
+}
+
+func TestInfrastructureFailuresAreRetriedThenReported(t *testing.T) {
+	s, js := bus(t)
+	var calls atomic.Int32
+	flaky := workerFunc(func(ctx context.Context, a mesh.Ask, log func(string)) (agent.Result, error) {
+		n := calls.Add(1)
+		if a.ID == "flaky" && n <= 2 {
+			return agent.Result{}, fmt.Errorf("%w: registry unreachable", agent.ErrInfra)
+		}
+		if a.ID == "gone" {
+			return agent.Result{}, fmt.Errorf("%w: registry gone for good", agent.ErrInfra)
+		}
+		return agent.Result{Digest: "sha256:" + fmt.Sprintf("%064d", 1)}, nil
+	})
+	startAgent(t, s, "m1", flaky, func(c *agent.Config) { c.MaxAttempts = 3 })
+	submit(t, js, ask("flaky"))
+	waitFor(t, 10*time.Second, "flaky built", func() bool { return len(events(t, js).Built) == 1 })
+	submit(t, js, ask("gone"))
+	waitFor(t, 10*time.Second, "gone failed", func() bool { return len(events(t, js).Failed) == 1 })
+	r := events(t, js)
+	if f := r.Failed[0]; f.Ask != "gone" || f.Reason != mesh.ReasonInfra || f.Attempt != 3 {
+		t.Fatalf("failed %+v: want gone, infra, attempt 3", f)
+	}
+	if info := consumerInfo(t, js); info.NumPending != 0 || info.NumAckPending != 0 {
+		t.Fatalf("left in the queue: %+v", info)
+	}
+}
+
+func TestDeterministicFailuresAreSettledOnce(t *testing.T) {
+	s, js := bus(t)
+	var calls atomic.Int32
+	broken := workerFunc(func(ctx context.Context, a mesh.Ask, log func(string)) (agent.Result, error) {
+		calls.Add(1)
+		log("step 1/2: RUN false")
+		return agent.Result{}, fmt.Errorf("%w: process \"/bin/sh -c false\" did not complete successfully: exit code: 1", agent.ErrBuild)
+	})
+	startAgent(t, s, "m1", broken, nil)
+	submit(t, js, ask("broken"))
+	waitFor(t, 5*time.Second, "failed", func() bool { return len(events(t, js).Failed) == 1 })
+	time.Sleep(2 * testAckWait)
+	r := events(t, js)
+	if len(r.Failed) != 1 || r.Failed[0].Reason != mesh.ReasonBuild || calls.Load() != 1 {
+		t.Fatalf("failed %+v after %d calls: want one failed{build}", r.Failed, calls.Load())
+	}
+	if len(r.Failed[0].Log) == 0 {
+		t.Errorf("failed carries no log lines")
+	}
+}
+
+func TestStatusIsAnsweredByEveryAgent(t *testing.T) {
+	s, _ := bus(t)
+	startAgent(t, s, "m1", newGate().on("m1"), nil)
+	startAgent(t, s, "m2", newGate().on("m2"), func(c *agent.Config) { c.Slots = 2 })
+	nc, _ := natstest.Connect(t, s)
+	time.Sleep(200 * time.Millisecond)
+	got, err := agent.AskStatus(context.Background(), nc, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slots := map[string]int{}
+	for _, st := range got {
+		slots[st.Machine] = st.Slots
+	}
+	if slots["m1"] != 1 || slots["m2"] != 2 {
+		t.Fatalf("status %+v", got)
+	}
+}
+
+type workerFunc func(ctx context.Context, a mesh.Ask, log func(string)) (agent.Result, error)
+
+func (f workerFunc) Work(ctx context.Context, a mesh.Ask, log func(string)) (agent.Result, error) {
+	return f(ctx, a, log)
+}
+
+var _ = errors.New
