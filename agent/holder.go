@@ -100,6 +100,11 @@ func (a *Agent) Run(ctx context.Context) error {
 		return err
 	}
 	defer status.Unsubscribe()
+	cancelSub, err := a.serveCancel()
+	if err != nil {
+		return err
+	}
+	defer cancelSub.Unsubscribe()
 	a.log.Info("holding the build seat", "machine", a.cfg.Machine, "slots", a.cfg.Slots,
 		"consumer", mesh.SeatStream(mesh.BuildSeat)+"/"+mesh.SeatConsumer(mesh.BuildSeat))
 
@@ -358,6 +363,36 @@ func (a *Agent) serveStatus() (*nats.Subscription, error) {
 	sub, err := a.nc.Subscribe(subj, func(m *nats.Msg) {
 		data, _ := json.Marshal(a.Status())
 		_ = m.Respond(data)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("serving %s: %w", subj, err)
+	}
+	return sub, nil
+}
+
+// serveCancel answers the seat's cancel tool: the asks named that this agent
+// is working on are cut short, failed{cancelled} and settled.
+func (a *Agent) serveCancel() (*nats.Subscription, error) {
+	subj := mesh.SeatToolSubject(mesh.BuildSeat, mesh.CancelTool)
+	sub, err := a.nc.Subscribe(subj, func(m *nats.Msg) {
+		var req mesh.Cancel
+		if err := json.Unmarshal(m.Data, &req); err != nil {
+			a.log.Warn("refusing a malformed cancel", "err", err)
+			return
+		}
+		var mine []string
+		for _, id := range req.Asks {
+			if a.Cancel(id) {
+				mine = append(mine, id)
+			}
+		}
+		if len(mine) > 0 {
+			a.log.Info("cancelled", "asks", mine)
+		}
+		if m.Reply != "" {
+			data, _ := json.Marshal(mesh.Cancel{Asks: mine})
+			_ = m.Respond(data)
+		}
 	})
 	if err != nil {
 		return nil, fmt.Errorf("serving %s: %w", subj, err)

@@ -173,3 +173,13 @@ type LogBatch struct {
 	Lines []string `json:"lines"`
 	Final bool     `json:"final,omitempty"`
 }
+
+// CancelTool is the build seat's tool that cuts short the builds of a
+// cancelled plan: a request is broadcast to every holder, and each cancels
+// the asks it is working on.
+const CancelTool = "cancel"
+
+// Cancel is the payload of a CancelTool request.
+type Cancel struct {
+	Asks []string `json:"asks"`
+}

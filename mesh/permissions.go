@@ -130,6 +130,9 @@ func (c *Catalogue) ControllerPermissions(principal string) Permissions {
 	p.pub[ControllerJetStream] = true
 	for _, s := range ControllerUses {
 		p.pub[SeatAcceptAll(s)] = true
+		// The controller asks the holders of the seats it uses to cancel
+		// work in flight and to say how they are (the seat's tools).
+		p.pub[SeatToolSubject(s, "*")] = true
 	}
 	return p.done(principal, responses)
 }

@@ -1,0 +1,586 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/distribution/reference"
+	dockerconfig "github.com/docker/cli/cli/config"
+	"github.com/moby/buildkit/client"
+	gatewaypb "github.com/moby/buildkit/frontend/gateway/pb"
+	"github.com/moby/buildkit/session"
+	"github.com/moby/buildkit/session/auth/authprovider"
+	"github.com/moby/buildkit/solver/errdefs"
+	"github.com/moby/buildkit/util/grpcerrors"
+	digest "github.com/opencontainers/go-digest"
+	"github.com/tonistiigi/fsutil"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/keepalive"
+
+	"github.com/meshbuild/meshbuild/mesh"
+	"github.com/meshbuild/meshbuild/registry"
+)
+
+// BuildKitOptions configure the connection to buildkitd. The zero value
+// takes every default.
+type BuildKitOptions struct {
+	// DialTimeout bounds reaching the daemon: a daemon that does not answer
+	// within it is an infrastructure failure, not a hang. Default 10s.
+	DialTimeout time.Duration
+	// KeepAlive is how often an idle connection is pinged to find a daemon
+	// that went away without closing it. BuildKit's gRPC server refuses
+	// pings more often than every 5 minutes, so it may not be less. Default
+	// 6 minutes.
+	KeepAlive time.Duration
+	// MaxLogLine bounds one line of build output passed to
+	// BuildRequest.Log; longer lines are cut. Default 4096 bytes.
+	MaxLogLine int
+}
+
+// minKeepAlive is the ping interval BuildKit's gRPC server tolerates (the
+// gRPC default enforcement policy, which buildkitd does not change).
+const minKeepAlive = 5 * time.Minute
+
+func (o BuildKitOptions) withDefaults() (BuildKitOptions, error) {
+	if o.DialTimeout == 0 {
+		o.DialTimeout = 10 * time.Second
+	}
+	if o.KeepAlive == 0 {
+		o.KeepAlive = 6 * time.Minute
+	}
+	if o.MaxLogLine == 0 {
+		o.MaxLogLine = 4096
+	}
+	switch {
+	case o.DialTimeout < 0:
+		return o, fmt.Errorf("%w: buildkit dial timeout %s is negative", ErrConfig, o.DialTimeout)
+	case o.KeepAlive < minKeepAlive:
+		return o, fmt.Errorf("%w: buildkit keepalive %s: buildkitd refuses pings more often than every %s", ErrConfig, o.KeepAlive, minKeepAlive)
+	case o.MaxLogLine < 80:
+		return o, fmt.Errorf("%w: max log line %d: want at least 80", ErrConfig, o.MaxLogLine)
+	}
+	return o, nil
+}
+
+// BuildKit builds images with a buildkitd through BuildKit's Go client and
+// its built-in dockerfile.v0 frontend, and pushes them by digest.
+type BuildKit struct {
+	addr string
+	opts BuildKitOptions
+	c    *client.Client
+	// auth answers the daemon's credential requests from the docker config
+	// (~/.docker/config.json), as buildctl does; with none, registries are
+	// spoken to anonymously.
+	auth session.Attachable
+}
+
+// NewBuildKit returns a builder for the daemon at addr
+// ("unix:///run/buildkit/buildkitd.sock", "tcp://host:1234"). It does not
+// wait for the daemon: every call fails fast with ErrInfra while it cannot
+// be reached.
+func NewBuildKit(addr string, opts BuildKitOptions) (*BuildKit, error) {
+	o, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	if addr == "" {
+		return nil, fmt.Errorf("%w: buildkit address is empty", ErrConfig)
+	}
+	// gRPC calls fail fast by default (no wait-for-ready): a call on a
+	// connection that cannot be made returns Unavailable at once. The
+	// connect timeout bounds a dial that hangs (a dropped SYN); keepalive
+	// finds a peer that vanished mid-build.
+	c, err := client.New(context.Background(), addr,
+		client.WithGRPCDialOption(grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 200 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 5 * time.Second},
+			MinConnectTimeout: o.DialTimeout,
+		})),
+		client.WithGRPCDialOption(grpc.WithKeepaliveParams(keepalive.ClientParameters{
+			Time:    o.KeepAlive,
+			Timeout: 30 * time.Second,
+		})),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("buildkit client for %s: %w", addr, err)
+	}
+	auth := authprovider.NewDockerAuthProvider(authprovider.DockerAuthProviderConfig{
+		ConfigFile: dockerconfig.LoadDefaultConfigFile(io.Discard),
+	})
+	return &BuildKit{addr: addr, opts: o, c: c, auth: auth}, nil
+}
+
+// Close closes the connection to the daemon.
+func (b *BuildKit) Close() error { return b.c.Close() }
+
+// Ping checks that the daemon answers and has a worker, within the dial
+// timeout. Its error wraps ErrInfra.
+func (b *BuildKit) Ping(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, b.opts.DialTimeout)
+	defer cancel()
+	ws, err := b.c.ListWorkers(ctx)
+	if err == nil && len(ws) == 0 {
+		err = errors.New("no workers")
+	}
+	if err != nil {
+		return classified(ErrInfra, fmt.Sprintf("buildkitd at %s does not answer: %s", b.addr, lastLine(err.Error())), err)
+	}
+	return nil
+}
+
+// BuildRequest is one image to build and push.
+type BuildRequest struct {
+	// ContextDir is the build context, as Sources.Checkout returns it.
+	ContextDir string
+	// Dockerfile is relative to ContextDir; default "Dockerfile".
+	Dockerfile string
+	// Platform to build for ("linux/amd64"); empty is the daemon's.
+	Platform string
+	// Image is the target repository without tag or digest
+	// ("127.0.0.1:5000/app").
+	Image string
+	// Tag is pushed along with the digest (the commit); empty pushes by
+	// digest only.
+	Tag string
+	// Bases are supplied as named contexts pinned to their digests: the
+	// Dockerfile may name a base by its module name (FROM runtime) or by
+	// its repository, bare or tagged latest (FROM 127.0.0.1:5000/runtime,
+	// FROM 127.0.0.1:5000/runtime:latest). Another tag is not pinned. A
+	// stage named like a base module (FROM x AS runtime) is replaced by the
+	// base, as BuildKit does with named contexts.
+	Bases []mesh.Base
+	// Cache is the registry reference build cache is imported from and
+	// exported to (mode=max); empty for none. A cache that cannot be
+	// exported does not fail the build.
+	Cache string
+	// Insecure allows plain HTTP and unverified TLS to the registries.
+	Insecure bool
+	// Log receives the build's output line by line; nil discards it.
+	Log func(line string)
+}
+
+// BuildResult is a pushed image.
+type BuildResult struct {
+	Digest string // sha256:… of the pushed manifest
+	Ref    string // Image@Digest
+	// Bytes is the size of the image in the registry: manifest, config and
+	// layers.
+	Bytes int64
+	// Steps counts the Dockerfile's steps (FROM, RUN, COPY, … of every stage
+	// built), CacheHits those answered from cache.
+	Steps, CacheHits int
+	Duration         time.Duration
+}
+
+// Build builds req's Dockerfile, pushes the image by digest (and under
+// req.Tag), checks that the registry resolves the digest, and returns it.
+// Errors wrap ErrSource (the Dockerfile is not in the context), ErrBuild
+// (the Dockerfile failed), ErrPush (the registry refused the image) or
+// ErrInfra (the daemon or a registry could not be reached); a cancelled
+// ctx returns its error.
+func (b *BuildKit) Build(ctx context.Context, req BuildRequest) (BuildResult, error) {
+	begun := time.Now()
+	opt, err := b.solveOpt(req)
+	if err != nil {
+		return BuildResult{}, err
+	}
+	if err := b.Ping(ctx); err != nil {
+		if cerr := ctx.Err(); cerr != nil {
+			return BuildResult{}, context.Cause(ctx)
+		}
+		return BuildResult{}, err
+	}
+
+	p := newProgress(req.Log, b.opts.MaxLogLine)
+	ch := make(chan *client.SolveStatus)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for s := range ch {
+			p.update(s)
+		}
+	}()
+	resp, err := b.c.Solve(ctx, nil, opt, ch) // closes ch
+	<-done
+	p.flush()
+	if err != nil {
+		return BuildResult{}, b.solveError(ctx, req, p, err)
+	}
+
+	dgst := resp.ExporterResponse["containerimage.digest"]
+	if _, perr := digest.Parse(dgst); perr != nil {
+		return BuildResult{}, classified(ErrPush, fmt.Sprintf("buildkitd returned no image digest for %s (%q)", req.Image, dgst), perr)
+	}
+	ref := req.Image + "@" + dgst
+	got, err := registry.Resolve(ctx, ref, req.Insecure)
+	if err != nil {
+		return BuildResult{}, registryError(ctx, "verifying "+ref, err)
+	}
+	if got != dgst {
+		return BuildResult{}, classified(ErrPush, fmt.Sprintf("registry resolves %s to %s", ref, got), nil)
+	}
+	size, err := registry.Size(ctx, ref, req.Insecure)
+	if err != nil {
+		return BuildResult{}, registryError(ctx, "reading "+ref, err)
+	}
+	steps, hits := p.counts()
+	return BuildResult{
+		Digest: dgst, Ref: ref, Bytes: size,
+		Steps: steps, CacheHits: hits, Duration: time.Since(begun),
+	}, nil
+}
+
+// solveOpt turns req into a solve of the dockerfile.v0 frontend.
+func (b *BuildKit) solveOpt(req BuildRequest) (client.SolveOpt, error) {
+	target := req.Image
+	if req.Tag != "" {
+		target += ":" + req.Tag
+	}
+	if named, err := reference.ParseNormalizedNamed(req.Image); err != nil || !reference.IsNameOnly(named) {
+		return client.SolveOpt{}, fmt.Errorf("%w: image %q: want a repository without tag or digest", mesh.ErrMalformedAsk, req.Image)
+	} else if _, err := reference.WithTag(named, req.Tag); req.Tag != "" && err != nil {
+		return client.SolveOpt{}, fmt.Errorf("%w: tag %q: %v", mesh.ErrMalformedAsk, req.Tag, err)
+	}
+	df := req.Dockerfile
+	if df == "" {
+		df = "Dockerfile"
+	}
+	rel, ok := relPath(filepath.ToSlash(df))
+	if !ok || rel == "" {
+		return client.SolveOpt{}, classified(ErrSource, fmt.Sprintf("Dockerfile %q is not a file in the build context", df), nil)
+	}
+	dfPath := filepath.Join(req.ContextDir, filepath.FromSlash(rel))
+	if fi, err := os.Stat(dfPath); err != nil || !fi.Mode().IsRegular() {
+		return client.SolveOpt{}, classified(ErrSource, fmt.Sprintf("Dockerfile %q not found in the build context", rel), err)
+	}
+	ctxFS, err := fsutil.NewFS(req.ContextDir)
+	if err != nil {
+		return client.SolveOpt{}, classified(ErrSource, "build context "+req.ContextDir, err)
+	}
+	dfFS, err := fsutil.NewFS(filepath.Dir(dfPath))
+	if err != nil {
+		return client.SolveOpt{}, classified(ErrSource, "Dockerfile directory", err)
+	}
+
+	attrs := map[string]string{"filename": filepath.Base(dfPath)}
+	if req.Platform != "" {
+		attrs["platform"] = req.Platform
+	}
+	for _, base := range req.Bases {
+		names, err := contextNames(base)
+		if err != nil {
+			return client.SolveOpt{}, err
+		}
+		for _, n := range names {
+			attrs["context:"+n] = "docker-image://" + base.Ref()
+		}
+	}
+
+	exp := map[string]string{"name": target, "push": "true"}
+	if req.Tag == "" {
+		exp["push-by-digest"] = "true"
+	}
+	if req.Insecure {
+		exp["registry.insecure"] = "true"
+	}
+	opt := client.SolveOpt{
+		Frontend:      "dockerfile.v0",
+		FrontendAttrs: attrs,
+		LocalMounts:   map[string]fsutil.FS{"context": ctxFS, "dockerfile": dfFS},
+		Exports:       []client.ExportEntry{{Type: client.ExporterImage, Attrs: exp}},
+		Session:       []session.Attachable{b.auth},
+	}
+	if req.Cache != "" {
+		cache := map[string]string{"ref": req.Cache}
+		if req.Insecure {
+			cache["registry.insecure"] = "true"
+		}
+		opt.CacheImports = []client.CacheOptionsEntry{{Type: "registry", Attrs: cache}}
+		export := map[string]string{"mode": "max", "ignore-error": "true"}
+		for k, v := range cache {
+			export[k] = v
+		}
+		opt.CacheExports = []client.CacheOptionsEntry{{Type: "registry", Attrs: export}}
+	}
+	return opt, nil
+}
+
+// contextNames are the names a base is supplied under as a named context:
+// its module name and its repository. The dockerfile frontend looks a FROM
+// name up after normalising it the way reference.ParseNormalizedNamed and
+// FamiliarString do, with a ":latest" suffix dropped — so
+// "127.0.0.1:5000/runtime" also catches "127.0.0.1:5000/runtime:latest",
+// and a Docker Hub repository is looked up by its short name ("alpine" for
+// "docker.io/library/alpine").
+func contextNames(base mesh.Base) ([]string, error) {
+	named, err := reference.ParseNormalizedNamed(base.Image)
+	if err != nil || !reference.IsNameOnly(named) {
+		return nil, fmt.Errorf("%w: base %s: image %q: want a repository without tag or digest", mesh.ErrMalformedAsk, base.Module, base.Image)
+	}
+	if _, err := digest.Parse(base.Digest); err != nil {
+		return nil, fmt.Errorf("%w: base %s: digest %q: %v", mesh.ErrMalformedAsk, base.Module, base.Digest, err)
+	}
+	repo := reference.FamiliarName(named)
+	if repo == base.Module {
+		return []string{repo}, nil
+	}
+	return []string{base.Module, repo}, nil
+}
+
+// solveError classifies a failed solve.
+//
+// What BuildKit's errors carry over the wire decides first: the daemon gone
+// (Unavailable) is infrastructure, a process that exited non-zero (a RUN)
+// the build's. BuildKit passes a registry's answer along only as text, so
+// for anything else the registries involved are asked directly: one that
+// cannot be reached or answers 5xx makes it infrastructure (resolving a
+// base fails so too, located at its FROM). Then an error located in the
+// Dockerfile or an op that failed is the build's, a failure while exporting
+// is the registry refusing the push, and anything else the build's.
+func (b *BuildKit) solveError(ctx context.Context, req BuildRequest, p *progress, err error) error {
+	if ctx.Err() != nil {
+		return fmt.Errorf("build of %s: %w", req.Image, context.Cause(ctx))
+	}
+	msg := buildMessage(err, p)
+	if grpcerrors.Code(err) == codes.Unavailable {
+		return classified(ErrInfra, fmt.Sprintf("buildkitd at %s: %s", b.addr, msg), err)
+	}
+	var exit *gatewaypb.ExitError
+	if errors.As(err, &exit) {
+		return classified(ErrBuild, msg, err)
+	}
+	for _, host := range registryHosts(req) {
+		if perr := registry.Ping(ctx, host, req.Insecure); registry.IsInfra(perr) {
+			return classified(ErrInfra, fmt.Sprintf("registry %s unavailable: %s", host, msg), errors.Join(err, perr))
+		}
+	}
+	var solve *errdefs.SolveError
+	if errors.As(err, &solve) || len(errdefs.Sources(err)) > 0 {
+		return classified(ErrBuild, msg, err)
+	}
+	if p.failedIn(isExport) {
+		return classified(ErrPush, msg, err)
+	}
+	return classified(ErrBuild, msg, err)
+}
+
+// registryError classifies a registry call made after the build.
+func registryError(ctx context.Context, what string, err error) error {
+	if ctx.Err() != nil {
+		return fmt.Errorf("%s: %w", what, context.Cause(ctx))
+	}
+	if registry.IsInfra(err) {
+		return classified(ErrInfra, what+": "+lastLine(err.Error()), err)
+	}
+	return classified(ErrPush, what+": "+lastLine(err.Error()), err)
+}
+
+// registryHosts are the registries a build talks to: the target's, the
+// bases' and the cache's.
+func registryHosts(req BuildRequest) []string {
+	var hosts []string
+	add := func(ref string) {
+		named, err := reference.ParseNormalizedNamed(ref)
+		if err != nil {
+			return
+		}
+		h := reference.Domain(named)
+		for _, x := range hosts {
+			if x == h {
+				return
+			}
+		}
+		hosts = append(hosts, h)
+	}
+	add(req.Image)
+	for _, base := range req.Bases {
+		add(base.Image)
+	}
+	if req.Cache != "" {
+		add(req.Cache)
+	}
+	return hosts
+}
+
+// buildMessage is the one line a person needs: the error's last meaningful
+// line, located in the Dockerfile when BuildKit says where, and the failed
+// step's last line of output when it printed one.
+func buildMessage(err error, p *progress) string {
+	msg := strings.TrimPrefix(lastLine(err.Error()), "failed to solve: ")
+	for _, src := range errdefs.Sources(err) {
+		if src.Info == nil || len(src.Ranges) == 0 || src.Ranges[0].Start == nil {
+			continue
+		}
+		msg = fmt.Sprintf("%s:%d: %s", src.Info.Filename, src.Ranges[0].Start.Line, msg)
+		break
+	}
+	if out := p.failedOutput(); out != "" && !strings.Contains(msg, out) {
+		msg += ": " + out
+	}
+	return msg
+}
+
+// Vertex names that are BuildKit's export of the result.
+var exportRE = regexp.MustCompile(`^(exporting |pushing |writing image|naming to|preparing build cache for export)`)
+
+func isExport(name string) bool { return exportRE.MatchString(name) }
+
+// stepRE matches the vertices of the Dockerfile's own steps, which the
+// dockerfile frontend names "[stage N/M] INSTRUCTION …" ("[2/3] RUN …"),
+// and of a FROM answered by a named context, "[context runtime] <ref>"
+// (but not that context's "load metadata for <ref>").
+var stepRE = regexp.MustCompile(`^\[(context [^\]]+|[^\]]*\b\d+/\d+)\] `)
+
+func isStep(name string) bool {
+	return stepRE.MatchString(name) && !strings.Contains(name, "] load metadata for ")
+}
+
+// progress follows a solve's status stream: it numbers vertices as they
+// appear, passes their names and output to log, and counts steps and cache
+// hits.
+type progress struct {
+	log     func(string)
+	maxLine int
+
+	vertices map[digest.Digest]*vertex
+	partial  map[logKey][]byte
+	next     int
+	failed   *vertex
+}
+
+type vertex struct {
+	n         int
+	name      string
+	started   bool
+	completed bool
+	cached    bool
+	err       string
+	lastLine  string
+}
+
+type logKey struct {
+	v      digest.Digest
+	stream int
+}
+
+func newProgress(log func(string), maxLine int) *progress {
+	if log == nil {
+		log = func(string) {}
+	}
+	return &progress{log: log, maxLine: maxLine, vertices: map[digest.Digest]*vertex{}, partial: map[logKey][]byte{}}
+}
+
+func (p *progress) line(s string) {
+	if len(s) > p.maxLine {
+		s = s[:p.maxLine] + "…"
+	}
+	p.log(s)
+}
+
+func (p *progress) update(s *client.SolveStatus) {
+	for _, v := range s.Vertexes {
+		x, ok := p.vertices[v.Digest]
+		if !ok {
+			p.next++
+			x = &vertex{n: p.next, name: v.Name}
+			p.vertices[v.Digest] = x
+		}
+		if v.Started != nil && !x.started {
+			x.started = true
+			p.line(fmt.Sprintf("#%d %s", x.n, x.name))
+		}
+		if v.Cached && !x.cached {
+			x.cached = true
+			p.line(fmt.Sprintf("#%d CACHED", x.n))
+		}
+		if v.Error != "" && x.err == "" {
+			x.err = v.Error
+			p.failed = x
+			p.line(fmt.Sprintf("#%d ERROR: %s", x.n, v.Error))
+		}
+		if v.Completed != nil && !x.completed {
+			x.completed = true
+			if v.Started != nil && !x.cached && x.err == "" {
+				p.line(fmt.Sprintf("#%d DONE %.1fs", x.n, v.Completed.Sub(*v.Started).Seconds()))
+			}
+		}
+	}
+	for _, l := range s.Logs {
+		k := logKey{l.Vertex, l.Stream}
+		buf := append(p.partial[k], l.Data...)
+		for {
+			i := strings.IndexByte(string(buf), '\n')
+			if i < 0 {
+				break
+			}
+			p.output(l.Vertex, string(buf[:i]))
+			buf = buf[i+1:]
+		}
+		if len(buf) > p.maxLine { // a line that never ends is cut, not held
+			p.output(l.Vertex, string(buf))
+			buf = nil
+		}
+		p.partial[k] = buf
+	}
+	for _, w := range s.Warnings {
+		p.line("WARNING: " + strings.TrimSpace(string(w.Short)))
+	}
+}
+
+func (p *progress) output(v digest.Digest, s string) {
+	s = strings.TrimRight(s, "\r")
+	n := 0
+	if x, ok := p.vertices[v]; ok {
+		n = x.n
+		if t := strings.TrimSpace(s); t != "" {
+			if len(t) > p.maxLine {
+				t = t[:p.maxLine] + "…"
+			}
+			x.lastLine = t
+		}
+	}
+	p.line(fmt.Sprintf("#%d %s", n, s))
+}
+
+// flush passes on output that did not end in a newline.
+func (p *progress) flush() {
+	for k, buf := range p.partial {
+		if len(buf) > 0 {
+			p.output(k.v, string(buf))
+		}
+		delete(p.partial, k)
+	}
+}
+
+func (p *progress) counts() (steps, hits int) {
+	for _, x := range p.vertices {
+		if isStep(x.name) {
+			steps++
+			if x.cached {
+				hits++
+			}
+		}
+	}
+	return steps, hits
+}
+
+// failedIn reports whether the vertex that failed matches.
+func (p *progress) failedIn(match func(name string) bool) bool {
+	return p.failed != nil && match(p.failed.name)
+}
+
+// failedOutput is the last line the failed vertex printed.
+func (p *progress) failedOutput() string {
+	if p.failed == nil {
+		return ""
+	}
+	return p.failed.lastLine
+}

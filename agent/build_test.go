@@ -1,0 +1,615 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"archive/tar"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/static"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+
+	"github.com/moby/buildkit/client"
+
+	"github.com/meshbuild/meshbuild/internal/buildkitd"
+	"github.com/meshbuild/meshbuild/internal/testenv"
+	"github.com/meshbuild/meshbuild/mesh"
+	"github.com/meshbuild/meshbuild/registry"
+)
+
+// buildContext writes files to a temp dir, the build context.
+func buildContext(t *testing.T, files map[string]string) string {
+	t.Helper()
+	dir := t.TempDir()
+	for p, content := range files {
+		full := filepath.Join(dir, filepath.FromSlash(p))
+		if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(full, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+func newBuildKit(t *testing.T, addr string) *BuildKit {
+	t.Helper()
+	bk, err := NewBuildKit(addr, BuildKitOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { bk.Close() })
+	return bk
+}
+
+// lines collects build output, safe for concurrent use.
+type lines struct {
+	mu sync.Mutex
+	l  []string
+}
+
+func (l *lines) add(s string) { l.mu.Lock(); l.l = append(l.l, s); l.mu.Unlock() }
+
+func (l *lines) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return strings.Join(l.l, "\n")
+}
+
+func remoteImage(t *testing.T, ref string) v1.Image {
+	t.Helper()
+	r, err := name.ParseReference(ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := remote.Image(r)
+	if err != nil {
+		t.Fatalf("fetching %s: %v", ref, err)
+	}
+	return img
+}
+
+func layerDigests(t *testing.T, img v1.Image) []string {
+	t.Helper()
+	m, err := img.Manifest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, l := range m.Layers {
+		out = append(out, l.Digest.String())
+	}
+	return out
+}
+
+func digestOf(ref string) string { return ref[strings.LastIndex(ref, "@")+1:] }
+
+// A dependent built FROM its base by module name, with a RUN step, is pushed
+// by digest; the registry resolves the tag and the digest to it; its layers
+// start with the base's. A second build is answered from cache.
+func TestBuildFromBase(t *testing.T) {
+	testenv.RequireBuildkit(t)
+	ctx := context.Background()
+	host := testenv.Registry(t)
+	bk := newBuildKit(t, testenv.Buildkitd(t, host))
+	base := testenv.Busybox(t, host)
+
+	dir := buildContext(t, map[string]string{
+		"Dockerfile": "FROM runtime\nRUN echo built-by-run > /run.txt && cat /run.txt\n" +
+			"RUN printf '%9000s\\n' long\nCOPY app.txt /app.txt\n",
+		"app.txt": "app",
+	})
+	req := BuildRequest{
+		ContextDir: dir, Platform: "linux/amd64",
+		Image: host + "/app", Tag: "c1",
+		Bases: []mesh.Base{{Module: "runtime", Image: host + "/busybox", Digest: digestOf(base)}},
+	}
+	var out lines
+	req.Log = out.add
+	res, err := bk.Build(ctx, req)
+	if err != nil {
+		t.Fatalf("Build: %v\n%s", err, out.String())
+	}
+	if res.Ref != host+"/app@"+res.Digest {
+		t.Errorf("Ref = %s", res.Ref)
+	}
+	for _, ref := range []string{host + "/app:c1", res.Ref} {
+		got, err := registry.Resolve(ctx, ref, false)
+		if err != nil || got != res.Digest {
+			t.Errorf("Resolve(%s) = %s, %v; want %s", ref, got, err, res.Digest)
+		}
+	}
+	if res.Steps != 4 || res.CacheHits != 0 || res.Bytes <= 0 || res.Duration <= 0 {
+		t.Errorf("result %+v: want 4 steps, no cache hits, bytes and a duration", res)
+	}
+	log := out.String()
+	if !strings.Contains(log, "built-by-run") || !strings.Contains(log, "RUN echo built-by-run") {
+		t.Errorf("log lacks the RUN step and its output:\n%s", log)
+	}
+	for _, l := range out.l {
+		if len(l) > 4096+16 {
+			t.Errorf("a log line of %d bytes passed the bound", len(l))
+		}
+	}
+
+	baseLayers := layerDigests(t, remoteImage(t, base))
+	got := layerDigests(t, remoteImage(t, res.Ref))
+	if len(got) <= len(baseLayers) || got[0] != baseLayers[0] {
+		t.Errorf("layers %v do not start with the base's %v", got, baseLayers)
+	}
+
+	again, err := bk.Build(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again.Digest != res.Digest || again.CacheHits < 3 {
+		t.Errorf("rebuild: digest %s (first %s), %d cache hits of %d steps", again.Digest, res.Digest, again.CacheHits, again.Steps)
+	}
+}
+
+// pushMarked pushes img plus a layer holding /marker under ref and returns
+// the new image's digest and the marker layer's.
+func pushMarked(t *testing.T, img v1.Image, ref string) (string, string) {
+	t.Helper()
+	var buf bytes.Buffer
+	writeTar(t, &buf, "marker", "the second image")
+	marker := static.NewLayer(buf.Bytes(), types.OCIUncompressedLayer)
+	img2, err := mutate.AppendLayers(img, marker)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := name.ParseReference(ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := remote.Write(r, img2); err != nil {
+		t.Fatal(err)
+	}
+	d, _ := img2.Digest()
+	md, _ := marker.Digest()
+	return d.String(), md.String()
+}
+
+// The ask's base digest is what the dependent is built on, however the
+// Dockerfile spells the base and whatever its tag points at by then.
+func TestBuildPinsBase(t *testing.T) {
+	testenv.RequireBuildkit(t)
+	ctx := context.Background()
+	host := testenv.Registry(t)
+	bk := newBuildKit(t, testenv.Buildkitd(t, host))
+
+	// The first image under runtime:latest, whose digest the ask names;
+	// then a second, different one under the same tag.
+	pinned, err := registry.PushBusybox(ctx, host, "runtime")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pinnedLayers := layerDigests(t, remoteImage(t, host+"/runtime@"+pinned))
+	moved, marker := pushMarked(t, remoteImage(t, host+"/runtime@"+pinned), host+"/runtime:latest")
+	if now, _ := registry.Resolve(ctx, host+"/runtime:latest", false); now != moved || moved == pinned {
+		t.Fatalf("runtime:latest = %s, want the second image %s", now, moved)
+	}
+	bases := []mesh.Base{{Module: "runtime", Image: host + "/runtime", Digest: pinned}}
+
+	for _, tc := range []struct {
+		name, from string
+		bases      []mesh.Base
+		pinned     bool
+	}{
+		{"module name", "runtime", bases, true},
+		{"repository", host + "/runtime", bases, true},
+		{"repository:latest", host + "/runtime:latest", bases, true},
+		// The control: without the ask's base the tag's image is used.
+		{"unpinned", host + "/runtime:latest", nil, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := buildContext(t, map[string]string{
+				"Dockerfile": "FROM " + tc.from + "\nRUN ls / > /rootfs.txt\n",
+			})
+			var out lines
+			res, err := bk.Build(ctx, BuildRequest{
+				ContextDir: dir, Image: host + "/dependent", Tag: strings.NewReplacer(" ", "-", ":", "-").Replace(tc.name),
+				Bases: tc.bases, Log: out.add,
+			})
+			if err != nil {
+				t.Fatalf("Build: %v\n%s", err, out.String())
+			}
+			got := layerDigests(t, remoteImage(t, res.Ref))
+			hasMarker := false
+			for _, l := range got {
+				hasMarker = hasMarker || l == marker
+			}
+			onPinned := len(got) == len(pinnedLayers)+1 && got[0] == pinnedLayers[0] && !hasMarker
+			if onPinned != tc.pinned {
+				t.Errorf("FROM %s: layers %v; pinned base %v, marker %s; built on the pinned base: %v, want %v",
+					tc.from, got, pinnedLayers, marker, onPinned, tc.pinned)
+			}
+		})
+	}
+}
+
+func TestBuildFailures(t *testing.T) {
+	testenv.RequireBuildkit(t)
+	ctx := context.Background()
+	host := testenv.Registry(t)
+	bk := newBuildKit(t, testenv.Buildkitd(t, host))
+	base := testenv.Busybox(t, host)
+	bases := []mesh.Base{{Module: "runtime", Image: host + "/busybox", Digest: digestOf(base)}}
+
+	for _, tc := range []struct {
+		name       string
+		dockerfile string
+		want       []string
+	}{
+		{"RUN fails", "FROM runtime\nRUN echo \"it $(echo broke)\" >&2; exit 3\n", []string{"exit code: 3", "it broke"}},
+		{"parse error", "FROM runtime\nFROB the thing\n", []string{"Dockerfile:2", "unknown instruction"}},
+		{"file missing from the context", "FROM runtime\nCOPY missing.txt /\n", []string{"Dockerfile:2", "missing.txt"}},
+		{"base not in the registry", "FROM " + host + "/nothing@sha256:" + strings.Repeat("0", 64) + "\n", []string{"not found"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := buildContext(t, map[string]string{"Dockerfile": tc.dockerfile})
+			var out lines
+			_, err := bk.Build(ctx, BuildRequest{ContextDir: dir, Image: host + "/broken", Tag: "x", Bases: bases, Log: out.add})
+			if !errors.Is(err, ErrBuild) {
+				t.Fatalf("Build = %v, want ErrBuild\n%s", err, out.String())
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q lacks %q", err, w)
+				}
+			}
+			t.Logf("%v", err)
+			if strings.Contains(err.Error(), "\n") {
+				t.Errorf("error %q is more than one line", err)
+			}
+		})
+	}
+}
+
+// A registry that cannot be reached is infrastructure; one that refuses the
+// push, the push's failure.
+func TestBuildPushFailures(t *testing.T) {
+	testenv.RequireBuildkit(t)
+	ctx := context.Background()
+	host := testenv.Registry(t)
+
+	// A registry that answers but forbids uploads.
+	inner := registry.New(t.TempDir())
+	deny := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusForbidden)
+			w.Write([]byte(`{"errors":[{"code":"DENIED","message":"pushes are not allowed here"}]}`))
+			return
+		}
+		inner.ServeHTTP(w, r)
+	}))
+	t.Cleanup(deny.Close)
+	denyHost := strings.TrimPrefix(deny.URL, "http://")
+	// A registry that is down behind its load balancer.
+	down := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, "no healthy upstream", http.StatusServiceUnavailable)
+	}))
+	t.Cleanup(down.Close)
+	downHost := strings.TrimPrefix(down.URL, "http://")
+	closed := closedAddr(t)
+
+	bk := newBuildKit(t, testenv.Buildkitd(t, host, denyHost, downHost, closed))
+	base := testenv.Busybox(t, host)
+	bases := []mesh.Base{{Module: "runtime", Image: host + "/busybox", Digest: digestOf(base)}}
+	dir := buildContext(t, map[string]string{"Dockerfile": "FROM runtime\nRUN echo hi > /hi\n"})
+	unseen, _ := pushMarked(t, remoteImage(t, base), host+"/other:latest")
+
+	for _, tc := range []struct {
+		name  string
+		image string
+		bases []mesh.Base
+		want  error
+	}{
+		{"registry unreachable", closed + "/app", bases, ErrInfra},
+		{"push refused", denyHost + "/app", bases, ErrPush},
+		{"registry answers 503", downHost + "/app", bases, ErrInfra},
+		// A base this daemon has not seen (a digest it has, it need not fetch).
+		{"base registry unreachable", host + "/app", []mesh.Base{{Module: "runtime", Image: closed + "/other", Digest: unseen}}, ErrInfra},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var out lines
+			start := time.Now()
+			_, err := bk.Build(ctx, BuildRequest{ContextDir: dir, Image: tc.image, Tag: "x", Bases: tc.bases, Log: out.add})
+			if !errors.Is(err, tc.want) {
+				t.Fatalf("Build = %v, want %v\n%s", err, tc.want, out.String())
+			}
+			t.Logf("%s after %s", err, time.Since(start).Round(time.Millisecond))
+		})
+	}
+}
+
+// Cache exported to the registry by one daemon is imported by another that
+// has never built the image.
+func TestBuildRegistryCache(t *testing.T) {
+	testenv.RequireBuildkit(t)
+	ctx := context.Background()
+	host := testenv.Registry(t)
+	base := testenv.Busybox(t, host)
+	dir := buildContext(t, map[string]string{"Dockerfile": "FROM runtime\nRUN echo expensive > /out\n"})
+	req := BuildRequest{
+		ContextDir: dir, Image: host + "/cached", Tag: "c1", Cache: host + "/cache:cached",
+		Bases: []mesh.Base{{Module: "runtime", Image: host + "/busybox", Digest: digestOf(base)}},
+	}
+	first, err := newBuildKit(t, testenv.Buildkitd(t, host)).Build(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first.CacheHits != 0 {
+		t.Errorf("first build: %d cache hits", first.CacheHits)
+	}
+	var out lines
+	req.Log = out.add
+	second, err := newBuildKit(t, testenv.Buildkitd(t, host)).Build(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if second.CacheHits == 0 || second.Digest != first.Digest {
+		t.Errorf("second daemon: %d cache hits, digest %s (first %s)\n%s", second.CacheHits, second.Digest, first.Digest, out.String())
+	}
+}
+
+// The Dockerfile is looked for before the daemon is asked.
+func TestBuildMissingDockerfile(t *testing.T) {
+	bk := newBuildKit(t, "unix:///nonexistent/buildkitd.sock")
+	dir := buildContext(t, map[string]string{"Containerfile": "FROM x\n"})
+	for _, df := range []string{"", "Dockerfile", "sub/Dockerfile", "../Containerfile"} {
+		_, err := bk.Build(context.Background(), BuildRequest{ContextDir: dir, Dockerfile: df, Image: "127.0.0.1:1/x"})
+		if !errors.Is(err, ErrSource) {
+			t.Errorf("Dockerfile %q: %v, want ErrSource", df, err)
+		}
+	}
+}
+
+// A daemon that is not there, or accepts and never answers, is an
+// infrastructure failure within the dial timeout, not a hang.
+func TestBuildDeadDaemon(t *testing.T) {
+	mute, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { mute.Close() })
+	go func() {
+		var held []net.Conn
+		defer func() {
+			for _, c := range held {
+				c.Close()
+			}
+		}()
+		for {
+			c, err := mute.Accept()
+			if err != nil {
+				return
+			}
+			held = append(held, c)
+		}
+	}()
+	dir := buildContext(t, map[string]string{"Dockerfile": "FROM scratch\n"})
+	for _, addr := range []string{
+		"unix://" + filepath.Join(t.TempDir(), "buildkitd.sock"),
+		"tcp://" + closedAddr(t),
+		"tcp://" + mute.Addr().String(),
+	} {
+		t.Run(addr, func(t *testing.T) {
+			bk, err := NewBuildKit(addr, BuildKitOptions{DialTimeout: 2 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer bk.Close()
+			start := time.Now()
+			_, err = bk.Build(context.Background(), BuildRequest{ContextDir: dir, Image: "127.0.0.1:1/x"})
+			took := time.Since(start)
+			if !errors.Is(err, ErrInfra) || Classify(err) != mesh.ReasonInfra {
+				t.Errorf("Build = %v, want ErrInfra", err)
+			}
+			if took > 5*time.Second {
+				t.Errorf("took %s", took)
+			}
+		})
+	}
+}
+
+func TestBuildKitOptions(t *testing.T) {
+	if _, err := NewBuildKit("unix:///x.sock", BuildKitOptions{KeepAlive: time.Minute}); err == nil {
+		t.Error("a keepalive buildkitd refuses: no error")
+	}
+	if _, err := NewBuildKit("", BuildKitOptions{}); err == nil {
+		t.Error("no address: no error")
+	}
+}
+
+func TestContextNames(t *testing.T) {
+	for _, tc := range []struct {
+		base mesh.Base
+		want string
+	}{
+		{mesh.Base{Module: "runtime", Image: "127.0.0.1:5000/runtime"}, "runtime 127.0.0.1:5000/runtime"},
+		{mesh.Base{Module: "runtime", Image: "127.0.0.1:5000/tools/runtime"}, "runtime 127.0.0.1:5000/tools/runtime"},
+		{mesh.Base{Module: "alpine", Image: "docker.io/library/alpine"}, "alpine"},
+		{mesh.Base{Module: "base", Image: "registry.example/base"}, "base registry.example/base"},
+	} {
+		tc.base.Digest = "sha256:" + strings.Repeat("a", 64)
+		got, err := contextNames(tc.base)
+		if err != nil || strings.Join(got, " ") != tc.want {
+			t.Errorf("contextNames(%+v) = %q, %v; want %q", tc.base, got, err, tc.want)
+		}
+	}
+	for _, b := range []mesh.Base{
+		{Module: "x", Image: "Not/Valid", Digest: "sha256:" + strings.Repeat("a", 64)},
+		{Module: "x", Image: "reg/x:tagged", Digest: "sha256:" + strings.Repeat("a", 64)},
+		{Module: "x", Image: "reg/x", Digest: "sha256:short"},
+	} {
+		if _, err := contextNames(b); Classify(err) != mesh.ReasonAsk {
+			t.Errorf("contextNames(%+v) = %v, want a malformed ask", b, err)
+		}
+	}
+}
+
+func TestProgress(t *testing.T) {
+	var out lines
+	p := newProgress(out.add, 100)
+	now := time.Now()
+	later := now.Add(1500 * time.Millisecond)
+	p.update(&client.SolveStatus{
+		Vertexes: []*client.Vertex{
+			{Digest: "sha256:a", Name: "[internal] load build definition from Dockerfile", Started: &now, Completed: &later},
+			{Digest: "sha256:b", Name: "[1/2] FROM docker.io/library/x", Started: &now, Completed: &later, Cached: true},
+			{Digest: "sha256:c", Name: "[stage-1 2/2] RUN make", Started: &now},
+		},
+		Logs: []*client.VertexLog{{Vertex: "sha256:c", Data: []byte("line one\nline tw")}},
+	})
+	p.update(&client.SolveStatus{
+		Vertexes: []*client.Vertex{{Digest: "sha256:c", Name: "[stage-1 2/2] RUN make", Started: &now, Completed: &later, Error: "exit code: 2"}},
+		Logs:     []*client.VertexLog{{Vertex: "sha256:c", Data: []byte("o\n" + strings.Repeat("y", 300))}},
+	})
+	p.flush()
+	steps, hits := p.counts()
+	if steps != 2 || hits != 1 {
+		t.Errorf("counts = %d steps, %d hits; want 2, 1", steps, hits)
+	}
+	want := []string{
+		"#1 [internal] load build definition from Dockerfile", "#1 DONE 1.5s",
+		"#2 [1/2] FROM docker.io/library/x", "#2 CACHED",
+		"#3 [stage-1 2/2] RUN make", "#3 line one",
+		"#3 ERROR: exit code: 2", "#3 line two",
+	}
+	if got := strings.Join(out.l[:len(want)], "\n"); got != strings.Join(want, "\n") {
+		t.Errorf("log:\n%s\nwant:\n%s", got, strings.Join(want, "\n"))
+	}
+	if last := out.l[len(out.l)-1]; len(last) > 100+len("…") {
+		t.Errorf("an unending line passed the bound: %d bytes", len(last))
+	}
+	if !p.failedIn(func(n string) bool { return strings.Contains(n, "RUN make") }) || !strings.HasPrefix(p.failedOutput(), strings.Repeat("y", 100)) || len(p.failedOutput()) > 100+len("…") {
+		t.Errorf("failed vertex: %+v", p.failed)
+	}
+}
+
+func closedAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return addr
+}
+
+func writeTar(t *testing.T, buf *bytes.Buffer, name, content string) {
+	t.Helper()
+	tw := tar.NewWriter(buf)
+	if err := tw.WriteHeader(&tar.Header{Name: name, Mode: 0o644, Size: int64(len(content)), Typeflag: tar.TypeReg}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tw.Write([]byte(content)); err != nil {
+		t.Fatal(err)
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestBuildMalformedRequest(t *testing.T) {
+	bk := newBuildKit(t, "unix:///nonexistent/buildkitd.sock")
+	dir := buildContext(t, map[string]string{"Dockerfile": "FROM x\n"})
+	for _, req := range []BuildRequest{
+		{ContextDir: dir},
+		{ContextDir: dir, Image: "127.0.0.1:5000/app:tagged"},
+		{ContextDir: dir, Image: "127.0.0.1:5000/App"},
+		{ContextDir: dir, Image: "127.0.0.1:5000/app", Tag: "two words"},
+	} {
+		_, err := bk.Build(context.Background(), req)
+		if Classify(err) != mesh.ReasonAsk {
+			t.Errorf("Build(image %q, tag %q) = %v, want a malformed ask", req.Image, req.Tag, err)
+		}
+	}
+}
+
+// A cancelled build stops at once and says it was cancelled.
+func TestBuildCancelled(t *testing.T) {
+	testenv.RequireBuildkit(t)
+	host := testenv.Registry(t)
+	bk := newBuildKit(t, testenv.Buildkitd(t, host))
+	base := testenv.Busybox(t, host)
+	dir := buildContext(t, map[string]string{"Dockerfile": "FROM runtime\nRUN echo sleeping; sleep 60\n"})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	started := make(chan struct{})
+	var once sync.Once
+	errc := make(chan error, 1)
+	go func() {
+		_, err := bk.Build(ctx, BuildRequest{
+			ContextDir: dir, Image: host + "/slow", Tag: "x",
+			Bases: []mesh.Base{{Module: "runtime", Image: host + "/busybox", Digest: digestOf(base)}},
+			Log: func(l string) {
+				if strings.HasSuffix(l, " sleeping") {
+					once.Do(func() { close(started) })
+				}
+			},
+		})
+		errc <- err
+	}()
+	select {
+	case <-started:
+	case err := <-errc:
+		t.Fatalf("Build returned before the RUN step: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the RUN step did not start in 30s")
+	}
+	cancel()
+	select {
+	case err := <-errc:
+		if !errors.Is(err, context.Canceled) || Classify(err) != mesh.ReasonCancel {
+			t.Errorf("Build = %v, want cancelled", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Build did not return within 10s of cancel")
+	}
+}
+
+// A daemon that dies mid-build is an infrastructure failure.
+func TestBuildDaemonDies(t *testing.T) {
+	testenv.RequireBuildkit(t)
+	host := testenv.Registry(t)
+	daemon := testenv.StartBuildkitd(t, buildkitd.Options{RegistryHosts: []string{host}, StopTimeout: 2 * time.Second})
+	bk := newBuildKit(t, daemon.Addr())
+	base := testenv.Busybox(t, host)
+	dir := buildContext(t, map[string]string{"Dockerfile": "FROM runtime\nRUN echo sleeping; sleep 60\n"})
+	var once sync.Once
+	start := time.Now()
+	_, err := bk.Build(context.Background(), BuildRequest{
+		ContextDir: dir, Image: host + "/slow", Tag: "x",
+		Bases: []mesh.Base{{Module: "runtime", Image: host + "/busybox", Digest: digestOf(base)}},
+		Log: func(l string) {
+			if strings.HasSuffix(l, " sleeping") {
+				once.Do(func() { go daemon.Stop() })
+			}
+		},
+	})
+	if !errors.Is(err, ErrInfra) {
+		t.Errorf("Build = %v, want ErrInfra", err)
+	}
+	if took := time.Since(start); took > 20*time.Second {
+		t.Errorf("took %s", took)
+	}
+}

@@ -1,0 +1,272 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/meshbuild/meshbuild/internal/testenv"
+	"github.com/meshbuild/meshbuild/mesh"
+)
+
+func readFile(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+func TestCheckout(t *testing.T) {
+	ctx := context.Background()
+	repo, c1 := testenv.GitRepo(t, map[string]string{
+		"runtime/Dockerfile":   "FROM base\n",
+		"runtime/app/main.txt": "v1",
+		"other/Dockerfile":     "FROM x\n",
+	})
+	c2 := testenv.Commit(t, repo, map[string]string{"runtime/app/main.txt": "v2"})
+	s := &Sources{Dir: t.TempDir()}
+
+	// An older commit than the tip, then the tip; each its own directory
+	// holding only the path.
+	dir1, err := s.Checkout(ctx, mesh.Source{Repo: repo, Commit: c1, Path: "runtime"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir2, err := s.Checkout(ctx, mesh.Source{Repo: repo, Commit: c2, Path: "runtime/", Dockerfile: "./Dockerfile"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dir1 == dir2 {
+		t.Fatal("two checkouts share a directory")
+	}
+	if got := readFile(t, filepath.Join(dir1, "app", "main.txt")); got != "v1" {
+		t.Errorf("commit 1: main.txt = %q", got)
+	}
+	if got := readFile(t, filepath.Join(dir2, "app", "main.txt")); got != "v2" {
+		t.Errorf("commit 2: main.txt = %q", got)
+	}
+	if got := readFile(t, filepath.Join(dir1, "Dockerfile")); got != "FROM base\n" {
+		t.Errorf("Dockerfile = %q", got)
+	}
+	if _, err := os.Stat(filepath.Join(dir1, "other")); !os.IsNotExist(err) {
+		t.Errorf("checkout holds more than the path: %v", err)
+	}
+
+	// The whole repository when the path is empty.
+	root, err := s.Checkout(ctx, mesh.Source{Repo: repo, Commit: c2, Dockerfile: "other/Dockerfile"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := readFile(t, filepath.Join(root, "runtime", "app", "main.txt")); got != "v2" {
+		t.Errorf("root checkout: main.txt = %q", got)
+	}
+
+	for _, d := range []string{dir1, dir2, root} {
+		if err := s.Release(d); err != nil {
+			t.Errorf("Release(%s): %v", d, err)
+		}
+		if _, err := os.Stat(d); !os.IsNotExist(err) {
+			t.Errorf("%s still there after Release", d)
+		}
+	}
+	if err := s.Release(t.TempDir()); err == nil {
+		t.Error("Release of a directory Checkout did not make: no error")
+	}
+	entries, _ := os.ReadDir(filepath.Join(s.Dir, "repos"))
+	if len(entries) != 1 {
+		t.Errorf("%d clones for one repository", len(entries))
+	}
+}
+
+// A commit the clone has is not fetched again: it checks out with the
+// repository gone. A commit it lacks is.
+func TestCheckoutFetchesOnlyWhenMissing(t *testing.T) {
+	ctx := context.Background()
+	repo, c1 := testenv.GitRepo(t, map[string]string{"Dockerfile": "FROM base\n"})
+	s := &Sources{Dir: t.TempDir()}
+	src := mesh.Source{Repo: repo, Commit: c1}
+	if _, err := s.Checkout(ctx, src); err != nil {
+		t.Fatal(err)
+	}
+	c2 := testenv.Commit(t, repo, map[string]string{"Dockerfile": "FROM other\n"})
+
+	moved := repo + ".away"
+	if err := os.Rename(repo, moved); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Checkout(ctx, src); err != nil {
+		t.Fatalf("a commit in the clone, repository gone: %v", err)
+	}
+	if _, err := s.Checkout(ctx, mesh.Source{Repo: repo, Commit: c2}); !errors.Is(err, ErrSource) {
+		t.Fatalf("a new commit, repository gone: %v, want ErrSource", err)
+	}
+	if err := os.Rename(moved, repo); err != nil {
+		t.Fatal(err)
+	}
+	dir, err := s.Checkout(ctx, mesh.Source{Repo: repo, Commit: c2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := readFile(t, filepath.Join(dir, "Dockerfile")); got != "FROM other\n" {
+		t.Errorf("Dockerfile = %q", got)
+	}
+}
+
+func TestCheckoutInsteadOf(t *testing.T) {
+	repo, c := testenv.GitRepo(t, map[string]string{"runtime/Dockerfile": "FROM base\n"})
+	s := &Sources{Dir: t.TempDir(), InsteadOf: map[string]string{
+		"https://git.example/":          "/nonexistent/",
+		"https://git.example/fleet.git": repo,
+	}}
+	dir, err := s.Checkout(context.Background(), mesh.Source{Repo: "https://git.example/fleet.git", Commit: c, Path: "runtime"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := readFile(t, filepath.Join(dir, "Dockerfile")); got != "FROM base\n" {
+		t.Errorf("Dockerfile = %q", got)
+	}
+}
+
+// A commit named by a branch is fetched anew every time.
+func TestCheckoutBranch(t *testing.T) {
+	ctx := context.Background()
+	repo, _ := testenv.GitRepo(t, map[string]string{"Dockerfile": "FROM one\n"})
+	s := &Sources{Dir: t.TempDir()}
+	if _, err := s.Checkout(ctx, mesh.Source{Repo: repo, Commit: "main"}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Commit(t, repo, map[string]string{"Dockerfile": "FROM two\n"})
+	dir, err := s.Checkout(ctx, mesh.Source{Repo: repo, Commit: "main"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := readFile(t, filepath.Join(dir, "Dockerfile")); got != "FROM two\n" {
+		t.Errorf("Dockerfile = %q, want the branch's new tip", got)
+	}
+}
+
+func TestCheckoutErrors(t *testing.T) {
+	repo, c := testenv.GitRepo(t, map[string]string{"runtime/Dockerfile": "FROM base\n", "file": "x"})
+	notRepo := t.TempDir()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := ln.Addr().String()
+	ln.Close()
+	missing := strings.Repeat("0", 40)
+
+	for _, tc := range []struct {
+		name string
+		src  mesh.Source
+		want error
+		msg  string
+	}{
+		{"commit not found", mesh.Source{Repo: repo, Commit: missing}, ErrSource, "commit " + missing + " not found"},
+		{"ref not found", mesh.Source{Repo: repo, Commit: "no-such-branch"}, ErrSource, "not found"},
+		{"repository not found", mesh.Source{Repo: filepath.Join(notRepo, "nope.git"), Commit: c}, ErrSource, "not found"},
+		{"not a repository", mesh.Source{Repo: notRepo, Commit: c}, ErrSource, "not a git repository"},
+		{"path missing", mesh.Source{Repo: repo, Commit: c, Path: "nope"}, ErrSource, `path "nope"`},
+		{"path is a file", mesh.Source{Repo: repo, Commit: c, Path: "file"}, ErrSource, `path "file"`},
+		{"Dockerfile missing", mesh.Source{Repo: repo, Commit: c, Path: "runtime", Dockerfile: "Other"}, ErrSource, `Dockerfile "runtime/Other" not found`},
+		{"no Dockerfile at the root", mesh.Source{Repo: repo, Commit: c}, ErrSource, `Dockerfile "Dockerfile" not found`},
+		{"path leaves the repository", mesh.Source{Repo: repo, Commit: c, Path: "runtime/../.."}, ErrSource, "leaves"},
+		{"Dockerfile leaves the context", mesh.Source{Repo: repo, Commit: c, Path: "runtime", Dockerfile: "../file"}, ErrSource, "not a file"},
+		{"commit is an option", mesh.Source{Repo: repo, Commit: "--upload-pack=touch /tmp/pwned"}, ErrSource, "not a commit"},
+		{"repo is an option", mesh.Source{Repo: "--help", Commit: c}, ErrSource, "not a repository"},
+		{"server unreachable", mesh.Source{Repo: "http://" + closed + "/fleet.git", Commit: c}, ErrInfra, "fetching"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := &Sources{Dir: t.TempDir()}
+			dir, err := s.Checkout(context.Background(), tc.src)
+			if !errors.Is(err, tc.want) {
+				t.Fatalf("Checkout = %q, %v; want %v", dir, err, tc.want)
+			}
+			if !strings.Contains(err.Error(), tc.msg) {
+				t.Errorf("error %q does not say %q", err, tc.msg)
+			}
+			if entries, _ := os.ReadDir(filepath.Join(s.Dir, "work")); len(entries) != 0 {
+				t.Errorf("a failed checkout left %d entries in work/", len(entries))
+			}
+		})
+	}
+}
+
+func TestCheckoutCancelled(t *testing.T) {
+	repo, c := testenv.GitRepo(t, map[string]string{"Dockerfile": "FROM base\n"})
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	s := &Sources{Dir: t.TempDir()}
+	_, err := s.Checkout(ctx, mesh.Source{Repo: repo, Commit: c})
+	if got := Classify(err); got != mesh.ReasonCancel {
+		t.Errorf("Classify(%v) = %q, want %q", err, got, mesh.ReasonCancel)
+	}
+}
+
+// Slots checking out the same repository at once share its clone safely.
+func TestCheckoutConcurrent(t *testing.T) {
+	ctx := context.Background()
+	repo, c1 := testenv.GitRepo(t, map[string]string{"Dockerfile": "FROM base\n", "n": "1"})
+	commits := []string{c1}
+	for i := 2; i <= 4; i++ {
+		commits = append(commits, testenv.Commit(t, repo, map[string]string{"n": fmt.Sprint(i)}))
+	}
+	s := &Sources{Dir: t.TempDir()}
+	var wg sync.WaitGroup
+	errs := make(chan error, 16)
+	for i := range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			n := i%len(commits) + 1
+			dir, err := s.Checkout(ctx, mesh.Source{Repo: repo, Commit: commits[n-1]})
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer s.Release(dir)
+			b, err := os.ReadFile(filepath.Join(dir, "n"))
+			if err != nil || string(b) != fmt.Sprint(n) {
+				errs <- fmt.Errorf("checkout of commit %d holds n=%q (%v)", n, b, err)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}
+
+func TestClassify(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want string
+	}{
+		{nil, ""},
+		{classified(ErrSource, "x", nil), mesh.ReasonSource},
+		{fmt.Errorf("wrapped: %w", classified(ErrBuild, "x", errors.New("y"))), mesh.ReasonBuild},
+		{classified(ErrPush, "x", nil), mesh.ReasonPush},
+		{classified(ErrInfra, "x", nil), mesh.ReasonInfra},
+		{fmt.Errorf("%w: bad", mesh.ErrMalformedAsk), mesh.ReasonAsk},
+		{context.Canceled, mesh.ReasonCancel},
+		{errors.New("something else"), mesh.ReasonInfra},
+	} {
+		if got := Classify(tc.err); got != tc.want {
+			t.Errorf("Classify(%v) = %q, want %q", tc.err, got, tc.want)
+		}
+	}
+	inner := errors.New("cause")
+	err := classified(ErrBuild, "RUN failed", inner)
+	if !errors.Is(err, inner) || err.Error() != "build: RUN failed" {
+		t.Errorf("Error: %q, Is(cause) %v", err, errors.Is(err, inner))
+	}
+}

@@ -1,0 +1,247 @@
+package cascade
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/meshbuild/meshbuild/mesh"
+	"github.com/meshbuild/meshbuild/planner"
+)
+
+// Plan state lives in the controller's declared bucket (state: plans), one
+// key per plan and one per module of a plan, so that a plan of any size fits
+// the mesh's 256 KiB per value:
+//
+//	plan.<plan>            PlanRecord: trigger, sequence, outcome, counts
+//	mod.<plan>.<module>    ModuleStatus
+//	current.<module>       Current: the module's current image (newer plan wins)
+//
+// The plan's modules are not stored: a plan is a pure function of the
+// catalogue and its trigger, and is planned again on resume.
+const (
+	// StateBucket is the controller module's bucket plans live in.
+	StateBucket = "plans"
+
+	keyPlan    = "plan."
+	keyModule  = "mod."
+	keyCurrent = "current."
+)
+
+// PlanKey, ModuleKey and CurrentKey derive a plan's, a module's and a
+// current image's keys.
+func PlanKey(plan string) string             { return keyPlan + plan }
+func ModuleKey(plan, module string) string   { return keyModule + plan + "." + module }
+func ModulesOf(plan string) string           { return keyModule + plan + ".>" }
+func CurrentKey(module string) string        { return keyCurrent + module }
+func planOfKey(key string) (string, bool)    { return strings.CutPrefix(key, keyPlan) }
+func moduleOfKey(plan, key string) string    { return strings.TrimPrefix(key, keyModule+plan+".") }
+func currentOfKey(key string) (string, bool) { return strings.CutPrefix(key, keyCurrent) }
+
+// OutcomeEmpty is the outcome of a plan whose trigger selected nothing.
+const OutcomeEmpty Outcome = "empty"
+
+// PlanRecord is a plan's summary: what `builds plans` lists.
+type PlanRecord struct {
+	ID       string          `json:"id"`
+	Seq      uint64          `json:"seq"`
+	Trigger  planner.Trigger `json:"trigger"`
+	Summary  string          `json:"summary"`
+	Outcome  Outcome         `json:"outcome"`
+	Message  string          `json:"message,omitempty"`
+	Counts   Counts          `json:"counts"`
+	Tiers    int             `json:"tiers"`
+	Created  time.Time       `json:"created"`
+	Updated  time.Time       `json:"updated"`
+	Finished time.Time       `json:"finished,omitzero"`
+}
+
+// Record summarises a state.
+func Record(s *State) PlanRecord {
+	r := PlanRecord{ID: s.Plan, Seq: s.Seq, Trigger: s.Trigger, Summary: s.Summary, Outcome: s.Outcome(),
+		Counts: s.Counts(), Created: s.Created, Updated: s.Updated}
+	for _, m := range s.Modules {
+		r.Tiers = max(r.Tiers, m.Tier+1)
+	}
+	if r.Outcome != OutcomeRunning {
+		r.Finished = s.Updated
+	}
+	return r
+}
+
+// Store reads and writes plan state in the bucket.
+type Store struct {
+	kv jetstream.KeyValue
+	// Parallel bounds concurrent writes.
+	Parallel int
+}
+
+// OpenStore binds the controller module's plans bucket.
+func OpenStore(ctx context.Context, js jetstream.JetStream, controllerModule string) (*Store, error) {
+	name := mesh.KVBucket(controllerModule, StateBucket)
+	kv, err := js.KeyValue(ctx, name)
+	if err != nil {
+		return nil, fmt.Errorf("opening bucket %s (is the catalogue raised? module %s must declare state %q): %w",
+			name, controllerModule, StateBucket, err)
+	}
+	return &Store{kv: kv, Parallel: 64}, nil
+}
+
+// KV is the bucket.
+func (s *Store) KV() jetstream.KeyValue { return s.kv }
+
+// CreatePlan writes a plan's record only if it does not exist yet: a
+// duplicate trigger, inside or outside JetStream's duplicate window, makes
+// no second plan. created is false for a duplicate.
+func (s *Store) CreatePlan(ctx context.Context, r PlanRecord) (created bool, err error) {
+	data, err := json.Marshal(r)
+	if err != nil {
+		return false, err
+	}
+	if _, err := s.kv.Create(ctx, PlanKey(r.ID), data); err != nil {
+		if errors.Is(err, jetstream.ErrKeyExists) {
+			return false, nil
+		}
+		return false, fmt.Errorf("creating plan %s: %w", r.ID, err)
+	}
+	return true, nil
+}
+
+// Put writes values by key, in parallel.
+func (s *Store) Put(ctx context.Context, values map[string]any) error {
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(max(1, s.Parallel))
+	for k, v := range values {
+		data, err := json.Marshal(v)
+		if err != nil {
+			return fmt.Errorf("encoding %s: %w", k, err)
+		}
+		g.Go(func() error {
+			if _, err := s.kv.Put(gctx, k, data); err != nil {
+				return fmt.Errorf("writing %s: %w", k, err)
+			}
+			return nil
+		})
+	}
+	return g.Wait()
+}
+
+// Plans returns every plan record, newest first.
+func (s *Store) Plans(ctx context.Context) ([]PlanRecord, error) {
+	var out []PlanRecord
+	err := s.each(ctx, keyPlan+"*", func(key string, data []byte) error {
+		var r PlanRecord
+		if err := json.Unmarshal(data, &r); err != nil {
+			return fmt.Errorf("decoding %s: %w", key, err)
+		}
+		out = append(out, r)
+		return nil
+	})
+	sort.Slice(out, func(i, j int) bool { return out[i].Seq > out[j].Seq })
+	return out, err
+}
+
+// ErrNoPlan is returned for a plan the store does not know.
+var ErrNoPlan = errors.New("no such plan")
+
+// Plan returns one plan's record.
+func (s *Store) Plan(ctx context.Context, id string) (PlanRecord, error) {
+	e, err := s.kv.Get(ctx, PlanKey(id))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return PlanRecord{}, fmt.Errorf("%w %s", ErrNoPlan, id)
+	}
+	if err != nil {
+		return PlanRecord{}, fmt.Errorf("reading plan %s: %w", id, err)
+	}
+	var r PlanRecord
+	if err := json.Unmarshal(e.Value(), &r); err != nil {
+		return PlanRecord{}, fmt.Errorf("decoding plan %s: %w", id, err)
+	}
+	return r, nil
+}
+
+// Modules returns a plan's module statuses, by module.
+func (s *Store) Modules(ctx context.Context, plan string) (map[string]ModuleStatus, error) {
+	out := map[string]ModuleStatus{}
+	err := s.each(ctx, ModulesOf(plan), func(key string, data []byte) error {
+		var m ModuleStatus
+		if err := json.Unmarshal(data, &m); err != nil {
+			return fmt.Errorf("decoding %s: %w", key, err)
+		}
+		out[moduleOfKey(plan, key)] = m
+		return nil
+	})
+	return out, err
+}
+
+// Currents returns every module's current image.
+func (s *Store) Currents(ctx context.Context) (map[string]Current, error) {
+	out := map[string]Current{}
+	err := s.each(ctx, keyCurrent+"*", func(key string, data []byte) error {
+		var c Current
+		if err := json.Unmarshal(data, &c); err != nil {
+			return fmt.Errorf("decoding %s: %w", key, err)
+		}
+		m, _ := currentOfKey(key)
+		out[m] = c
+		return nil
+	})
+	return out, err
+}
+
+// each calls fn with the current value of every key matching filter.
+func (s *Store) each(ctx context.Context, filter string, fn func(key string, data []byte) error) error {
+	w, err := s.kv.WatchFiltered(ctx, []string{filter}, jetstream.IgnoreDeletes())
+	if err != nil {
+		return fmt.Errorf("reading %s: %w", filter, err)
+	}
+	defer w.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case e, ok := <-w.Updates():
+			if !ok {
+				return nil
+			}
+			if e == nil {
+				return nil // all current values delivered
+			}
+			if err := fn(e.Key(), e.Value()); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// Load rebuilds a plan's state from its record, its modules in the store
+// and the plan (planned again from the record's trigger).
+func Load(p planner.Plan, r PlanRecord, mods map[string]ModuleStatus) (*State, error) {
+	st := NewState(p, r.Created)
+	st.Seq, st.Updated = r.Seq, r.Updated
+	if r.Outcome == OutcomeCancelled {
+		st.Cancelled = r.Updated
+	}
+	for i := range st.Modules {
+		if m, ok := mods[st.Modules[i].Module]; ok {
+			st.Modules[i] = m
+		}
+	}
+	// Round-trip through JSON: State rebuilds its index on decoding.
+	data, err := json.Marshal(st)
+	if err != nil {
+		return nil, err
+	}
+	out := &State{}
+	if err := json.Unmarshal(data, out); err != nil {
+		return nil, err
+	}
+	return out, nil
+}

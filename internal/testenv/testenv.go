@@ -1,0 +1,51 @@
+// Package testenv starts the real parts meshbuild's tests run against: an
+// embedded OCI registry, a BuildKit daemon, a busybox base image in that
+// registry, and git repositories. Each is stopped or removed in the test's
+// cleanup.
+//
+// Tests that need buildkitd run only when MESHBUILD_BUILDKIT=1 (make test
+// sets it); without it they are skipped, saying so. With it, a daemon that
+// will not start fails the test: it is never a skip.
+package testenv
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"sync"
+)
+
+// BuildkitEnv is the environment variable that turns on tests needing
+// buildkitd.
+const BuildkitEnv = "MESHBUILD_BUILDKIT"
+
+var (
+	rootOnce sync.Once
+	root     string
+	rootErr  error
+)
+
+// RepoRoot is the directory holding the module's go.mod, found by walking up
+// from the working directory (a test's is its package directory).
+func RepoRoot() (string, error) {
+	rootOnce.Do(func() {
+		dir, err := os.Getwd()
+		if err != nil {
+			rootErr = err
+			return
+		}
+		for {
+			if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+				root = dir
+				return
+			}
+			parent := filepath.Dir(dir)
+			if parent == dir {
+				rootErr = errors.New("no go.mod above the working directory")
+				return
+			}
+			dir = parent
+		}
+	})
+	return root, rootErr
+}

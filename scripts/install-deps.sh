@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# install-deps.sh installs what meshbuild's tests and `builds up` need on a
+# Debian machine: runc, busybox-static, git and prometheus from apt, and
+# bin/buildkitd and bin/buildctl built from the buildkit module pinned in
+# go.mod. It is idempotent and silent when everything is present; it runs
+# `apt-get update` only when a package is missing.
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+
+die() { echo "install-deps: $*" >&2; exit 1; }
+
+# Debian packages, named by the command each provides.
+declare -A pkgs=([runc]=runc [busybox]=busybox-static [git]=git [prometheus]=prometheus)
+missing=()
+for cmd in runc busybox git prometheus; do
+	if ! command -v "$cmd" >/dev/null 2>&1; then
+		missing+=("${pkgs[$cmd]}")
+	fi
+done
+# busybox must be the static build: it is copied into a scratch image.
+if command -v busybox >/dev/null 2>&1 && ! dpkg-query -W -f='${Status}' busybox-static 2>/dev/null | grep -q 'install ok installed'; then
+	[[ " ${missing[*]} " == *" busybox-static "* ]] || missing+=(busybox-static)
+fi
+
+if ((${#missing[@]})); then
+	echo "install-deps: installing ${missing[*]}" >&2
+	command -v apt-get >/dev/null 2>&1 || die "apt-get not found; install ${missing[*]} by hand"
+	sudo=""
+	if [[ $(id -u) -ne 0 ]]; then
+		command -v sudo >/dev/null 2>&1 || die "not root and no sudo; install ${missing[*]} as root"
+		sudo="sudo"
+	fi
+	export DEBIAN_FRONTEND=noninteractive
+	$sudo apt-get update -qq >/dev/null || die "apt-get update failed"
+	$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null \
+		|| die "apt-get install ${missing[*]} failed"
+	for cmd in runc busybox git prometheus; do
+		command -v "$cmd" >/dev/null 2>&1 || die "$cmd still missing after apt-get install"
+	done
+fi
+
+command -v go >/dev/null 2>&1 || die "go not found in PATH"
+
+# bin/buildkitd and bin/buildctl: rebuilt when missing or older than go.mod
+# (go.mod pins the buildkit version).
+build=0
+for b in bin/buildkitd bin/buildctl; do
+	if [[ ! -x $b || $b -ot go.mod ]]; then
+		build=1
+	fi
+done
+if ((build)); then
+	echo "install-deps: building bin/buildkitd and bin/buildctl" >&2
+	mkdir -p bin
+	go build -o bin/ github.com/moby/buildkit/cmd/buildkitd github.com/moby/buildkit/cmd/buildctl \
+		|| die "go build of buildkitd and buildctl failed"
+	touch bin/buildkitd bin/buildctl
+fi
