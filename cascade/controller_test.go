@@ -329,7 +329,7 @@ func TestADuplicateTriggerMakesNoSecondPlan(t *testing.T) {
 	graph := map[string][]string{"a": nil, "b": {"a"}}
 	h := newHarness(t, graph, 1)
 	plan := h.push("c1", "push-c1")
-	h.push("c1", "push-c1")           // inside the duplicate window
+	h.push("c1", "push-c1")            // inside the duplicate window
 	h.push("c1", "push-c1-redelivery") // as if outside it: another message id
 	h.settle(plan, 20*time.Second)
 	time.Sleep(500 * time.Millisecond)
