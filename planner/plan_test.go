@@ -590,7 +590,9 @@ func contains(s []string, x string) bool {
 	return false
 }
 
-func repoOf(layer int) string { return "https://git.example/layer" + string(rune('a'+layer%26)) + ".git" }
+func repoOf(layer int) string {
+	return "https://git.example/layer" + string(rune('a'+layer%26)) + ".git"
+}
 
 // layered is a catalogue of n modules in the given number of layers; each
 // module of layer k > 0 is built on up to fanIn modules of earlier layers, at
