@@ -1,0 +1,80 @@
+// Command build-agent holds the node-build-agent seat on this machine: it
+// pulls one build ask at a time per slot from the shared work queue, builds
+// it with the machine's buildkitd, pushes it by digest and announces it.
+//
+// Every flag has an environment equivalent (MESHBUILD_*), see -h.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strconv"
+	"syscall"
+
+	"github.com/meshbuild/meshbuild/agent"
+	"github.com/meshbuild/meshbuild/internal/farm"
+)
+
+func main() {
+	os.Exit(run())
+}
+
+type listFlag []string
+
+func (l *listFlag) String() string     { return fmt.Sprint(*l) }
+func (l *listFlag) Set(v string) error { *l = append(*l, v); return nil }
+
+func run() int {
+	cfg := agent.DefaultConfig()
+	fs := flag.NewFlagSet("build-agent", flag.ContinueOnError)
+	natsURL := fs.String("nats", farm.Env("MESHBUILD_NATS", "nats://127.0.0.1:4222"), "NATS server URL(s), comma separated (MESHBUILD_NATS)")
+	creds := fs.String("creds", farm.Env("MESHBUILD_CREDS", ""), "NATS credentials file (MESHBUILD_CREDS)")
+	machine := fs.String("machine", farm.Env("MESHBUILD_MACHINE", cfg.Machine), "this machine's name in every outcome (MESHBUILD_MACHINE)")
+	bk := fs.String("buildkit", farm.Env("MESHBUILD_BUILDKIT_ADDR", "unix:///run/buildkit/buildkitd.sock"), "address of this machine's buildkitd (MESHBUILD_BUILDKIT_ADDR)")
+	fs.String("registry", farm.Env("MESHBUILD_REGISTRY", ""), "the mesh's registry HOST:PORT (informational: asks name their images) (MESHBUILD_REGISTRY)")
+	insecure := fs.Bool("registry-insecure", farm.Env("MESHBUILD_REGISTRY_INSECURE", "") == "true", "plain http to the registry, for a local one (MESHBUILD_REGISTRY_INSECURE=true)")
+	workspace := fs.String("workspace", farm.Env("MESHBUILD_WORKSPACE", "/var/lib/meshbuild/workspace"), "clones and checkouts (MESHBUILD_WORKSPACE)")
+	platforms := fs.String("platforms", farm.Env("MESHBUILD_PLATFORMS", cfg.Platforms[0]), "platforms this machine builds, comma separated (MESHBUILD_PLATFORMS)")
+	slots := fs.Int("slots", envInt("MESHBUILD_SLOTS", 1), "asks worked at once; each slot pulls one at a time (MESHBUILD_SLOTS)")
+	metricsAddr := fs.String("metrics", farm.Env("MESHBUILD_METRICS", ""), "serve /metrics on this address, e.g. :9464 (MESHBUILD_METRICS)")
+	fs.DurationVar(&cfg.Grace, "grace", cfg.Grace, "on SIGTERM, how long builds in hand may finish before their asks are handed back")
+	var insteadOf listFlag
+	fs.Var(&insteadOf, "git-instead-of", "URL=PATH: fetch repositories starting with URL from PATH instead (repeatable)")
+	if err := fs.Parse(os.Args[1:]); err != nil {
+		return 2
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	cfg.Machine, cfg.Slots, cfg.Platforms = *machine, *slots, farm.SplitList(*platforms)
+	io, err := farm.ParseInsteadOf(insteadOf)
+	if err != nil {
+		log.Error("bad flag", "err", err)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	obs, err := farm.AgentMetrics(ctx, *metricsAddr, cfg.Machine, log)
+	if err != nil {
+		log.Error("metrics", "err", err)
+		return 1
+	}
+	err = farm.RunAgent(ctx, farm.AgentOptions{
+		NATS: *natsURL, Creds: *creds, Agent: cfg, BuildKit: *bk, RegistryInsecure: *insecure,
+		Workspace: *workspace, InsteadOf: io, Observer: obs, Log: log,
+	})
+	if err != nil {
+		log.Error("build-agent stopped", "err", err)
+		return 1
+	}
+	return 0
+}
+
+func envInt(name string, def int) int {
+	if v, err := strconv.Atoi(farm.Env(name, "")); err == nil {
+		return v
+	}
+	return def
+}

@@ -1,0 +1,55 @@
+// Command build-controller raises the catalogue on NATS (every stream,
+// consumer and bucket it implies), turns pushes and operators' requests into
+// plans, and walks each plan's build.on graph: a module is asked for the
+// moment its last base is built, pinned to the digest just pushed.
+package main
+
+import (
+	"context"
+	"flag"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/meshbuild/meshbuild/cascade"
+	"github.com/meshbuild/meshbuild/internal/farm"
+)
+
+func main() { os.Exit(run()) }
+
+func run() int {
+	cfg := cascade.DefaultConfig()
+	fs := flag.NewFlagSet("build-controller", flag.ContinueOnError)
+	natsURL := fs.String("nats", farm.Env("MESHBUILD_NATS", "nats://127.0.0.1:4222"), "NATS server URL(s), comma separated (MESHBUILD_NATS)")
+	creds := fs.String("creds", farm.Env("MESHBUILD_CREDS", ""), "NATS credentials file (MESHBUILD_CREDS)")
+	catalogue := fs.String("catalogue", farm.Env("MESHBUILD_CATALOGUE", ""), "catalogue directory, watched for changes (MESHBUILD_CATALOGUE)")
+	fs.StringVar(&cfg.Registry, "registry", farm.Env("MESHBUILD_REGISTRY", ""), "registry HOST:PORT[/PREFIX] images are pushed to (MESHBUILD_REGISTRY)")
+	insecure := fs.Bool("registry-insecure", farm.Env("MESHBUILD_REGISTRY_INSECURE", "") == "true", "plain http to the registry (MESHBUILD_REGISTRY_INSECURE=true)")
+	fs.IntVar(&cfg.Replicas, "replicas", cfg.Replicas, "replicas of every stream and bucket (3 on a cluster)")
+	metricsAddr := fs.String("metrics", farm.Env("MESHBUILD_METRICS", ""), "serve /metrics on this address, e.g. :9465 (MESHBUILD_METRICS)")
+	if err := fs.Parse(os.Args[1:]); err != nil {
+		return 2
+	}
+	cfg.RegistryInsecure = *insecure
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	if *catalogue == "" {
+		log.Error("no catalogue: set --catalogue DIR")
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	obs, err := farm.ControllerMetrics(ctx, *metricsAddr, *natsURL, *creds, log)
+	if err != nil {
+		log.Error("metrics", "err", err)
+		return 1
+	}
+	err = farm.RunController(ctx, farm.ControllerOptions{
+		NATS: *natsURL, Creds: *creds, Catalogue: *catalogue, Controller: cfg, Observer: obs, Log: log,
+	})
+	if err != nil {
+		log.Error("build-controller stopped", "err", err)
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,249 @@
+package cli
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/meshbuild/meshbuild/cascade"
+)
+
+func init() {
+	extraCommands = append(extraCommands, plansCmd, showCmd)
+}
+
+func plansCmd(g *globals) *cobra.Command {
+	var limit int
+	c := &cobra.Command{
+		Use:   "plans",
+		Short: "Recent plans: id, trigger, state, counts, age",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			b, err := g.connect(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer b.close()
+			recs, err := b.store.Plans(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if limit > 0 && len(recs) > limit {
+				recs = recs[:limit]
+			}
+			if g.json {
+				return writeJSON(g.out, nonNil(recs))
+			}
+			if len(recs) == 0 {
+				fmt.Fprintln(g.errw, "no plans yet; start one with `builds push` or `builds rebuild MODULE`")
+				return nil
+			}
+			tw := tabwriter.NewWriter(g.out, 2, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "PLAN\tSTATE\tBUILT\tFAILED\tBLOCKED\tQUEUED\tTOTAL\tAGE\tTRIGGER")
+			for _, r := range recs {
+				c := r.Counts
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%s\t%s\n", r.ID, paint(g, string(r.Outcome)),
+					c.Built, c.Failed, c.Blocked, c.Waiting+c.Ready+c.Queued+c.Building, c.Total, age(r.Created), r.Summary)
+			}
+			return tw.Flush()
+		},
+	}
+	c.Flags().IntVar(&limit, "limit", 20, "at most this many plans, newest first (0: all)")
+	return c
+}
+
+func showCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "show PLAN",
+		Short: "A plan tier by tier: module, state, machine, duration, digest, reason",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			b, err := g.connect(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer b.close()
+			rec, mods, err := b.plan(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			if g.json {
+				return writeJSON(g.out, PlanView{Plan: rec, Modules: ordered(mods), Machines: machinesOf(mods)})
+			}
+			printPlan(g.out, rec, mods, isTTY(g.out))
+			return nil
+		},
+	}
+}
+
+// PlanView is `builds show --json`.
+type PlanView struct {
+	Plan     cascade.PlanRecord     `json:"plan"`
+	Modules  []cascade.ModuleStatus `json:"modules"`
+	Machines []string               `json:"machines"`
+}
+
+// ordered sorts module statuses by tier, then name.
+func ordered(mods map[string]cascade.ModuleStatus) []cascade.ModuleStatus {
+	out := make([]cascade.ModuleStatus, 0, len(mods))
+	for _, m := range mods {
+		out = append(out, m)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Tier != out[j].Tier {
+			return out[i].Tier < out[j].Tier
+		}
+		return out[i].Module < out[j].Module
+	})
+	return out
+}
+
+func machinesOf(mods map[string]cascade.ModuleStatus) []string {
+	seen := map[string]bool{}
+	for _, m := range mods {
+		if m.On != "" {
+			seen[m.On] = true
+		}
+	}
+	out := make([]string, 0, len(seen))
+	for m := range seen {
+		out = append(out, m)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// printPlan prints a plan tier by tier, then a per-machine summary.
+func printPlan(w io.Writer, rec cascade.PlanRecord, mods map[string]cascade.ModuleStatus, color bool) {
+	c := rec.Counts
+	fmt.Fprintf(w, "plan %s  %s  %s\n", rec.ID, colorize(color, string(rec.Outcome)), rec.Summary)
+	fmt.Fprintf(w, "  %d modules: %d built, %d failed, %d blocked, %d building, %d queued, %d waiting, %d cancelled\n",
+		c.Total, c.Built, c.Failed, c.Blocked, c.Building, c.Queued+c.Ready, c.Waiting, c.Cancelled)
+	if rec.Message != "" {
+		fmt.Fprintf(w, "  %s\n", rec.Message)
+	}
+	tier := -1
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+	for _, m := range ordered(mods) {
+		if m.Tier != tier {
+			tier = m.Tier
+			fmt.Fprintf(tw, "tier %d\t\t\t\t\t\n", tier)
+		}
+		why := ""
+		switch {
+		case m.BlockedBy != "":
+			why = "blocked by " + m.BlockedBy
+		case m.Message != "":
+			why = m.Reason + ": " + m.Message
+		}
+		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\n", m.Module, colorize(color, string(m.State)), dash(m.On), dur(m.Duration), short(m.Digest), why)
+	}
+	tw.Flush()
+	type sum struct {
+		n     int
+		total time.Duration
+	}
+	per := map[string]*sum{}
+	for _, m := range mods {
+		if m.On == "" || m.State != cascade.Built {
+			continue
+		}
+		if per[m.On] == nil {
+			per[m.On] = &sum{}
+		}
+		per[m.On].n++
+		per[m.On].total += m.Duration
+	}
+	if len(per) > 0 {
+		fmt.Fprintln(w, "machines")
+		tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+		for _, name := range machinesOf(mods) {
+			if s := per[name]; s != nil {
+				fmt.Fprintf(tw, "  %s\t%d built\t%s building\n", name, s.n, s.total.Round(100*time.Millisecond))
+			}
+		}
+		tw.Flush()
+	}
+}
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func nonNil[T any](s []T) []T {
+	if s == nil {
+		return []T{}
+	}
+	return s
+}
+
+func age(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	d := time.Since(t)
+	switch {
+	case d < time.Minute:
+		return fmt.Sprintf("%ds", int(d.Seconds()))
+	case d < time.Hour:
+		return fmt.Sprintf("%dm", int(d.Minutes()))
+	case d < 48*time.Hour:
+		return fmt.Sprintf("%dh", int(d.Hours()))
+	default:
+		return fmt.Sprintf("%dd", int(d.Hours()/24))
+	}
+}
+
+func dur(d time.Duration) string {
+	if d == 0 {
+		return "-"
+	}
+	return d.Round(100 * time.Millisecond).String()
+}
+
+func short(digest string) string {
+	if d, ok := strings.CutPrefix(digest, "sha256:"); ok && len(d) >= 12 {
+		return d[:12]
+	}
+	return dash(digest)
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func paint(g *globals, s string) string { return colorize(isTTY(g.out), s) }
+
+// colorize colours a state on a terminal, padded so that columns stay
+// aligned (tabwriter counts the escape codes).
+func colorize(on bool, s string) string {
+	if !on {
+		return s
+	}
+	padded := fmt.Sprintf("%-9s", s)
+	code := ""
+	switch s {
+	case "built":
+		code = "32"
+	case "failed":
+		code = "31"
+	case "blocked", "cancelled":
+		code = "33"
+	case "building", "running":
+		code = "36"
+	default:
+		return padded
+	}
+	return "\x1b[" + code + "m" + padded + "\x1b[0m"
+}

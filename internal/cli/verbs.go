@@ -1,0 +1,527 @@
+package cli
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/spf13/cobra"
+
+	"github.com/meshbuild/meshbuild/agent"
+	"github.com/meshbuild/meshbuild/cascade"
+	"github.com/meshbuild/meshbuild/mesh"
+	"github.com/meshbuild/meshbuild/planner"
+)
+
+func init() {
+	extraCommands = append(extraCommands, watchCmd, logsCmd, machinesCmd, pushCmd, rebuildCmd, retryCmd, cancelCmd, explainCmd)
+}
+
+func watchCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "watch PLAN",
+		Short: "Follow a plan until it settles; exit 0 when every module is built, 1 otherwise",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			b, err := g.connect(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer b.close()
+			rec, err := Watch(cmd.Context(), b.store, args[0], g.progressOut(), isTTY(g.progressOut()))
+			if err != nil {
+				return err
+			}
+			_, mods, err := b.plan(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			if g.json {
+				if err := writeJSON(g.out, PlanView{Plan: rec, Modules: ordered(mods), Machines: machinesOf(mods)}); err != nil {
+					return err
+				}
+			} else {
+				printPlan(g.out, rec, mods, isTTY(g.out))
+			}
+			if rec.Outcome != cascade.OutcomeBuilt {
+				return ErrFailed
+			}
+			return nil
+		},
+	}
+}
+
+// Watch follows a plan's record until the plan settles, drawing a progress
+// bar on a terminal and a line per change otherwise; it returns the settled
+// record.
+func Watch(ctx context.Context, st *cascade.Store, plan string, w io.Writer, tty bool) (cascade.PlanRecord, error) {
+	if _, err := st.Plan(ctx, plan); errors.Is(err, cascade.ErrNoPlan) {
+		// A push may reach the controller a moment after it was published.
+		deadline := time.Now().Add(10 * time.Second)
+		for errors.Is(err, cascade.ErrNoPlan) && time.Now().Before(deadline) {
+			time.Sleep(200 * time.Millisecond)
+			_, err = st.Plan(ctx, plan)
+		}
+		if err != nil {
+			return cascade.PlanRecord{}, fmt.Errorf("no plan %s; see `builds plans`", plan)
+		}
+	}
+	watcher, err := st.KV().Watch(ctx, cascade.PlanKey(plan))
+	if err != nil {
+		return cascade.PlanRecord{}, err
+	}
+	defer watcher.Stop()
+	last := ""
+	for {
+		select {
+		case <-ctx.Done():
+			return cascade.PlanRecord{}, ctx.Err()
+		case e, ok := <-watcher.Updates():
+			if !ok {
+				return cascade.PlanRecord{}, errors.New("watch ended")
+			}
+			if e == nil {
+				continue
+			}
+			var rec cascade.PlanRecord
+			if err := json.Unmarshal(e.Value(), &rec); err != nil {
+				return rec, err
+			}
+			line := progress(rec, tty)
+			if tty {
+				fmt.Fprintf(w, "\r\x1b[K%s", line)
+			} else if line != last {
+				fmt.Fprintln(w, line)
+			}
+			last = line
+			if rec.Outcome != cascade.OutcomeRunning {
+				if tty {
+					fmt.Fprintln(w)
+				}
+				return rec, nil
+			}
+		}
+	}
+}
+
+// progress renders a plan's counts, as a bar on a terminal.
+func progress(r cascade.PlanRecord, bar bool) string {
+	c := r.Counts
+	done := c.Built + c.Failed + c.Blocked + c.Cancelled
+	text := fmt.Sprintf("%s %d/%d built, %d building, %d queued, %d failed, %d blocked",
+		r.ID, c.Built, c.Total, c.Building, c.Queued+c.Ready, c.Failed, c.Blocked)
+	if !bar || c.Total == 0 {
+		return text
+	}
+	const width = 30
+	n := done * width / c.Total
+	return "[" + strings.Repeat("█", n) + strings.Repeat("·", width-n) + "] " + text
+}
+
+func logsCmd(g *globals) *cobra.Command {
+	var follow bool
+	c := &cobra.Command{
+		Use:   "logs PLAN MODULE",
+		Short: "A module's build output in a plan (log.<ask>), following while it builds",
+		Args:  cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			b, err := g.connect(ctx)
+			if err != nil {
+				return err
+			}
+			defer b.close()
+			_, mods, err := b.plan(ctx, args[0])
+			if err != nil {
+				return err
+			}
+			m, ok := mods[args[1]]
+			if !ok {
+				return fmt.Errorf("module %s is not in plan %s; see `builds show %s`", args[1], args[0], args[0])
+			}
+			if m.Ask == "" {
+				return fmt.Errorf("%s has not been asked for yet in plan %s (it is %s)", args[1], args[0], m.State)
+			}
+			return printLogs(ctx, b.js, m, follow, g)
+		},
+	}
+	c.Flags().BoolVarP(&follow, "follow", "f", true, "keep following until the build's output ends")
+	return c
+}
+
+func printLogs(ctx context.Context, js jetstream.JetStream, m cascade.ModuleStatus, follow bool, g *globals) error {
+	subj := mesh.SeatEventSubject(mesh.BuildSeat, mesh.LogEvent(m.Ask))
+	cons, err := js.OrderedConsumer(ctx, mesh.LogsStream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subj}})
+	if err != nil {
+		return fmt.Errorf("reading %s: %w", subj, err)
+	}
+	finished := m.State != cascade.Building && m.State != cascade.Queued
+	for {
+		wait := 2 * time.Second
+		if !follow || finished {
+			wait = 500 * time.Millisecond
+		}
+		msg, err := cons.Next(jetstream.FetchMaxWait(wait))
+		if errors.Is(err, jetstream.ErrNoMessages) || errors.Is(err, context.DeadlineExceeded) {
+			if !follow || finished {
+				return nil
+			}
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		var batch mesh.LogBatch
+		if err := json.Unmarshal(msg.Data(), &batch); err != nil {
+			continue
+		}
+		if g.json {
+			if err := writeJSON(g.out, batch); err != nil {
+				return err
+			}
+		} else {
+			for _, l := range batch.Lines {
+				fmt.Fprintln(g.out, l)
+			}
+		}
+		if batch.Final {
+			return nil
+		}
+	}
+}
+
+// Machine is one row of `builds machines`.
+type Machine struct {
+	Machine  string    `json:"machine"`
+	Online   bool      `json:"online"`
+	Slots    int       `json:"slots"`
+	InFlight int64     `json:"in_flight"`
+	Built    int64     `json:"built"`
+	Failed   int64     `json:"failed"`
+	LastSeen time.Time `json:"last_seen"`
+}
+
+func machinesCmd(g *globals) *cobra.Command {
+	var wait time.Duration
+	c := &cobra.Command{
+		Use:   "machines",
+		Short: "Each machine seen: slots, in flight, built, failed, last seen",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			b, err := g.connect(ctx)
+			if err != nil {
+				return err
+			}
+			defer b.close()
+			live, err := agent.AskStatus(ctx, b.nc, wait)
+			if err != nil {
+				return err
+			}
+			rows := map[string]*Machine{}
+			for _, s := range live {
+				rows[s.Machine] = &Machine{Machine: s.Machine, Online: true, Slots: s.Slots, InFlight: s.InFlight,
+					Built: s.Built, Failed: s.Failed, LastSeen: s.At}
+			}
+			// Machines seen in recent plans but not answering now.
+			recs, _ := b.store.Plans(ctx)
+			for i, r := range recs {
+				if i >= 10 {
+					break
+				}
+				mods, _ := b.store.Modules(ctx, r.ID)
+				for _, m := range mods {
+					if m.On == "" {
+						continue
+					}
+					row := rows[m.On]
+					if row == nil {
+						row = &Machine{Machine: m.On}
+						rows[m.On] = row
+					}
+					if !row.Online {
+						switch m.State {
+						case cascade.Built:
+							row.Built++
+						case cascade.Failed:
+							row.Failed++
+						}
+						seen := m.Finished
+						if seen.IsZero() {
+							seen = m.Started
+						}
+						if seen.After(row.LastSeen) {
+							row.LastSeen = seen
+						}
+					}
+				}
+			}
+			out := make([]Machine, 0, len(rows))
+			for _, name := range sortedKeys(rows) {
+				out = append(out, *rows[name])
+			}
+			if g.json {
+				return writeJSON(g.out, out)
+			}
+			if len(out) == 0 {
+				fmt.Fprintln(g.errw, "no machine answered and none is in a recent plan; start build-agent on a machine with buildkitd")
+				return nil
+			}
+			tw := tabwriter.NewWriter(g.out, 2, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "MACHINE\tONLINE\tSLOTS\tIN FLIGHT\tBUILT\tFAILED\tLAST SEEN")
+			for _, m := range out {
+				online := "no"
+				if m.Online {
+					online = "yes"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%s ago\n", m.Machine, online, m.Slots, m.InFlight, m.Built, m.Failed, age(m.LastSeen))
+			}
+			return tw.Flush()
+		},
+	}
+	c.Flags().DurationVar(&wait, "wait", time.Second, "how long to wait for machines to answer")
+	return c
+}
+
+func pushCmd(g *globals) *cobra.Command {
+	var repo, commit, ref string
+	var paths []string
+	var watch bool
+	c := &cobra.Command{
+		Use:   "push --repo URL [--commit C] [--path P]...",
+		Short: "Announce a push (as mesh-git does): the controller plans what it changes",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			if repo == "" {
+				return errors.New("--repo is required: the repository URL as the manifests spell it")
+			}
+			if commit == "" {
+				c, err := headOf(ctx, repo)
+				if err != nil {
+					return fmt.Errorf("no --commit and %w", err)
+				}
+				commit = c
+			}
+			b, err := g.connect(ctx)
+			if err != nil {
+				return err
+			}
+			defer b.close()
+			t := planner.Trigger{Kind: planner.KindPush, Repo: repo, Commit: commit, Ref: ref, Paths: paths}
+			id := planner.PlanID(t)
+			data, _ := json.Marshal(mesh.Pushed{Version: 1, Repo: repo, Ref: ref, Commit: commit, Paths: paths, At: time.Now().UTC()})
+			if _, err := b.js.Publish(ctx, mesh.SeatEventSubject(mesh.GitSeat, mesh.EventPushed), data, jetstream.WithMsgID(id)); err != nil {
+				return fmt.Errorf("announcing the push: %w", err)
+			}
+			if !watch {
+				if g.json {
+					return writeJSON(g.out, map[string]string{"plan": id})
+				}
+				fmt.Fprintf(g.out, "plan %s (follow it: builds watch %s)\n", id, id)
+				return nil
+			}
+			return watchAndShow(ctx, g, b, id)
+		},
+	}
+	c.Flags().StringVar(&repo, "repo", "", "repository URL, as the manifests' build.repo spells it")
+	c.Flags().StringVar(&commit, "commit", "", "the pushed commit (default: the repository's HEAD, via git ls-remote)")
+	c.Flags().StringVar(&ref, "ref", "refs/heads/main", "the pushed ref")
+	c.Flags().StringSliceVar(&paths, "path", nil, "a changed path (repeatable); none means anything may have changed")
+	c.Flags().BoolVar(&watch, "watch", false, "watch the plan until it settles")
+	return c
+}
+
+func watchAndShow(ctx context.Context, g *globals, b *bus, id string) error {
+	rec, err := Watch(ctx, b.store, id, g.progressOut(), isTTY(g.progressOut()))
+	if err != nil {
+		return err
+	}
+	_, mods, err := b.plan(ctx, id)
+	if err != nil {
+		return err
+	}
+	if g.json {
+		err = writeJSON(g.out, PlanView{Plan: rec, Modules: ordered(mods), Machines: machinesOf(mods)})
+	} else {
+		printPlan(g.out, rec, mods, isTTY(g.out))
+	}
+	if err == nil && rec.Outcome != cascade.OutcomeBuilt {
+		return ErrFailed
+	}
+	return err
+}
+
+func headOf(ctx context.Context, repo string) (string, error) {
+	out, err := exec.CommandContext(ctx, "git", "ls-remote", repo, "HEAD").Output()
+	if err != nil {
+		return "", fmt.Errorf("git ls-remote %s HEAD failed: pass --commit", repo)
+	}
+	f := strings.Fields(string(out))
+	if len(f) == 0 {
+		return "", fmt.Errorf("%s has no HEAD: pass --commit", repo)
+	}
+	return f[0], nil
+}
+
+func rebuildCmd(g *globals) *cobra.Command {
+	var id string
+	var watch bool
+	c := &cobra.Command{
+		Use:   "rebuild MODULE...",
+		Short: "Rebuild modules and everything built on them",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			b, err := g.connect(ctx)
+			if err != nil {
+				return err
+			}
+			defer b.close()
+			if id == "" {
+				id = newID()
+			}
+			r, err := cascade.Call(ctx, b.nc, controllerModule, cascade.ToolRebuild, cascade.Request{ID: id, Modules: args})
+			if err != nil {
+				if errors.Is(err, cascade.ErrUnknownModule) {
+					return fmt.Errorf("%w; see `builds catalogue show DIR` for the modules", err)
+				}
+				return err
+			}
+			if watch {
+				return watchAndShow(ctx, g, b, r.Plan)
+			}
+			if g.json {
+				return writeJSON(g.out, r.Record)
+			}
+			fmt.Fprintf(g.out, "plan %s: %d modules (follow it: builds watch %s)\n", r.Plan, r.Record.Counts.Total, r.Plan)
+			return nil
+		},
+	}
+	c.Flags().StringVar(&id, "id", "", "request id: the same id twice is one plan (default: a new one)")
+	c.Flags().BoolVar(&watch, "watch", false, "watch the plan until it settles")
+	return c
+}
+
+func retryCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "retry PLAN MODULE",
+		Short: "Re-submit a failed module; on success what it blocked is released",
+		Args:  cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return tool(cmd.Context(), g, cascade.ToolRetry, cascade.Request{Plan: args[0], Module: args[1]})
+		},
+	}
+}
+
+func cancelCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "cancel PLAN",
+		Short: "Stop a plan: queued asks are dropped, builds in flight are cancelled",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return tool(cmd.Context(), g, cascade.ToolCancel, cascade.Request{Plan: args[0]})
+		},
+	}
+}
+
+func tool(ctx context.Context, g *globals, name string, req cascade.Request) error {
+	b, err := g.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer b.close()
+	r, err := cascade.Call(ctx, b.nc, controllerModule, name, req)
+	switch {
+	case errors.Is(err, cascade.ErrNoPlan):
+		return fmt.Errorf("no plan %s; see `builds plans`", req.Plan)
+	case errors.Is(err, cascade.ErrNotFailed), errors.Is(err, cascade.ErrUnknownModule):
+		return fmt.Errorf("%w; see `builds show %s`", err, req.Plan)
+	case err != nil:
+		return err
+	}
+	if g.json {
+		return writeJSON(g.out, r)
+	}
+	fmt.Fprintf(g.out, "plan %s: %s (asks %s)\n", r.Plan, r.Record.Outcome, strings.Join(r.Asks, ", "))
+	return nil
+}
+
+func explainCmd(g *globals) *cobra.Command {
+	var dir, repo, commit string
+	var paths, modules []string
+	c := &cobra.Command{
+		Use:   "explain --catalogue DIR (--repo URL [--path P]... | --module M...)",
+		Short: "What a push or a rebuild would build, tier by tier, and why — offline, submitting nothing",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if dir == "" {
+				return errors.New("--catalogue DIR is required")
+			}
+			var t planner.Trigger
+			switch {
+			case repo != "" && len(modules) == 0:
+				if commit == "" {
+					commit = "HEAD"
+				}
+				t = planner.Trigger{Kind: planner.KindPush, Repo: repo, Commit: commit, Paths: paths}
+			case repo == "" && len(modules) > 0:
+				t = planner.Trigger{Kind: planner.KindRebuild, Modules: modules, ID: "explain"}
+			default:
+				return errors.New("give either --repo URL (with --path P…) or --module M…, not both")
+			}
+			cat, err := loadCatalogue(g, dir)
+			if err != nil {
+				return err
+			}
+			p, err := planner.New(cat, t)
+			if err != nil {
+				return err
+			}
+			if g.json {
+				return writeJSON(g.out, p)
+			}
+			return p.Explain(g.out)
+		},
+	}
+	c.Flags().StringVar(&dir, "catalogue", os.Getenv("MESHBUILD_CATALOGUE"), "catalogue directory (env MESHBUILD_CATALOGUE)")
+	c.Flags().StringVar(&repo, "repo", "", "a pushed repository")
+	c.Flags().StringVar(&commit, "commit", "", "the pushed commit (for display)")
+	c.Flags().StringSliceVar(&paths, "path", nil, "a changed path (repeatable)")
+	c.Flags().StringSliceVar(&modules, "module", nil, "a module to rebuild (repeatable)")
+	return c
+}
+
+func newID() string {
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	return time.Now().UTC().Format("20060102-150405") + "-" + hex.EncodeToString(b)
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// progressOut is where progress goes: stdout, or stderr when stdout is JSON.
+func (g *globals) progressOut() io.Writer {
+	if g.json {
+		return g.errw
+	}
+	return g.out
+}
