@@ -184,5 +184,32 @@ func TestACascadeBuiltByRealAgents(t *testing.T) {
 	if err := json.Unmarshal(out.Bytes(), &shown); err != nil || len(shown.Machines) != len(view.Machines) {
 		t.Fatalf("show --json: %v %+v", err, shown.Machines)
 	}
+	// logs: the build output of a module, as BuildKit printed it.
+	out.Reset()
+	if code := cli.Main(ctx, []string{"--nats", s.ClientURL(), "logs", view.Plan.ID, "d1"}, &out, &errw); code != 0 {
+		t.Fatalf("logs: %s", errw.String())
+	}
+	if !strings.Contains(out.String(), "echo d1") || !strings.Contains(out.String(), "exporting to image") {
+		t.Errorf("logs of d1:\n%s", out.String())
+	}
+	// machines: both agents answer, with their counts.
+	out.Reset()
+	if code := cli.Main(ctx, []string{"--nats", s.ClientURL(), "--json", "machines"}, &out, &errw); code != 0 {
+		t.Fatalf("machines: %s", errw.String())
+	}
+	var ms []cli.Machine
+	if err := json.Unmarshal(out.Bytes(), &ms); err != nil {
+		t.Fatal(err)
+	}
+	built := int64(0)
+	for _, m := range ms {
+		if !m.Online || m.Slots != 1 {
+			t.Errorf("machine %+v: want online with 1 slot", m)
+		}
+		built += m.Built
+	}
+	if len(ms) != 2 || built != 5 {
+		t.Errorf("machines %+v: want 2 machines that built 5 images", ms)
+	}
 	cancel()
 }
