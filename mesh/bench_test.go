@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -180,4 +181,34 @@ func BenchmarkCheck10k(b *testing.B) {
 	if HasErrors(ps) {
 		b.Fatalf("the benchmark catalogue has problems: %v", ps[0])
 	}
+}
+
+// BenchmarkLoadCheckDerive10k times the whole of what a raise computes
+// before it talks to a server: Load (read, decode, every check) plus every
+// derivation — streams, consumers, buckets and each module's permission
+// set. It reports the peak heap in use as heap-MiB.
+func BenchmarkLoadCheckDerive10k(b *testing.B) {
+	dir := b.TempDir()
+	writeCatalogue(b, dir, benchCatalogue(benchModules))
+	b.ReportAllocs()
+	var peak uint64
+	for b.Loop() {
+		c, ps, err := Load(dir)
+		if err != nil || HasErrors(ps) {
+			b.Fatalf("load: %v %v", err, ps)
+		}
+		w := c.Derive(1)
+		n := 0
+		for _, m := range c.Modules {
+			n += len(c.ModulePermissions(m).Publish)
+		}
+		n += len(c.ControllerPermissions("controller").Publish)
+		if len(w.Streams) == 0 || n == 0 {
+			b.Fatal("nothing derived")
+		}
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		peak = max(peak, ms.HeapInuse)
+	}
+	b.ReportMetric(float64(peak)/(1<<20), "heap-MiB")
 }
