@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -188,8 +189,14 @@ func (a *Agent) handle(work context.Context, msg jetstream.Msg) {
 	}
 	ask, err := mesh.DecodeAsk(msg.Data())
 	if err != nil {
-		// A malformed ask is refused once and never redelivered.
-		a.report(work, mesh.EventFailed, ask.ID+"-failed", mesh.Failed{
+		// A malformed ask is refused once and never redelivered. Its id
+		// may be missing or wrong: the failed is deduplicated by the ask's
+		// place in the queue instead.
+		dedupe := "malformed-" + strconv.Itoa(attempt)
+		if md, err := msg.Metadata(); err == nil {
+			dedupe = fmt.Sprintf("malformed-%s-%d", md.Stream, md.Sequence.Stream)
+		}
+		a.report(work, mesh.EventFailed, dedupe, mesh.Failed{
 			Version: mesh.AskVersion, Ask: ask.ID, Plan: ask.Plan, Module: ask.Module, On: a.cfg.Machine,
 			Reason: mesh.ReasonAsk, Message: err.Error(), Attempt: attempt, At: time.Now().UTC(),
 		})

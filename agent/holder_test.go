@@ -340,20 +340,21 @@ func TestAMalformedAskIsRefusedOnce(t *testing.T) {
 	startAgent(t, s, "m1", newGate().on("m1"), nil)
 	subj := mesh.SeatAcceptSubject(mesh.BuildSeat, mesh.BuildVerb)
 	bad := map[string][]byte{
-		"garbage": []byte("{not json"),
-		"version": []byte(`{"version": 99, "id": "v99"}`),
-		"fields":  []byte(`{"version": 1, "id": "nomodule", "plan": "p"}`),
+		"garbage":  []byte("{not json"),
+		"garbage2": []byte("[1, 2]"),
+		"version":  []byte(`{"version": 99, "id": "v99"}`),
+		"fields":   []byte(`{"version": 1, "id": "nomodule", "plan": "p"}`),
 	}
 	for id, data := range bad {
 		if _, err := js.Publish(context.Background(), subj, data, jetstream.WithMsgID(id)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, 5*time.Second, "three failed{ask}", func() bool { return len(events(t, js).Failed) == 3 })
+	waitFor(t, 5*time.Second, "four failed{ask}", func() bool { return len(events(t, js).Failed) == 4 })
 	time.Sleep(2 * testAckWait)
 	r := events(t, js)
-	if len(r.Failed) != 3 || len(r.Started) != 0 {
-		t.Fatalf("failed %d started %d: want 3 and 0", len(r.Failed), len(r.Started))
+	if len(r.Failed) != 4 || len(r.Started) != 0 {
+		t.Fatalf("failed %d started %d: want 4 and 0", len(r.Failed), len(r.Started))
 	}
 	for _, f := range r.Failed {
 		if f.Reason != mesh.ReasonAsk || f.Message == "" {

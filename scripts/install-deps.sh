@@ -43,18 +43,19 @@ fi
 
 command -v go >/dev/null 2>&1 || die "go not found in PATH"
 
-# bin/buildkitd and bin/buildctl: rebuilt when missing or older than go.mod
-# (go.mod pins the buildkit version).
+# bin/buildkitd and bin/buildctl: rebuilt when missing or when the buildkit
+# version pinned in go.mod changes (recorded in bin/.buildkit-version).
+want="$(go list -m -f '{{.Version}}' github.com/moby/buildkit)" || die "go list of the buildkit module failed"
+have="$(cat bin/.buildkit-version 2>/dev/null || true)"
 build=0
 for b in bin/buildkitd bin/buildctl; do
-	if [[ ! -x $b || $b -ot go.mod ]]; then
-		build=1
-	fi
+	[[ -x $b ]] || build=1
 done
+[[ $want == "$have" ]] || build=1
 if ((build)); then
-	echo "install-deps: building bin/buildkitd and bin/buildctl" >&2
+	echo "install-deps: building bin/buildkitd and bin/buildctl (buildkit $want)" >&2
 	mkdir -p bin
 	go build -o bin/ github.com/moby/buildkit/cmd/buildkitd github.com/moby/buildkit/cmd/buildctl \
 		|| die "go build of buildkitd and buildctl failed"
-	touch bin/buildkitd bin/buildctl
+	echo "$want" > bin/.buildkit-version
 fi
