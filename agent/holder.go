@@ -157,8 +157,8 @@ func (a *Agent) bind(ctx context.Context) (jetstream.Consumer, error) {
 
 // slot pulls one ask at a time until ctx is done.
 func (a *Agent) slot(ctx, work context.Context, cons jetstream.Consumer, slot int) {
+	idle := time.Now() // since the slot last settled an ask
 	for ctx.Err() == nil {
-		idle := time.Now()
 		batch, err := cons.Fetch(1, jetstream.FetchMaxWait(a.cfg.FetchWait))
 		if err != nil {
 			a.log.Warn("fetch failed", "slot", slot, "err", err)
@@ -173,6 +173,7 @@ func (a *Agent) slot(ctx, work context.Context, cons jetstream.Consumer, slot in
 			}
 			a.obs.IdleWaited(time.Since(idle))
 			a.handle(work, msg)
+			idle = time.Now()
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, context.DeadlineExceeded) {
 			a.log.Warn("fetch ended", "slot", slot, "err", err)
@@ -187,6 +188,7 @@ func (a *Agent) handle(work context.Context, msg jetstream.Msg) {
 	if md, err := msg.Metadata(); err == nil {
 		attempt = int(md.NumDelivered)
 	}
+	a.obs.Began()
 	ask, err := mesh.DecodeAsk(msg.Data())
 	if err != nil {
 		// A malformed ask is refused once and never redelivered. Its id
@@ -209,12 +211,12 @@ func (a *Agent) handle(work context.Context, msg jetstream.Msg) {
 	if ask.Platform != "" && !slices.Contains(a.cfg.Platforms, ask.Platform) {
 		// Not ours to build: give it back for a machine that can.
 		a.settle(msg, "nak", msg.NakWithDelay(a.cfg.RetryDelay))
+		a.obs.Ended("handed-back", "", 0, 0, 0)
 		return
 	}
 	log := a.log.With("ask", ask.ID, "module", ask.Module, "plan", ask.Plan, "attempt", attempt)
 	a.inFlight.Add(1)
 	defer a.inFlight.Add(-1)
-	a.obs.Began()
 	begun := time.Now()
 
 	a.report(work, mesh.EventStarted, fmt.Sprintf("%s-started-%d", ask.ID, attempt), mesh.Started{

@@ -31,6 +31,12 @@ type Config struct {
 	// Module is the catalogue module the controller runs as; empty means
 	// the one that holds mesh-controller.
 	Module string
+	// Window is the most asks of a plan queued at once (State.Window):
+	// released asks beyond it are held and published best first, by
+	// remaining critical path, as holders start asks. Asks are ranked by
+	// each module's last build duration seen by this controller. 0
+	// publishes every released ask at once.
+	Window int
 }
 
 // DefaultConfig returns a Config with defaults.
@@ -69,6 +75,9 @@ type Controller struct {
 	seq     uint64
 	askSeq  map[string]uint64
 	cmds    chan command
+	// lastBuild is each module's last build duration, the estimate that
+	// ranks a new plan's asks.
+	lastBuild map[string]time.Duration
 
 	// a batch's pending effects
 	dirty    map[string]any
@@ -101,7 +110,7 @@ func New(cfg Config, js jetstream.JetStream, cat *mesh.Catalogue, log *slog.Logg
 		cfg: cfg, js: js, nc: js.Conn(), log: log, obs: obs, module: module,
 		cat: cat, ix: planner.NewIndex(cat),
 		plans: map[string]*State{}, current: map[string]Current{}, askSeq: map[string]uint64{},
-		cmds: make(chan command, 64),
+		cmds: make(chan command, 64), lastBuild: map[string]time.Duration{},
 	}, nil
 }
 
@@ -269,6 +278,7 @@ func (c *Controller) resume(ctx context.Context) error {
 			c.log.Error("cannot load a stored plan; leaving it", "plan", r.ID, "err", err)
 			continue
 		}
+		st.Window = c.cfg.Window
 		c.plans[r.ID] = st
 		c.enqueue(st, st.Pending())
 		c.enqueue(st, st.Start(time.Now().UTC()))
@@ -320,6 +330,9 @@ func (c *Controller) event(ctx context.Context, m jetstream.Msg) {
 		}
 		next := st.Built(ev, now)
 		c.touch(st, ev.Module)
+		if ev.Duration > 0 {
+			c.lastBuild[ev.Module] = ev.Duration
+		}
 		if cur, ok := st.Current(ev.Module); ok && cur.Digest == ev.Digest && Newer(cur, c.current[ev.Module]) {
 			c.current[ev.Module] = cur
 			c.dirty[CurrentKey(ev.Module)] = cur
@@ -350,6 +363,10 @@ func (c *Controller) createPlan(ctx context.Context, t planner.Trigger, now time
 	}
 	st := NewState(p, now)
 	st.Seq = c.seq + 1
+	st.Window = c.cfg.Window
+	if len(c.lastBuild) > 0 {
+		st.SetEstimates(c.lastBuild)
+	}
 	rec := Record(st)
 	if p.Empty() {
 		rec.Outcome, rec.Finished = OutcomeEmpty, now
@@ -452,6 +469,14 @@ func (c *Controller) currentDigest(ctx context.Context, module string) (string, 
 // flush writes what changed and publishes the asks, retrying until both
 // are done: events are acknowledged only after it.
 func (c *Controller) flush(ctx context.Context) error {
+	// With a window, a plan whose state changed (a started, above all)
+	// publishes the best held asks its window now has room for.
+	for id := range c.dirtyRun {
+		if st := c.plans[id]; st != nil && c.cfg.Window > 0 {
+			st.Window = c.cfg.Window
+			c.enqueue(st, st.Fill(time.Now().UTC()))
+		}
+	}
 	delay := 100 * time.Millisecond
 	for {
 		err := c.flushOnce(ctx)

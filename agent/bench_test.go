@@ -1,0 +1,368 @@
+package agent_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/meshbuild/meshbuild/agent"
+	"github.com/meshbuild/meshbuild/internal/natstest"
+	"github.com/meshbuild/meshbuild/internal/testenv"
+	"github.com/meshbuild/meshbuild/mesh"
+)
+
+// The agent measured through the real parts: an embedded NATS server with
+// the build seat raised, real agents, and for the build overhead the real
+// BuildWorker (git checkout, BuildKit's Go client) against a real buildkitd
+// and registry, side by side with bin/buildctl on the same daemon.
+//
+//	go test -run XXX -bench BenchmarkDispatch -benchtime 1x ./agent
+//	MESHBUILD_BUILDKIT=1 go test -run XXX -bench BenchmarkAgentOverhead -benchtime 1x ./agent
+
+// benchSeat raises the build seat on a fresh server and returns it and a
+// connection whose core subscriptions see the seat's events as they are
+// published.
+func benchSeat(tb testing.TB) (*server.Server, *nats.Conn, jetstream.JetStream) {
+	tb.Helper()
+	s := natstest.Server(tb, nil)
+	nc, js := natstest.Connect(tb, s)
+	cat := mesh.NewCatalogue([]*mesh.Manifest{
+		{Module: "build-agent", Seats: []mesh.Seat{{
+			Seat: mesh.BuildSeat, Scope: "node", Accepts: []string{"build retain 7d"},
+			Emits: []string{"started", "built", "failed", "log.*"}, Serves: []string{"status", "cancel"},
+		}}},
+		{Module: "build-controller", Holds: []string{"mesh-controller"}, Uses: []string{mesh.BuildSeat},
+			Consumes: []string{"node-build-agent.started", "node-build-agent.built", "node-build-agent.failed"}},
+	})
+	if _, err := mesh.Raise(context.Background(), js, cat, 1); err != nil {
+		tb.Fatal(err)
+	}
+	return s, nc, js
+}
+
+// benchAgents starts n agents of one slot, each with its own connection and
+// the default config but its machine name, and waits until every one has a
+// pull waiting. They are all stopped at once in cleanup.
+func benchAgents(tb testing.TB, s *server.Server, js jetstream.JetStream, n int, w agent.Worker) {
+	tb.Helper()
+	var stops []func()
+	for i := range n {
+		nc, err := nats.Connect(s.ClientURL())
+		if err != nil {
+			tb.Fatal(err)
+		}
+		ajs, _ := jetstream.New(nc)
+		cfg := agent.DefaultConfig()
+		cfg.Machine = fmt.Sprintf("bench-%d", i+1)
+		a, err := agent.New(cfg, ajs, w, nil, nil)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); _ = a.Run(ctx) }()
+		stops = append(stops, func() { cancel(); <-done; nc.Close() })
+	}
+	tb.Cleanup(func() {
+		var wg sync.WaitGroup
+		for _, stop := range stops {
+			wg.Go(stop)
+		}
+		wg.Wait()
+	})
+	ctx := context.Background()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		c, err := js.Consumer(ctx, mesh.SeatStream(mesh.BuildSeat), mesh.SeatConsumer(mesh.BuildSeat))
+		if err == nil {
+			if info, err := c.Info(ctx); err == nil && info.NumWaiting >= n {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("%d agents not all pulling after 30s", n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// seatEvents timestamps the seat's events on arrival, by ask id, through a
+// core subscription.
+type seatEvents struct {
+	mu      sync.Mutex
+	arrived map[string]time.Time // event + "/" + ask
+	failed  map[string]string
+	notify  chan struct{}
+}
+
+func watchSeat(tb testing.TB, nc *nats.Conn) *seatEvents {
+	tb.Helper()
+	e := &seatEvents{arrived: map[string]time.Time{}, failed: map[string]string{}, notify: make(chan struct{}, 1)}
+	for _, ev := range []string{mesh.EventStarted, mesh.EventBuilt, mesh.EventFailed} {
+		sub, err := nc.Subscribe(mesh.SeatEventSubject(mesh.BuildSeat, ev), func(m *nats.Msg) {
+			at := time.Now()
+			var v struct {
+				Ask     string `json:"ask"`
+				Reason  string `json:"reason"`
+				Message string `json:"message"`
+			}
+			_ = json.Unmarshal(m.Data, &v)
+			e.mu.Lock()
+			e.arrived[ev+"/"+v.Ask] = at
+			if ev == mesh.EventFailed {
+				e.failed[v.Ask] = v.Reason + ": " + v.Message
+			}
+			e.mu.Unlock()
+			select {
+			case e.notify <- struct{}{}:
+			default:
+			}
+		})
+		if err != nil {
+			tb.Fatal(err)
+		}
+		tb.Cleanup(func() { _ = sub.Unsubscribe() })
+	}
+	if err := nc.Flush(); err != nil {
+		tb.Fatal(err)
+	}
+	return e
+}
+
+// wait returns when event arrived for ask; a failed of the ask fails tb.
+func (e *seatEvents) wait(tb testing.TB, event, ask string, d time.Duration) time.Time {
+	tb.Helper()
+	deadline := time.NewTimer(d)
+	defer deadline.Stop()
+	for {
+		e.mu.Lock()
+		at, ok := e.arrived[event+"/"+ask]
+		why, failed := e.failed[ask]
+		e.mu.Unlock()
+		switch {
+		case ok:
+			return at
+		case failed:
+			tb.Fatalf("ask %s failed: %s", ask, why)
+		}
+		select {
+		case <-e.notify:
+		case <-deadline.C:
+			tb.Fatalf("no %s for ask %s within %s", event, ask, d)
+		}
+	}
+}
+
+func publishAsk(tb testing.TB, js jetstream.JetStream, a mesh.Ask) {
+	tb.Helper()
+	data, _ := json.Marshal(a)
+	if _, err := js.Publish(context.Background(), mesh.SeatAcceptSubject(mesh.BuildSeat, mesh.BuildVerb), data, jetstream.WithMsgID(a.ID)); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+// quantile is the q-quantile of sorted durations (nearest rank).
+func quantile(sorted []time.Duration, q float64) time.Duration {
+	i := int(q*float64(len(sorted))+0.5) - 1
+	return sorted[min(max(i, 0), len(sorted)-1)]
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// instant is a worker that builds nothing, at once.
+type instant struct{}
+
+func (instant) Work(_ context.Context, a mesh.Ask, _ func(string)) (agent.Result, error) {
+	dg := "sha256:" + strings.Repeat("0", 64)
+	return agent.Result{Digest: dg, Ref: a.Image + "@" + dg}, nil
+}
+
+// BenchmarkDispatch: 4 idle agents (default config, one slot each); 200
+// asks published one at a time, each after the previous one's built. The
+// latency runs from just before the ask is published (a JetStream publish,
+// as the controller's) to the agent's started arriving on a core
+// subscription. No buildkitd is needed: the worker builds nothing.
+func BenchmarkDispatch(b *testing.B) {
+	const asks, agents = 200, 4
+	s, nc, js := benchSeat(b)
+	benchAgents(b, s, js, agents, instant{})
+	ev := watchSeat(b, nc)
+	var lat []time.Duration
+	run := 0
+	for b.Loop() {
+		run++
+		for i := range asks {
+			a := mesh.Ask{Version: mesh.AskVersion, ID: fmt.Sprintf("dispatch-%d-%d", run, i), Plan: "p-bench", Module: "tool",
+				Source: mesh.Source{Repo: "https://git.example/x.git", Commit: "abc"}, Image: "127.0.0.1:1/tool"}
+			t0 := time.Now()
+			publishAsk(b, js, a)
+			lat = append(lat, ev.wait(b, mesh.EventStarted, a.ID, 10*time.Second).Sub(t0))
+			ev.wait(b, mesh.EventBuilt, a.ID, 10*time.Second)
+		}
+	}
+	slices.Sort(lat)
+	b.ReportMetric(ms(quantile(lat, 0.50)), "p50-ms")
+	b.ReportMetric(ms(quantile(lat, 0.99)), "p99-ms")
+	b.ReportMetric(ms(lat[len(lat)-1]), "max-ms")
+}
+
+// overheadDockerfile is built FROM the base by module name; the RUN reads
+// the copied nonce, so a new nonce misses the cache from COPY on.
+const overheadDockerfile = "FROM runtime\nCOPY nonce.txt /nonce.txt\nRUN cat /nonce.txt > /stamp && echo built\n"
+
+// BenchmarkAgentOverhead builds the same small Dockerfile (FROM the busybox
+// base by module name, a COPY and a RUN) on one buildkitd through an agent
+// — the ask published, the real agent.BuildWorker with agent.NewBuildKit
+// checking the commit out of a git repository, building, pushing and
+// verifying, until built arrives — and through `bin/buildctl build` with
+// the same frontend, base context and push, until it exits. Warm: nothing
+// changed, every step cached. Cold: a new nonce (a new commit for the
+// agent, a new file for buildctl) makes COPY and RUN miss the cache. Runs
+// alternate between the two, 7 of each kind; the ratio is of medians.
+func BenchmarkAgentOverhead(b *testing.B) {
+	testenv.RequireBuildkit(b)
+	const runs = 7
+	root, err := testenv.RepoRoot()
+	if err != nil {
+		b.Fatal(err)
+	}
+	buildctl := filepath.Join(root, "bin", "buildctl")
+	if _, err := os.Stat(buildctl); err != nil {
+		b.Fatalf("%s: %v (make deps builds it)", buildctl, err)
+	}
+	host := testenv.Registry(b)
+	addr := testenv.Buildkitd(b, host)
+	baseRef := testenv.Busybox(b, host)
+	base := mesh.Base{Module: "runtime", Image: host + "/busybox", Digest: baseRef[strings.LastIndex(baseRef, "@")+1:]}
+
+	gitDir, commit := testenv.GitRepo(b, map[string]string{"app/Dockerfile": overheadDockerfile, "app/nonce.txt": "warm\n"})
+	direct := b.TempDir()
+	for name, content := range map[string]string{"Dockerfile": overheadDockerfile, "nonce.txt": "warm\n"} {
+		if err := os.WriteFile(filepath.Join(direct, name), []byte(content), 0o644); err != nil {
+			b.Fatal(err)
+		}
+	}
+
+	s, nc, js := benchSeat(b)
+	bk, err := agent.NewBuildKit(addr, agent.BuildKitOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { bk.Close() })
+	tb := &timedBuilder{b: bk}
+	benchAgents(b, s, js, 1, &agent.BuildWorker{Sources: &agent.Sources{Dir: b.TempDir()}, Builder: tb, Insecure: true})
+	ev := watchSeat(b, nc)
+
+	n := 0
+	// inBuild is, per agent run, the time spent in BuildKit.Build (ping,
+	// solve, push, verify): the rest is the agent's own (the bus, the
+	// checkout, the events).
+	var inBuild []time.Duration
+	viaAgent := func(commit string) time.Duration {
+		n++
+		a := mesh.Ask{Version: mesh.AskVersion, ID: fmt.Sprintf("overhead-%d", n), Plan: "p-bench", Module: "app",
+			Source: mesh.Source{Repo: gitDir, Commit: commit, Path: "app"},
+			Image:  host + "/via-agent", Bases: []mesh.Base{base}}
+		t0 := time.Now()
+		publishAsk(b, js, a)
+		d := ev.wait(b, mesh.EventBuilt, a.ID, 5*time.Minute).Sub(t0)
+		inBuild = append(inBuild, tb.last())
+		return d
+	}
+	median := func(ds []time.Duration) time.Duration {
+		ds = slices.Clone(ds)
+		slices.Sort(ds)
+		return ds[len(ds)/2]
+	}
+	viaBuildctl := func() time.Duration {
+		cmd := exec.Command(buildctl, "--addr", addr, "build",
+			"--frontend", "dockerfile.v0",
+			"--local", "context="+direct, "--local", "dockerfile="+direct,
+			"--opt", "context:runtime=docker-image://"+base.Ref(),
+			"--output", "type=image,name="+host+"/direct:latest,push=true,registry.insecure=true")
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		t0 := time.Now()
+		if err := cmd.Run(); err != nil {
+			b.Fatalf("buildctl build: %v\n%s", err, out.String())
+		}
+		return time.Since(t0)
+	}
+	// measure alternates the two, the agent first on even runs.
+	measure := func(prepare func(i int) string) (agentMed, directMed, buildMed time.Duration) {
+		var ag, di []time.Duration
+		inBuild = nil
+		for i := range runs {
+			c := prepare(i)
+			if i%2 == 0 {
+				ag = append(ag, viaAgent(c))
+				di = append(di, viaBuildctl())
+			} else {
+				di = append(di, viaBuildctl())
+				ag = append(ag, viaAgent(c))
+			}
+		}
+		return median(ag), median(di), median(inBuild)
+	}
+
+	// Both paths pull the base and fill the cache once, unmeasured.
+	viaAgent(commit)
+	viaBuildctl()
+
+	var warmA, warmD, warmB, coldA, coldD, coldB time.Duration
+	cold := 0
+	for b.Loop() {
+		warmA, warmD, warmB = measure(func(int) string { return commit })
+		coldA, coldD, coldB = measure(func(int) string {
+			cold++
+			nonce := fmt.Sprintf("cold %d %d\n", cold, time.Now().UnixNano())
+			if err := os.WriteFile(filepath.Join(direct, "nonce.txt"), []byte("direct "+nonce), 0o644); err != nil {
+				b.Fatal(err)
+			}
+			return testenv.Commit(b, gitDir, map[string]string{"app/nonce.txt": "agent " + nonce})
+		})
+	}
+	b.ReportMetric(float64(warmA)/float64(warmD), "warm-agent/direct")
+	b.ReportMetric(float64(coldA)/float64(coldD), "cold-agent/direct")
+	b.ReportMetric(ms(warmA), "warm-agent-ms")
+	b.ReportMetric(ms(warmD), "warm-direct-ms")
+	b.ReportMetric(ms(coldA), "cold-agent-ms")
+	b.ReportMetric(ms(coldD), "cold-direct-ms")
+	b.ReportMetric(ms(warmB), "warm-agent-in-buildkit-ms")
+	b.ReportMetric(ms(coldB), "cold-agent-in-buildkit-ms")
+}
+
+// timedBuilder times each Build of the builder it wraps.
+type timedBuilder struct {
+	b  agent.Builder
+	mu sync.Mutex
+	d  time.Duration
+}
+
+func (t *timedBuilder) Build(ctx context.Context, req agent.BuildRequest) (agent.BuildResult, error) {
+	t0 := time.Now()
+	res, err := t.b.Build(ctx, req)
+	t.mu.Lock()
+	t.d = time.Since(t0)
+	t.mu.Unlock()
+	return res, err
+}
+
+func (t *timedBuilder) last() time.Duration {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.d
+}

@@ -1,0 +1,374 @@
+package cascade_test
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/meshbuild/meshbuild/agent"
+	"github.com/meshbuild/meshbuild/cascade"
+	"github.com/meshbuild/meshbuild/internal/natstest"
+	"github.com/meshbuild/meshbuild/mesh"
+	"github.com/meshbuild/meshbuild/planner"
+)
+
+// The scheduler measured through the real parts: an embedded NATS server,
+// the real controller, and real agents (agent.Agent, each with its own
+// connection) whose worker sleeps the module's simulated duration scaled to
+// real time. A plan's makespan runs from the push being published to the
+// controller recording the plan's last built (the plan record's Updated),
+// and is divided by the lower bound max(critical path, total work /
+// machines) of the same durations (cascade.LowerBound). Beside it each
+// benchmark reports, for the same DAG and durations, what the pure
+// simulator (cascade.Simulate, no bus, no round trips) gives for the
+// controller's policy, for the tier barrier and for the ideal global
+// priority schedule: the metric names say "sim-".
+//
+//	go test -run XXX -bench BenchmarkController -benchtime 1x ./cascade
+
+// simRepo is the repository every module of a DAG's catalogue is built from.
+const simRepo = "sim"
+
+// benchCatalogue is the DAG's catalogue (DAG.Catalogue) with the mesh's
+// modules around it: the build seat's holder, the controller and git.
+func benchCatalogue(d cascade.DAG) *mesh.Catalogue {
+	ms := slices.Clone(farm(nil).Modules)
+	ms = append(ms, d.Catalogue().Built()...)
+	return mesh.NewCatalogue(ms)
+}
+
+// sleeper is the simulated machines' worker: it sleeps the duration set for
+// the ask's module and pushes nothing.
+type sleeper struct {
+	dur atomic.Pointer[map[string]time.Duration]
+}
+
+func (s *sleeper) set(d cascade.DAG, unit time.Duration) {
+	m := make(map[string]time.Duration, d.Len())
+	for i, name := range d.Names {
+		m[name] = time.Duration(d.Dur[i] * float64(unit))
+	}
+	s.dur.Store(&m)
+}
+
+func (s *sleeper) Work(ctx context.Context, a mesh.Ask, _ func(string)) (agent.Result, error) {
+	if d := (*s.dur.Load())[a.Module]; d > 0 {
+		t := time.NewTimer(d)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return agent.Result{}, context.Cause(ctx)
+		}
+	}
+	sum := sha256.Sum256([]byte(a.ID))
+	dg := "sha256:" + hex.EncodeToString(sum[:])
+	return agent.Result{Digest: dg, Ref: a.Image + "@" + dg}, nil
+}
+
+// benchFarm is a server, a controller and agents × slots simulated machines.
+type benchFarm struct {
+	tb    testing.TB
+	s     *server.Server
+	js    jetstream.JetStream
+	kv    jetstream.KeyValue
+	work  *sleeper
+	slots int
+	seq   int
+	// firstStart reads the plan's modules after a run for FirstStart.
+	firstStart bool
+	stops      []func()
+}
+
+// Close stops the agents, the controller and the server, the last started
+// first; it is called in cleanup too.
+func (f *benchFarm) Close() {
+	for i := len(f.stops) - 1; i >= 0; i-- {
+		f.stops[i]()
+	}
+	f.stops = nil
+}
+
+func newBenchFarm(tb testing.TB, cat *mesh.Catalogue, cfg cascade.Config, agents, slots int) *benchFarm {
+	tb.Helper()
+	s := natstest.Server(tb, nil)
+	_, js := natstest.Connect(tb, s)
+	f := &benchFarm{tb: tb, s: s, js: js, work: &sleeper{}, slots: agents * slots}
+	f.work.dur.Store(&map[string]time.Duration{})
+	f.stops = append(f.stops, func() { s.Shutdown(); s.WaitForShutdown() })
+	tb.Cleanup(f.Close)
+
+	nc, cjs := f.connect()
+	if cfg.Registry == "" {
+		cfg.Registry = "127.0.0.1:1"
+	}
+	c, err := cascade.New(cfg, cjs, cat, nil, nil)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := c.Run(ctx); err != nil {
+			tb.Errorf("controller: %v", err)
+		}
+	}()
+	f.stops = append(f.stops, func() { cancel(); <-done; nc.Close() })
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if f.kv, err = js.KeyValue(context.Background(), mesh.KVBucket(c.Module(), cascade.StateBucket)); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("the controller raised no state bucket in 20s: %v", err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	var cancels []context.CancelFunc
+	var dones []chan struct{}
+	for i := range agents {
+		nc, ajs := f.connect()
+		acfg := agent.DefaultConfig()
+		acfg.Machine = fmt.Sprintf("sim-%03d", i+1)
+		acfg.Slots = slots
+		acfg.FetchWait = 250 * time.Millisecond
+		acfg.Grace = time.Second
+		a, err := agent.New(acfg, ajs, f.work, nil, nil)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); _ = a.Run(ctx); nc.Close() }()
+		cancels, dones = append(cancels, cancel), append(dones, done)
+	}
+	f.stops = append(f.stops, func() {
+		for _, cancel := range cancels {
+			cancel()
+		}
+		for _, done := range dones {
+			<-done
+		}
+	})
+	f.waitIdle()
+	return f
+}
+
+func (f *benchFarm) connect() (*nats.Conn, jetstream.JetStream) {
+	nc, err := nats.Connect(f.s.ClientURL())
+	if err != nil {
+		f.tb.Fatal(err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		f.tb.Fatal(err)
+	}
+	return nc, js
+}
+
+// waitIdle waits until every slot has a pull waiting on the seat's queue.
+func (f *benchFarm) waitIdle() {
+	f.tb.Helper()
+	ctx := context.Background()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		c, err := f.js.Consumer(ctx, mesh.SeatStream(mesh.BuildSeat), mesh.SeatConsumer(mesh.BuildSeat))
+		if err == nil {
+			info, err := c.Info(ctx)
+			if err == nil && info.NumWaiting >= f.slots && info.NumPending == 0 && info.NumAckPending == 0 {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			f.tb.Fatalf("the %d slots are not all idle after 30s", f.slots)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// planRun is one plan run through the farm.
+type planRun struct {
+	Rec cascade.PlanRecord
+	// Makespan is from publishing the push to the controller recording the
+	// plan's last built.
+	Makespan time.Duration
+	// FirstStart is from publishing the push to the first module started.
+	FirstStart time.Duration
+}
+
+// run pushes a commit of the simulated repository with the DAG's durations
+// scaled by unit and waits for the plan to settle.
+func (f *benchFarm) run(d cascade.DAG, unit, timeout time.Duration) planRun {
+	f.tb.Helper()
+	f.waitIdle()
+	f.work.set(d, unit)
+	f.seq++
+	commit := fmt.Sprintf("c%d", f.seq)
+	plan := planner.PlanID(planner.Trigger{Kind: planner.KindPush, Repo: simRepo, Commit: commit})
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	w, err := f.kv.Watch(ctx, cascade.PlanKey(plan), jetstream.UpdatesOnly())
+	if err != nil {
+		f.tb.Fatal(err)
+	}
+	defer w.Stop()
+
+	data, _ := json.Marshal(mesh.Pushed{Version: 1, Repo: simRepo, Ref: "refs/heads/main", Commit: commit, At: time.Now().UTC()})
+	t0 := time.Now()
+	if _, err := f.js.Publish(ctx, mesh.SeatEventSubject(mesh.GitSeat, mesh.EventPushed), data, jetstream.WithMsgID("push-"+commit)); err != nil {
+		f.tb.Fatal(err)
+	}
+	var rec cascade.PlanRecord
+	for rec.Outcome == "" || rec.Outcome == cascade.OutcomeRunning {
+		select {
+		case e := <-w.Updates():
+			if e == nil {
+				continue
+			}
+			if err := json.Unmarshal(e.Value(), &rec); err != nil {
+				f.tb.Fatal(err)
+			}
+		case <-ctx.Done():
+			f.tb.Fatalf("plan %s did not settle in %s: %+v", plan, timeout, rec.Counts)
+		}
+	}
+	if rec.Outcome != cascade.OutcomeBuilt || rec.Counts.Built != d.Len() {
+		f.tb.Fatalf("plan %s: %s, %+v; want all %d built", plan, rec.Outcome, rec.Counts, d.Len())
+	}
+	r := planRun{Rec: rec, Makespan: rec.Updated.Sub(t0)}
+	if !f.firstStart {
+		return r
+	}
+	st, err := cascade.OpenStore(context.Background(), f.js, "build-controller")
+	if err != nil {
+		f.tb.Fatal(err)
+	}
+	if mods, err := st.Modules(context.Background(), plan); err == nil {
+		first := time.Time{}
+		for _, m := range mods {
+			if first.IsZero() || m.Started.Before(first) {
+				first = m.Started
+			}
+		}
+		r.FirstStart = first.Sub(t0)
+	}
+	return r
+}
+
+// policy is the pure simulator's policy for what the controller does.
+func policy(window int, estimates bool) cascade.Policy {
+	if window > 0 {
+		return cascade.Policy{Window: window, UnitEstimates: !estimates}
+	}
+	return cascade.Policy{Order: cascade.Ranked, UnitEstimates: !estimates}
+}
+
+// benchSchedule runs each DAG as one plan on machines simulated machines
+// (one slot each) and reports the mean ratios over the DAGs. With learn,
+// each DAG is first run once unmeasured, so that the controller knows every
+// module's duration from its last build.
+func benchSchedule(b *testing.B, dags []cascade.DAG, machines int, unit time.Duration, window int, learn bool) {
+	cfg := cascade.DefaultConfig()
+	cfg.Window = window
+	var real, sim, barrier, ideal, makespan, overhead, first float64
+	n := 0
+	for b.Loop() {
+		for _, d := range dags {
+			// A new controller for each DAG: it knows no durations.
+			f := newBenchFarm(b, benchCatalogue(d), cfg, machines, 1)
+			f.firstStart = true
+			lb := cascade.LowerBound(d, machines)
+			timeout := time.Duration(10*lb*float64(unit)) + time.Minute
+			if learn {
+				f.run(d, unit, timeout)
+			}
+			r := f.run(d, unit, timeout)
+			real += r.Makespan.Seconds() / (lb * unit.Seconds())
+			makespan += r.Makespan.Seconds()
+			first += float64(r.FirstStart) / float64(time.Millisecond)
+			ps := cascade.Simulate(d, machines, policy(window, learn))
+			sim += ps.Ratio()
+			overhead += r.Makespan.Seconds() - ps.Makespan*unit.Seconds()
+			barrier += cascade.Simulate(d, machines, cascade.Policy{Barrier: true}).Ratio()
+			ideal += cascade.Simulate(d, machines, cascade.Policy{Order: cascade.Priority}).Ratio()
+			n++
+			f.Close()
+		}
+	}
+	k := float64(n)
+	b.ReportMetric(real/k, "makespan/lb")
+	b.ReportMetric(sim/k, "sim-cascade-makespan/lb")
+	b.ReportMetric(barrier/k, "sim-barrier-makespan/lb")
+	b.ReportMetric(ideal/k, "sim-ideal-makespan/lb")
+	b.ReportMetric(makespan/k, "makespan-s")
+	b.ReportMetric(1000*overhead/k, "over-sim-ms")
+	b.ReportMetric(first/k, "first-start-ms")
+}
+
+// BenchmarkControllerFan35On4: one base, 35 modules built on it, 4
+// machines; 1 unit of simulated time is 250ms. The bound ignores the base's
+// turn alone, so with equal durations the best schedule is 10/9 = 1.11.
+// Lognormal: three seeds of σ = 1, with the controller's defaults and with
+// a window of 1 and the durations learned from a first, unmeasured run.
+func BenchmarkControllerFan35On4(b *testing.B) {
+	const unit = 250 * time.Millisecond
+	b.Run("equal", func(b *testing.B) {
+		benchSchedule(b, []cascade.DAG{cascade.Fan(35)}, 4, unit, 0, false)
+	})
+	var logn []cascade.DAG
+	for seed := range uint64(3) {
+		logn = append(logn, cascade.Fan(35).Lognormal(seed, 1))
+	}
+	b.Run("lognormal", func(b *testing.B) { benchSchedule(b, logn, 4, unit, 0, false) })
+	b.Run("lognormal-window-1-learned", func(b *testing.B) { benchSchedule(b, logn, 4, unit, 1, true) })
+}
+
+// BenchmarkControllerDAG1000On50: cascade.RandomLayeredDAG(1000, 10, 1),
+// lognormal durations (median 1, σ 1), 50 machines; 1 unit is 400ms, so the
+// lower bound (the critical path, 42 units) is 16.8s. window-0 is the
+// controller's default config; window-N-learned sets Config.Window and runs
+// the plan once unmeasured first, so that the asks are ranked by each
+// module's last build duration.
+func BenchmarkControllerDAG1000On50(b *testing.B) {
+	const unit = 400 * time.Millisecond
+	d := []cascade.DAG{cascade.RandomLayeredDAG(1000, 10, 1)}
+	b.Run("window-0", func(b *testing.B) { benchSchedule(b, d, 50, unit, 0, false) })
+	b.Run("window-0-learned", func(b *testing.B) { benchSchedule(b, d, 50, unit, 0, true) })
+	b.Run("window-1-learned", func(b *testing.B) { benchSchedule(b, d, 50, unit, 1, true) })
+	b.Run("window-5-learned", func(b *testing.B) { benchSchedule(b, d, 50, unit, 5, true) })
+}
+
+// BenchmarkControllerThroughput10000: cascade.RandomLayeredDAG(10000, 10,
+// 1) with zero-length builds on 200 simulated machines (20 agents of 10
+// slots, each agent with its own connection), the controller's default
+// config: modules settled per second, from publishing the push to the
+// controller recording the last built. Every module goes through the whole
+// path: ask published, fetched, started, built, settled, recorded.
+func BenchmarkControllerThroughput10000(b *testing.B) {
+	const agents, slots = 20, 10
+	d := cascade.RandomLayeredDAG(10000, 10, 1)
+	d.Dur = make([]float64, d.Len())
+	f := newBenchFarm(b, benchCatalogue(d), cascade.DefaultConfig(), agents, slots)
+	var rate, secs float64
+	n := 0
+	for b.Loop() {
+		r := f.run(d, 0, 5*time.Minute)
+		rate += float64(d.Len()) / r.Makespan.Seconds()
+		secs += r.Makespan.Seconds()
+		n++
+	}
+	b.ReportMetric(rate/float64(n), "modules/s")
+	b.ReportMetric(secs/float64(n), "makespan-s")
+}

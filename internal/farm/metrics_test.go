@@ -1,0 +1,91 @@
+package farm_test
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/meshbuild/meshbuild/internal/farm"
+	"github.com/meshbuild/meshbuild/internal/natstest"
+	"github.com/meshbuild/meshbuild/mesh"
+)
+
+func get(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %s", url, resp.Status)
+	}
+	return string(body)
+}
+
+func TestServeMetrics(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if addr, err := farm.ServeMetrics(ctx, "", prometheus.NewRegistry(), nil); addr != "" || err != nil {
+		t.Fatalf("no address: %q, %v; want nothing served", addr, err)
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(prometheus.NewCounter(prometheus.CounterOpts{Name: "x_total", Help: "x"}))
+	addr, err := farm.ServeMetrics(ctx, "127.0.0.1:0", reg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if body := get(t, "http://"+addr+"/metrics"); !strings.Contains(body, "x_total 0") {
+		t.Fatalf("/metrics:\n%s", body)
+	}
+}
+
+func TestAgentAndControllerMetrics(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if obs, err := farm.AgentMetrics(ctx, "", "m1", nil); obs != nil || err != nil {
+		t.Fatalf("agent without an address: %v, %v; want no observer", obs, err)
+	}
+	obs, err := farm.AgentMetrics(ctx, "127.0.0.1:0", "m1", nil)
+	if err != nil || obs == nil {
+		t.Fatalf("agent metrics: %v, %v", obs, err)
+	}
+	obs.Began()
+
+	s := natstest.Server(t, nil)
+	if cobs, err := farm.ControllerMetrics(ctx, "", s.ClientURL(), "", nil); cobs != nil || err != nil {
+		t.Fatalf("controller without an address: %v, %v; want no observer", cobs, err)
+	}
+	addr := freeAddr(t)
+	cobs, err := farm.ControllerMetrics(ctx, addr, s.ClientURL(), "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cobs.Plans(map[string]int{"running": 2}, 1)
+	body := get(t, "http://"+addr+"/metrics")
+	for _, want := range []string{
+		`meshbuild_controller_plans{state="running"} 2`,
+		`meshbuild_queue_up{seat="` + mesh.BuildSeat + `"} 0`, // nothing raised
+		"go_goroutines", "process_cpu_seconds_total",
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("controller /metrics lacks %s", want)
+		}
+	}
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}

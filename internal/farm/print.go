@@ -1,0 +1,181 @@
+package farm
+
+import (
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/meshbuild/meshbuild/cascade"
+)
+
+// PrintPlan prints a plan for an operator: its trigger and outcome, then
+// tier by tier each module with its state, the machine that built it (on),
+// how long it took and its short digest (or why it failed or is blocked),
+// then per machine how many modules it built and for how long.
+//
+//	plan p-3f2a9c1d0b7e  built  push https://git.example/fleet.git@1a2b3c4 (refs/heads/main), changed base/motd
+//	  39 modules: 39 built in 1m12s
+//	tier 0
+//	  base       built  host-a1  2.1s  0123456789ab
+//	tier 1
+//	  runtime    built  host-a2  3.4s  89abcdef0123
+//	…
+//	machines
+//	  host-a1  14 built  41.2s
+func PrintPlan(w io.Writer, rec cascade.PlanRecord, mods map[string]cascade.ModuleStatus) {
+	fmt.Fprintf(w, "plan %s  %s  %s\n", rec.ID, rec.Outcome, rec.Summary)
+	fmt.Fprintf(w, "  %s\n", countsLine(rec))
+	if rec.Message != "" {
+		fmt.Fprintf(w, "  %s\n", rec.Message)
+	}
+	ordered := orderedModules(mods)
+	// One alignment for every tier (a tabwriter would align each tier
+	// apart, or pad the tier lines).
+	wName, wState, wOn, wDur := 0, 0, 0, 0
+	for _, m := range ordered {
+		wName, wState = max(wName, len(m.Module)), max(wState, len(m.State))
+		wOn, wDur = max(wOn, len(orDash(m.On))), max(wDur, len(duration(m.Duration)))
+	}
+	tier := -1
+	for _, m := range ordered {
+		if m.Tier != tier {
+			tier = m.Tier
+			fmt.Fprintf(w, "tier %d\n", tier)
+		}
+		fmt.Fprintf(w, "  %-*s  %-*s  %-*s  %*s  %s\n", wName, m.Module, wState, m.State, wOn, orDash(m.On), wDur, duration(m.Duration), detail(m))
+	}
+	for _, m := range ordered {
+		if m.State == cascade.Failed && len(m.Log) > 0 {
+			fmt.Fprintf(w, "%s failed (%s); its last log lines:\n", m.Module, m.Reason)
+			for _, l := range m.Log {
+				fmt.Fprintf(w, "  | %s\n", l)
+			}
+		}
+	}
+	sums := machineSums(mods)
+	if len(sums) == 0 {
+		return
+	}
+	fmt.Fprintln(w, "machines")
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+	for _, s := range sums {
+		fmt.Fprintf(tw, "  %s\t%d built\t%s\n", s.machine, s.builds, duration(s.total))
+	}
+	tw.Flush()
+}
+
+// countsLine summarises a plan's counts: "39 modules: 39 built in 1m12s".
+func countsLine(rec cascade.PlanRecord) string {
+	c := rec.Counts
+	parts := []string{}
+	for _, p := range []struct {
+		n    int
+		what string
+	}{
+		{c.Built, "built"}, {c.Failed, "failed"}, {c.Blocked, "blocked"}, {c.Building, "building"},
+		{c.Queued + c.Ready, "queued"}, {c.Waiting, "waiting"}, {c.Cancelled, "cancelled"},
+	} {
+		if p.n > 0 {
+			parts = append(parts, fmt.Sprintf("%d %s", p.n, p.what))
+		}
+	}
+	line := fmt.Sprintf("%d modules", c.Total)
+	if len(parts) > 0 {
+		line += ": " + strings.Join(parts, ", ")
+	}
+	if !rec.Finished.IsZero() && !rec.Created.IsZero() {
+		line += " in " + duration(rec.Finished.Sub(rec.Created))
+	}
+	return line
+}
+
+// detail is a module's last column: its short digest, or why it has none.
+func detail(m cascade.ModuleStatus) string {
+	switch {
+	case m.BlockedBy != "":
+		return "blocked by " + m.BlockedBy
+	case m.State == cascade.Failed:
+		msg := m.Message
+		if i := strings.IndexByte(msg, '\n'); i >= 0 {
+			msg = msg[:i]
+		}
+		return m.Reason + ": " + msg
+	default:
+		return shortDigest(m.Digest)
+	}
+}
+
+type machineSum struct {
+	machine string
+	builds  int
+	total   time.Duration
+}
+
+// machineSums are, per machine, the modules it built and their time.
+func machineSums(mods map[string]cascade.ModuleStatus) []machineSum {
+	by := map[string]*machineSum{}
+	for _, m := range mods {
+		if m.On == "" || m.State != cascade.Built {
+			continue
+		}
+		s := by[m.On]
+		if s == nil {
+			s = &machineSum{machine: m.On}
+			by[m.On] = s
+		}
+		s.builds++
+		s.total += m.Duration
+	}
+	out := make([]machineSum, 0, len(by))
+	for _, s := range by {
+		out = append(out, *s)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].machine < out[j].machine })
+	return out
+}
+
+// orderedModules sorts module statuses by tier, then name.
+func orderedModules(mods map[string]cascade.ModuleStatus) []cascade.ModuleStatus {
+	out := make([]cascade.ModuleStatus, 0, len(mods))
+	for name, m := range mods {
+		if m.Module == "" {
+			m.Module = name
+		}
+		out = append(out, m)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Tier != out[j].Tier {
+			return out[i].Tier < out[j].Tier
+		}
+		return out[i].Module < out[j].Module
+	})
+	return out
+}
+
+func duration(d time.Duration) string {
+	switch {
+	case d <= 0:
+		return "-"
+	case d < time.Minute:
+		return d.Round(100 * time.Millisecond).String()
+	default:
+		return d.Round(time.Second).String()
+	}
+}
+
+func shortDigest(digest string) string {
+	if d, ok := strings.CutPrefix(digest, "sha256:"); ok && len(d) >= 12 {
+		return d[:12]
+	}
+	return orDash(digest)
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}

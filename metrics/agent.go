@@ -1,0 +1,121 @@
+package metrics
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/meshbuild/meshbuild/mesh"
+)
+
+// The outcomes an agent reports for an ask (agent.Observer's Ended).
+const (
+	OutcomeBuilt      = mesh.EventBuilt  // built, pushed and announced
+	OutcomeFailed     = mesh.EventFailed // failed and settled, with a reason
+	OutcomeRetried    = "retried"        // an infrastructure failure, given back to be tried again
+	OutcomeHandedBack = "handed-back"    // the agent stopped; the ask went back to the queue
+)
+
+// reasons are the failure classes pre-initialised for failed builds.
+var reasons = []string{mesh.ReasonAsk, mesh.ReasonSource, mesh.ReasonBuild, mesh.ReasonPush, mesh.ReasonInfra, mesh.ReasonCancel}
+
+// Buckets of the histograms, in seconds.
+var (
+	// buildBuckets span a cached no-op build (half a second) to an hour.
+	buildBuckets = []float64{0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 1800, 3600}
+	// idleBuckets span an ask waiting in the queue (milliseconds) to an
+	// idle machine (minutes).
+	idleBuckets = []float64{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300}
+	// planBuckets span a one-module plan to a whole mesh rebuilt.
+	planBuckets = []float64{1, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14400}
+)
+
+// Agent records one build agent's work. It implements agent.Observer; every
+// series carries the agent's machine as a constant label, so the agents of
+// several machines may share one registry.
+type Agent struct {
+	builds    *prometheus.CounterVec   // outcome, reason
+	duration  *prometheus.HistogramVec // outcome
+	inFlight  prometheus.Gauge
+	idle      prometheus.Histogram
+	pushed    prometheus.Counter
+	cacheHits prometheus.Counter
+}
+
+// NewAgent registers the metrics of the agent on machine with reg and
+// returns their observer. The common outcome and reason combinations are
+// set to zero at once, so every series exists before the first build. Like
+// prometheus.MustRegister, it panics if reg holds them already (the same
+// machine twice).
+func NewAgent(reg prometheus.Registerer, machine string) *Agent {
+	machineLabel := prometheus.Labels{"machine": machine}
+	a := &Agent{
+		builds: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name:        "meshbuild_agent_builds_total",
+			Help:        "Asks an agent finished, by outcome (built, failed, retried, handed-back) and failure reason (source, build, push, infra, ask, cancelled; empty unless failed or retried).",
+			ConstLabels: machineLabel,
+		}, []string{"outcome", "reason"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:        "meshbuild_agent_build_duration_seconds",
+			Help:        "How long an agent worked on an ask (checkout, build, push), by outcome.",
+			ConstLabels: machineLabel,
+			Buckets:     buildBuckets,
+		}, []string{"outcome"}),
+		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name:        "meshbuild_agent_asks_in_flight",
+			Help:        "Asks an agent is working on now (at most its slots).",
+			ConstLabels: machineLabel,
+		}),
+		idle: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:        "meshbuild_agent_idle_wait_seconds",
+			Help:        "How long an idle slot of an agent waited for its next ask.",
+			ConstLabels: machineLabel,
+			Buckets:     idleBuckets,
+		}),
+		pushed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name:        "meshbuild_agent_pushed_bytes_total",
+			Help:        "Bytes of image an agent pushed to the registry.",
+			ConstLabels: machineLabel,
+		}),
+		cacheHits: prometheus.NewCounter(prometheus.CounterOpts{
+			Name:        "meshbuild_agent_cache_hits_total",
+			Help:        "Build steps an agent found in the build cache.",
+			ConstLabels: machineLabel,
+		}),
+	}
+	reg.MustRegister(a.builds, a.duration, a.inFlight, a.idle, a.pushed, a.cacheHits)
+
+	a.builds.WithLabelValues(OutcomeBuilt, "")
+	a.builds.WithLabelValues(OutcomeHandedBack, "")
+	a.builds.WithLabelValues(OutcomeRetried, mesh.ReasonInfra)
+	for _, r := range reasons {
+		a.builds.WithLabelValues(OutcomeFailed, r)
+	}
+	for _, o := range []string{OutcomeBuilt, OutcomeFailed, OutcomeRetried, OutcomeHandedBack} {
+		a.duration.WithLabelValues(o)
+	}
+	return a
+}
+
+// IdleWaited records how long an idle slot waited for an ask.
+func (a *Agent) IdleWaited(d time.Duration) { a.idle.Observe(d.Seconds()) }
+
+// Began records that a slot began to work on an ask.
+func (a *Agent) Began() { a.inFlight.Inc() }
+
+// Ended records how an ask ended. An ask refused before it began — one the
+// agent could not read: failed, reason ask, no duration — was never in
+// flight and took no build time; it is only counted.
+func (a *Agent) Ended(outcome, reason string, d time.Duration, bytes int64, cacheHits int) {
+	a.builds.WithLabelValues(outcome, reason).Inc()
+	a.inFlight.Dec()
+	if d > 0 { // an ask refused before any work has no build duration
+		a.duration.WithLabelValues(outcome).Observe(d.Seconds())
+	}
+	if bytes > 0 {
+		a.pushed.Add(float64(bytes))
+	}
+	if cacheHits > 0 {
+		a.cacheHits.Add(float64(cacheHits))
+	}
+}

@@ -1,0 +1,85 @@
+package metrics
+
+import (
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Plan outcomes and states pre-initialised (cascade.Outcome* values).
+var (
+	planStates   = []string{"running", "failed"}
+	planOutcomes = []string{"built", "failed", "cancelled"}
+)
+
+// Controller records the controller's plans. It implements
+// cascade.Observer.
+type Controller struct {
+	plans    *prometheus.GaugeVec     // state
+	settled  *prometheus.CounterVec   // outcome
+	duration *prometheus.HistogramVec // outcome
+	blocked  prometheus.Gauge
+
+	mu   sync.Mutex
+	seen map[string]bool // states ever reported, set to 0 when they go
+}
+
+// NewController registers the controller's metrics with reg and returns
+// their observer; the common states and outcomes are set to zero at once.
+// It panics if reg holds them already.
+func NewController(reg prometheus.Registerer) *Controller {
+	c := &Controller{
+		plans: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "meshbuild_controller_plans",
+			Help: "Plans the controller holds, by state: running (modules still to build) or failed (kept for a retry).",
+		}, []string{"state"}),
+		settled: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "meshbuild_controller_plans_settled_total",
+			Help: "Plans that settled, by outcome (built, failed, cancelled).",
+		}, []string{"outcome"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "meshbuild_controller_plan_duration_seconds",
+			Help:    "How long a plan took from its trigger until it settled, by outcome.",
+			Buckets: planBuckets,
+		}, []string{"outcome"}),
+		blocked: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "meshbuild_controller_modules_blocked",
+			Help: "Modules of the plans held that are blocked: a module they are built on failed.",
+		}),
+		seen: map[string]bool{},
+	}
+	reg.MustRegister(c.plans, c.settled, c.duration, c.blocked)
+	for _, s := range planStates {
+		c.plans.WithLabelValues(s)
+		c.seen[s] = true
+	}
+	for _, o := range planOutcomes {
+		c.settled.WithLabelValues(o)
+		c.duration.WithLabelValues(o)
+	}
+	return c
+}
+
+// PlanSettled records a plan that settled.
+func (c *Controller) PlanSettled(outcome string, d time.Duration) {
+	c.settled.WithLabelValues(outcome).Inc()
+	c.duration.WithLabelValues(outcome).Observe(d.Seconds())
+}
+
+// Plans records how many plans the controller holds in each state, and how
+// many of their modules are blocked. A state missing from byOutcome is 0.
+func (c *Controller) Plans(byOutcome map[string]int, blocked int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for s := range c.seen {
+		if _, ok := byOutcome[s]; !ok {
+			c.plans.WithLabelValues(s).Set(0)
+		}
+	}
+	for s, n := range byOutcome {
+		c.plans.WithLabelValues(s).Set(float64(n))
+		c.seen[s] = true
+	}
+	c.blocked.Set(float64(blocked))
+}

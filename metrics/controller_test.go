@@ -1,0 +1,72 @@
+package metrics_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/meshbuild/meshbuild/cascade"
+	"github.com/meshbuild/meshbuild/metrics"
+)
+
+var _ cascade.Observer = (*metrics.Controller)(nil)
+
+func TestControllerRecordsPlans(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	c := metrics.NewController(reg)
+
+	want := `
+# HELP meshbuild_controller_modules_blocked Modules of the plans held that are blocked: a module they are built on failed.
+# TYPE meshbuild_controller_modules_blocked gauge
+meshbuild_controller_modules_blocked 0
+# HELP meshbuild_controller_plans Plans the controller holds, by state: running (modules still to build) or failed (kept for a retry).
+# TYPE meshbuild_controller_plans gauge
+meshbuild_controller_plans{state="failed"} 0
+meshbuild_controller_plans{state="running"} 0
+# HELP meshbuild_controller_plans_settled_total Plans that settled, by outcome (built, failed, cancelled).
+# TYPE meshbuild_controller_plans_settled_total counter
+meshbuild_controller_plans_settled_total{outcome="built"} 0
+meshbuild_controller_plans_settled_total{outcome="cancelled"} 0
+meshbuild_controller_plans_settled_total{outcome="failed"} 0
+`
+	names := []string{"meshbuild_controller_modules_blocked", "meshbuild_controller_plans", "meshbuild_controller_plans_settled_total"}
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), names...); err != nil {
+		t.Errorf("before any plan: %v", err)
+	}
+	if n, _ := testutil.GatherAndCount(reg, "meshbuild_controller_plan_duration_seconds"); n != 3 {
+		t.Errorf("%d plan duration series, want 3 (one per outcome)", n)
+	}
+
+	c.Plans(map[string]int{"running": 2, "failed": 1, "built": 1}, 3)
+	c.PlanSettled("failed", 90*time.Second)
+	c.PlanSettled("built", 10*time.Second)
+	c.Plans(map[string]int{"running": 1}, 0) // failed and built are gone: 0
+	want = `
+# HELP meshbuild_controller_modules_blocked Modules of the plans held that are blocked: a module they are built on failed.
+# TYPE meshbuild_controller_modules_blocked gauge
+meshbuild_controller_modules_blocked 0
+# HELP meshbuild_controller_plans Plans the controller holds, by state: running (modules still to build) or failed (kept for a retry).
+# TYPE meshbuild_controller_plans gauge
+meshbuild_controller_plans{state="built"} 0
+meshbuild_controller_plans{state="failed"} 0
+meshbuild_controller_plans{state="running"} 1
+# HELP meshbuild_controller_plans_settled_total Plans that settled, by outcome (built, failed, cancelled).
+# TYPE meshbuild_controller_plans_settled_total counter
+meshbuild_controller_plans_settled_total{outcome="built"} 1
+meshbuild_controller_plans_settled_total{outcome="cancelled"} 0
+meshbuild_controller_plans_settled_total{outcome="failed"} 1
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), names...); err != nil {
+		t.Errorf("after plans: %v", err)
+	}
+	problems, err := testutil.GatherAndLint(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range problems {
+		t.Errorf("lint: %s: %s", p.Metric, p.Text)
+	}
+}
