@@ -61,7 +61,7 @@ func e2eSources(t *testing.T) map[string]string {
 		t.Fatalf("busybox-static: %v (run scripts/install-deps.sh)", err)
 	}
 	files := map[string]string{
-		"base/busybox":   string(bb),
+		"base/busybox":    string(bb),
 		"base/Dockerfile": "FROM scratch\nCOPY --chmod=755 busybox /bin/busybox\nRUN [\"/bin/busybox\", \"--install\", \"-s\", \"/bin\"]\nENV PATH=/bin\n",
 		"g/Dockerfile":    "FROM d2 AS other\nFROM d1\nCOPY --from=other /d2.txt /d2.txt\nRUN cat /d1.txt /d2.txt > /g.txt\n",
 	}

@@ -5,13 +5,13 @@ import (
 	"fmt"
 	"io"
 	"sort"
-	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/meshbuild/meshbuild/cascade"
+	"github.com/meshbuild/meshbuild/internal/farm"
 )
 
 func init() {
@@ -76,7 +76,7 @@ func showCmd(g *globals) *cobra.Command {
 			if g.json {
 				return writeJSON(g.out, PlanView{Plan: rec, Modules: ordered(mods), Machines: machinesOf(mods)})
 			}
-			printPlan(g.out, rec, mods, isTTY(g.out))
+			farm.PrintPlan(g.out, rec, mods)
 			return nil
 		},
 	}
@@ -119,59 +119,6 @@ func machinesOf(mods map[string]cascade.ModuleStatus) []string {
 	return out
 }
 
-// printPlan prints a plan tier by tier, then a per-machine summary.
-func printPlan(w io.Writer, rec cascade.PlanRecord, mods map[string]cascade.ModuleStatus, color bool) {
-	c := rec.Counts
-	fmt.Fprintf(w, "plan %s  %s  %s\n", rec.ID, colorize(color, string(rec.Outcome)), rec.Summary)
-	fmt.Fprintf(w, "  %d modules: %d built, %d failed, %d blocked, %d building, %d queued, %d waiting, %d cancelled\n",
-		c.Total, c.Built, c.Failed, c.Blocked, c.Building, c.Queued+c.Ready, c.Waiting, c.Cancelled)
-	if rec.Message != "" {
-		fmt.Fprintf(w, "  %s\n", rec.Message)
-	}
-	tier := -1
-	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
-	for _, m := range ordered(mods) {
-		if m.Tier != tier {
-			tier = m.Tier
-			fmt.Fprintf(tw, "tier %d\t\t\t\t\t\n", tier)
-		}
-		why := ""
-		switch {
-		case m.BlockedBy != "":
-			why = "blocked by " + m.BlockedBy
-		case m.Message != "":
-			why = m.Reason + ": " + m.Message
-		}
-		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\n", m.Module, colorize(color, string(m.State)), dash(m.On), dur(m.Duration), short(m.Digest), why)
-	}
-	tw.Flush()
-	type sum struct {
-		n     int
-		total time.Duration
-	}
-	per := map[string]*sum{}
-	for _, m := range mods {
-		if m.On == "" || m.State != cascade.Built {
-			continue
-		}
-		if per[m.On] == nil {
-			per[m.On] = &sum{}
-		}
-		per[m.On].n++
-		per[m.On].total += m.Duration
-	}
-	if len(per) > 0 {
-		fmt.Fprintln(w, "machines")
-		tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
-		for _, name := range machinesOf(mods) {
-			if s := per[name]; s != nil {
-				fmt.Fprintf(tw, "  %s\t%d built\t%s building\n", name, s.n, s.total.Round(100*time.Millisecond))
-			}
-		}
-		tw.Flush()
-	}
-}
-
 func writeJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
@@ -200,27 +147,6 @@ func age(t time.Time) string {
 	default:
 		return fmt.Sprintf("%dd", int(d.Hours()/24))
 	}
-}
-
-func dur(d time.Duration) string {
-	if d == 0 {
-		return "-"
-	}
-	return d.Round(100 * time.Millisecond).String()
-}
-
-func short(digest string) string {
-	if d, ok := strings.CutPrefix(digest, "sha256:"); ok && len(d) >= 12 {
-		return d[:12]
-	}
-	return dash(digest)
-}
-
-func dash(s string) string {
-	if s == "" {
-		return "-"
-	}
-	return s
 }
 
 func paint(g *globals, s string) string { return colorize(isTTY(g.out), s) }

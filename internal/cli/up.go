@@ -103,7 +103,7 @@ func runUp(ctx context.Context, g *globals, fl upFlags) (err error) {
 		if !temp {
 			return
 		}
-		if err != nil {
+		if fi, serr := os.Stat(logPath); err != nil && serr == nil && fi.Size() > 0 {
 			// Keep the log of a failure: the state goes with the farm.
 			kept := state + ".log"
 			if os.Rename(logPath, kept) == nil {
@@ -125,6 +125,9 @@ func runUp(ctx context.Context, g *globals, fl upFlags) (err error) {
 	}
 	f, err := farm.Up(ctx, opts)
 	if err != nil {
+		if ctx.Err() != nil {
+			return errors.New("interrupted")
+		}
 		return err
 	}
 	defer func() {

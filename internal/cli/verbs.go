@@ -20,6 +20,7 @@ import (
 
 	"github.com/meshbuild/meshbuild/agent"
 	"github.com/meshbuild/meshbuild/cascade"
+	"github.com/meshbuild/meshbuild/internal/farm"
 	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/planner"
 )
@@ -52,7 +53,7 @@ func watchCmd(g *globals) *cobra.Command {
 					return err
 				}
 			} else {
-				printPlan(g.out, rec, mods, isTTY(g.out))
+				farm.PrintPlan(g.out, rec, mods)
 			}
 			if rec.Outcome != cascade.OutcomeBuilt {
 				return ErrFailed
@@ -355,7 +356,7 @@ func watchAndShow(ctx context.Context, g *globals, b *bus, id string) error {
 	if g.json {
 		err = writeJSON(g.out, PlanView{Plan: rec, Modules: ordered(mods), Machines: machinesOf(mods)})
 	} else {
-		printPlan(g.out, rec, mods, isTTY(g.out))
+		farm.PrintPlan(g.out, rec, mods)
 	}
 	if err == nil && rec.Outcome != cascade.OutcomeBuilt {
 		return ErrFailed

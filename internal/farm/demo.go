@@ -112,20 +112,13 @@ func notBuilt(rec cascade.PlanRecord, mods map[string]cascade.ModuleStatus) erro
 	var failed []string
 	for _, m := range orderedModules(mods) {
 		if m.State == cascade.Failed {
-			failed = append(failed, fmt.Sprintf("%s (%s: %s)", m.Module, m.Reason, firstLine(m.Message)))
+			failed = append(failed, fmt.Sprintf("%s (%s)", m.Module, failure(m)))
 		}
 	}
 	if len(failed) == 0 {
 		return fmt.Errorf("%w: plan %s is %s %s", ErrPlanNotBuilt, rec.ID, rec.Outcome, rec.Message)
 	}
 	return fmt.Errorf("%w: plan %s %s: %s", ErrPlanNotBuilt, rec.ID, rec.Outcome, strings.Join(failed, "; "))
-}
-
-func firstLine(s string) string {
-	if i := strings.IndexByte(s, '\n'); i >= 0 {
-		return s[:i]
-	}
-	return s
 }
 
 // commitSources makes repo's tree srcDir's, plus the base's busybox, and

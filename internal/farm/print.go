@@ -14,17 +14,19 @@ import (
 // PrintPlan prints a plan for an operator: its trigger and outcome, then
 // tier by tier each module with its state, the machine that built it (on),
 // how long it took and its short digest (or why it failed or is blocked),
-// then per machine how many modules it built and for how long.
+// the last log lines of each failed module, and per machine how many
+// modules it built and for how long:
 //
 //	plan p-3f2a9c1d0b7e  built  push https://git.example/fleet.git@1a2b3c4 (refs/heads/main), changed base/motd
-//	  39 modules: 39 built in 1m12s
+//	  39 modules: 39 built in 8.6s
 //	tier 0
-//	  base       built  host-a1  2.1s  0123456789ab
+//	  base        built  host-a1  900ms  eb6349c3a5a8
 //	tier 1
-//	  runtime    built  host-a2  3.4s  89abcdef0123
+//	  runtime     built  host-a3  700ms  ad52143f1d85
+//	  static      built  host-a2  600ms  56a90bc3cb90
 //	…
 //	machines
-//	  host-a1  14 built  41.2s
+//	  host-a1  13 built  7.9s
 func PrintPlan(w io.Writer, rec cascade.PlanRecord, mods map[string]cascade.ModuleStatus) {
 	fmt.Fprintf(w, "plan %s  %s  %s\n", rec.ID, rec.Outcome, rec.Summary)
 	fmt.Fprintf(w, "  %s\n", countsLine(rec))
@@ -98,14 +100,22 @@ func detail(m cascade.ModuleStatus) string {
 	case m.BlockedBy != "":
 		return "blocked by " + m.BlockedBy
 	case m.State == cascade.Failed:
-		msg := m.Message
-		if i := strings.IndexByte(msg, '\n'); i >= 0 {
-			msg = msg[:i]
-		}
-		return m.Reason + ": " + msg
+		return failure(m)
 	default:
 		return shortDigest(m.Digest)
 	}
+}
+
+// failure is why a module failed, on one line: "build: Dockerfile:4: …".
+func failure(m cascade.ModuleStatus) string {
+	msg := m.Message
+	if i := strings.IndexByte(msg, '\n'); i >= 0 {
+		msg = msg[:i]
+	}
+	if m.Reason == "" || strings.HasPrefix(msg, m.Reason+":") {
+		return msg
+	}
+	return m.Reason + ": " + msg
 }
 
 type machineSum struct {

@@ -1,6 +1,7 @@
 package farm
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -132,15 +133,15 @@ func splitAddr(addr string) (string, int, error) {
 // AddrInUseError is returned when an address Up is to listen on is taken.
 // It matches syscall.EADDRINUSE with errors.Is.
 type AddrInUseError struct {
-	// What listens ("NATS", "the registry"), the address and the flag
-	// that changes it.
+	// What listens ("NATS", "registry", "metrics of agent h-a1"), the
+	// address and the flag that changes it.
 	What, Addr, Flag string
 }
 
 func (e *AddrInUseError) Error() string {
 	host, _, _ := net.SplitHostPort(e.Addr)
-	return fmt.Sprintf("%s is in use: stop what holds it or pass %s %s (for %s)",
-		e.Addr, e.Flag, net.JoinHostPort(host, "PORT"), e.What)
+	return fmt.Sprintf("%s: %s is in use: stop what holds it or pass %s %s",
+		e.What, e.Addr, e.Flag, net.JoinHostPort(host, "PORT"))
 }
 
 // Unwrap makes errors.Is(err, syscall.EADDRINUSE) true.
@@ -250,28 +251,31 @@ func (f *Farm) start(ctx context.Context) error {
 	reg, err := registry.Serve(context.Background(), o.ListenRegistry, filepath.Join(f.stateDir, "registry"))
 	if err != nil {
 		if errors.Is(err, syscall.EADDRINUSE) {
-			return &AddrInUseError{What: "the registry", Addr: o.ListenRegistry, Flag: "--listen-registry"}
+			return &AddrInUseError{What: "registry", Addr: o.ListenRegistry, Flag: "--listen-registry"}
 		}
 		return err
 	}
 	f.reg = reg
 	log.Info("registry running", "addr", reg.Addr())
 
+	// Metrics, before buildkitd: a taken port refuses the start at once.
+	if o.MetricsBase != "" {
+		if err := f.serveMetrics(); err != nil {
+			return err
+		}
+	}
+
 	// buildkitd.
 	if o.BuildKit != "" {
+		if err := pingBuildkit(ctx, o.BuildKit); err != nil {
+			return err
+		}
 		f.bkAddr = o.BuildKit
 	} else if err := f.startBuildkitd(ctx); err != nil {
 		return err
 	}
 	if err := ctx.Err(); err != nil {
 		return err
-	}
-
-	// Metrics: the addresses first, so that a taken port refuses the start.
-	if o.MetricsBase != "" {
-		if err := f.serveMetrics(); err != nil {
-			return err
-		}
 	}
 
 	// The controller.
@@ -395,6 +399,19 @@ func (f *Farm) startBuildkitd(ctx context.Context) error {
 	return nil
 }
 
+// pingBuildkit checks that a given buildkitd answers.
+func pingBuildkit(ctx context.Context, addr string) error {
+	bk, err := agent.NewBuildKit(addr, agent.BuildKitOptions{})
+	if err != nil {
+		return err
+	}
+	defer bk.Close()
+	if err := bk.Ping(ctx); err != nil {
+		return fmt.Errorf("--buildkit %s: %w: start it, or leave --buildkit out to start bin/buildkitd", addr, err)
+	}
+	return nil
+}
+
 // findBuildkitd picks the buildkitd binary: the one given, else next to the
 // running executable (bin/builds → bin/buildkitd), else bin/buildkitd under
 // the working directory, else buildkitd in PATH.
@@ -433,7 +450,7 @@ func (w *lineLogger) Write(p []byte) (int, error) {
 	defer w.mu.Unlock()
 	w.buf = append(w.buf, p...)
 	for {
-		i := strings.IndexByte(string(w.buf), '\n')
+		i := bytes.IndexByte(w.buf, '\n')
 		if i < 0 {
 			break
 		}
@@ -621,7 +638,7 @@ func (f *Farm) serveMetrics() error {
 	serving := func(i int, what string, err error) error {
 		addr := net.JoinHostPort(host, strconv.Itoa(port+i))
 		if errors.Is(err, syscall.EADDRINUSE) {
-			return &AddrInUseError{What: "the metrics of " + what, Addr: addr, Flag: "--metrics"}
+			return &AddrInUseError{What: "metrics of " + what, Addr: addr, Flag: "--metrics"}
 		}
 		if err != nil {
 			return fmt.Errorf("metrics of %s: %w", what, err)

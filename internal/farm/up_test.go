@@ -108,6 +108,53 @@ func TestUpRefusesTakenPorts(t *testing.T) {
 	}
 }
 
+// A taken metrics port is refused like the others; so is a buildkitd
+// that is not there, saying how to get one. Neither leaves anything
+// running.
+func TestUpRefusesMetricsPortAndMissingBuildkitd(t *testing.T) {
+	catalogue, _ := smallFleet(t)
+	base := freePorts(t, 2)
+	_, port, _ := splitAddr(base)
+	agentAddr := "127.0.0.1:" + strconv.Itoa(port+1)
+	ln, err := net.Listen("tcp", agentAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	for _, tc := range []struct {
+		name    string
+		metrics string
+		want    []string
+	}{
+		{"agent's metrics port taken", base, []string{agentAddr + " is in use: stop what holds it or pass --metrics 127.0.0.1:PORT"}},
+		{"no buildkitd", "", []string{"/nonexistent/buildkitd", "make deps", "--buildkit"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			natsAddr := freePorts(t, 1)
+			f, err := Up(context.Background(), UpOptions{
+				Catalogue: catalogue, StateDir: t.TempDir(), ListenNATS: natsAddr, ListenRegistry: "127.0.0.1:0",
+				MetricsBase: tc.metrics, BuildkitdBin: "/nonexistent/buildkitd",
+			})
+			if err == nil {
+				f.Stop()
+				t.Fatal("Up started")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("Up: %v\nwant it to say %q", err, w)
+				}
+			}
+			// NATS, started first, was stopped again.
+			l, err := net.Listen("tcp", natsAddr)
+			if err != nil {
+				t.Errorf("NATS's %s is still held: %v", natsAddr, err)
+			} else {
+				l.Close()
+			}
+		})
+	}
+}
+
 func TestUpRefusesBadOptions(t *testing.T) {
 	catalogue, _ := smallFleet(t)
 	for _, tc := range []struct {
