@@ -1,20 +1,10 @@
 package metrics_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"math"
-	"net"
-	"net/http"
-	"net/url"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -34,21 +24,15 @@ import (
 	"github.com/meshbuild/meshbuild/planner"
 )
 
-// PrometheusEnv turns on the test against a real Prometheus; so does
-// testenv.BuildkitEnv, which make test sets.
-const PrometheusEnv = "MESHBUILD_PROMETHEUS"
-
 // TestDashboardsAgainstARealPrometheus runs a small farm in-process — a
 // real NATS server, the real controller and two real agents whose worker
 // sleeps instead of building — each serving its own /metrics, lets a real
 // Prometheus scrape them while a plan with one failing module runs, and
 // then asks that Prometheus every query of every dashboard panel: each must
-// return a series with a value.
+// return a series with a value. (internal/farm's TestDashboardsOnBuildsUp
+// does the same against the real farm of builds up.)
 func TestDashboardsAgainstARealPrometheus(t *testing.T) {
-	if os.Getenv(PrometheusEnv) != "1" && os.Getenv(testenv.BuildkitEnv) != "1" {
-		t.Skipf("set %s=1 (or %s=1, as make test does) to test the dashboards against a real Prometheus", PrometheusEnv, testenv.BuildkitEnv)
-	}
-	bin := prometheusBinary(t)
+	testenv.RequirePrometheus(t)
 	began := time.Now()
 
 	s := natstest.Server(t, nil)
@@ -73,17 +57,15 @@ func TestDashboardsAgainstARealPrometheus(t *testing.T) {
 	}
 
 	t.Logf("farm up in %s", time.Since(began).Round(time.Millisecond))
-	prom := startPrometheus(t, bin, targets)
+	ctx := testCtx(t)
+	prom := testenv.Prometheus(t, []string{targets["controller"], targets["m1"], targets["m2"]})
 	t.Logf("Prometheus ready %s after the start", time.Since(began).Round(time.Millisecond))
-	waitFor(t, 20*time.Second, "Prometheus to scrape every target", func() bool {
-		res, err := prom.query(`up == 1`)
-		return err == nil && len(res) == len(targets)
-	})
+	prom.WaitUp(ctx, 20*time.Second)
 	t.Logf("every target scraped %s after the start", time.Since(began).Round(time.Millisecond))
 
 	// A plan: three modules built, one failed (tool), one blocked (tool-cli).
 	plan := push(t, js, "c1")
-	st, err := cascade.OpenStore(testCtx(t), js, "build-controller")
+	st, err := cascade.OpenStore(ctx, js, "build-controller")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,20 +79,20 @@ func TestDashboardsAgainstARealPrometheus(t *testing.T) {
 	}
 	t.Logf("plan settled %s after the start", time.Since(began).Round(time.Millisecond))
 
-	// rate() needs two samples in its window: wait for three more scrapes
-	// and for the counts to arrive.
+	// rate() needs two samples in its window: wait for the counts to
+	// arrive, then for three more scrapes.
 	waitFor(t, 15*time.Second, "the plan's counts in Prometheus", func() bool {
-		failed, err1 := prom.scalar(`sum(meshbuild_agent_builds_total{outcome="failed",reason="build"})`)
-		settled, err2 := prom.scalar(`sum(meshbuild_controller_plans_settled_total{outcome="failed"})`)
+		failed, err1 := prom.Scalar(ctx, `sum(meshbuild_agent_builds_total{outcome="failed",reason="build"})`)
+		settled, err2 := prom.Scalar(ctx, `sum(meshbuild_controller_plans_settled_total{outcome="failed"})`)
 		return err1 == nil && err2 == nil && failed == 1 && settled == 1
 	})
-	time.Sleep(3 * time.Second)
-	if built, err := prom.scalar(`sum(meshbuild_agent_builds_total{outcome="built"})`); err != nil || built != 3 {
+	prom.WaitScrapes(ctx, 3, 10*time.Second)
+	if built, err := prom.Scalar(ctx, `sum(meshbuild_agent_builds_total{outcome="built"})`); err != nil || built != 3 {
 		t.Errorf("builds_total{outcome=built} summed over machines: %v (%v), want 3", built, err)
 	}
 
 	// Every agent series carries its own machine: one machine per target.
-	res, err := prom.query(`count by (instance, machine) (meshbuild_agent_builds_total)`)
+	res, err := prom.Query(ctx, `count by (instance, machine) (meshbuild_agent_builds_total)`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,6 +104,14 @@ func TestDashboardsAgainstARealPrometheus(t *testing.T) {
 		t.Errorf("machines by target %v, want %s=m1 %s=m2", seen, targets["m1"], targets["m2"])
 	}
 
+	checkPanels(t, prom)
+	t.Logf("%s in all", time.Since(began).Round(time.Millisecond))
+}
+
+// checkPanels asks prom every query of every dashboard panel, Grafana's
+// variables replaced: each must answer a series with a number.
+func checkPanels(t *testing.T, prom *testenv.Prom) {
+	t.Helper()
 	panels, err := metrics.DashboardQueries()
 	if err != nil {
 		t.Fatal(err)
@@ -129,33 +119,19 @@ func TestDashboardsAgainstARealPrometheus(t *testing.T) {
 	vars := strings.NewReplacer("$__rate_interval", "30s", "$__range", "1m")
 	for _, p := range panels {
 		expr := vars.Replace(p.Expr)
-		res, err := prom.query(expr)
+		res, err := prom.Query(context.Background(), expr)
 		switch {
 		case err != nil:
-			t.Errorf("%s %q: %s: %v", p.Dashboard, p.Title, expr, err)
+			t.Errorf("%s %q: %v", p.Dashboard, p.Title, err)
 		case len(res) == 0:
 			t.Errorf("%s %q: %s: no series", p.Dashboard, p.Title, expr)
-		case !anyNumber(res):
+		case !testenv.AnyNumber(res):
 			t.Errorf("%s %q: %s: only NaN: %v", p.Dashboard, p.Title, expr, res)
 		default:
 			t.Logf("%s %q: %v", p.Dashboard, p.Title, res)
 		}
 	}
-	t.Logf("%d panel queries checked; %s in all", len(panels), time.Since(began).Round(time.Millisecond))
-}
-
-// prometheusBinary finds Prometheus; with the test turned on, a missing one
-// fails it.
-func prometheusBinary(t *testing.T) string {
-	t.Helper()
-	if p, err := exec.LookPath("prometheus"); err == nil {
-		return p
-	}
-	if _, err := os.Stat("/usr/bin/prometheus"); err == nil {
-		return "/usr/bin/prometheus"
-	}
-	t.Fatal("prometheus not found in PATH or at /usr/bin/prometheus: run scripts/install-deps.sh")
-	return ""
+	t.Logf("%d panel queries checked", len(panels))
 }
 
 // sleepy is the agents' worker: it sleeps for its module's time and fails
@@ -256,149 +232,6 @@ func push(t *testing.T, js jetstream.JetStream, commit string) string {
 		t.Fatal(err)
 	}
 	return planner.PlanID(planner.Trigger{Kind: planner.KindPush, Repo: repo, Commit: commit})
-}
-
-// prometheus is a Prometheus server started for a test.
-type promServer struct {
-	base string
-}
-
-// startPrometheus starts Prometheus on a free loopback port, scraping the
-// targets every second, its storage in a temp dir; it is killed in cleanup
-// and its output shown if the test failed.
-func startPrometheus(t *testing.T, bin string, targets map[string]string) *promServer {
-	t.Helper()
-	dir := t.TempDir()
-	var cfg strings.Builder
-	cfg.WriteString("global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\nscrape_configs:\n")
-	for _, job := range []struct{ name, target string }{
-		{"meshbuild-controller", targets["controller"]}, {"meshbuild-agent", targets["m1"]}, {"meshbuild-agent-2", targets["m2"]},
-	} {
-		fmt.Fprintf(&cfg, "  - job_name: %s\n    static_configs:\n      - targets: [%q]\n", job.name, job.target)
-	}
-	config := filepath.Join(dir, "prometheus.yml")
-	if err := os.WriteFile(config, []byte(cfg.String()), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	addr := freeAddr(t)
-	var out bytes.Buffer
-	cmd := exec.Command(bin,
-		"--config.file="+config,
-		"--storage.tsdb.path="+filepath.Join(dir, "data"),
-		"--web.listen-address="+addr,
-		"--log.level=warn",
-	)
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("starting %s: %v: run scripts/install-deps.sh", bin, err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-exited
-		if t.Failed() {
-			t.Logf("prometheus output:\n%s", out.String())
-		}
-	})
-	p := &promServer{base: "http://" + addr}
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		select {
-		case err := <-exited:
-			exited <- err
-			t.Fatalf("prometheus exited: %v\n%s", err, out.String())
-		default:
-		}
-		resp, err := http.Get(p.base + "/-/ready")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return p
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("prometheus not ready in 20s\n%s", out.String())
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
-// sample is one series of an instant query's answer.
-type sample struct {
-	Metric map[string]string `json:"metric"`
-	Value  [2]any            `json:"value"`
-}
-
-func (s sample) String() string { return fmt.Sprintf("%v=%v", s.Metric, s.Value[1]) }
-
-func (s sample) number() (float64, bool) {
-	str, _ := s.Value[1].(string)
-	v, err := strconv.ParseFloat(str, 64)
-	return v, err == nil && !math.IsNaN(v) && !math.IsInf(v, 0)
-}
-
-func anyNumber(res []sample) bool {
-	for _, s := range res {
-		if _, ok := s.number(); ok {
-			return true
-		}
-	}
-	return false
-}
-
-// query runs an instant query.
-func (p *promServer) query(expr string) ([]sample, error) {
-	resp, err := http.PostForm(p.base+"/api/v1/query", url.Values{"query": {expr}})
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return nil, err
-	}
-	var r struct {
-		Status string `json:"status"`
-		Error  string `json:"error"`
-		Data   struct {
-			ResultType string   `json:"resultType"`
-			Result     []sample `json:"result"`
-		} `json:"data"`
-	}
-	if err := json.Unmarshal(body, &r); err != nil {
-		return nil, fmt.Errorf("%s: %w: %s", resp.Status, err, body)
-	}
-	if r.Status != "success" {
-		return nil, fmt.Errorf("%s: %s", resp.Status, r.Error)
-	}
-	if r.Data.ResultType != "vector" {
-		return nil, fmt.Errorf("result type %s, want vector", r.Data.ResultType)
-	}
-	return r.Data.Result, nil
-}
-
-// scalar runs a query that answers one number.
-func (p *promServer) scalar(expr string) (float64, error) {
-	res, err := p.query(expr)
-	if err != nil {
-		return 0, err
-	}
-	if len(res) != 1 {
-		return 0, fmt.Errorf("%s: %d series, want 1", expr, len(res))
-	}
-	v, _ := res[0].number()
-	return v, nil
 }
 
 func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {

@@ -88,6 +88,9 @@ func RunAgent(ctx context.Context, o AgentOptions) error {
 	pctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	err = bk.Ping(pctx)
 	cancel()
+	if ctx.Err() != nil {
+		return nil // stopped while starting: not a failure
+	}
 	if err != nil {
 		return fmt.Errorf("buildkitd at %s: %w (start it, or point --buildkit at the one this machine runs)", o.BuildKit, err)
 	}
