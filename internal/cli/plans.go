@@ -73,11 +73,7 @@ func showCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if g.json {
-				return writeJSON(g.out, PlanView{Plan: rec, Modules: ordered(mods), Machines: machinesOf(mods)})
-			}
-			farm.PrintPlan(g.out, rec, mods)
-			return nil
+			return showPlan(g, rec, mods)
 		},
 	}
 }
@@ -172,4 +168,13 @@ func colorize(on bool, s string) string {
 		return padded
 	}
 	return "\x1b[" + code + "m" + padded + "\x1b[0m"
+}
+
+// showPlan prints a plan: tier by tier, or as a PlanView in JSON.
+func showPlan(g *globals, rec cascade.PlanRecord, mods map[string]cascade.ModuleStatus) error {
+	if g.json {
+		return writeJSON(g.out, PlanView{Plan: rec, Modules: ordered(mods), Machines: machinesOf(mods)})
+	}
+	farm.PrintPlan(g.out, rec, mods)
+	return nil
 }

@@ -20,7 +20,6 @@ import (
 
 	"github.com/meshbuild/meshbuild/agent"
 	"github.com/meshbuild/meshbuild/cascade"
-	"github.com/meshbuild/meshbuild/internal/farm"
 	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/planner"
 )
@@ -40,25 +39,7 @@ func watchCmd(g *globals) *cobra.Command {
 				return err
 			}
 			defer b.close()
-			rec, err := Watch(cmd.Context(), b.store, args[0], g.progressOut(), isTTY(g.progressOut()))
-			if err != nil {
-				return err
-			}
-			_, mods, err := b.plan(cmd.Context(), args[0])
-			if err != nil {
-				return err
-			}
-			if g.json {
-				if err := writeJSON(g.out, PlanView{Plan: rec, Modules: ordered(mods), Machines: machinesOf(mods)}); err != nil {
-					return err
-				}
-			} else {
-				farm.PrintPlan(g.out, rec, mods)
-			}
-			if rec.Outcome != cascade.OutcomeBuilt {
-				return ErrFailed
-			}
-			return nil
+			return watchAndShow(cmd.Context(), g, b, args[0])
 		},
 	}
 }
@@ -353,11 +334,7 @@ func watchAndShow(ctx context.Context, g *globals, b *bus, id string) error {
 	if err != nil {
 		return err
 	}
-	if g.json {
-		err = writeJSON(g.out, PlanView{Plan: rec, Modules: ordered(mods), Machines: machinesOf(mods)})
-	} else {
-		farm.PrintPlan(g.out, rec, mods)
-	}
+	err = showPlan(g, rec, mods)
 	if err == nil && rec.Outcome != cascade.OutcomeBuilt {
 		return ErrFailed
 	}
