@@ -137,6 +137,44 @@ func (c *Catalogue) ControllerPermissions(principal string) Permissions {
 	return p.done(principal, responses)
 }
 
+// OperatorPermissions derives the set of an operator's `builds` CLI: it
+// speaks for mesh-git (announcing pushes), calls the tools of the modules
+// holding mesh-controller and of the seats the controller uses, reads their
+// buckets and follows build output in LOGS. An operator files no manifest,
+// so this is a named list, built with the same functions.
+func (c *Catalogue) OperatorPermissions(principal string) Permissions {
+	p := permSet{pub: map[string]bool{}, sub: map[string]bool{}}
+	p.sub[InboxPrefix(principal)+".>"] = true
+	p.pub[SeatEventSubject(GitSeat, EventPushed)] = true
+	for _, m := range c.Holders("mesh-controller") {
+		p.pub[ModuleToolSubject(m.Module, "*")] = true
+		for _, b := range m.State {
+			for _, g := range bucketReadGrants(KVBucket(m.Module, b.Name)) {
+				p.pub[g] = true
+			}
+		}
+	}
+	for _, s := range ControllerUses {
+		p.pub[SeatToolSubject(s, "*")] = true
+	}
+	for _, g := range streamReadGrants(LogsStream) {
+		p.pub[g] = true
+	}
+	return p.done(principal, false)
+}
+
+// streamReadGrants are what reading a stream through an ordered consumer
+// takes.
+func streamReadGrants(stream string) []string {
+	return []string{
+		"$JS.API.STREAM.INFO." + stream,
+		"$JS.API.CONSUMER.CREATE." + stream + ".>",
+		"$JS.API.CONSUMER.DELETE." + stream + ".>",
+		"$JS.API.CONSUMER.INFO." + stream + ".>",
+		"$JS.API.CONSUMER.MSG.NEXT." + stream + ".>",
+	}
+}
+
 func servesAny(seats []Seat) bool {
 	for _, s := range seats {
 		if len(s.Serves) > 0 {

@@ -81,6 +81,9 @@ type WireView struct {
 	Modules []ModuleView `json:"modules"`
 	Seats   []SeatView   `json:"seats"`
 	Streams []StreamView `json:"streams"`
+	// Principals are the sets of the processes that file no manifest: the
+	// controller and an operator's builds CLI (named lists in mesh).
+	Principals []mesh.Permissions `json:"principals"`
 }
 
 // ModuleView is one module's derived wire.
@@ -164,6 +167,7 @@ func DeriveView(c *mesh.Catalogue) WireView {
 		v.Seats = append(v.Seats, sv)
 	}
 	sort.Slice(v.Seats, func(i, j int) bool { return v.Seats[i].Seat < v.Seats[j].Seat })
+	v.Principals = []mesh.Permissions{c.ControllerPermissions("controller"), c.OperatorPermissions("operator")}
 	return v
 }
 
@@ -182,6 +186,11 @@ func printView(g *globals, v WireView) {
 		if s.Stream != "" {
 			fmt.Fprintf(g.out, "  queue      %s, consumer %s, ack grant %s\n", s.Stream, s.Consumer, s.AckGrant)
 		}
+	}
+	for _, p := range v.Principals {
+		fmt.Fprintf(g.out, "\nprincipal %s (files no manifest; a named list in mesh)\n", p.Principal)
+		line(g, "may pub", p.Publish)
+		line(g, "may sub", p.Subscribe)
 	}
 	for _, m := range v.Modules {
 		fmt.Fprintf(g.out, "\nmodule %s\n", m.Module)
