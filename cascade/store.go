@@ -245,3 +245,42 @@ func Load(p planner.Plan, r PlanRecord, mods map[string]ModuleStatus) (*State, e
 	}
 	return out, nil
 }
+
+// DefaultKeepPlans is how many settled plans the store keeps by default.
+const DefaultKeepPlans = 500
+
+// Prune removes the oldest settled plans beyond the newest keep, with their
+// module entries, so that the bucket (64 MiB at most) never fills: a full
+// bucket would refuse every write of a running plan. Running plans are never
+// removed. It returns how many plans it removed.
+func (s *Store) Prune(ctx context.Context, keep int) (int, error) {
+	recs, err := s.Plans(ctx) // newest first
+	if err != nil {
+		return 0, err
+	}
+	settled := 0
+	removed := 0
+	for _, r := range recs {
+		if r.Outcome == OutcomeRunning {
+			continue
+		}
+		settled++
+		if settled <= keep {
+			continue
+		}
+		var keys []string
+		if err := s.each(ctx, ModulesOf(r.ID), func(key string, _ []byte) error {
+			keys = append(keys, key)
+			return nil
+		}); err != nil {
+			return removed, err
+		}
+		for _, k := range append(keys, PlanKey(r.ID)) {
+			if err := s.kv.Purge(ctx, k); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+				return removed, fmt.Errorf("pruning plan %s: %w", r.ID, err)
+			}
+		}
+		removed++
+	}
+	return removed, nil
+}
