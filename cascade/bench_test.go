@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"sync/atomic"
@@ -127,15 +128,21 @@ func newBenchFarm(tb testing.TB, cat *mesh.Catalogue, cfg cascade.Config, agents
 		}
 	}()
 	f.stops = append(f.stops, func() { cancel(); <-done; nc.Close() })
+	// The controller serves its tools once it has raised the catalogue and
+	// resumed: then it consumes events.
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		if f.kv, err = js.KeyValue(context.Background(), mesh.KVBucket(c.Module(), cascade.StateBucket)); err == nil {
+		_, err := cascade.Call(context.Background(), nc, c.Module(), cascade.ToolRetry, cascade.Request{Plan: "none"})
+		if errors.Is(err, cascade.ErrNoPlan) {
 			break
 		}
 		if time.Now().After(deadline) {
-			tb.Fatalf("the controller raised no state bucket in 20s: %v", err)
+			tb.Fatalf("the controller does not answer after 20s: %v", err)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+	if f.kv, err = js.KeyValue(context.Background(), mesh.KVBucket(c.Module(), cascade.StateBucket)); err != nil {
+		tb.Fatal(err)
 	}
 
 	var cancels []context.CancelFunc
@@ -379,4 +386,40 @@ func BenchmarkControllerThroughput10000(b *testing.B) {
 	b.ReportMetric(rates[len(rates)/2], "modules/s")
 	b.ReportMetric(rates[0], "slowest-modules/s")
 	b.ReportMetric(float64(first)/float64(len(rates))/float64(time.Millisecond), "first-start-ms")
+}
+
+// With a window of 1, the controller holds released asks and publishes the
+// best one as each is started; on the second plan the best is the longest
+// by the durations it saw the first time. One machine builds a fan whose
+// dependents take 8, 1, 7, 2, … units: it must take them longest first,
+// each published only after the one before it started.
+func TestControllerWindowReleasesLongestFirst(t *testing.T) {
+	d := cascade.Fan(8)
+	copy(d.Dur[1:], []float64{8, 1, 7, 2, 6, 3, 5, 4})
+	cfg := cascade.DefaultConfig()
+	cfg.Window = 1
+	f := newBenchFarm(t, benchCatalogue(d), cfg, 1, 1)
+	f.run(d, 10*time.Millisecond, time.Minute)
+	r := f.run(d, 10*time.Millisecond, time.Minute)
+	st, err := cascade.OpenStore(context.Background(), f.js, "build-controller")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mods, err := st.Modules(context.Background(), r.Rec.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	order := slices.Clone(d.Names[1:])
+	slices.SortFunc(order, func(a, b string) int { return mods[a].Started.Compare(mods[b].Started) })
+	want := []string{"m1", "m3", "m5", "m7", "m8", "m6", "m4", "m2"}
+	if !slices.Equal(order, want) {
+		t.Errorf("started %v, want the longest first: %v", order, want)
+	}
+	// Held, not queued: each ask was published only once the one before
+	// it had started.
+	for k := 1; k < len(order); k++ {
+		if q, prev := mods[order[k]].Queued, mods[order[k-1]].Started; q.Before(prev) {
+			t.Errorf("%s queued at %s, before %s started at %s", order[k], q, order[k-1], prev)
+		}
+	}
 }

@@ -93,6 +93,9 @@ func New(cfg Config, js jetstream.JetStream, cat *mesh.Catalogue, log *slog.Logg
 	if cfg.Batch < 1 {
 		cfg.Batch = 512
 	}
+	if cfg.Window < 0 {
+		return nil, fmt.Errorf("%w: window %d is negative: 0 publishes every released ask at once", ErrConfig, cfg.Window)
+	}
 	if cfg.Replicas < 1 {
 		cfg.Replicas = 1
 	}

@@ -152,14 +152,14 @@ var (
 // simulator on the same DAG and durations, and the time the real run took
 // beyond the simulated schedule of the controller's policy.
 func schedule(m metrics) string {
-	return fmt.Sprintf("tier barrier (sim) %.3f · controller's policy (sim) %.3f · best schedule (sim) %.3f · bus and controller +%.0f ms over %.1f s",
-		m["sim-barrier-makespan/lb"], m["sim-cascade-makespan/lb"], m["sim-ideal-makespan/lb"], m["over-sim-ms"], m["makespan-s"])
+	return fmt.Sprintf("tier barrier (sim) %.3f · controller's policy (sim) %.3f · best schedule (sim) %.3f · real run %.1f s, %+.0f ms on the simulated policy",
+		m["sim-barrier-makespan/lb"], m["sim-cascade-makespan/lb"], m["sim-ideal-makespan/lb"], m["makespan-s"], m["over-sim-ms"])
 }
 
 func buildkit(kind string) func(m metrics) string {
 	return func(m metrics) string {
 		a, d, in := m[kind+"-agent-ms"], m[kind+"-direct-ms"], m[kind+"-agent-in-buildkit-ms"]
-		return fmt.Sprintf("agent %.0f ms (%.0f ms in BuildKit.Build) vs buildctl %.0f ms: %+.0f ms a build; medians of 7", a, in, d, a-d)
+		return fmt.Sprintf("medians of 15 pairs: agent %.0f ms, of it %.0f ms outside BuildKit.Build (bus, git checkout, events); buildctl %.0f ms", a, a-in, d)
 	}
 }
 
