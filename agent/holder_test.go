@@ -16,6 +16,7 @@ import (
 
 	"github.com/meshbuild/meshbuild/agent"
 	"github.com/meshbuild/meshbuild/internal/natstest"
+	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
 )
 
@@ -25,17 +26,6 @@ import (
 
 const testAckWait = 2 * time.Second
 
-func seatCatalogue() *mesh.Catalogue {
-	return mesh.NewCatalogue([]*mesh.Manifest{
-		{Module: "build-agent", Seats: []mesh.Seat{{
-			Seat: mesh.BuildSeat, Scope: "node", Accepts: []string{"build retain 7d"},
-			Emits: []string{"started", "built", "failed", "log.*"}, Serves: []string{"status"},
-		}}},
-		{Module: "build-controller", Holds: []string{"mesh-controller"}, Uses: []string{mesh.BuildSeat},
-			Consumes: []string{"node-build-agent.started", "node-build-agent.built", "node-build-agent.failed"}},
-	})
-}
-
 // bus raises the seat on a fresh server, with a short ack wait so that
 // redelivery is observable in a test.
 func bus(t *testing.T) (*server.Server, jetstream.JetStream) {
@@ -43,7 +33,7 @@ func bus(t *testing.T) (*server.Server, jetstream.JetStream) {
 	s := natstest.Server(t, nil)
 	_, js := natstest.Connect(t, s)
 	ctx := context.Background()
-	if _, err := mesh.Raise(ctx, js, seatCatalogue(), 1); err != nil {
+	if _, err := mesh.Raise(ctx, js, testenv.Catalogue(t, nil), 1); err != nil {
 		t.Fatal(err)
 	}
 	spec := mesh.SeatConsumerSpec(mesh.Seat{Seat: mesh.BuildSeat}, 1)

@@ -13,6 +13,7 @@ import (
 	"github.com/meshbuild/meshbuild/agent"
 	"github.com/meshbuild/meshbuild/cascade"
 	"github.com/meshbuild/meshbuild/internal/natstest"
+	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/planner"
 )
@@ -23,7 +24,7 @@ import (
 // through a cascade, retried and cancelled without one permissions
 // violation. A grant missing from a derivation fails here.
 func TestTheFarmRunsUnderItsDerivedPermissions(t *testing.T) {
-	cat := farm(map[string][]string{"a": nil, "b": {"a"}, "c": {"a"}, "d": {"b", "c"}, "slow": {"a"}})
+	cat := testenv.Catalogue(t, map[string][]string{"a": nil, "b": {"a"}, "c": {"a"}, "d": {"b", "c"}, "slow": {"a"}})
 	agentModule, _ := cat.Module("build-agent")
 	gitModule, _ := cat.Module("git")
 	sets := []mesh.Permissions{

@@ -7,7 +7,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -19,6 +21,7 @@ import (
 	"github.com/meshbuild/meshbuild/agent"
 	"github.com/meshbuild/meshbuild/cascade"
 	"github.com/meshbuild/meshbuild/internal/natstest"
+	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/planner"
 )
@@ -44,8 +47,8 @@ const simRepo = "sim"
 
 // benchCatalogue is the DAG's catalogue (DAG.Catalogue) with the mesh's
 // modules around it: the build seat's holder, the controller and git.
-func benchCatalogue(d cascade.DAG) *mesh.Catalogue {
-	ms := slices.Clone(farm(nil).Modules)
+func benchCatalogue(tb testing.TB, d cascade.DAG) *mesh.Catalogue {
+	ms := testenv.MeshManifests(tb)
 	ms = append(ms, d.Catalogue().Built()...)
 	return mesh.NewCatalogue(ms)
 }
@@ -296,7 +299,7 @@ func benchSchedule(b *testing.B, dags []cascade.DAG, machines int, unit time.Dur
 	for b.Loop() {
 		for _, d := range dags {
 			// A new controller for each DAG: it knows no durations.
-			f := newBenchFarm(b, benchCatalogue(d), cfg, machines, 1)
+			f := newBenchFarm(b, benchCatalogue(b, d), cfg, machines, 1)
 			f.firstStart = true
 			lb := cascade.LowerBound(d, machines)
 			timeout := time.Duration(10*lb*float64(unit)) + time.Minute
@@ -357,6 +360,7 @@ func BenchmarkControllerDAG1000On50(b *testing.B) {
 	b.Run("window-0-learned", func(b *testing.B) { benchSchedule(b, d, 50, unit, 0, true) })
 	b.Run("window-1-learned", func(b *testing.B) { benchSchedule(b, d, 50, unit, 1, true) })
 	b.Run("window-5-learned", func(b *testing.B) { benchSchedule(b, d, 50, unit, 5, true) })
+	b.Run("window-10-learned", func(b *testing.B) { benchSchedule(b, d, 50, unit, 10, true) })
 }
 
 // BenchmarkControllerThroughput10000: cascade.RandomLayeredDAG(10000, 10,
@@ -371,7 +375,11 @@ func BenchmarkControllerThroughput10000(b *testing.B) {
 	const agents, slots, plans = 20, 10, 3
 	d := cascade.RandomLayeredDAG(10000, 10, 1)
 	d.Dur = make([]float64, d.Len())
-	f := newBenchFarm(b, benchCatalogue(d), cascade.DefaultConfig(), agents, slots)
+	cfg := cascade.DefaultConfig()
+	if w, err := strconv.Atoi(os.Getenv("MESHBUILD_BENCH_WINDOW")); err == nil {
+		cfg.Window = w
+	}
+	f := newBenchFarm(b, benchCatalogue(b, d), cfg, agents, slots)
 	f.firstStart = true
 	var rates []float64
 	var first time.Duration
@@ -398,7 +406,7 @@ func TestControllerWindowReleasesLongestFirst(t *testing.T) {
 	copy(d.Dur[1:], []float64{8, 1, 7, 2, 6, 3, 5, 4})
 	cfg := cascade.DefaultConfig()
 	cfg.Window = 1
-	f := newBenchFarm(t, benchCatalogue(d), cfg, 1, 1)
+	f := newBenchFarm(t, benchCatalogue(t, d), cfg, 1, 1)
 	f.run(d, 10*time.Millisecond, time.Minute)
 	r := f.run(d, 10*time.Millisecond, time.Minute)
 	st, err := cascade.OpenStore(context.Background(), f.js, "build-controller")

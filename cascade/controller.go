@@ -37,10 +37,13 @@ type Config struct {
 	// each module's last build duration seen by this controller. 0
 	// publishes every released ask at once.
 	Window int
+	// KeepPlans is how many settled plans the store keeps; older ones are
+	// pruned so the bucket never fills. 0 is DefaultKeepPlans.
+	KeepPlans int
 }
 
 // DefaultConfig returns a Config with defaults.
-func DefaultConfig() Config { return Config{Replicas: 1, Batch: 512} }
+func DefaultConfig() Config { return Config{Replicas: 1, Batch: 512, KeepPlans: DefaultKeepPlans} }
 
 // ErrConfig is wrapped by every refusal of a Config.
 var ErrConfig = errors.New("invalid controller config")
@@ -75,6 +78,8 @@ type Controller struct {
 	seq     uint64
 	askSeq  map[string]uint64
 	cmds    chan command
+
+	lastPrune time.Time
 	// lastBuild is each module's last build duration, the estimate that
 	// ranks a new plan's asks.
 	lastBuild map[string]time.Duration
@@ -567,7 +572,25 @@ func (c *Controller) flushOnce(ctx context.Context) error {
 			}
 		}
 	}
+	settled := false
+	for id := range c.dirtyRun {
+		if st := c.plans[id]; st == nil || st.Settled() {
+			settled = true
+		}
+	}
 	c.dirty, c.dirtyRun, c.submits = nil, nil, nil
+	if settled && time.Since(c.lastPrune) > time.Minute {
+		c.lastPrune = time.Now()
+		keep := c.cfg.KeepPlans
+		if keep <= 0 {
+			keep = DefaultKeepPlans
+		}
+		if n, err := c.store.Prune(ctx, keep); err != nil {
+			c.log.Warn("pruning old plans", "err", err)
+		} else if n > 0 {
+			c.log.Info("pruned old plans", "removed", n, "kept", keep)
+		}
+	}
 	return nil
 }
 

@@ -18,6 +18,7 @@ import (
 	"github.com/meshbuild/meshbuild/agent"
 	"github.com/meshbuild/meshbuild/cascade"
 	"github.com/meshbuild/meshbuild/internal/natstest"
+	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/planner"
 )
@@ -26,24 +27,7 @@ import (
 // server; the agents' worker sleeps instead of building (BuildKit's part is
 // tested in agent/ and in the end-to-end test).
 
-const repo = "https://git.example/fleet.git"
-
-// farm is a catalogue from a build.on graph, the mesh's modules around it.
-func farm(graph map[string][]string) *mesh.Catalogue {
-	ms := []*mesh.Manifest{
-		{Module: "build-agent", Seats: []mesh.Seat{{Seat: mesh.BuildSeat, Scope: "node", Accepts: []string{"build retain 7d"},
-			Emits: []string{"started", "built", "failed", "log.*"}, Serves: []string{"status", "cancel"}}}},
-		{Module: "build-controller", Holds: []string{"mesh-controller"}, Uses: []string{mesh.BuildSeat},
-			Consumes: []string{"mesh-git.pushed", "node-build-agent.started", "node-build-agent.built", "node-build-agent.failed"},
-			Serves:   []string{"rebuild", "retry", "cancel"},
-			State:    []mesh.Bucket{{Name: "plans", History: 1}, {Name: "declarations", History: 1}}},
-		{Module: "git", Holds: []string{"mesh-git"}},
-	}
-	for m, on := range graph {
-		ms = append(ms, &mesh.Manifest{Module: m, Build: &mesh.Build{Repo: repo, Path: m, On: on}})
-	}
-	return mesh.NewCatalogue(ms)
-}
+const repo = testenv.FleetRepo
 
 // work is a sleeping worker shared by a test's agents: it records every ask
 // and builds for the duration its module is given.
@@ -111,7 +95,7 @@ func newHarness(t *testing.T, graph map[string][]string, agents int) *harness {
 	t.Helper()
 	s := natstest.Server(t, nil)
 	nc, js := natstest.Connect(t, s)
-	h := &harness{t: t, s: s, nc: nc, js: js, cat: farm(graph), w: newWork()}
+	h := &harness{t: t, s: s, nc: nc, js: js, cat: testenv.Catalogue(t, graph), w: newWork()}
 	h.startController()
 	for i := range agents {
 		h.startAgent(fmt.Sprintf("m%d", i+1))

@@ -460,7 +460,18 @@ func (s *State) Fill(now time.Time) []Submit {
 	if s.Window > 0 {
 		room := max(0, s.Window-queued)
 		if room < len(ready) {
-			s.order(ready)
+			// Select the best room modules in place: O(ready × room), which
+			// is O(ready) for the small windows this is for, where sorting
+			// every ready module on every event would not be.
+			for k := range room {
+				best := k
+				for j := k + 1; j < len(ready); j++ {
+					if s.compare(ready[j], ready[best]) < 0 {
+						best = j
+					}
+				}
+				ready[k], ready[best] = ready[best], ready[k]
+			}
 			ready = ready[:room]
 		}
 	}
@@ -754,19 +765,20 @@ func (s *State) submit(ready []int, now time.Time) []Submit {
 
 // order is the release policy: descending remaining critical path, then
 // tier, then name.
-func (s *State) order(ms []int) {
-	slices.SortFunc(ms, func(a, b int) int {
-		ra, rb := s.ix.rank[a], s.ix.rank[b]
-		switch {
-		case ra > rb:
-			return -1
-		case ra < rb:
-			return 1
-		case s.Modules[a].Tier != s.Modules[b].Tier:
-			return s.Modules[a].Tier - s.Modules[b].Tier
-		}
-		return strings.Compare(s.Modules[a].Module, s.Modules[b].Module)
-	})
+func (s *State) order(ms []int) { slices.SortFunc(ms, s.compare) }
+
+// compare orders two modules by the release policy.
+func (s *State) compare(a, b int) int {
+	ra, rb := s.ix.rank[a], s.ix.rank[b]
+	switch {
+	case ra > rb:
+		return -1
+	case ra < rb:
+		return 1
+	case s.Modules[a].Tier != s.Modules[b].Tier:
+		return s.Modules[a].Tier - s.Modules[b].Tier
+	}
+	return strings.Compare(s.Modules[a].Module, s.Modules[b].Module)
 }
 
 func (s *State) submitOf(i int) Submit {

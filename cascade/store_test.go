@@ -8,6 +8,7 @@ import (
 
 	"github.com/meshbuild/meshbuild/cascade"
 	"github.com/meshbuild/meshbuild/internal/natstest"
+	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/planner"
 )
@@ -16,7 +17,7 @@ func TestPruneKeepsRunningAndTheNewestSettledPlans(t *testing.T) {
 	s := natstest.Server(t, nil)
 	_, js := natstest.Connect(t, s)
 	ctx := context.Background()
-	if _, err := mesh.Raise(ctx, js, farm(nil), 1); err != nil {
+	if _, err := mesh.Raise(ctx, js, testenv.Catalogue(t, nil), 1); err != nil {
 		t.Fatal(err)
 	}
 	st, err := cascade.OpenStore(ctx, js, "build-controller")

@@ -38,7 +38,7 @@ func TestDashboardsAgainstARealPrometheus(t *testing.T) {
 	s := natstest.Server(t, nil)
 	_, js := natstest.Connect(t, s)
 	graph := map[string][]string{"base": nil, "runtime": {"base"}, "web": {"base"}, "tool": {"base"}, "tool-cli": {"tool"}}
-	cat := farm(graph)
+	cat := testenv.Catalogue(t, graph)
 	w := &sleepy{sleep: map[string]time.Duration{"base": 400 * time.Millisecond, "runtime": 700 * time.Millisecond,
 		"web": 300 * time.Millisecond, "tool": 500 * time.Millisecond}, fail: map[string]bool{"tool": true}}
 

@@ -27,6 +27,7 @@ func run() int {
 	fs.StringVar(&cfg.Registry, "registry", farm.Env("MESHBUILD_REGISTRY", ""), "registry HOST:PORT[/PREFIX] images are pushed to (MESHBUILD_REGISTRY)")
 	insecure := fs.Bool("registry-insecure", farm.Env("MESHBUILD_REGISTRY_INSECURE", "") == "true", "plain http to the registry (MESHBUILD_REGISTRY_INSECURE=true)")
 	fs.IntVar(&cfg.Replicas, "replicas", cfg.Replicas, "replicas of every stream and bucket (3 on a cluster)")
+	fs.IntVar(&cfg.Window, "window", cfg.Window, farm.WindowUsage)
 	metricsAddr := fs.String("metrics", farm.Env("MESHBUILD_METRICS", ""), "serve /metrics on this address, e.g. :9465 (MESHBUILD_METRICS)")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		return 2

@@ -26,6 +26,7 @@ type upFlags struct {
 	buildkit       string
 	metrics        string
 	demo           string
+	window         int
 }
 
 func upCmd(g *globals) *cobra.Command {
@@ -57,6 +58,7 @@ prints it tier by tier; it exits 0 when every module was built, 1 otherwise
 	f.StringVar(&fl.listenRegistry, "listen-registry", farm.DefaultListenRegistry, "address the registry listens on (port 0: any free port)")
 	f.StringVar(&fl.buildkit, "buildkit", "", "address of a running buildkitd to use instead of starting bin/buildkitd")
 	f.StringVar(&fl.metrics, "metrics", "", "serve /metrics: the controller on this address, agent i on the port i above it (e.g. 127.0.0.1:9464)")
+	f.IntVar(&fl.window, "window", 0, farm.WindowUsage)
 	f.StringVar(&fl.demo, "demo", "", "build the example fleet in DIR (its src/ and catalogue/), then exit with the plan's outcome")
 	return c
 }
@@ -116,7 +118,7 @@ func runUp(ctx context.Context, g *globals, fl upFlags) (err error) {
 	opts := farm.UpOptions{
 		Catalogue: fl.catalogue, Agents: fl.agents, StateDir: state,
 		ListenNATS: fl.listenNATS, ListenRegistry: fl.listenRegistry,
-		BuildKit: fl.buildkit, MetricsBase: fl.metrics,
+		BuildKit: fl.buildkit, MetricsBase: fl.metrics, Window: fl.window,
 		Log: slog.New(slog.NewTextHandler(logFile, nil)),
 		Out: g.out,
 	}

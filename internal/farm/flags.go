@@ -37,3 +37,7 @@ func SplitList(s string) []string {
 	}
 	return out
 }
+
+// WindowUsage explains the controller's --window.
+const WindowUsage = "asks a plan keeps queued at once (0: every released ask at once, the most throughput; " +
+	"1: the longest remaining path goes first, best makespan when builds take seconds or more)"

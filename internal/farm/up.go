@@ -61,6 +61,8 @@ type UpOptions struct {
 	// InsteadOf rewrites repository URLs for the agents (git's
 	// url.<base>.insteadOf); the demo maps DemoRemote to its repository.
 	InsteadOf map[string]string
+	// Window is the controller's window (cascade.Config.Window).
+	Window int
 	// Log receives every component's log (NATS, buildkitd, controller,
 	// agents); nil discards it.
 	Log *slog.Logger
@@ -280,7 +282,7 @@ func (f *Farm) start(ctx context.Context) error {
 
 	// The controller.
 	cfg := cascade.DefaultConfig()
-	cfg.Registry, cfg.RegistryInsecure = reg.Addr(), true
+	cfg.Registry, cfg.RegistryInsecure, cfg.Window = reg.Addr(), true, o.Window
 	ready := make(chan struct{})
 	f.controller = f.run("controller", func(cctx context.Context) error {
 		return RunController(cctx, ControllerOptions{
