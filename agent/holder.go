@@ -27,8 +27,10 @@ type Worker interface {
 
 // Result is what a successful Work produced.
 type Result struct {
-	Digest    string
-	Ref       string // repository@digest
+	Digest string
+	Ref    string // repository@digest
+	// Commit is the full hash built; empty means the ask's commit.
+	Commit    string
 	Bytes     int64
 	CacheHits int
 	Steps     int
@@ -245,9 +247,13 @@ func (a *Agent) handle(work context.Context, msg jetstream.Msg) {
 		return
 	}
 	if err == nil {
+		commit := res.Commit
+		if commit == "" {
+			commit = ask.Source.Commit
+		}
 		a.report(work, mesh.EventBuilt, ask.ID+"-built", mesh.Built{
 			Version: mesh.AskVersion, Ask: ask.ID, Plan: ask.Plan, Module: ask.Module,
-			Commit: ask.Source.Commit, Digest: res.Digest, Image: res.Ref, On: a.cfg.Machine,
+			Commit: commit, Digest: res.Digest, Image: res.Ref, On: a.cfg.Machine,
 			Duration: took, Bytes: res.Bytes, CacheHits: res.CacheHits, Steps: res.Steps, At: time.Now().UTC(),
 		})
 		a.settle(msg, "ack", msg.DoubleAck(work))

@@ -57,21 +57,28 @@ var (
 // that cannot be reached, ErrInfra. Release the directory when the build is
 // done.
 func (s *Sources) Checkout(ctx context.Context, src mesh.Source) (string, error) {
+	dir, _, err := s.CheckoutCommit(ctx, src)
+	return dir, err
+}
+
+// CheckoutCommit is Checkout that also returns the full hash of the commit
+// checked out: src.Commit resolved, when it names a ref such as HEAD.
+func (s *Sources) CheckoutCommit(ctx context.Context, src mesh.Source) (dir, commit string, err error) {
 	root, err := s.root()
 	if err != nil {
-		return "", err
+		return "", "", err
 	}
 	sub, dockerfile, err := checkSource(src)
 	if err != nil {
-		return "", err
+		return "", "", err
 	}
 	url := s.rewrite(src.Repo)
 	key := sha256.Sum256([]byte(src.Repo))
 	cache := filepath.Join(root, "repos", hex.EncodeToString(key[:12])+".git")
 
-	commit, err := s.fetch(ctx, cache, url, src)
+	commit, err = s.fetch(ctx, cache, url, src)
 	if err != nil {
-		return "", err
+		return "", "", err
 	}
 
 	// The path and the Dockerfile, checked in the clone before anything is
@@ -82,30 +89,30 @@ func (s *Sources) Checkout(ctx context.Context, src mesh.Source) (string, error)
 	}
 	if typ, err := git(ctx, cache, nil, "cat-file", "-t", treeish); err != nil || typ != "tree" {
 		if cerr := ctx.Err(); cerr != nil {
-			return "", cerr
+			return "", "", cerr
 		}
-		return "", classified(ErrSource, fmt.Sprintf("path %q is not a directory in %s at %s", src.Path, src.Repo, short(commit)), err)
+		return "", "", classified(ErrSource, fmt.Sprintf("path %q is not a directory in %s at %s", src.Path, src.Repo, short(commit)), err)
 	}
 	dfPath := path.Join(sub, dockerfile)
 	if typ, err := git(ctx, cache, nil, "cat-file", "-t", commit+":"+dfPath); err != nil || typ != "blob" {
 		if cerr := ctx.Err(); cerr != nil {
-			return "", cerr
+			return "", "", cerr
 		}
-		return "", classified(ErrSource, fmt.Sprintf("Dockerfile %q not found in %s at %s", dfPath, src.Repo, short(commit)), err)
+		return "", "", classified(ErrSource, fmt.Sprintf("Dockerfile %q not found in %s at %s", dfPath, src.Repo, short(commit)), err)
 	}
 
 	workRoot := filepath.Join(root, "work")
 	if err := os.MkdirAll(workRoot, 0o755); err != nil {
-		return "", classified(ErrInfra, "workspace", err)
+		return "", "", classified(ErrInfra, "workspace", err)
 	}
 	work, err := os.MkdirTemp(workRoot, "ask-")
 	if err != nil {
-		return "", classified(ErrInfra, "workspace", err)
+		return "", "", classified(ErrInfra, "workspace", err)
 	}
 	tree := filepath.Join(work, "context")
 	if err := os.Mkdir(tree, 0o755); err != nil {
 		os.RemoveAll(work)
-		return "", classified(ErrInfra, "workspace", err)
+		return "", "", classified(ErrInfra, "workspace", err)
 	}
 	// A private index per checkout: the clone's own is never touched.
 	env := []string{"GIT_INDEX_FILE=" + filepath.Join(work, "index")}
@@ -116,12 +123,12 @@ func (s *Sources) Checkout(ctx context.Context, src mesh.Source) (string, error)
 	if err != nil {
 		os.RemoveAll(work)
 		if cerr := ctx.Err(); cerr != nil {
-			return "", cerr
+			return "", "", cerr
 		}
-		return "", classified(ErrInfra, "checking out "+short(commit), err)
+		return "", "", classified(ErrInfra, "checking out "+short(commit), err)
 	}
 	os.Remove(filepath.Join(work, "index"))
-	return tree, nil
+	return tree, commit, nil
 }
 
 // Release removes a directory Checkout returned.

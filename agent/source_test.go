@@ -270,3 +270,20 @@ func TestClassify(t *testing.T) {
 		t.Errorf("Error: %q, Is(cause) %v", err, errors.Is(err, inner))
 	}
 }
+
+func TestCheckoutCommitResolvesARef(t *testing.T) {
+	repo, _ := testenv.GitRepo(t, map[string]string{"app/Dockerfile": "FROM scratch\n"})
+	head := testenv.Commit(t, repo, map[string]string{"app/VERSION": "2\n"})
+	s := &Sources{Dir: t.TempDir()}
+	dir, commit, err := s.CheckoutCommit(context.Background(), mesh.Source{Repo: repo, Commit: "HEAD", Path: "app"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Release(dir)
+	if commit != head {
+		t.Fatalf("HEAD resolved to %s, want %s", commit, head)
+	}
+	if data, err := os.ReadFile(filepath.Join(dir, "VERSION")); err != nil || string(data) != "2\n" {
+		t.Fatalf("checked out %q %v", data, err)
+	}
+}

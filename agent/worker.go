@@ -27,7 +27,7 @@ type BuildWorker struct {
 // Work implements Worker.
 func (w *BuildWorker) Work(ctx context.Context, ask mesh.Ask, log func(string)) (Result, error) {
 	log("checking out " + ask.Source.Repo + " at " + ask.Source.Commit)
-	dir, err := w.Sources.Checkout(ctx, ask.Source)
+	dir, commit, err := w.Sources.CheckoutCommit(ctx, ask.Source)
 	if err != nil {
 		return Result{}, err
 	}
@@ -44,5 +44,5 @@ func (w *BuildWorker) Work(ctx context.Context, ask mesh.Ask, log func(string)) 
 	if err != nil {
 		return Result{}, err
 	}
-	return Result{Digest: res.Digest, Ref: res.Ref, Bytes: res.Bytes, CacheHits: res.CacheHits, Steps: res.Steps}, nil
+	return Result{Digest: res.Digest, Ref: res.Ref, Commit: commit, Bytes: res.Bytes, CacheHits: res.CacheHits, Steps: res.Steps}, nil
 }
