@@ -255,6 +255,21 @@ func (s *Sources) fetch(ctx context.Context, cache, url string, src mesh.Source)
 			return "", cerr
 		}
 	}
+	// HEAD is the server's: fetched on its own and read from FETCH_HEAD
+	// (under the clone's lock), never the bare clone's own HEAD.
+	if src.Commit == "HEAD" {
+		if _, err := git(ctx, cache, nil, "fetch", "--quiet", "--no-tags", "origin", "HEAD"); err != nil {
+			if cerr := ctx.Err(); cerr != nil {
+				return "", cerr
+			}
+			return "", fetchError(src.Repo, url, err)
+		}
+		c, err := resolveCommit(ctx, cache, "FETCH_HEAD")
+		if err != nil {
+			return "", classified(ErrSource, fmt.Sprintf("%s has no HEAD", src.Repo), err)
+		}
+		return c, nil
+	}
 	// Every branch and tag: for a server that will not hand out a hash, and
 	// for a commit named by a ref (always fetched anew: refs move).
 	if _, err := git(ctx, cache, nil, "fetch", "--quiet", "--prune", "--force", "origin",

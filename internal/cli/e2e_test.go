@@ -184,6 +184,20 @@ func TestACascadeBuiltByRealAgents(t *testing.T) {
 	if err := json.Unmarshal(out.Bytes(), &shown); err != nil || len(shown.Machines) != len(view.Machines) {
 		t.Fatalf("show --json: %v %+v", err, shown.Machines)
 	}
+	// rebuild: d3 again, from the repository's HEAD, on the base's current
+	// digest (base is outside this plan).
+	out.Reset()
+	if code := cli.Main(ctx, []string{"--nats", s.ClientURL(), "--json", "rebuild", "d3", "--watch"}, &out, &errw); code != 0 {
+		t.Fatalf("rebuild d3: exit %d\n%s\n%s", code, out.String(), errw.String())
+	}
+	var rebuilt cli.PlanView
+	if err := json.Unmarshal(out.Bytes(), &rebuilt); err != nil || len(rebuilt.Modules) != 1 {
+		t.Fatalf("rebuild --json: %v %+v", err, rebuilt)
+	}
+	if m := rebuilt.Modules[0]; m.Commit != commit || !hasPrefix(layers(t, m.Image), base) {
+		t.Errorf("rebuilt d3 at commit %s (want HEAD = %s), on base layers %v", m.Commit, commit, base)
+	}
+
 	// logs: the build output of a module, as BuildKit printed it.
 	out.Reset()
 	if code := cli.Main(ctx, []string{"--nats", s.ClientURL(), "logs", view.Plan.ID, "d1"}, &out, &errw); code != 0 {
@@ -208,8 +222,8 @@ func TestACascadeBuiltByRealAgents(t *testing.T) {
 		}
 		built += m.Built
 	}
-	if len(ms) != 2 || built != 5 {
-		t.Errorf("machines %+v: want 2 machines that built 5 images", ms)
+	if len(ms) != 2 || built != 6 {
+		t.Errorf("machines %+v: want 2 machines that built 6 images (5, then d3 again)", ms)
 	}
 	cancel()
 }

@@ -37,8 +37,8 @@ type UpOptions struct {
 	// Catalogue is the catalogue directory the controller raises (and
 	// watches).
 	Catalogue string
-	// Agents is how many build agents run; default 1. They share one
-	// buildkitd and each works one ask at a time.
+	// Agents is how many build agents run; default 1. Each works one ask
+	// at a time; they share one buildkitd unless BuildkitdPerAgent.
 	Agents int
 	// StateDir holds NATS's store, the registry's blobs, buildkitd's state
 	// and the agents' workspaces. Empty makes a temporary directory, removed
@@ -54,6 +54,15 @@ type UpOptions struct {
 	// BuildkitdBin is the buildkitd binary; empty looks for buildkitd next
 	// to the running executable, then bin/buildkitd, then in PATH.
 	BuildkitdBin string
+	// BuildkitdPerAgent starts one buildkitd for each agent, each with its
+	// own state and socket, as if every agent were a machine of its own
+	// (nothing is cached between them but through the registry). It cannot
+	// be combined with BuildKit.
+	BuildkitdPerAgent bool
+	// MaxParallelism bounds the build steps each buildkitd started here
+	// runs at once (max-parallelism in its buildkitd.toml); 0 is BuildKit's
+	// default, the number of CPUs. It cannot be combined with BuildKit.
+	MaxParallelism int
 	// MetricsBase is the first address /metrics is served on: the
 	// controller on it, agent i on the port i above it
 	// ("127.0.0.1:9464" → 9464, 9465, …). Empty serves no metrics.
@@ -89,6 +98,15 @@ func (o UpOptions) withDefaults() (UpOptions, error) {
 	}
 	if o.Agents < 0 {
 		return o, bad("agents %d: want 1 or more", o.Agents)
+	}
+	if o.MaxParallelism < 0 {
+		return o, bad("max parallelism %d: want 1 or more, or 0 for BuildKit's default", o.MaxParallelism)
+	}
+	if o.BuildKit != "" && o.BuildkitdPerAgent {
+		return o, bad("--buildkit %s names the one buildkitd to use: it cannot be one buildkitd per agent as well", o.BuildKit)
+	}
+	if o.BuildKit != "" && o.MaxParallelism > 0 {
+		return o, bad("--buildkit %s names a running buildkitd: set max-parallelism in its buildkitd.toml, not here", o.BuildKit)
 	}
 	if o.ListenNATS == "" {
 		o.ListenNATS = DefaultListenNATS
@@ -159,8 +177,11 @@ type Farm struct {
 	ns      *server.Server
 	natsURL string
 	reg     *registry.Server
-	bk      *buildkitd.Buildkitd
-	bkAddr  string
+	// bks are the buildkitds started here: one, one per agent (in the
+	// agents' order), or none when BuildKit names one. bkAddrs[i] is the
+	// buildkitd agent i builds with.
+	bks     []*buildkitd.Buildkitd
+	bkAddrs []string
 
 	controller *component
 	agents     []*component
@@ -191,7 +212,8 @@ type component struct {
 }
 
 // Up starts a farm on this machine, in order: NATS with JetStream, the
-// registry, buildkitd (unless BuildKit names one), the controller (Up
+// registry, buildkitd (unless BuildKit names one; one per agent with
+// BuildkitdPerAgent), the controller (Up
 // returns once it has raised the catalogue and serves its tools) and the
 // agents. ctx bounds the start only; the farm runs until Stop. Whatever
 // started is stopped again when a later part fails.
@@ -272,8 +294,10 @@ func (f *Farm) start(ctx context.Context) error {
 		if err := pingBuildkit(ctx, o.BuildKit); err != nil {
 			return err
 		}
-		f.bkAddr = o.BuildKit
-	} else if err := f.startBuildkitd(ctx); err != nil {
+		for range f.machines {
+			f.bkAddrs = append(f.bkAddrs, o.BuildKit)
+		}
+	} else if err := f.startBuildkitds(ctx); err != nil {
 		return err
 	}
 	if err := ctx.Err(); err != nil {
@@ -307,7 +331,7 @@ func (f *Farm) start(ctx context.Context) error {
 		// them for the next Up.
 		cfg.Grace = 5 * time.Second
 		ao := AgentOptions{
-			NATS: f.natsURL, Agent: cfg, BuildKit: f.bkAddr, RegistryInsecure: true,
+			NATS: f.natsURL, Agent: cfg, BuildKit: f.bkAddrs[i], RegistryInsecure: true,
 			Workspace: Workspace(f.stateDir, cfg.Machine), InsteadOf: o.InsteadOf,
 			Log: log.With("component", "agent", "machine", cfg.Machine),
 		}
@@ -374,31 +398,91 @@ func (l natsLogger) Errorf(format string, v ...any)  { l.log.Error(fmt.Sprintf(f
 func (l natsLogger) Debugf(format string, v ...any)  { l.log.Debug(fmt.Sprintf(format, v...)) }
 func (l natsLogger) Tracef(format string, v ...any)  { l.log.Debug(fmt.Sprintf(format, v...)) }
 
-// startBuildkitd starts buildkitd as a child, trusting the registry.
-func (f *Farm) startBuildkitd(ctx context.Context) error {
+// startBuildkitds starts the farm's buildkitd, or one for each agent
+// (together), and watches them: one that exits before Stop fails the farm.
+func (f *Farm) startBuildkitds(ctx context.Context) error {
 	bin, err := findBuildkitd(f.opts.BuildkitdBin)
 	if err != nil {
 		return err
 	}
+	if !f.opts.BuildkitdPerAgent {
+		bk, err := f.startBuildkitd(ctx, bin, "buildkitd", f.opts.Log.With("component", "buildkitd"))
+		if err != nil {
+			return err
+		}
+		f.bks = append(f.bks, bk)
+		for range f.machines {
+			f.bkAddrs = append(f.bkAddrs, bk.Addr())
+		}
+		f.watch(bk, "buildkitd")
+		return nil
+	}
+	bks := make([]*buildkitd.Buildkitd, len(f.machines))
+	errs := make([]error, len(f.machines))
+	var wg sync.WaitGroup
+	for i, m := range f.machines {
+		wg.Go(func() {
+			log := f.opts.Log.With("component", "buildkitd", "machine", m)
+			bks[i], errs[i] = f.startBuildkitd(ctx, bin, "buildkitd-"+m, log)
+		})
+	}
+	wg.Wait()
+	// Those that started are stopped by Stop if another did not.
+	for _, bk := range bks {
+		if bk != nil {
+			f.bks = append(f.bks, bk)
+		}
+	}
+	for i, err := range errs {
+		if err != nil {
+			return fmt.Errorf("the buildkitd of %s: %w", f.machines[i], err)
+		}
+	}
+	for i, bk := range bks {
+		f.bkAddrs = append(f.bkAddrs, bk.Addr())
+		f.watch(bk, "the buildkitd of "+f.machines[i])
+	}
+	return nil
+}
+
+// startBuildkitd starts bin as a child with its state in dir under the
+// farm's state directory, trusting the registry.
+func (f *Farm) startBuildkitd(ctx context.Context, bin, dir string, log *slog.Logger) (*buildkitd.Buildkitd, error) {
 	bk, err := buildkitd.Start(ctx, buildkitd.Options{
-		Bin:           bin,
-		Root:          filepath.Join(f.stateDir, "buildkitd"),
-		RegistryHosts: []string{f.reg.Addr()},
-		Stderr:        &lineLogger{log: f.opts.Log.With("component", "buildkitd")},
+		Bin:            bin,
+		Root:           filepath.Join(f.stateDir, dir),
+		RegistryHosts:  []string{f.reg.Addr()},
+		MaxParallelism: f.opts.MaxParallelism,
+		Stderr:         &lineLogger{log: log},
 	})
 	switch {
 	case err != nil && ctx.Err() != nil:
-		return fmt.Errorf("starting buildkitd: %w", ctx.Err())
+		return nil, fmt.Errorf("starting buildkitd: %w", ctx.Err())
 	case errors.Is(err, buildkitd.ErrNoRunc):
-		return fmt.Errorf("buildkitd cannot run build steps: %w; or pass --buildkit ADDR of a running buildkitd", err)
+		return nil, fmt.Errorf("buildkitd cannot run build steps: %w; or pass --buildkit ADDR of a running buildkitd", err)
 	case errors.Is(err, buildkitd.ErrNoBinary):
-		return fmt.Errorf("%w: run `make deps` to build it, or pass --buildkit ADDR of a running buildkitd", err)
+		return nil, fmt.Errorf("%w: run `make deps` to build it, or pass --buildkit ADDR of a running buildkitd", err)
 	case err != nil:
-		return fmt.Errorf("buildkitd (%s) would not start: %w\nIt runs as root with runc (apt-get install -y runc; `make deps` installs both); or pass --buildkit ADDR of a running buildkitd", bin, err)
+		return nil, fmt.Errorf("buildkitd (%s) would not start: %w\nIt runs as root with runc (apt-get install -y runc; `make deps` installs both); or pass --buildkit ADDR of a running buildkitd", bin, err)
 	}
-	f.bk, f.bkAddr = bk, bk.Addr()
-	f.opts.Log.Info("buildkitd running", "addr", bk.Addr(), "bin", bin)
-	return nil
+	log.Info("buildkitd running", "addr", bk.Addr(), "bin", bin, "root", filepath.Join(f.stateDir, dir))
+	return bk, nil
+}
+
+// watch fails the farm when bk exits before Stop.
+func (f *Farm) watch(bk *buildkitd.Buildkitd, name string) {
+	go func() {
+		select {
+		case <-bk.Exited():
+		case <-f.stopping:
+			return
+		}
+		select {
+		case <-f.stopping:
+		default:
+			f.fail(fmt.Errorf("%s exited:\n%s", name, bk.Log()))
+		}
+	}()
 }
 
 // pingBuildkit checks that a given buildkitd answers.
@@ -503,8 +587,13 @@ func (f *Farm) NATSURL() string { return f.natsURL }
 // RegistryAddr is the registry's host:port.
 func (f *Farm) RegistryAddr() string { return f.reg.Addr() }
 
-// BuildKitAddr is the address of the buildkitd the agents build with.
-func (f *Farm) BuildKitAddr() string { return f.bkAddr }
+// BuildKitAddr is the address of the buildkitd the agents build with; with
+// BuildkitdPerAgent, the first agent's (see BuildKitAddrs).
+func (f *Farm) BuildKitAddr() string { return f.bkAddrs[0] }
+
+// BuildKitAddrs are the addresses of the buildkitds the agents build with,
+// in the order of Machines: all the same unless BuildkitdPerAgent.
+func (f *Farm) BuildKitAddrs() []string { return append([]string(nil), f.bkAddrs...) }
 
 // Machines are the agents' machine names, "<host>-a1" ….
 func (f *Farm) Machines() []string { return append([]string(nil), f.machines...) }
@@ -515,37 +604,25 @@ func (f *Farm) StateDir() string { return f.stateDir }
 // InsteadOf is the agents' repository rewriting, as given.
 func (f *Farm) InsteadOf() map[string]string { return f.opts.InsteadOf }
 
-// Wait blocks until a part of the farm stops on its own (buildkitd exits,
-// the controller or an agent returns) and returns why, or until Stop, and
-// returns nil. The farm is not stopped by a failure: call Stop.
+// Wait blocks until a part of the farm stops on its own (a buildkitd
+// exits, the controller or an agent returns) and returns why, or until
+// Stop, and returns nil. The farm is not stopped by a failure: call Stop.
 func (f *Farm) Wait() error {
-	var bkExited <-chan struct{}
-	if f.bk != nil {
-		bkExited = f.bk.Exited()
-	}
 	select {
 	case <-f.failed:
 		return f.failErr
 	case <-f.stopping:
 		<-f.stopped
 		return nil
-	case <-bkExited:
-		select {
-		case <-f.stopping:
-			<-f.stopped
-			return nil
-		default:
-		}
-		f.fail(fmt.Errorf("buildkitd exited:\n%s", f.bk.Log()))
-		return f.failErr
 	}
 }
 
 // Stop stops the farm: the agents first (handing back the asks they hold),
-// then the controller, buildkitd, the registry and NATS; and removes the
-// state directory if Up made it. It is safe to call more than once. It
-// returns what went wrong stopping buildkitd and the registry and removing
-// the state; the agents' and the controller's errors are logged.
+// then the controller, the buildkitds (together), the registry and NATS;
+// and removes the state directory if Up made it. It is safe to call more
+// than once. It returns what went wrong stopping the buildkitds and the
+// registry and removing the state; the agents' and the controller's errors
+// are logged.
 func (f *Farm) Stop() error {
 	f.stopOnce.Do(func() {
 		close(f.stopping)
@@ -575,11 +652,17 @@ func (f *Farm) Stop() error {
 		for _, m := range f.metricsStop {
 			m()
 		}
-		if f.bk != nil {
-			if err := f.bk.Stop(); err != nil {
-				errs = append(errs, fmt.Errorf("buildkitd: %w", err))
-			}
+		bkErrs := make([]error, len(f.bks))
+		var wg sync.WaitGroup
+		for i, bk := range f.bks {
+			wg.Go(func() {
+				if err := bk.Stop(); err != nil {
+					bkErrs[i] = fmt.Errorf("buildkitd %s: %w", bk.Addr(), err)
+				}
+			})
 		}
+		wg.Wait()
+		errs = append(errs, bkErrs...)
 		if f.reg != nil {
 			if err := f.reg.Close(); err != nil {
 				errs = append(errs, fmt.Errorf("registry: %w", err))
@@ -606,10 +689,19 @@ func (f *Farm) printBanner() {
 	fmt.Fprintf(w, "meshbuild farm up: %d agent(s), state in %s\n", len(f.machines), f.stateDir)
 	fmt.Fprintf(w, "  NATS        %s (JetStream)\n", f.natsURL)
 	fmt.Fprintf(w, "  registry    %s (plain http)\n", f.reg.Addr())
-	if f.bk != nil {
-		fmt.Fprintf(w, "  buildkitd   %s (started here)\n", f.bkAddr)
-	} else {
-		fmt.Fprintf(w, "  buildkitd   %s (given; it must trust %s over plain http)\n", f.bkAddr, f.reg.Addr())
+	par := ""
+	if n := f.opts.MaxParallelism; n > 0 {
+		par = fmt.Sprintf(", max-parallelism %d", n)
+	}
+	switch {
+	case f.opts.BuildKit != "":
+		fmt.Fprintf(w, "  buildkitd   %s (given; it must trust %s over plain http)\n", f.bkAddrs[0], f.reg.Addr())
+	case f.opts.BuildkitdPerAgent:
+		for i, m := range f.machines {
+			fmt.Fprintf(w, "  buildkitd   %s (started here for %s%s)\n", f.bkAddrs[i], m, par)
+		}
+	default:
+		fmt.Fprintf(w, "  buildkitd   %s (started here%s)\n", f.bkAddrs[0], par)
 	}
 	fmt.Fprintf(w, "  controller  catalogue %s\n", f.opts.Catalogue)
 	fmt.Fprintf(w, "  agents      %s\n", strings.Join(f.machines, ", "))

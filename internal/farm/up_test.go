@@ -23,7 +23,7 @@ import (
 )
 
 // exampleFleet is examples/fleet in the repository.
-func exampleFleet(t *testing.T) string {
+func exampleFleet(t testing.TB) string {
 	t.Helper()
 	root, err := testenv.RepoRoot()
 	if err != nil {
@@ -178,7 +178,7 @@ func TestUpRefusesBadOptions(t *testing.T) {
 }
 
 // buildkitdBin is the repository's bin/buildkitd.
-func buildkitdBin(t *testing.T) string {
+func buildkitdBin(t testing.TB) string {
 	t.Helper()
 	root, err := testenv.RepoRoot()
 	if err != nil {

@@ -1,0 +1,217 @@
+package farm
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/meshbuild/meshbuild/cascade"
+	"github.com/meshbuild/meshbuild/internal/testenv"
+)
+
+// The fleet against one machine: examples/fleet built by the embedded
+// farm with real BuildKit on K simulated machines — K agents, each with a
+// buildkitd of its own running one step at a time (max-parallelism 1) —
+// against the same plan on one such machine. Every module's Dockerfile
+// gets a step that sleeps fleetSleep, so that builds take time without
+// taking the CPU: this machine's 2 cores would otherwise decide the result.
+//
+// Each run is a fresh farm (state, registry, buildkitds): every build is
+// cold, in both. The makespan runs from the controller making the plan of
+// Demo's push to the plan settling. Beside speedup ÷ K (1 is perfect) it
+// reports the best speed-up that DAG allows with the step times measured
+// on one machine (cascade.Simulate, global priority: base and runtime are
+// built alone, then 36 modules share the K machines).
+//
+//	MESHBUILD_BUILDKIT=1 go test -run XXX -bench BenchmarkFleetSpeedup -benchtime 1x ./internal/farm
+
+// fleetSleep is the step each module's Dockerfile gets.
+const fleetSleep = time.Second
+
+// fleetTimeout bounds one plan.
+const fleetTimeout = 5 * time.Minute
+
+func BenchmarkFleetSpeedup(b *testing.B) {
+	testenv.RequireBuildkit(b)
+	fleet := exampleFleet(b)
+	catalogue := filepath.Join(fleet, "catalogue")
+	src, modules := sleepingFleet(b, filepath.Join(fleet, "src"), fleetSleep)
+
+	one := runFleet(b, catalogue, src, 1, modules)
+	d := one.dag()
+	b.Logf("one machine: %d modules in %.1f s, builds %.1f s in all", d.Len(), one.makespan.Seconds(), d.Work())
+
+	for _, k := range []int{2, 4} {
+		b.Run(fmt.Sprintf("K-%d", k), func(b *testing.B) {
+			var r fleetRun
+			for b.Loop() {
+				r = runFleet(b, catalogue, src, k, modules)
+			}
+			dk := r.dag()
+			speedup := one.makespan.Seconds() / r.makespan.Seconds()
+			best := d.Work() / cascade.Simulate(d, k, cascade.Policy{Order: cascade.Priority}).Makespan
+			// The controller's default policy: released asks ranked by path
+			// length in modules, the queue first in, first out.
+			controller := cascade.Policy{Order: cascade.Ranked, UnitEstimates: true}
+			policy := d.Work() / cascade.Simulate(d, k, controller).Makespan
+			b.Logf("%d machines: %.1f s, builds %.1f s in all (one machine: %.1f s, %.1f s); speed-up %.2f, best possible %.2f",
+				k, r.makespan.Seconds(), dk.Work(), one.makespan.Seconds(), d.Work(), speedup, best)
+			b.ReportMetric(speedup, "speedup")
+			b.ReportMetric(speedup/float64(k), "speedup/K")
+			b.ReportMetric(best/float64(k), "ideal-speedup/K")
+			b.ReportMetric(policy/float64(k), "sim-cascade-speedup/K")
+			b.ReportMetric(one.makespan.Seconds(), "one-machine-s")
+			b.ReportMetric(r.makespan.Seconds(), "makespan-s")
+			b.ReportMetric(d.Work()/float64(d.Len()), "one-build-s")
+			b.ReportMetric(dk.Work()/float64(dk.Len()), "build-s")
+			// How much longer the run took than the controller's policy
+			// would with the same builds' durations: hand-overs, not
+			// slower builds.
+			b.ReportMetric(r.makespan.Seconds()-cascade.Simulate(dk, k, controller).Makespan, "over-sim-s")
+		})
+	}
+}
+
+// sleepingFleet copies the fleet's sources to a temporary directory and
+// adds a step that sleeps d to every Dockerfile. It returns the copy and
+// the modules (the directories holding a Dockerfile).
+func sleepingFleet(tb testing.TB, src string, d time.Duration) (string, int) {
+	tb.Helper()
+	dst := tb.TempDir()
+	if err := copyTree(src, dst); err != nil {
+		tb.Fatal(err)
+	}
+	step := fmt.Sprintf("\n# Added by BenchmarkFleetSpeedup: a step that takes time, not CPU.\nRUN sleep %d\n", int(d.Seconds()))
+	n := 0
+	err := filepath.WalkDir(dst, func(p string, e fs.DirEntry, err error) error {
+		if err != nil || e.Name() != "Dockerfile" || !e.Type().IsRegular() {
+			return err
+		}
+		f, err := os.OpenFile(p, os.O_APPEND|os.O_WRONLY, 0)
+		if err != nil {
+			return err
+		}
+		n++
+		if _, err := f.WriteString(step); err != nil {
+			f.Close()
+			return err
+		}
+		return f.Close()
+	})
+	if err != nil {
+		tb.Fatalf("adding the sleep to %s: %v", dst, err)
+	}
+	if n == 0 {
+		tb.Fatalf("no Dockerfile under %s", src)
+	}
+	return dst, n
+}
+
+// fleetRun is one plan of the fleet.
+type fleetRun struct {
+	makespan time.Duration
+	mods     map[string]cascade.ModuleStatus
+}
+
+// dag is the plan's graph with each module's build duration in seconds.
+func (r fleetRun) dag() cascade.DAG {
+	names := make([]string, 0, len(r.mods))
+	for name := range r.mods {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	pos := make(map[string]int, len(names))
+	for i, name := range names {
+		pos[name] = i
+	}
+	d := cascade.DAG{Names: names, Bases: make([][]int, len(names)), Dur: make([]float64, len(names))}
+	for i, name := range names {
+		m := r.mods[name]
+		for _, base := range m.Bases {
+			d.Bases[i] = append(d.Bases[i], pos[base])
+		}
+		d.Dur[i] = m.Duration.Seconds()
+	}
+	return d
+}
+
+// runFleet starts a fresh farm of the given machines, each with its own
+// buildkitd of max-parallelism 1, builds the fleet in src with Demo and
+// requires all the modules built.
+func runFleet(b *testing.B, catalogue, src string, machines, modules int) fleetRun {
+	b.Helper()
+	state := b.TempDir()
+	logs := &syncWriter{w: &bytes.Buffer{}}
+	f, err := Up(context.Background(), UpOptions{
+		Catalogue: catalogue, Agents: machines, StateDir: state,
+		ListenNATS: "127.0.0.1:0", ListenRegistry: "127.0.0.1:0",
+		BuildkitdBin:      buildkitdBin(b),
+		BuildkitdPerAgent: true, MaxParallelism: 1,
+		InsteadOf: DemoInsteadOf(state),
+		Log:       slog.New(slog.NewTextHandler(logs, nil)),
+	})
+	if err != nil {
+		b.Fatalf("Up: %v", err)
+	}
+	defer func() {
+		if err := f.Stop(); err != nil {
+			b.Errorf("Stop: %v", err)
+		}
+		if b.Failed() {
+			b.Logf("farm log:\n%s", logs.String())
+		}
+	}()
+
+	ctx, cancel := context.WithTimeout(context.Background(), fleetTimeout)
+	defer cancel()
+	var out bytes.Buffer
+	if err := Demo(ctx, f, src, &out); err != nil {
+		b.Fatalf("Demo on %d machines: %v\n%s", machines, err, out.String())
+	}
+	nc, js, err := Connect(f.NATSURL(), "", "builds", "BenchmarkFleetSpeedup")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer nc.Close()
+	store, err := cascade.OpenStore(ctx, js, "build-controller")
+	if err != nil {
+		b.Fatal(err)
+	}
+	plans, err := store.Plans(ctx)
+	if err != nil || len(plans) != 1 {
+		b.Fatalf("Plans = %v, %v; want the demo's one", plans, err)
+	}
+	rec := plans[0]
+	if rec.Outcome != cascade.OutcomeBuilt || rec.Counts.Built != modules {
+		b.Fatalf("plan %s: %s, %+v; want all %d modules built", rec.ID, rec.Outcome, rec.Counts, modules)
+	}
+	mods, err := store.Modules(ctx, rec.ID)
+	if err != nil {
+		b.Fatal(err)
+	}
+	used := map[string]int{}
+	for _, m := range mods {
+		used[m.On]++
+	}
+	if len(used) != machines {
+		b.Errorf("the plan was built on %v; want all %d machines used", used, machines)
+	}
+	// The sleep ran in every build: no step came from a cache.
+	for _, m := range mods {
+		if m.Duration < fleetSleep {
+			b.Errorf("%s built in %s, less than its sleep of %s", m.Module, m.Duration, fleetSleep)
+		}
+	}
+	if testing.Verbose() {
+		b.Logf("%d machines:\n%s", machines, strings.TrimSpace(out.String()))
+	}
+	return fleetRun{makespan: rec.Finished.Sub(rec.Created), mods: mods}
+}
