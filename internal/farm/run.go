@@ -158,6 +158,9 @@ func RunController(ctx context.Context, o ControllerOptions) error {
 	if o.Poll == 0 {
 		o.Poll = 2 * time.Second
 	}
+	if o.Controller.Registry == "" {
+		return fmt.Errorf("%w: no registry: set --registry HOST:PORT (MESHBUILD_REGISTRY)", cascade.ErrConfig)
+	}
 	cat, err := LoadCatalogue(o.Catalogue, o.Log)
 	if err != nil {
 		return err
