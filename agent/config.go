@@ -42,6 +42,10 @@ type Config struct {
 	LogBatchLines int
 	// FailedLogLines is how many of the last log lines a failed carries.
 	FailedLogLines int
+	// Known, when set, says whether the catalogue builds a module: an ask
+	// for one it does not is refused as failed{ask} and never redelivered.
+	// Nil accepts every module.
+	Known func(module string) bool
 }
 
 // DefaultConfig returns a Config with every default set.

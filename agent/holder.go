@@ -192,6 +192,9 @@ func (a *Agent) handle(work context.Context, msg jetstream.Msg) {
 	}
 	a.obs.Began()
 	ask, err := mesh.DecodeAsk(msg.Data())
+	if err == nil && a.cfg.Known != nil && !a.cfg.Known(ask.Module) {
+		err = fmt.Errorf("%w: module %q is not built by this catalogue", mesh.ErrMalformedAsk, ask.Module)
+	}
 	if err != nil {
 		// A malformed ask is refused once and never redelivered. Its id
 		// may be missing or wrong: the failed is deduplicated by the ask's

@@ -456,3 +456,27 @@ func (f workerFunc) Work(ctx context.Context, a mesh.Ask, log func(string)) (age
 }
 
 var _ = errors.New
+
+func TestAnAskForAModuleTheCatalogueDoesNotBuildIsRefused(t *testing.T) {
+	s, js := bus(t)
+	g := newGate()
+	startAgent(t, s, "m1", g.on("m1"), func(c *agent.Config) {
+		c.Known = func(m string) bool { return m == "tool" }
+	})
+	a := ask("stranger")
+	a.Module = "stranger"
+	submit(t, js, a)
+	waitFor(t, 5*time.Second, "failed{ask}", func() bool { return len(events(t, js).Failed) == 1 })
+	if f := events(t, js).Failed[0]; f.Reason != mesh.ReasonAsk || f.Ask != "stranger" {
+		t.Fatalf("failed %+v: want reason ask", f)
+	}
+	submit(t, js, ask("known"))
+	if id := recv(t, g.began, 5*time.Second); id != "known" {
+		t.Fatalf("began %s, want known", id)
+	}
+	g.ch("known") <- nil
+	waitFor(t, 5*time.Second, "known built", func() bool { return len(events(t, js).Built) == 1 })
+	if info := consumerInfo(t, js); info.NumPending+uint64(info.NumAckPending) != 0 || info.NumRedelivered != 0 {
+		t.Fatalf("queue %+v", info)
+	}
+}

@@ -40,6 +40,7 @@ func run() int {
 	workspace := fs.String("workspace", farm.Env("MESHBUILD_WORKSPACE", "/var/lib/meshbuild/workspace"), "clones and checkouts (MESHBUILD_WORKSPACE)")
 	platforms := fs.String("platforms", farm.Env("MESHBUILD_PLATFORMS", cfg.Platforms[0]), "platforms this machine builds, comma separated (MESHBUILD_PLATFORMS)")
 	slots := fs.Int("slots", envInt("MESHBUILD_SLOTS", 1), "asks worked at once; each slot pulls one at a time (MESHBUILD_SLOTS)")
+	catalogue := fs.String("catalogue", farm.Env("MESHBUILD_CATALOGUE", ""), "optional catalogue directory: asks for modules it does not build are refused (MESHBUILD_CATALOGUE)")
 	metricsAddr := fs.String("metrics", farm.Env("MESHBUILD_METRICS", ""), "serve /metrics on this address, e.g. :9464 (MESHBUILD_METRICS)")
 	fs.DurationVar(&cfg.Grace, "grace", cfg.Grace, "on SIGTERM, how long builds in hand may finish before their asks are handed back")
 	var insteadOf listFlag
@@ -63,7 +64,7 @@ func run() int {
 	}
 	err = farm.RunAgent(ctx, farm.AgentOptions{
 		NATS: *natsURL, Creds: *creds, Agent: cfg, BuildKit: *bk, RegistryInsecure: *insecure,
-		Workspace: *workspace, InsteadOf: io, Observer: obs, Log: log,
+		Workspace: *workspace, InsteadOf: io, Catalogue: *catalogue, Observer: obs, Log: log,
 	})
 	if err != nil {
 		log.Error("build-agent stopped", "err", err)

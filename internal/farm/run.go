@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -61,6 +62,10 @@ type AgentOptions struct {
 	Workspace string
 	// InsteadOf rewrites repository URLs (git's url.<base>.insteadOf).
 	InsteadOf map[string]string
+	// Catalogue, when set, is the catalogue directory: an ask for a module
+	// it does not build is refused (the directory is read again before
+	// refusing, so a module added since is accepted).
+	Catalogue string
 	// Observer receives the agent's metrics; nil for none.
 	Observer agent.Observer
 	Log      *slog.Logger
@@ -99,6 +104,13 @@ func RunAgent(ctx context.Context, o AgentOptions) error {
 		return err
 	}
 	defer nc.Close()
+	if o.Catalogue != "" {
+		known, err := knownModules(o.Catalogue, o.Log)
+		if err != nil {
+			return err
+		}
+		o.Agent.Known = known
+	}
 	w := &agent.BuildWorker{
 		Sources:  &agent.Sources{Dir: o.Workspace, InsteadOf: o.InsteadOf},
 		Builder:  bk,
@@ -250,3 +262,28 @@ func fingerprint(dir string) (string, error) {
 
 // Workspace returns a default workspace directory for a machine.
 func Workspace(base, machine string) string { return filepath.Join(base, "agents", machine) }
+
+// knownModules answers whether a catalogue directory builds a module,
+// reading the directory again before it says no.
+func knownModules(dir string, log *slog.Logger) (func(string) bool, error) {
+	cat, err := LoadCatalogue(dir, log)
+	if err != nil {
+		return nil, err
+	}
+	var mu sync.Mutex
+	builds := func(c *mesh.Catalogue, m string) bool {
+		man, ok := c.Module(m)
+		return ok && man.Build != nil
+	}
+	return func(m string) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		if builds(cat, m) {
+			return true
+		}
+		if fresh, err := LoadCatalogue(dir, log); err == nil {
+			cat = fresh
+		}
+		return builds(cat, m)
+	}, nil
+}

@@ -332,7 +332,7 @@ func (f *Farm) start(ctx context.Context) error {
 		cfg.Grace = 5 * time.Second
 		ao := AgentOptions{
 			NATS: f.natsURL, Agent: cfg, BuildKit: f.bkAddrs[i], RegistryInsecure: true,
-			Workspace: Workspace(f.stateDir, cfg.Machine), InsteadOf: o.InsteadOf,
+			Workspace: Workspace(f.stateDir, cfg.Machine), InsteadOf: o.InsteadOf, Catalogue: o.Catalogue,
 			Log: log.With("component", "agent", "machine", cfg.Machine),
 		}
 		if f.agentObs != nil {
