@@ -203,10 +203,14 @@ func (a *Agent) handle(work context.Context, msg jetstream.Msg) {
 		if md, err := msg.Metadata(); err == nil {
 			dedupe = fmt.Sprintf("malformed-%s-%d", md.Stream, md.Sequence.Stream)
 		}
-		a.report(work, mesh.EventFailed, dedupe, mesh.Failed{
+		if a.report(work, mesh.EventFailed, dedupe, mesh.Failed{
 			Version: mesh.AskVersion, Ask: ask.ID, Plan: ask.Plan, Module: ask.Module, On: a.cfg.Machine,
 			Reason: mesh.ReasonAsk, Message: err.Error(), Attempt: attempt, At: time.Now().UTC(),
-		})
+		}) != nil {
+			a.settle(msg, "nak", msg.NakWithDelay(a.cfg.RetryDelay))
+			a.obs.Ended("handed-back", "", 0, 0, 0)
+			return
+		}
 		a.settle(msg, "term", msg.TermWithReason("malformed ask"))
 		a.failed.Add(1)
 		a.obs.Ended(mesh.EventFailed, mesh.ReasonAsk, 0, 0, 0)
@@ -224,7 +228,7 @@ func (a *Agent) handle(work context.Context, msg jetstream.Msg) {
 	defer a.inFlight.Add(-1)
 	begun := time.Now()
 
-	a.report(work, mesh.EventStarted, fmt.Sprintf("%s-started-%d", ask.ID, attempt), mesh.Started{
+	_ = a.report(work, mesh.EventStarted, fmt.Sprintf("%s-started-%d", ask.ID, attempt), mesh.Started{
 		Version: mesh.AskVersion, Ask: ask.ID, Plan: ask.Plan, Module: ask.Module,
 		On: a.cfg.Machine, Attempt: attempt, At: begun.UTC(),
 	})
@@ -254,11 +258,16 @@ func (a *Agent) handle(work context.Context, msg jetstream.Msg) {
 		if commit == "" {
 			commit = ask.Source.Commit
 		}
-		a.report(work, mesh.EventBuilt, ask.ID+"-built", mesh.Built{
+		if err := a.report(work, mesh.EventBuilt, ask.ID+"-built", mesh.Built{
 			Version: mesh.AskVersion, Ask: ask.ID, Plan: ask.Plan, Module: ask.Module,
 			Commit: commit, Digest: res.Digest, Image: res.Ref, On: a.cfg.Machine,
 			Duration: took, Bytes: res.Bytes, CacheHits: res.CacheHits, Steps: res.Steps, At: time.Now().UTC(),
-		})
+		}); err != nil {
+			log.Error("built but not announced: giving the ask back", "err", err)
+			a.settle(msg, "nak", msg.NakWithDelay(a.cfg.RetryDelay))
+			a.obs.Ended("handed-back", "", took, 0, 0)
+			return
+		}
 		a.settle(msg, "ack", msg.DoubleAck(work))
 		a.built.Add(1)
 		a.obs.Ended(mesh.EventBuilt, "", took, res.Bytes, res.CacheHits)
@@ -276,10 +285,15 @@ func (a *Agent) handle(work context.Context, msg jetstream.Msg) {
 		a.obs.Ended("retried", reason, took, 0, 0)
 		return
 	}
-	a.report(work, mesh.EventFailed, ask.ID+"-failed", mesh.Failed{
+	if err := a.report(work, mesh.EventFailed, ask.ID+"-failed", mesh.Failed{
 		Version: mesh.AskVersion, Ask: ask.ID, Plan: ask.Plan, Module: ask.Module, On: a.cfg.Machine,
 		Reason: reason, Message: oneLine(err), Log: logs.Tail(), Attempt: attempt, At: time.Now().UTC(),
-	})
+	}); err != nil {
+		log.Error("failed but not announced: giving the ask back", "err", err)
+		a.settle(msg, "nak", msg.NakWithDelay(a.cfg.RetryDelay))
+		a.obs.Ended("handed-back", "", took, 0, 0)
+		return
+	}
 	a.settle(msg, "term", msg.TermWithReason(reason))
 	a.failed.Add(1)
 	a.obs.Ended(mesh.EventFailed, reason, took, 0, 0)
@@ -320,11 +334,14 @@ func (a *Agent) heartbeat(msg jetstream.Msg, done <-chan struct{}, log *slog.Log
 
 // report publishes one of the seat's events, deduplicated by id, retrying
 // for a while: an outcome is announced before its ask is settled.
-func (a *Agent) report(ctx context.Context, event, id string, v any) {
+// It returns an error when the event could not be announced; an outcome
+// that was not announced is not settled (the ask is given back instead), so
+// nothing acknowledged is ever unannounced.
+func (a *Agent) report(ctx context.Context, event, id string, v any) error {
 	data, err := json.Marshal(v)
 	if err != nil {
 		a.log.Error("encoding an event", "event", event, "err", err)
-		return
+		return err
 	}
 	subj := mesh.SeatEventSubject(mesh.BuildSeat, event)
 	delay := 100 * time.Millisecond
@@ -333,11 +350,11 @@ func (a *Agent) report(ctx context.Context, event, id string, v any) {
 		_, err := a.js.Publish(pctx, subj, data, jetstream.WithMsgID(id))
 		cancel()
 		if err == nil {
-			return
+			return nil
 		}
 		if i >= 8 {
 			a.log.Error("announcing failed; giving up", "subject", subj, "err", err)
-			return
+			return err
 		}
 		a.log.Warn("announcing failed; retrying", "subject", subj, "err", err)
 		time.Sleep(delay)
