@@ -7,9 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 	"slices"
-	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -281,6 +279,10 @@ func (f *benchFarm) run(d cascade.DAG, unit, timeout time.Duration) planRun {
 
 // policy is the pure simulator's policy for what the controller does.
 func policy(window int, estimates bool) cascade.Policy {
+	if window == cascade.WindowIdle {
+		// Idle holders take the best held asks: a global priority list.
+		return cascade.Policy{Order: cascade.Priority, UnitEstimates: !estimates}
+	}
 	if window > 0 {
 		return cascade.Policy{Window: window, UnitEstimates: !estimates}
 	}
@@ -332,35 +334,41 @@ func benchSchedule(b *testing.B, dags []cascade.DAG, machines int, unit time.Dur
 // BenchmarkControllerFan35On4: one base, 35 modules built on it, 4
 // machines; 1 unit of simulated time is 250ms. The bound ignores the base's
 // turn alone, so with equal durations the best schedule is 10/9 = 1.11.
-// Lognormal: three seeds of σ = 1, with the controller's defaults and with
-// a window of 1 and the durations learned from a first, unmeasured run.
+// Lognormal: three seeds of σ = 1. Sub-benchmarks name the window (idle is
+// the controller's default, cascade.WindowIdle); -learned runs each plan
+// once unmeasured first, so that asks are ranked by each module's last
+// build duration.
 func BenchmarkControllerFan35On4(b *testing.B) {
 	const unit = 250 * time.Millisecond
+	idle := cascade.WindowIdle // the controller's default
 	b.Run("equal", func(b *testing.B) {
-		benchSchedule(b, []cascade.DAG{cascade.Fan(35)}, 4, unit, 0, false)
+		benchSchedule(b, []cascade.DAG{cascade.Fan(35)}, 4, unit, idle, false)
 	})
 	var logn []cascade.DAG
 	for seed := range uint64(3) {
 		logn = append(logn, cascade.Fan(35).Lognormal(seed, 1))
 	}
-	b.Run("lognormal", func(b *testing.B) { benchSchedule(b, logn, 4, unit, 0, false) })
+	b.Run("lognormal", func(b *testing.B) { benchSchedule(b, logn, 4, unit, idle, false) })
+	b.Run("lognormal-learned", func(b *testing.B) { benchSchedule(b, logn, 4, unit, idle, true) })
+	b.Run("lognormal-window-0", func(b *testing.B) { benchSchedule(b, logn, 4, unit, 0, false) })
 	b.Run("lognormal-window-1-learned", func(b *testing.B) { benchSchedule(b, logn, 4, unit, 1, true) })
 }
 
 // BenchmarkControllerDAG1000On50: cascade.RandomLayeredDAG(1000, 10, 1),
 // lognormal durations (median 1, σ 1), 50 machines; 1 unit is 400ms, so the
-// lower bound (the critical path, 42 units) is 16.8s. window-0 is the
-// controller's default config; window-N-learned sets Config.Window and runs
-// the plan once unmeasured first, so that the asks are ranked by each
-// module's last build duration.
+// lower bound (the critical path, 42 units) is 16.8s. idle is the
+// controller's default (cascade.WindowIdle), window-N sets Config.Window;
+// -learned runs the plan once unmeasured first, so that the asks are ranked
+// by each module's last build duration.
 func BenchmarkControllerDAG1000On50(b *testing.B) {
 	const unit = 400 * time.Millisecond
 	d := []cascade.DAG{cascade.RandomLayeredDAG(1000, 10, 1)}
+	b.Run("idle", func(b *testing.B) { benchSchedule(b, d, 50, unit, cascade.WindowIdle, false) })
+	b.Run("idle-learned", func(b *testing.B) { benchSchedule(b, d, 50, unit, cascade.WindowIdle, true) })
 	b.Run("window-0", func(b *testing.B) { benchSchedule(b, d, 50, unit, 0, false) })
 	b.Run("window-0-learned", func(b *testing.B) { benchSchedule(b, d, 50, unit, 0, true) })
 	b.Run("window-1-learned", func(b *testing.B) { benchSchedule(b, d, 50, unit, 1, true) })
 	b.Run("window-5-learned", func(b *testing.B) { benchSchedule(b, d, 50, unit, 5, true) })
-	b.Run("window-10-learned", func(b *testing.B) { benchSchedule(b, d, 50, unit, 10, true) })
 }
 
 // BenchmarkControllerThroughput10000: cascade.RandomLayeredDAG(10000, 10,
@@ -372,13 +380,16 @@ func BenchmarkControllerDAG1000On50(b *testing.B) {
 // iteration runs the plan three times (three commits) and reports the
 // median and the slowest.
 func BenchmarkControllerThroughput10000(b *testing.B) {
+	b.Run("default", func(b *testing.B) { benchThroughput(b, cascade.DefaultConfig().Window) })
+	b.Run("window-0", func(b *testing.B) { benchThroughput(b, 0) })
+}
+
+func benchThroughput(b *testing.B, window int) {
 	const agents, slots, plans = 20, 10, 3
 	d := cascade.RandomLayeredDAG(10000, 10, 1)
 	d.Dur = make([]float64, d.Len())
 	cfg := cascade.DefaultConfig()
-	if w, err := strconv.Atoi(os.Getenv("MESHBUILD_BENCH_WINDOW")); err == nil {
-		cfg.Window = w
-	}
+	cfg.Window = window
 	f := newBenchFarm(b, benchCatalogue(b, d), cfg, agents, slots)
 	f.firstStart = true
 	var rates []float64
@@ -402,10 +413,16 @@ func BenchmarkControllerThroughput10000(b *testing.B) {
 // dependents take 8, 1, 7, 2, … units: it must take them longest first,
 // each published only after the one before it started.
 func TestControllerWindowReleasesLongestFirst(t *testing.T) {
+	for _, w := range []int{1, cascade.WindowIdle} {
+		t.Run(fmt.Sprintf("window %d", w), func(t *testing.T) { testLongestFirst(t, w) })
+	}
+}
+
+func testLongestFirst(t *testing.T, window int) {
 	d := cascade.Fan(8)
 	copy(d.Dur[1:], []float64{8, 1, 7, 2, 6, 3, 5, 4})
 	cfg := cascade.DefaultConfig()
-	cfg.Window = 1
+	cfg.Window = window
 	f := newBenchFarm(t, benchCatalogue(t, d), cfg, 1, 1)
 	f.run(d, 10*time.Millisecond, time.Minute)
 	r := f.run(d, 10*time.Millisecond, time.Minute)
@@ -423,9 +440,9 @@ func TestControllerWindowReleasesLongestFirst(t *testing.T) {
 	if !slices.Equal(order, want) {
 		t.Errorf("started %v, want the longest first: %v", order, want)
 	}
-	// Held, not queued: each ask was published only once the one before
-	// it had started.
-	for k := 1; k < len(order); k++ {
+	// Held, not queued: with a window of 1 each ask was published only
+	// once the one before it had started.
+	for k := 1; window == 1 && k < len(order); k++ {
 		if q, prev := mods[order[k]].Queued, mods[order[k-1]].Started; q.Before(prev) {
 			t.Errorf("%s queued at %s, before %s started at %s", order[k], q, order[k-1], prev)
 		}

@@ -1,11 +1,13 @@
 package cascade
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -35,7 +37,10 @@ type Config struct {
 	// released asks beyond it are held and published best first, by
 	// remaining critical path, as holders start asks. Asks are ranked by
 	// each module's last build duration seen by this controller. 0
-	// publishes every released ask at once.
+	// publishes every released ask at once. WindowIdle holds released asks
+	// and publishes, best first, as many as holders are idle (pull
+	// requests waiting on the seat's consumer): the order of a window of 1
+	// with the throughput of none.
 	Window int
 	// KeepPlans is how many settled plans the store keeps; older ones are
 	// pruned so the bucket never fills. 0 is DefaultKeepPlans.
@@ -43,7 +48,9 @@ type Config struct {
 }
 
 // DefaultConfig returns a Config with defaults.
-func DefaultConfig() Config { return Config{Replicas: 1, Batch: 512, KeepPlans: DefaultKeepPlans} }
+func DefaultConfig() Config {
+	return Config{Replicas: 1, Batch: 512, KeepPlans: DefaultKeepPlans, Window: WindowIdle}
+}
 
 // ErrConfig is wrapped by every refusal of a Config.
 var ErrConfig = errors.New("invalid controller config")
@@ -80,6 +87,9 @@ type Controller struct {
 	cmds    chan command
 
 	lastPrune time.Time
+	// held is set when asks are held for idle holders (WindowIdle).
+	held         bool
+	seatConsumer jetstream.Consumer
 	// lastBuild is each module's last build duration, the estimate that
 	// ranks a new plan's asks.
 	lastBuild map[string]time.Duration
@@ -98,8 +108,8 @@ func New(cfg Config, js jetstream.JetStream, cat *mesh.Catalogue, log *slog.Logg
 	if cfg.Batch < 1 {
 		cfg.Batch = 512
 	}
-	if cfg.Window < 0 {
-		return nil, fmt.Errorf("%w: window %d is negative: 0 publishes every released ask at once", ErrConfig, cfg.Window)
+	if cfg.Window < WindowIdle {
+		return nil, fmt.Errorf("%w: window %d: want %d (as many as holders are idle), 0 (every released ask at once) or more", ErrConfig, cfg.Window, WindowIdle)
 	}
 	if cfg.Replicas < 1 {
 		cfg.Replicas = 1
@@ -197,9 +207,14 @@ func (c *Controller) Run(ctx context.Context) error {
 	defer tick.Stop()
 	for {
 		var batch []jetstream.Msg
+		var look <-chan time.Time
+		if c.held {
+			look = time.After(20 * time.Millisecond)
+		}
 		select {
 		case <-ctx.Done():
 			return nil
+		case <-look:
 		case m, ok := <-events:
 			if !ok {
 				return errors.New("the event consumer stopped")
@@ -286,7 +301,7 @@ func (c *Controller) resume(ctx context.Context) error {
 			c.log.Error("cannot load a stored plan; leaving it", "plan", r.ID, "err", err)
 			continue
 		}
-		st.Window = c.cfg.Window
+		st.Window = c.planWindow()
 		c.plans[r.ID] = st
 		c.enqueue(st, st.Pending())
 		c.enqueue(st, st.Start(time.Now().UTC()))
@@ -371,7 +386,7 @@ func (c *Controller) createPlan(ctx context.Context, t planner.Trigger, now time
 	}
 	st := NewState(p, now)
 	st.Seq = c.seq + 1
-	st.Window = c.cfg.Window
+	st.Window = c.planWindow()
 	if len(c.lastBuild) > 0 {
 		st.SetEstimates(c.lastBuild)
 	}
@@ -484,6 +499,9 @@ func (c *Controller) flush(ctx context.Context) error {
 			st.Window = c.cfg.Window
 			c.enqueue(st, st.Fill(time.Now().UTC()))
 		}
+	}
+	if c.cfg.Window == WindowIdle {
+		c.held = c.fillIdle(ctx)
 	}
 	delay := 100 * time.Millisecond
 	for {
@@ -602,4 +620,72 @@ func (c *Controller) observe() {
 		blocked += st.Counts().Blocked
 	}
 	c.obs.Plans(by, blocked)
+}
+
+// WindowIdle is the Config.Window that publishes as many held asks as
+// holders are idle.
+const WindowIdle = -1
+
+// planWindow is the window a plan's state gets: with WindowIdle, 1 between
+// flushes (a released ask goes out at once when the plan has none queued),
+// widened at each flush to what idle holders can take.
+func (c *Controller) planWindow() int {
+	if c.cfg.Window == WindowIdle {
+		return 1
+	}
+	return c.cfg.Window
+}
+
+// fillIdle publishes, best first and oldest plan first, as many held asks
+// as holders are waiting for work, read from the seat consumer's state. It
+// reports whether asks are still held, so that the caller looks again soon:
+// a holder that just announced built may not have asked for its next yet.
+func (c *Controller) fillIdle(ctx context.Context) bool {
+	var held []*State
+	for _, st := range c.plans {
+		if st.Counts().Ready > 0 {
+			held = append(held, st)
+		}
+	}
+	if len(held) == 0 {
+		return false
+	}
+	idle, err := c.idleHolders(ctx)
+	if err != nil {
+		c.log.Warn("reading the seat's consumer; publishing one held ask per plan", "err", err)
+		idle = len(held)
+	}
+	slices.SortFunc(held, func(a, b *State) int { return cmp.Compare(a.Seq, b.Seq) })
+	now := time.Now().UTC()
+	still := false
+	for _, st := range held {
+		if idle > 0 {
+			st.Window = st.Counts().Queued + idle
+			subs := st.Fill(now)
+			idle -= len(subs)
+			c.enqueue(st, subs)
+			st.Window = c.planWindow()
+		}
+		still = still || st.Counts().Ready > 0
+	}
+	return still
+}
+
+// idleHolders is how many holders of the build seat wait for an ask now,
+// less the asks already queued for them.
+func (c *Controller) idleHolders(ctx context.Context) (int, error) {
+	if c.seatConsumer == nil {
+		cons, err := c.js.Consumer(ctx, mesh.SeatStream(mesh.BuildSeat), mesh.SeatConsumer(mesh.BuildSeat))
+		if err != nil {
+			return 0, err
+		}
+		c.seatConsumer = cons
+	}
+	ictx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	info, err := c.seatConsumer.Info(ictx)
+	if err != nil {
+		return 0, err
+	}
+	return max(0, info.NumWaiting-int(info.NumPending)), nil
 }

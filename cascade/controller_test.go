@@ -387,8 +387,10 @@ func TestCancelStopsQueuedAndRunningBuilds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(r.Asks) != 7 {
-		t.Errorf("cancel named %d asks in flight, want 7", len(r.Asks))
+	// In flight: the one building, plus any published and not yet taken
+	// (the controller holds the rest for idle holders).
+	if len(r.Asks) < 1 || len(r.Asks) > 7 {
+		t.Errorf("cancel named %d asks in flight, want 1 to 7", len(r.Asks))
 	}
 	rec, _ := h.settle(plan, 10*time.Second)
 	if rec.Outcome != cascade.OutcomeCancelled || rec.Counts.Cancelled != 7 {

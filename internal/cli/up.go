@@ -10,6 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/meshbuild/meshbuild/cascade"
 	"github.com/meshbuild/meshbuild/internal/farm"
 )
 
@@ -58,7 +59,7 @@ prints it tier by tier; it exits 0 when every module was built, 1 otherwise
 	f.StringVar(&fl.listenRegistry, "listen-registry", farm.DefaultListenRegistry, "address the registry listens on (port 0: any free port)")
 	f.StringVar(&fl.buildkit, "buildkit", "", "address of a running buildkitd to use instead of starting bin/buildkitd")
 	f.StringVar(&fl.metrics, "metrics", "", "serve /metrics: the controller on this address, agent i on the port i above it (e.g. 127.0.0.1:9464)")
-	f.IntVar(&fl.window, "window", 0, farm.WindowUsage)
+	f.IntVar(&fl.window, "window", cascade.WindowIdle, farm.WindowUsage)
 	f.StringVar(&fl.demo, "demo", "", "build the example fleet in DIR (its src/ and catalogue/), then exit with the plan's outcome")
 	return c
 }

@@ -39,5 +39,5 @@ func SplitList(s string) []string {
 }
 
 // WindowUsage explains the controller's --window.
-const WindowUsage = "asks a plan keeps queued at once (0: every released ask at once, the most throughput; " +
-	"1: the longest remaining path goes first, best makespan when builds take seconds or more)"
+const WindowUsage = "how released asks are published: -1 (default) as many as holders are idle, longest remaining path first; " +
+	"0 every ask the moment it is released (the most throughput); N at most N queued per plan"

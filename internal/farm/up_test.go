@@ -167,6 +167,11 @@ func TestUpRefusesBadOptions(t *testing.T) {
 		{"negative agents", UpOptions{Catalogue: catalogue, Agents: -1}, "agents -1"},
 		{"bad nats address", UpOptions{Catalogue: catalogue, ListenNATS: "4222"}, "--listen-nats"},
 		{"metrics on port 0", UpOptions{Catalogue: catalogue, MetricsBase: "127.0.0.1:0"}, "--metrics"},
+		{"negative max parallelism", UpOptions{Catalogue: catalogue, MaxParallelism: -1}, "max parallelism -1"},
+		{"a given buildkitd per agent", UpOptions{Catalogue: catalogue, BuildKit: "unix:///run/bk.sock", BuildkitdPerAgent: true},
+			"--buildkit unix:///run/bk.sock names the one buildkitd to use"},
+		{"max parallelism of a given buildkitd", UpOptions{Catalogue: catalogue, BuildKit: "unix:///run/bk.sock", MaxParallelism: 1},
+			"set max-parallelism in its buildkitd.toml"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Up(context.Background(), tc.o)
@@ -230,6 +235,9 @@ func TestUpDemo(t *testing.T) {
 	machines := f.Machines()
 	if len(machines) != 2 || machines[0] == machines[1] || !strings.HasSuffix(machines[0], "-a1") {
 		t.Fatalf("Machines = %v, want two distinct <host>-aN", machines)
+	}
+	if bks := f.BuildKitAddrs(); len(bks) != 2 || bks[0] != bks[1] || bks[0] != f.BuildKitAddr() {
+		t.Errorf("BuildKitAddrs = %v, want the one buildkitd %s for both agents", bks, f.BuildKitAddr())
 	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -331,6 +339,87 @@ func TestUpDemo(t *testing.T) {
 	}
 	if _, err := os.Stat(state); err != nil {
 		t.Errorf("the given state directory is gone: %v", err)
+	}
+}
+
+// BuildkitdPerAgent: each agent builds with a buildkitd of its own, with
+// its own state and socket and the max-parallelism asked for, each trusting
+// the registry; a plan builds across them; one that exits fails the farm;
+// Stop stops them all.
+func TestUpBuildkitdPerAgent(t *testing.T) {
+	testenv.RequireBuildkit(t)
+	catalogue, src := smallFleet(t, "base", "runtime", "tool-01", "tool-02")
+	state := t.TempDir()
+	logs := &syncWriter{w: &bytes.Buffer{}}
+	var banner bytes.Buffer
+	f, err := Up(context.Background(), UpOptions{
+		Catalogue: catalogue, Agents: 2, StateDir: state,
+		ListenNATS: "127.0.0.1:0", ListenRegistry: "127.0.0.1:0",
+		BuildkitdBin:      buildkitdBin(t),
+		BuildkitdPerAgent: true, MaxParallelism: 1,
+		InsteadOf: DemoInsteadOf(state),
+		Log:       slog.New(slog.NewTextHandler(logs, nil)),
+		Out:       &banner,
+	})
+	if err != nil {
+		t.Fatalf("Up: %v", err)
+	}
+	defer func() {
+		f.Stop()
+		if t.Failed() {
+			t.Logf("farm log:\n%s", logs.String())
+		}
+	}()
+
+	machines, addrs := f.Machines(), f.BuildKitAddrs()
+	if len(addrs) != 2 || addrs[0] == addrs[1] || f.BuildKitAddr() != addrs[0] {
+		t.Fatalf("BuildKitAddrs = %v, BuildKitAddr = %s; want two daemons, the first agent's first", addrs, f.BuildKitAddr())
+	}
+	for i, m := range machines {
+		if want := addrs[i] + " (started here for " + m + ", max-parallelism 1)"; !strings.Contains(banner.String(), want) {
+			t.Errorf("the banner lacks %q:\n%s", want, banner.String())
+		}
+		conf, err := os.ReadFile(filepath.Join(state, "buildkitd-"+m, "buildkitd.toml"))
+		if err != nil {
+			t.Fatalf("the buildkitd of %s: %v", m, err)
+		}
+		for _, want := range []string{"max-parallelism = 1", `[registry."` + f.RegistryAddr() + `"]`, strings.TrimPrefix(addrs[i], "unix://")} {
+			if !strings.Contains(string(conf), want) {
+				t.Errorf("the buildkitd.toml of %s lacks %s:\n%s", m, want, conf)
+			}
+		}
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	var out bytes.Buffer
+	if err := Demo(ctx, f, src, &out); err != nil {
+		t.Fatalf("Demo: %v\n%s", err, out.String())
+	}
+
+	// A daemon that exits fails the farm, naming whose it was.
+	if err := f.bks[1].Stop(); err != nil {
+		t.Fatalf("stopping the second buildkitd: %v", err)
+	}
+	werr := make(chan error, 1)
+	go func() { werr <- f.Wait() }()
+	select {
+	case err := <-werr:
+		if err == nil || !strings.Contains(err.Error(), "the buildkitd of "+machines[1]+" exited") {
+			t.Errorf("Wait = %v, want the buildkitd of %s exited", err, machines[1])
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Wait did not return when a buildkitd exited")
+	}
+
+	if err := f.Stop(); err != nil {
+		t.Errorf("Stop: %v", err)
+	}
+	for _, a := range addrs {
+		sock := strings.TrimPrefix(a, "unix://")
+		if _, err := os.Stat(sock); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s is still there after Stop: %v", sock, err)
+		}
 	}
 }
 
