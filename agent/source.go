@@ -41,6 +41,9 @@ type Sources struct {
 
 	mu    sync.Mutex
 	repos map[string]*sync.Mutex
+	// origin is the URL each clone's origin was last set to (under the
+	// clone's lock), so that it is set only when it changes.
+	origin map[string]string
 }
 
 var (
@@ -87,18 +90,19 @@ func (s *Sources) CheckoutCommit(ctx context.Context, src mesh.Source) (dir, com
 	if sub != "" {
 		treeish = commit + ":" + sub
 	}
-	if typ, err := git(ctx, cache, nil, "cat-file", "-t", treeish); err != nil || typ != "tree" {
-		if cerr := ctx.Err(); cerr != nil {
-			return "", "", cerr
-		}
-		return "", "", classified(ErrSource, fmt.Sprintf("path %q is not a directory in %s at %s", src.Path, src.Repo, short(commit)), err)
-	}
 	dfPath := path.Join(sub, dockerfile)
-	if typ, err := git(ctx, cache, nil, "cat-file", "-t", commit+":"+dfPath); err != nil || typ != "blob" {
+	types, err := objectTypes(ctx, cache, treeish, commit+":"+dfPath)
+	if err != nil {
 		if cerr := ctx.Err(); cerr != nil {
 			return "", "", cerr
 		}
-		return "", "", classified(ErrSource, fmt.Sprintf("Dockerfile %q not found in %s at %s", dfPath, src.Repo, short(commit)), err)
+		return "", "", classified(ErrInfra, "reading the clone of "+src.Repo, err)
+	}
+	if types[0] != "tree" {
+		return "", "", classified(ErrSource, fmt.Sprintf("path %q is not a directory in %s at %s", src.Path, src.Repo, short(commit)), nil)
+	}
+	if types[1] != "blob" {
+		return "", "", classified(ErrSource, fmt.Sprintf("Dockerfile %q not found in %s at %s", dfPath, src.Repo, short(commit)), nil)
 	}
 
 	workRoot := filepath.Join(root, "work")
@@ -237,8 +241,11 @@ func (s *Sources) fetch(ctx context.Context, cache, url string, src mesh.Source)
 			return "", err
 		}
 	}
-	if _, err := git(ctx, cache, nil, "config", "remote.origin.url", url); err != nil {
-		return "", classified(ErrInfra, "configuring the clone of "+src.Repo, err)
+	if s.originOf(cache) != url {
+		if _, err := git(ctx, cache, nil, "config", "remote.origin.url", url); err != nil {
+			return "", classified(ErrInfra, "configuring the clone of "+src.Repo, err)
+		}
+		s.setOrigin(cache, url)
 	}
 
 	full := fullHashRE.MatchString(src.Commit)
@@ -393,4 +400,45 @@ func short(commit string) string {
 		return commit[:12]
 	}
 	return commit
+}
+
+// objectTypes asks the clone for the type of each object name in one git
+// process: "tree", "blob", "commit", or "missing".
+func objectTypes(ctx context.Context, cache string, names ...string) ([]string, error) {
+	cmd := exec.CommandContext(ctx, "git", "--git-dir="+cache, "cat-file", "--batch-check=%(objecttype)")
+	cmd.Env = append(os.Environ(), "GIT_TERMINAL_PROMPT=0", "LC_ALL=C")
+	cmd.Stdin = strings.NewReader(strings.Join(names, "\n") + "\n")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, &gitError{args: []string{"cat-file", "--batch-check"}, err: err, stderr: stderr.String()}
+	}
+	lines := strings.Split(strings.TrimRight(string(out), "\n"), "\n")
+	if len(lines) != len(names) {
+		return nil, fmt.Errorf("git cat-file answered %d lines for %d names", len(lines), len(names))
+	}
+	types := make([]string, len(lines))
+	for i, l := range lines {
+		types[i] = "missing"
+		if f := strings.Fields(l); len(f) == 1 && f[0] != "missing" {
+			types[i] = f[0]
+		}
+	}
+	return types, nil
+}
+
+func (s *Sources) originOf(cache string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.origin[cache]
+}
+
+func (s *Sources) setOrigin(cache, url string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.origin == nil {
+		s.origin = map[string]string{}
+	}
+	s.origin[cache] = url
 }
