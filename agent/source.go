@@ -1,12 +1,14 @@
 package agent
 
 import (
+	"archive/tar"
 	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path"
@@ -118,20 +120,15 @@ func (s *Sources) CheckoutCommit(ctx context.Context, src mesh.Source) (dir, com
 		os.RemoveAll(work)
 		return "", "", classified(ErrInfra, "workspace", err)
 	}
-	// A private index per checkout: the clone's own is never touched.
-	env := []string{"GIT_INDEX_FILE=" + filepath.Join(work, "index")}
-	_, err = git(ctx, cache, env, "read-tree", treeish)
-	if err == nil {
-		_, err = git(ctx, cache, env, "--work-tree="+tree, "checkout-index", "--all", "--force")
-	}
-	if err != nil {
+	// The tree is written from `git archive` in one git process; the
+	// clone's index and work tree (it has none) are never touched.
+	if err := extractTree(ctx, cache, treeish, tree); err != nil {
 		os.RemoveAll(work)
 		if cerr := ctx.Err(); cerr != nil {
 			return "", "", cerr
 		}
 		return "", "", classified(ErrInfra, "checking out "+short(commit), err)
 	}
-	os.Remove(filepath.Join(work, "index"))
 	return tree, commit, nil
 }
 
@@ -441,4 +438,77 @@ func (s *Sources) setOrigin(cache, url string) {
 		s.origin = map[string]string{}
 	}
 	s.origin[cache] = url
+}
+
+// extractTree writes the tree treeish of the clone into dir (which exists),
+// from `git archive`: regular files with their executable bit, directories
+// and symbolic links, as git stores them.
+func extractTree(ctx context.Context, cache, treeish, dir string) error {
+	cmd := exec.CommandContext(ctx, "git", "--git-dir="+cache, "archive", "--format=tar", treeish)
+	cmd.Env = append(os.Environ(), "GIT_TERMINAL_PROMPT=0", "LC_ALL=C")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return err
+	}
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	rerr := untar(out, dir)
+	_, _ = io.Copy(io.Discard, out)
+	if err := cmd.Wait(); err != nil {
+		return &gitError{args: []string{"archive", treeish}, err: err, stderr: stderr.String()}
+	}
+	return rerr
+}
+
+func untar(r io.Reader, dir string) error {
+	tr := tar.NewReader(r)
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		name := path.Clean(h.Name)
+		if name == "." || path.IsAbs(name) || name == ".." || strings.HasPrefix(name, "../") {
+			continue
+		}
+		target := filepath.Join(dir, filepath.FromSlash(name))
+		switch h.Typeflag {
+		case tar.TypeDir:
+			if err := os.MkdirAll(target, 0o755); err != nil {
+				return err
+			}
+		case tar.TypeSymlink:
+			if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
+				return err
+			}
+			if err := os.Symlink(h.Linkname, target); err != nil {
+				return err
+			}
+		case tar.TypeReg:
+			if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
+				return err
+			}
+			mode := os.FileMode(0o644)
+			if h.Mode&0o111 != 0 {
+				mode = 0o755
+			}
+			f, err := os.OpenFile(target, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, mode)
+			if err != nil {
+				return err
+			}
+			_, err = io.Copy(f, tr)
+			if cerr := f.Close(); err == nil {
+				err = cerr
+			}
+			if err != nil {
+				return err
+			}
+		}
+	}
 }

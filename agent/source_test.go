@@ -287,3 +287,29 @@ func TestCheckoutCommitResolvesARef(t *testing.T) {
 		t.Fatalf("checked out %q %v", data, err)
 	}
 }
+
+func TestCheckoutKeepsModesAndLinks(t *testing.T) {
+	repo, _ := testenv.GitRepo(t, map[string]string{"app/Dockerfile": "FROM scratch\n", "app/run.sh": "#!/bin/sh\necho hi\n", "app/sub/deep.txt": "deep\n"})
+	if err := os.Chmod(filepath.Join(repo, "app/run.sh"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("sub/deep.txt", filepath.Join(repo, "app/link")); err != nil {
+		t.Fatal(err)
+	}
+	head := testenv.Commit(t, repo, nil)
+	s := &Sources{Dir: t.TempDir()}
+	dir, err := s.Checkout(context.Background(), mesh.Source{Repo: repo, Commit: head, Path: "app"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Release(dir)
+	if fi, err := os.Stat(filepath.Join(dir, "run.sh")); err != nil || fi.Mode().Perm()&0o100 == 0 {
+		t.Errorf("run.sh lost its executable bit: %v %v", fi, err)
+	}
+	if target, err := os.Readlink(filepath.Join(dir, "link")); err != nil || target != "sub/deep.txt" {
+		t.Errorf("link: %q %v", target, err)
+	}
+	if got := readFile(t, filepath.Join(dir, "sub/deep.txt")); got != "deep\n" {
+		t.Errorf("deep.txt = %q", got)
+	}
+}
