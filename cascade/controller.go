@@ -282,6 +282,15 @@ func (c *Controller) resume(ctx context.Context) error {
 	if c.current, err = c.store.Currents(ctx); err != nil {
 		return err
 	}
+	est, err := c.store.Estimates(ctx)
+	if err != nil {
+		return err
+	}
+	for m, d := range est {
+		if _, ok := c.lastBuild[m]; !ok {
+			c.lastBuild[m] = d
+		}
+	}
 	for _, r := range recs {
 		c.seq = max(c.seq, r.Seq)
 		if r.Outcome != OutcomeRunning {
@@ -355,6 +364,7 @@ func (c *Controller) event(ctx context.Context, m jetstream.Msg) {
 		c.touch(st, ev.Module)
 		if ev.Duration > 0 {
 			c.lastBuild[ev.Module] = ev.Duration
+			c.dirty[EstimateKey(ev.Module)] = ev.Duration
 		}
 		if cur, ok := st.Current(ev.Module); ok && cur.Digest == ev.Digest && Newer(cur, c.current[ev.Module]) {
 			c.current[ev.Module] = cur

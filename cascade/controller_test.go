@@ -435,6 +435,16 @@ func TestAControllerRestartedMidPlanResumes(t *testing.T) {
 	if got := baseDigests(h.w.asksOf("c")[0])["b"]; got != mods["b"].Digest {
 		t.Errorf("c built on b=%s, want %s", got, mods["b"].Digest)
 	}
+	// Each module's build time is kept, for ranking asks after a restart.
+	est, err := h.store().Estimates(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for m := range graph {
+		if est[m] < 300*time.Millisecond {
+			t.Errorf("estimate of %s = %s, want its build time (~400ms)", m, est[m])
+		}
+	}
 }
 
 func TestBadRequestsGetClearErrors(t *testing.T) {

@@ -23,6 +23,7 @@ import (
 //	plan.<plan>            PlanRecord: trigger, sequence, outcome, counts
 //	mod.<plan>.<module>    ModuleStatus
 //	current.<module>       Current: the module's current image (newer plan wins)
+//	estimate.<module>      the module's last build duration (asks are ranked by it)
 //
 // The plan's modules are not stored: a plan is a pure function of the
 // catalogue and its trigger, and is planned again on resume.
@@ -30,10 +31,29 @@ const (
 	// StateBucket is the controller module's bucket plans live in.
 	StateBucket = "plans"
 
-	keyPlan    = "plan."
-	keyModule  = "mod."
-	keyCurrent = "current."
+	keyPlan     = "plan."
+	keyModule   = "mod."
+	keyCurrent  = "current."
+	keyEstimate = "estimate."
 )
+
+// EstimateKey is the key of a module's last build duration: what asks are
+// ranked by, kept so that a restarted controller still knows it.
+func EstimateKey(module string) string { return keyEstimate + module }
+
+// Estimates returns every module's last build duration.
+func (s *Store) Estimates(ctx context.Context) (map[string]time.Duration, error) {
+	out := map[string]time.Duration{}
+	err := s.each(ctx, keyEstimate+"*", func(key string, data []byte) error {
+		var d time.Duration
+		if err := json.Unmarshal(data, &d); err != nil {
+			return fmt.Errorf("decoding %s: %w", key, err)
+		}
+		out[strings.TrimPrefix(key, keyEstimate)] = d
+		return nil
+	})
+	return out, err
+}
 
 // PlanKey, ModuleKey and CurrentKey derive a plan's, a module's and a
 // current image's keys.
