@@ -282,7 +282,8 @@ const overheadDockerfile = "FROM runtime\nCOPY nonce.txt /nonce.txt\nRUN cat /no
 // the same frontend, base context and push, until it exits. Warm: nothing
 // changed, COPY and RUN cached. Cold: a new nonce (a new commit for the
 // agent, a new file for buildctl) makes COPY and RUN miss the cache; both
-// are checked in the build output. 15 pairs of each kind, the two paths in
+// are checked in the build output. Pruned: the same commit and files, the
+// daemon's build cache emptied (buildctl prune --all) before every build. 15 pairs of each kind, the two paths in
 // turn, which goes first alternating; the ratio is the median of the
 // pairs' ratios (cold builds slow down as the daemon's store grows: pairs
 // cancel the drift), the times are medians.
@@ -371,18 +372,24 @@ func BenchmarkAgentOverhead(b *testing.B) {
 		return d
 	}
 	// measure alternates the two, the agent first on even runs.
-	measure := func(warm bool, prepare func(i int) string) (ratio float64, agentMed, directMed, buildMed time.Duration) {
+	// before, when set, runs (unmeasured) before every build.
+	measure := func(warm bool, prepare func(i int) string, before func()) (ratio float64, agentMed, directMed, buildMed time.Duration) {
 		var ag, di []time.Duration
 		var ratios []float64
 		inBuild = nil
+		if before == nil {
+			before = func() {}
+		}
+		agent := func(c string) { before(); ag = append(ag, viaAgent(c, warm)) }
+		direct := func() { before(); di = append(di, viaBuildctl(warm)) }
 		for i := range runs {
 			c := prepare(i)
 			if i%2 == 0 {
-				ag = append(ag, viaAgent(c, warm))
-				di = append(di, viaBuildctl(warm))
+				agent(c)
+				direct()
 			} else {
-				di = append(di, viaBuildctl(warm))
-				ag = append(ag, viaAgent(c, warm))
+				direct()
+				agent(c)
 			}
 		}
 		for i := range ag {
@@ -398,11 +405,18 @@ func BenchmarkAgentOverhead(b *testing.B) {
 	viaAgent(commit, false)
 	viaBuildctl(true)
 
-	var warmR, coldR float64
-	var warmA, warmD, warmB, coldA, coldD, coldB time.Duration
+	// prune empties the daemon's build cache: the next build pulls the
+	// base and runs every step again.
+	prune := func() {
+		if out, err := exec.Command(buildctl, "--addr", addr, "prune", "--all").CombinedOutput(); err != nil {
+			b.Fatalf("buildctl prune: %v\n%s", err, out)
+		}
+	}
+	var warmR, coldR, prunedR float64
+	var warmA, warmD, warmB, coldA, coldD, coldB, prunedA, prunedD, prunedB time.Duration
 	cold := 0
 	for b.Loop() {
-		warmR, warmA, warmD, warmB = measure(true, func(int) string { return commit })
+		warmR, warmA, warmD, warmB = measure(true, func(int) string { return commit }, nil)
 		coldR, coldA, coldD, coldB = measure(false, func(int) string {
 			cold++
 			nonce := fmt.Sprintf("cold %d %d\n", cold, time.Now().UnixNano())
@@ -410,8 +424,20 @@ func BenchmarkAgentOverhead(b *testing.B) {
 				b.Fatal(err)
 			}
 			return testenv.Commit(b, gitDir, map[string]string{"app/nonce.txt": "agent " + nonce})
-		})
+		}, nil)
+		// The same commit and files each time, the build cache emptied
+		// before every build: a cold cache, no new source.
+		last := testenv.Commit(b, gitDir, map[string]string{"app/nonce.txt": "pruned\n"})
+		if err := os.WriteFile(filepath.Join(direct, "nonce.txt"), []byte("pruned\n"), 0o644); err != nil {
+			b.Fatal(err)
+		}
+		viaAgent(last, false) // the clone fetches it once, unmeasured
+		prunedR, prunedA, prunedD, prunedB = measure(false, func(int) string { return last }, prune)
 	}
+	b.ReportMetric(prunedR, "pruned-agent/direct")
+	b.ReportMetric(ms(prunedA), "pruned-agent-ms")
+	b.ReportMetric(ms(prunedD), "pruned-direct-ms")
+	b.ReportMetric(ms(prunedB), "pruned-agent-in-buildkit-ms")
 	b.ReportMetric(warmR, "warm-agent/direct")
 	b.ReportMetric(coldR, "cold-agent/direct")
 	b.ReportMetric(ms(warmA), "warm-agent-ms")
