@@ -416,12 +416,12 @@ func simulateBarrier(d DAG, machines int, order Order, rank []float64, tier []in
 		// List scheduling from now: each node to the machine free first.
 		free := make(machineHeap, machines)
 		for k := range free {
-			free[k] = now
+			free[k] = freeAt(now)
 		}
 		end := now
 		for _, i := range nodes {
-			start := free[0]
-			free[0] = start + d.Dur[i]
+			start := float64(free[0])
+			free[0] = freeAt(start + d.Dur[i])
 			heap.Fix(&free, 0)
 			end = max(end, start+d.Dur[i])
 		}
@@ -489,23 +489,28 @@ type event struct {
 	node int
 }
 
-// events is a min-heap of completions by time, then node.
-type events []event
+// heapOf is a container/heap of T, ordered by T's before.
+type heapOf[T interface{ before(T) bool }] []T
 
-func (h events) Len() int { return len(h) }
-func (h events) Less(a, b int) bool {
-	if h[a].at != h[b].at {
-		return h[a].at < h[b].at
-	}
-	return h[a].node < h[b].node
-}
-func (h events) Swap(a, b int) { h[a], h[b] = h[b], h[a] }
-func (h *events) Push(x any)   { *h = append(*h, x.(event)) }
-func (h *events) Pop() any {
+func (h heapOf[T]) Len() int           { return len(h) }
+func (h heapOf[T]) Less(a, b int) bool { return h[a].before(h[b]) }
+func (h heapOf[T]) Swap(a, b int)      { h[a], h[b] = h[b], h[a] }
+func (h *heapOf[T]) Push(x any)        { *h = append(*h, x.(T)) }
+func (h *heapOf[T]) Pop() any {
 	old := *h
 	e := old[len(old)-1]
 	*h = old[:len(old)-1]
 	return e
+}
+
+// events is a min-heap of completions by time, then node.
+type events = heapOf[event]
+
+func (e event) before(o event) bool {
+	if e.at != o.at {
+		return e.at < o.at
+	}
+	return e.node < o.node
 }
 
 type prioItem struct {
@@ -516,40 +521,24 @@ type prioItem struct {
 
 // prioHeap pops the highest rank, then the lowest tier, then the lowest
 // node.
-type prioHeap []prioItem
+type prioHeap = heapOf[prioItem]
 
-func (h prioHeap) Len() int { return len(h) }
-func (h prioHeap) Less(a, b int) bool {
-	if h[a].rank != h[b].rank {
-		return h[a].rank > h[b].rank
+func (p prioItem) before(o prioItem) bool {
+	if p.rank != o.rank {
+		return p.rank > o.rank
 	}
-	if h[a].tier != h[b].tier {
-		return h[a].tier < h[b].tier
+	if p.tier != o.tier {
+		return p.tier < o.tier
 	}
-	return h[a].node < h[b].node
-}
-func (h prioHeap) Swap(a, b int) { h[a], h[b] = h[b], h[a] }
-func (h *prioHeap) Push(x any)   { *h = append(*h, x.(prioItem)) }
-func (h *prioHeap) Pop() any {
-	old := *h
-	e := old[len(old)-1]
-	*h = old[:len(old)-1]
-	return e
+	return p.node < o.node
 }
 
-// machineHeap is a min-heap of the times machines are free.
-type machineHeap []float64
+// freeAt is the time a machine is free; machineHeap pops the earliest.
+type freeAt float64
 
-func (h machineHeap) Len() int           { return len(h) }
-func (h machineHeap) Less(a, b int) bool { return h[a] < h[b] }
-func (h machineHeap) Swap(a, b int)      { h[a], h[b] = h[b], h[a] }
-func (h *machineHeap) Push(x any)        { *h = append(*h, x.(float64)) }
-func (h *machineHeap) Pop() any {
-	old := *h
-	e := old[len(old)-1]
-	*h = old[:len(old)-1]
-	return e
-}
+type machineHeap = heapOf[freeAt]
+
+func (f freeAt) before(o freeAt) bool { return f < o }
 
 // SimulateState runs a plan through State itself on machines pulling FIFO
 // from one queue, asks entering the queue in the order State returns them
