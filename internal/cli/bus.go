@@ -8,6 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
 	"github.com/meshbuild/meshbuild/cascade"
@@ -57,4 +58,17 @@ func (b *bus) plan(ctx context.Context, id string) (cascade.PlanRecord, map[stri
 func isTTY(w any) bool {
 	f, ok := w.(*os.File)
 	return ok && term.IsTerminal(int(f.Fd()))
+}
+
+// withBus makes a command's RunE from one that works on the farm's bus:
+// connected before it runs, closed after.
+func (g *globals) withBus(fn func(ctx context.Context, b *bus, args []string) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		b, err := g.connect(cmd.Context())
+		if err != nil {
+			return err
+		}
+		defer b.close()
+		return fn(cmd.Context(), b, args)
+	}
 }

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -24,13 +25,8 @@ func plansCmd(g *globals) *cobra.Command {
 		Use:   "plans",
 		Short: "Recent plans: id, trigger, state, counts, age",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			b, err := g.connect(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer b.close()
-			recs, err := b.store.Plans(cmd.Context())
+		RunE: g.withBus(func(ctx context.Context, b *bus, _ []string) error {
+			recs, err := b.store.Plans(ctx)
 			if err != nil {
 				return err
 			}
@@ -52,7 +48,7 @@ func plansCmd(g *globals) *cobra.Command {
 					c.Built, c.Failed, c.Blocked, c.Waiting+c.Ready+c.Queued+c.Building, c.Total, age(r.Created), r.Summary)
 			}
 			return tw.Flush()
-		},
+		}),
 	}
 	c.Flags().IntVar(&limit, "limit", 20, "at most this many plans, newest first (0: all)")
 	return c
@@ -63,18 +59,13 @@ func showCmd(g *globals) *cobra.Command {
 		Use:   "show PLAN",
 		Short: "A plan tier by tier: module, state, machine, duration, digest, reason",
 		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			b, err := g.connect(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer b.close()
-			rec, mods, err := b.plan(cmd.Context(), args[0])
+		RunE: g.withBus(func(ctx context.Context, b *bus, args []string) error {
+			rec, mods, err := b.plan(ctx, args[0])
 			if err != nil {
 				return err
 			}
 			return showPlan(g, rec, mods)
-		},
+		}),
 	}
 }
 

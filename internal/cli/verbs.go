@@ -33,14 +33,9 @@ func watchCmd(g *globals) *cobra.Command {
 		Use:   "watch PLAN",
 		Short: "Follow a plan until it settles; exit 0 when every module is built, 1 otherwise",
 		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			b, err := g.connect(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer b.close()
-			return watchAndShow(cmd.Context(), g, b, args[0])
-		},
+		RunE: g.withBus(func(ctx context.Context, b *bus, args []string) error {
+			return watchAndShow(ctx, g, b, args[0])
+		}),
 	}
 }
 
@@ -117,13 +112,7 @@ func logsCmd(g *globals) *cobra.Command {
 		Use:   "logs PLAN MODULE",
 		Short: "A module's build output in a plan (log.<ask>), following while it builds",
 		Args:  cobra.ExactArgs(2),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx := cmd.Context()
-			b, err := g.connect(ctx)
-			if err != nil {
-				return err
-			}
-			defer b.close()
+		RunE: g.withBus(func(ctx context.Context, b *bus, args []string) error {
 			_, mods, err := b.plan(ctx, args[0])
 			if err != nil {
 				return err
@@ -136,7 +125,7 @@ func logsCmd(g *globals) *cobra.Command {
 				return fmt.Errorf("%s has not been asked for yet in plan %s (it is %s)", args[1], args[0], m.State)
 			}
 			return printLogs(ctx, b.js, m, follow, g)
-		},
+		}),
 	}
 	c.Flags().BoolVarP(&follow, "follow", "f", true, "keep following until the build's output ends")
 	return c
@@ -200,13 +189,7 @@ func machinesCmd(g *globals) *cobra.Command {
 		Use:   "machines",
 		Short: "Each machine seen: slots, in flight, built, failed, last seen",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx := cmd.Context()
-			b, err := g.connect(ctx)
-			if err != nil {
-				return err
-			}
-			defer b.close()
+		RunE: g.withBus(func(ctx context.Context, b *bus, _ []string) error {
 			live, err := agent.AskStatus(ctx, b.nc, wait)
 			if err != nil {
 				return err
@@ -270,7 +253,7 @@ func machinesCmd(g *globals) *cobra.Command {
 				fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%s ago\n", m.Machine, online, m.Slots, m.InFlight, m.Built, m.Failed, age(m.LastSeen))
 			}
 			return tw.Flush()
-		},
+		}),
 	}
 	c.Flags().DurationVar(&wait, "wait", time.Second, "how long to wait for machines to answer")
 	return c
@@ -360,13 +343,7 @@ func rebuildCmd(g *globals) *cobra.Command {
 		Use:   "rebuild MODULE...",
 		Short: "Rebuild modules and everything built on them",
 		Args:  cobra.MinimumNArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx := cmd.Context()
-			b, err := g.connect(ctx)
-			if err != nil {
-				return err
-			}
-			defer b.close()
+		RunE: g.withBus(func(ctx context.Context, b *bus, args []string) error {
 			if id == "" {
 				id = newID()
 			}
@@ -385,7 +362,7 @@ func rebuildCmd(g *globals) *cobra.Command {
 			}
 			fmt.Fprintf(g.out, "plan %s: %d modules (follow it: builds watch %s)\n", r.Plan, r.Record.Counts.Total, r.Plan)
 			return nil
-		},
+		}),
 	}
 	c.Flags().StringVar(&id, "id", "", "request id: the same id twice is one plan (default: a new one)")
 	c.Flags().BoolVar(&watch, "watch", false, "watch the plan until it settles")
@@ -397,9 +374,9 @@ func retryCmd(g *globals) *cobra.Command {
 		Use:   "retry PLAN MODULE",
 		Short: "Re-submit a failed module; on success what it blocked is released",
 		Args:  cobra.ExactArgs(2),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			return tool(cmd.Context(), g, cascade.ToolRetry, cascade.Request{Plan: args[0], Module: args[1]})
-		},
+		RunE: g.withBus(func(ctx context.Context, b *bus, args []string) error {
+			return tool(ctx, g, b, cascade.ToolRetry, cascade.Request{Plan: args[0], Module: args[1]})
+		}),
 	}
 }
 
@@ -408,18 +385,13 @@ func cancelCmd(g *globals) *cobra.Command {
 		Use:   "cancel PLAN",
 		Short: "Stop a plan: queued asks are dropped, builds in flight are cancelled",
 		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			return tool(cmd.Context(), g, cascade.ToolCancel, cascade.Request{Plan: args[0]})
-		},
+		RunE: g.withBus(func(ctx context.Context, b *bus, args []string) error {
+			return tool(ctx, g, b, cascade.ToolCancel, cascade.Request{Plan: args[0]})
+		}),
 	}
 }
 
-func tool(ctx context.Context, g *globals, name string, req cascade.Request) error {
-	b, err := g.connect(ctx)
-	if err != nil {
-		return err
-	}
-	defer b.close()
+func tool(ctx context.Context, g *globals, b *bus, name string, req cascade.Request) error {
 	r, err := cascade.Call(ctx, b.nc, controllerModule, name, req)
 	switch {
 	case errors.Is(err, cascade.ErrNoPlan):
