@@ -263,9 +263,7 @@ func (a *Agent) handle(work context.Context, msg jetstream.Msg) {
 			Commit: commit, Digest: res.Digest, Image: res.Ref, On: a.cfg.Machine,
 			Duration: took, Bytes: res.Bytes, CacheHits: res.CacheHits, Steps: res.Steps, At: time.Now().UTC(),
 		}); err != nil {
-			log.Error("built but not announced: giving the ask back", "err", err)
-			a.settle(msg, "nak", msg.NakWithDelay(a.cfg.RetryDelay))
-			a.obs.Ended("handed-back", "", took, 0, 0)
+			a.giveBack(msg, log, "built", took, err)
 			return
 		}
 		a.settle(msg, "ack", msg.DoubleAck(work))
@@ -289,15 +287,21 @@ func (a *Agent) handle(work context.Context, msg jetstream.Msg) {
 		Version: mesh.AskVersion, Ask: ask.ID, Plan: ask.Plan, Module: ask.Module, On: a.cfg.Machine,
 		Reason: reason, Message: oneLine(err), Log: logs.Tail(), Attempt: attempt, At: time.Now().UTC(),
 	}); err != nil {
-		log.Error("failed but not announced: giving the ask back", "err", err)
-		a.settle(msg, "nak", msg.NakWithDelay(a.cfg.RetryDelay))
-		a.obs.Ended("handed-back", "", took, 0, 0)
+		a.giveBack(msg, log, "failed", took, err)
 		return
 	}
 	a.settle(msg, "term", msg.TermWithReason(reason))
 	a.failed.Add(1)
 	a.obs.Ended(mesh.EventFailed, reason, took, 0, 0)
 	log.Warn("failed", "reason", reason, "err", err)
+}
+
+// giveBack hands an ask whose outcome could not be announced back to the
+// queue: an outcome nobody heard is not settled.
+func (a *Agent) giveBack(msg jetstream.Msg, log *slog.Logger, outcome string, took time.Duration, err error) {
+	log.Error(outcome+" but not announced: giving the ask back", "err", err)
+	a.settle(msg, "nak", msg.NakWithDelay(a.cfg.RetryDelay))
+	a.obs.Ended("handed-back", "", took, 0, 0)
 }
 
 // ErrCancelled is the cause given to a build whose plan was cancelled.

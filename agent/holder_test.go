@@ -189,18 +189,6 @@ func events(t *testing.T, js jetstream.JetStream) record {
 	return r
 }
 
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", d, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 func consumerInfo(t *testing.T, js jetstream.JetStream) *jetstream.ConsumerInfo {
 	t.Helper()
 	c, err := js.Consumer(context.Background(), mesh.SeatStream(mesh.BuildSeat), mesh.SeatConsumer(mesh.BuildSeat))
@@ -259,7 +247,7 @@ func TestTwoAgentsThreeAsksOneAtATime(t *testing.T) {
 	third := recv(t, g.began, 5*time.Second)
 	g.ch(second) <- nil
 	g.ch(third) <- nil
-	waitFor(t, 10*time.Second, "three built", func() bool { return len(events(t, js).Built) == 3 })
+	testenv.WaitFor(t, 10*time.Second, "three built", func() bool { return len(events(t, js).Built) == 3 })
 	r = events(t, js)
 	for _, e := range r.Started {
 		on[e.Ask] = e.On
@@ -294,7 +282,7 @@ func TestAKilledAgentsAskIsBuiltByAnother(t *testing.T) {
 		t.Fatalf("m2 began %s, want k1", id)
 	}
 	g.ch("k1") <- nil
-	waitFor(t, 10*time.Second, "k1 built", func() bool { return len(events(t, js).Built) >= 1 })
+	testenv.WaitFor(t, 10*time.Second, "k1 built", func() bool { return len(events(t, js).Built) >= 1 })
 	time.Sleep(500 * time.Millisecond)
 	r := events(t, js)
 	if len(r.Built) != 1 || r.Built[0].On != "m2" {
@@ -319,7 +307,7 @@ func TestABuildLongerThanTheAckWaitIsNotRedelivered(t *testing.T) {
 		t.Fatalf("redelivered %d ack pending %d", info.NumRedelivered, info.NumAckPending)
 	}
 	g.ch("long") <- nil
-	waitFor(t, 5*time.Second, "built", func() bool { return len(events(t, js).Built) == 1 })
+	testenv.WaitFor(t, 5*time.Second, "built", func() bool { return len(events(t, js).Built) == 1 })
 	if r := events(t, js); len(r.Started) != 1 || r.Started[0].Attempt != 1 {
 		t.Fatalf("started %+v: want one, attempt 1", r.Started)
 	}
@@ -340,7 +328,7 @@ func TestAMalformedAskIsRefusedOnce(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, 5*time.Second, "four failed{ask}", func() bool { return len(events(t, js).Failed) == 4 })
+	testenv.WaitFor(t, 5*time.Second, "four failed{ask}", func() bool { return len(events(t, js).Failed) == 4 })
 	time.Sleep(2 * testAckWait)
 	r := events(t, js)
 	if len(r.Failed) != 4 || len(r.Started) != 0 {
@@ -375,7 +363,7 @@ func TestStoppingHandsTheAskBackAtOnce(t *testing.T) {
 	}
 	<-a1.done
 	g.ch("term") <- nil
-	waitFor(t, 5*time.Second, "built", func() bool { return len(events(t, js).Built) == 1 })
+	testenv.WaitFor(t, 5*time.Second, "built", func() bool { return len(events(t, js).Built) == 1 })
 	r := events(t, js)
 	if len(r.Failed) != 0 || r.Built[0].On != "m2" {
 		t.Fatalf("failed %+v built %+v: want no failure and built on m2", r.Failed, r.Built)
@@ -397,9 +385,9 @@ func TestInfrastructureFailuresAreRetriedThenReported(t *testing.T) {
 	})
 	startAgent(t, s, "m1", flaky, func(c *agent.Config) { c.MaxAttempts = 3 })
 	submit(t, js, ask("flaky"))
-	waitFor(t, 10*time.Second, "flaky built", func() bool { return len(events(t, js).Built) == 1 })
+	testenv.WaitFor(t, 10*time.Second, "flaky built", func() bool { return len(events(t, js).Built) == 1 })
 	submit(t, js, ask("gone"))
-	waitFor(t, 10*time.Second, "gone failed", func() bool { return len(events(t, js).Failed) == 1 })
+	testenv.WaitFor(t, 10*time.Second, "gone failed", func() bool { return len(events(t, js).Failed) == 1 })
 	r := events(t, js)
 	if f := r.Failed[0]; f.Ask != "gone" || f.Reason != mesh.ReasonInfra || f.Attempt != 3 {
 		t.Fatalf("failed %+v: want gone, infra, attempt 3", f)
@@ -419,7 +407,7 @@ func TestDeterministicFailuresAreSettledOnce(t *testing.T) {
 	})
 	startAgent(t, s, "m1", broken, nil)
 	submit(t, js, ask("broken"))
-	waitFor(t, 5*time.Second, "failed", func() bool { return len(events(t, js).Failed) == 1 })
+	testenv.WaitFor(t, 5*time.Second, "failed", func() bool { return len(events(t, js).Failed) == 1 })
 	time.Sleep(2 * testAckWait)
 	r := events(t, js)
 	if len(r.Failed) != 1 || r.Failed[0].Reason != mesh.ReasonBuild || calls.Load() != 1 {
@@ -466,7 +454,7 @@ func TestAnAskForAModuleTheCatalogueDoesNotBuildIsRefused(t *testing.T) {
 	a := ask("stranger")
 	a.Module = "stranger"
 	submit(t, js, a)
-	waitFor(t, 5*time.Second, "failed{ask}", func() bool { return len(events(t, js).Failed) == 1 })
+	testenv.WaitFor(t, 5*time.Second, "failed{ask}", func() bool { return len(events(t, js).Failed) == 1 })
 	if f := events(t, js).Failed[0]; f.Reason != mesh.ReasonAsk || f.Ask != "stranger" {
 		t.Fatalf("failed %+v: want reason ask", f)
 	}
@@ -475,7 +463,7 @@ func TestAnAskForAModuleTheCatalogueDoesNotBuildIsRefused(t *testing.T) {
 		t.Fatalf("began %s, want known", id)
 	}
 	g.ch("known") <- nil
-	waitFor(t, 5*time.Second, "known built", func() bool { return len(events(t, js).Built) == 1 })
+	testenv.WaitFor(t, 5*time.Second, "known built", func() bool { return len(events(t, js).Built) == 1 })
 	if info := consumerInfo(t, js); info.NumPending+uint64(info.NumAckPending) != 0 || info.NumRedelivered != 0 {
 		t.Fatalf("queue %+v", info)
 	}

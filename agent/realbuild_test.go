@@ -64,7 +64,7 @@ func TestRealBuildsReportTheRegistrysDigestAndTheirFailures(t *testing.T) {
 	submit(t, js, realAsk("app", commit, "app", reg+"/app", base))
 	submit(t, js, realAsk("broken", commit, "broken", reg+"/broken", base))
 	submit(t, js, realAsk("nocommit", strings.Repeat("f", 40), "app", reg+"/x", base))
-	waitFor(t, 60*time.Second, "three outcomes", func() bool { r := events(t, js); return len(r.Built)+len(r.Failed) == 3 })
+	testenv.WaitFor(t, 60*time.Second, "three outcomes", func() bool { r := events(t, js); return len(r.Built)+len(r.Failed) == 3 })
 	time.Sleep(2 * testAckWait)
 	r := events(t, js)
 	if len(r.Built) != 1 || len(r.Failed) != 2 {
@@ -103,13 +103,13 @@ func TestARegistryOutageIsRetriedThenReported(t *testing.T) {
 	})
 	// The registry is down when the push comes, and back a moment later.
 	submit(t, js, realAsk("outage", commit, "app", addr+"/app"))
-	waitFor(t, 30*time.Second, "the first attempt", func() bool { return len(events(t, js).Started) >= 1 })
+	testenv.WaitFor(t, 30*time.Second, "the first attempt", func() bool { return len(events(t, js).Started) >= 1 })
 	time.Sleep(500 * time.Millisecond)
 	srv, err := registry.Serve(context.Background(), addr, t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 60*time.Second, "built after the registry returned", func() bool { return len(events(t, js).Built) == 1 })
+	testenv.WaitFor(t, 60*time.Second, "built after the registry returned", func() bool { return len(events(t, js).Built) == 1 })
 	r := events(t, js)
 	if len(r.Failed) != 0 || len(r.Started) < 2 {
 		t.Fatalf("started %d failed %+v: want a retry and no failure", len(r.Started), r.Failed)
@@ -117,7 +117,7 @@ func TestARegistryOutageIsRetriedThenReported(t *testing.T) {
 	// Gone for good: failed{infra} after the bound, nothing left queued.
 	srv.Close()
 	submit(t, js, realAsk("gone", commit, "app", addr+"/gone"))
-	waitFor(t, 90*time.Second, "failed{infra}", func() bool { return len(events(t, js).Failed) == 1 })
+	testenv.WaitFor(t, 90*time.Second, "failed{infra}", func() bool { return len(events(t, js).Failed) == 1 })
 	f := events(t, js).Failed[0]
 	if f.Reason != mesh.ReasonInfra || f.Attempt != 4 {
 		t.Fatalf("failed %+v: want infra on attempt 4", f)
@@ -139,12 +139,12 @@ func TestSIGTERMMidBuildHandsARealBuildToAnotherAgent(t *testing.T) {
 	a1 := startAgent(t, s, "m1", w, func(c *agent.Config) { c.Grace = 300 * time.Millisecond })
 	base := mesh.Base{Module: "busybox", Image: repo, Digest: strings.TrimPrefix(bb, repo+"@")}
 	submit(t, js, realAsk("slow", head, "slow", reg+"/slow", base))
-	waitFor(t, 30*time.Second, "m1 to start", func() bool { return len(events(t, js).Started) == 1 })
+	testenv.WaitFor(t, 30*time.Second, "m1 to start", func() bool { return len(events(t, js).Started) == 1 })
 	startAgent(t, s, "m2", realWorker(t, bk, git), nil)
 	time.Sleep(time.Second) // mid-build
 	stopped := time.Now()
 	a1.cancel()
-	waitFor(t, testAckWait, "m2 to take the ask", func() bool {
+	testenv.WaitFor(t, testAckWait, "m2 to take the ask", func() bool {
 		for _, e := range events(t, js).Started {
 			if e.On == "m2" {
 				return true
@@ -153,7 +153,7 @@ func TestSIGTERMMidBuildHandsARealBuildToAnotherAgent(t *testing.T) {
 		return false
 	})
 	t.Logf("handed back and taken in %s", time.Since(stopped).Round(time.Millisecond))
-	waitFor(t, 60*time.Second, "built on m2", func() bool { return len(events(t, js).Built) == 1 })
+	testenv.WaitFor(t, 60*time.Second, "built on m2", func() bool { return len(events(t, js).Built) == 1 })
 	r := events(t, js)
 	if r.Built[0].On != "m2" || len(r.Failed) != 0 {
 		t.Fatalf("built %+v failed %+v", r.Built, r.Failed)

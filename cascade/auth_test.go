@@ -81,7 +81,7 @@ func TestTheFarmRunsUnderItsDerivedPermissions(t *testing.T) {
 	// The operator's CLI reads plans and calls the controller's tools.
 	cnc, ojs := connect("operator")
 	var store *cascade.Store
-	waitFor(t, 10*time.Second, "the operator to open the plans", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "the operator to open the plans", func() bool {
 		store, err = cascade.OpenStore(ctx, ojs, "build-controller")
 		return err == nil
 	})
@@ -97,13 +97,13 @@ func TestTheFarmRunsUnderItsDerivedPermissions(t *testing.T) {
 		mods, _ := store.Modules(ctx, plan)
 		return mods[m]
 	}
-	waitFor(t, 20*time.Second, "c to fail and slow to build", func() bool {
+	testenv.WaitFor(t, 20*time.Second, "c to fail and slow to build", func() bool {
 		return module("c").State == cascade.Failed && module("slow").State == cascade.Building
 	})
 	if _, err := cascade.Call(ctx, cnc, "build-controller", cascade.ToolRetry, cascade.Request{Plan: plan, Module: "c"}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 20*time.Second, "d to be built after the retry", func() bool { return module("d").State == cascade.Built })
+	testenv.WaitFor(t, 20*time.Second, "d to be built after the retry", func() bool { return module("d").State == cascade.Built })
 	statuses, err := agent.AskStatus(ctx, cnc, time.Second)
 	if err != nil || len(statuses) != 2 {
 		t.Fatalf("status tool under the operator's grant: %v %+v", err, statuses)
@@ -111,7 +111,7 @@ func TestTheFarmRunsUnderItsDerivedPermissions(t *testing.T) {
 	if _, err := cascade.Call(ctx, cnc, "build-controller", cascade.ToolCancel, cascade.Request{Plan: plan}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 20*time.Second, "slow to be cancelled", func() bool { return module("slow").State == cascade.Cancelled })
+	testenv.WaitFor(t, 20*time.Second, "slow to be cancelled", func() bool { return module("slow").State == cascade.Cancelled })
 	rec, err := store.Plan(ctx, plan)
 	if err != nil || rec.Outcome != cascade.OutcomeCancelled || rec.Counts.Built != 4 {
 		t.Fatalf("plan %+v %v", rec, err)

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -470,7 +471,7 @@ func (c *Controller) ask(ctx context.Context, s Submit) (mesh.Ask, error) {
 	if len(s.Source.Platforms) > 0 {
 		a.Platform = s.Source.Platforms[0]
 	}
-	for _, b := range sortedKeys(s.Bases) {
+	for _, b := range slices.Sorted(maps.Keys(s.Bases)) {
 		a.Bases = append(a.Bases, mesh.Base{Module: b, Image: c.Image(b), Digest: s.Bases[b]})
 	}
 	for _, b := range s.External {

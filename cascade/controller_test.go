@@ -128,7 +128,7 @@ func (h *harness) startController() {
 	h.stopController, h.controllerDone = cancel, done
 	h.t.Cleanup(func() { cancel(); <-done })
 	// Wait until the controller serves its tools.
-	waitFor(h.t, 10*time.Second, "the controller", func() bool {
+	testenv.WaitFor(h.t, 10*time.Second, "the controller", func() bool {
 		_, err := cascade.Call(context.Background(), h.nc, "build-controller", cascade.ToolRetry, cascade.Request{Plan: "none"})
 		return errors.Is(err, cascade.ErrNoPlan)
 	})
@@ -182,7 +182,7 @@ func (h *harness) settle(plan string, d time.Duration) (cascade.PlanRecord, map[
 	h.t.Helper()
 	st := h.store()
 	var rec cascade.PlanRecord
-	waitFor(h.t, d, "plan "+plan+" to settle", func() bool {
+	testenv.WaitFor(h.t, d, "plan "+plan+" to settle", func() bool {
 		r, err := st.Plan(context.Background(), plan)
 		rec = r
 		return err == nil && r.Outcome != cascade.OutcomeRunning && r.Counts.Waiting+r.Counts.Queued+r.Counts.Building == 0
@@ -192,17 +192,6 @@ func (h *harness) settle(plan string, d time.Duration) (cascade.PlanRecord, map[
 		h.t.Fatal(err)
 	}
 	return rec, mods
-}
-
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", d, what)
-		}
-		time.Sleep(25 * time.Millisecond)
-	}
 }
 
 func baseDigests(a mesh.Ask) map[string]string {
@@ -299,7 +288,7 @@ func TestAFailureBlocksDependentsAndARetryReleasesThem(t *testing.T) {
 	if _, err := cascade.Call(context.Background(), h.nc, "build-controller", cascade.ToolRetry, cascade.Request{Plan: plan, Module: "b"}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 20*time.Second, "the retried plan to be built", func() bool {
+	testenv.WaitFor(t, 20*time.Second, "the retried plan to be built", func() bool {
 		r, err := h.store().Plan(context.Background(), plan)
 		return err == nil && r.Outcome == cascade.OutcomeBuilt
 	})
@@ -347,7 +336,7 @@ func TestTheNewerPlanWinsAModule(t *testing.T) {
 	h := newHarness(t, graph, 2)
 	h.w.sleep["m"] = 600 * time.Millisecond
 	older := h.push("c1", "push-c1")
-	waitFor(t, 5*time.Second, "the older plan's build to start", func() bool { return len(h.w.asksOf("m")) == 1 })
+	testenv.WaitFor(t, 5*time.Second, "the older plan's build to start", func() bool { return len(h.w.asksOf("m")) == 1 })
 	h.w.mu.Lock()
 	h.w.sleep["m"] = 10 * time.Millisecond // the newer plan's build finishes first
 	h.w.mu.Unlock()
@@ -374,7 +363,7 @@ func TestCancelStopsQueuedAndRunningBuilds(t *testing.T) {
 	}
 	h.w.sleep["a"] = 10 * time.Millisecond
 	plan := h.push("c1", "push-c1")
-	waitFor(t, 10*time.Second, "a dependent to be building", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "a dependent to be building", func() bool {
 		mods, _ := h.store().Modules(context.Background(), plan)
 		for _, m := range mods {
 			if m.State == cascade.Building && m.Module != "a" {
@@ -419,7 +408,7 @@ func TestAControllerRestartedMidPlanResumes(t *testing.T) {
 		h.w.sleep[m] = 400 * time.Millisecond
 	}
 	plan := h.push("c1", "push-c1")
-	waitFor(t, 10*time.Second, "b to be asked for", func() bool { return len(h.w.asksOf("b")) == 1 })
+	testenv.WaitFor(t, 10*time.Second, "b to be asked for", func() bool { return len(h.w.asksOf("b")) == 1 })
 	h.stopControllerNow()
 	time.Sleep(time.Second) // b is built while the controller is away
 	h.startController()

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"sort"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -233,13 +232,4 @@ func Call(ctx context.Context, nc *nats.Conn, controllerModule, tool string, req
 		return r, errors.New(r.Error)
 	}
 	return r, nil
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
 }

@@ -70,7 +70,7 @@ func TestDashboardsAgainstARealPrometheus(t *testing.T) {
 		t.Fatal(err)
 	}
 	var rec cascade.PlanRecord
-	waitFor(t, 20*time.Second, "the plan to settle", func() bool {
+	testenv.WaitFor(t, 20*time.Second, "the plan to settle", func() bool {
 		rec, err = st.Plan(context.Background(), plan)
 		return err == nil && rec.Outcome != cascade.OutcomeRunning
 	})
@@ -81,7 +81,7 @@ func TestDashboardsAgainstARealPrometheus(t *testing.T) {
 
 	// rate() needs two samples in its window: wait for the counts to
 	// arrive, then for three more scrapes.
-	waitFor(t, 15*time.Second, "the plan's counts in Prometheus", func() bool {
+	testenv.WaitFor(t, 15*time.Second, "the plan's counts in Prometheus", func() bool {
 		failed, err1 := prom.Scalar(ctx, `sum(meshbuild_agent_builds_total{outcome="failed",reason="build"})`)
 		settled, err2 := prom.Scalar(ctx, `sum(meshbuild_controller_plans_settled_total{outcome="failed"})`)
 		return err1 == nil && err2 == nil && failed == 1 && settled == 1
@@ -190,7 +190,7 @@ func startController(t *testing.T, s *server.Server, cat *mesh.Catalogue, obs ca
 		}
 	}()
 	t.Cleanup(func() { cancel(); <-done; js.Conn().Close() })
-	waitFor(t, 10*time.Second, "the controller", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "the controller", func() bool {
 		_, err := cascade.Call(context.Background(), js.Conn(), "build-controller", cascade.ToolRetry, cascade.Request{Plan: "none"})
 		return errors.Is(err, cascade.ErrNoPlan)
 	})
@@ -232,15 +232,4 @@ func push(t *testing.T, js jetstream.JetStream, commit string) string {
 		t.Fatal(err)
 	}
 	return planner.PlanID(planner.Trigger{Kind: planner.KindPush, Repo: repo, Commit: commit})
-}
-
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", d, what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 }

@@ -8,9 +8,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
-	"sort"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -233,7 +234,7 @@ func machinesCmd(g *globals) *cobra.Command {
 				}
 			}
 			out := make([]Machine, 0, len(rows))
-			for _, name := range sortedKeys(rows) {
+			for _, name := range slices.Sorted(maps.Keys(rows)) {
 				out = append(out, *rows[name])
 			}
 			if g.json {
@@ -457,15 +458,6 @@ func newID() string {
 	b := make([]byte, 6)
 	_, _ = rand.Read(b)
 	return time.Now().UTC().Format("20060102-150405") + "-" + hex.EncodeToString(b)
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
 }
 
 // progressOut is where progress goes: stdout, or stderr when stdout is JSON.

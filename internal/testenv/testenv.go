@@ -13,6 +13,8 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"testing"
+	"time"
 )
 
 // BuildkitEnv is the environment variable that turns on tests needing
@@ -48,4 +50,17 @@ func RepoRoot() (string, error) {
 		}
 	})
 	return root, rootErr
+}
+
+// WaitFor polls cond every 20ms until it holds, failing the test after d
+// with what it was waiting for.
+func WaitFor(tb testing.TB, d time.Duration, what string, cond func() bool) {
+	tb.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			tb.Fatalf("timed out after %s waiting for %s", d, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
