@@ -455,4 +455,20 @@ func TestBadRequestsGetClearErrors(t *testing.T) {
 	if rec.Outcome != cascade.OutcomeEmpty || rec.Message == "" {
 		t.Errorf("push of an unknown repo: %+v, want an empty plan with a message", rec)
 	}
+	// A malformed event is refused once (Term), never redelivered, and
+	// holds up nothing behind it.
+	for _, subj := range []string{mesh.SeatEventSubject(mesh.GitSeat, mesh.EventPushed), mesh.SeatEventSubject(mesh.BuildSeat, mesh.EventBuilt)} {
+		if _, err := h.js.Publish(ctx, subj, []byte("{not json")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.settle(h.push("after-garbage", "push-after-garbage"), 10*time.Second)
+	cons, err := h.js.Consumer(ctx, mesh.EventsStream, mesh.ModuleConsumer("build-controller"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 5*time.Second, "every event settled", func() bool {
+		info, err := cons.Info(ctx)
+		return err == nil && info.NumAckPending == 0 && info.NumPending == 0 && info.NumRedelivered == 0
+	})
 }
