@@ -7,54 +7,19 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/meshbuild/meshbuild/internal/backoff"
 	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/planner"
 	"github.com/meshbuild/meshbuild/registry"
 )
-
-// Config configures a controller. DefaultConfig fills the defaults.
-type Config struct {
-	// Registry is where images go: "HOST:PORT" or "HOST:PORT/PREFIX". A
-	// module m's image is Registry/m.
-	Registry string
-	// RegistryInsecure talks plain http to the registry.
-	RegistryInsecure bool
-	// Replicas of every stream and bucket the controller raises.
-	Replicas int
-	// Batch is how many events are worked between two writes of the state.
-	Batch int
-	// Module is the catalogue module the controller runs as; empty means
-	// the one that holds mesh-controller.
-	Module string
-	// Window is the most asks of a plan queued at once (State.Window):
-	// released asks beyond it are held and published best first, by
-	// remaining critical path, as holders start asks. Asks are ranked by
-	// each module's last build duration seen by this controller. 0
-	// publishes every released ask at once. WindowIdle holds released asks
-	// and publishes, best first, as many as holders are idle (pull
-	// requests waiting on the seat's consumer): the order of a window of 1
-	// with the throughput of none.
-	Window int
-	// KeepPlans is how many settled plans the store keeps; older ones are
-	// pruned so the bucket never fills. 0 is DefaultKeepPlans.
-	KeepPlans int
-}
-
-// DefaultConfig returns a Config with defaults.
-func DefaultConfig() Config {
-	return Config{Replicas: 1, Batch: 512, KeepPlans: DefaultKeepPlans, Window: WindowIdle}
-}
-
-// ErrConfig is wrapped by every refusal of a Config.
-var ErrConfig = errors.New("invalid controller config")
 
 // Observer is told what the controller does, for metrics.
 type Observer interface {
@@ -67,11 +32,27 @@ type nopObserver struct{}
 func (nopObserver) PlanSettled(string, time.Duration) {}
 func (nopObserver) Plans(map[string]int, int)         {}
 
+// SettledPlan is a plan that settled, as deployment receives it: its
+// record and its modules (copies: the receiver may keep them).
+type SettledPlan struct {
+	Record  PlanRecord
+	Modules []ModuleStatus
+}
+
+// Settler is where a settled plan hands over to deployment: it is told of
+// every plan that settles, on the controller's goroutine, after the plan's
+// state is stored and its asks are published. It must not block for long;
+// an error is logged and not retried (the plan stays settled).
+type Settler interface {
+	Settled(ctx context.Context, plan SettledPlan) error
+}
+
 // Controller turns triggers into plans and built/failed into the next asks.
 // One goroutine owns all plan state; tool requests reach it by channel.
 type Controller struct {
-	cfg    Config
-	js     jetstream.JetStream
+	cfg     Config
+	settler Settler
+	js      jetstream.JetStream
 	nc     *nats.Conn
 	log    *slog.Logger
 	obs    Observer
@@ -101,20 +82,13 @@ type Controller struct {
 	submits  []Submit
 }
 
-// New returns a controller for a checked catalogue.
+// New returns a controller for a checked catalogue, from a validated
+// config (every zero field its default, see Config).
 func New(cfg Config, js jetstream.JetStream, cat *mesh.Catalogue, log *slog.Logger, obs Observer) (*Controller, error) {
-	if cfg.Registry == "" {
-		return nil, fmt.Errorf("%w: no registry: set --registry HOST:PORT", ErrConfig)
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
-	if cfg.Batch < 1 {
-		cfg.Batch = 512
-	}
-	if cfg.Window < WindowIdle {
-		return nil, fmt.Errorf("%w: window %d: want %d (as many as holders are idle), 0 (every released ask at once) or more", ErrConfig, cfg.Window, WindowIdle)
-	}
-	if cfg.Replicas < 1 {
-		cfg.Replicas = 1
-	}
+	cfg = cfg.withDefaults()
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -132,6 +106,10 @@ func New(cfg Config, js jetstream.JetStream, cat *mesh.Catalogue, log *slog.Logg
 		cmds: make(chan command, 64), lastBuild: map[string]time.Duration{},
 	}, nil
 }
+
+// SetSettler sets where settled plans are handed over (see Settler); call
+// it before Run. Without one, a settled plan is only recorded.
+func (c *Controller) SetSettler(s Settler) { c.settler = s }
 
 // controllerModule finds the catalogue module the controller runs as.
 func controllerModule(cat *mesh.Catalogue, name string) (string, error) {
@@ -153,7 +131,7 @@ func controllerModule(cat *mesh.Catalogue, name string) (string, error) {
 func (c *Controller) Module() string { return c.module }
 
 // Image is module m's image repository.
-func (c *Controller) Image(module string) string { return c.cfg.Registry + "/" + module }
+func (c *Controller) Image(module string) string { return Image(c.cfg.Registry, module) }
 
 // Run raises the catalogue, resumes the plans in the store and works until
 // ctx is done.
@@ -204,13 +182,13 @@ func (c *Controller) Run(ctx context.Context) error {
 	defer func() { it.Stop(); wg.Wait() }()
 	c.log.Info("controller running", "module", c.module, "plans", len(c.plans))
 
-	tick := time.NewTicker(5 * time.Second)
+	tick := time.NewTicker(c.cfg.ObserveEvery)
 	defer tick.Stop()
 	for {
 		var batch []jetstream.Msg
 		var look <-chan time.Time
 		if c.held {
-			look = time.After(20 * time.Millisecond)
+			look = time.After(c.cfg.IdleLook)
 		}
 		select {
 		case <-ctx.Done():
@@ -240,7 +218,9 @@ func (c *Controller) Run(ctx context.Context) error {
 			cmd.reply <- c.command(ctx, cmd)
 		case <-tick.C:
 			c.observe()
-			continue
+			if !c.expireCancels(time.Now().UTC()) {
+				continue
+			}
 		}
 		if err := c.flush(ctx); err != nil {
 			return err
@@ -297,16 +277,7 @@ func (c *Controller) resume(ctx context.Context) error {
 		if r.Outcome != OutcomeRunning {
 			continue
 		}
-		p, err := c.ix.Plan(r.Trigger)
-		if err != nil {
-			c.log.Error("cannot plan a stored plan again; leaving it", "plan", r.ID, "err", err)
-			continue
-		}
-		mods, err := c.store.Modules(ctx, r.ID)
-		if err != nil {
-			return err
-		}
-		st, err := Load(p, r, mods)
+		st, err := c.load(ctx, r)
 		if err != nil {
 			c.log.Error("cannot load a stored plan; leaving it", "plan", r.ID, "err", err)
 			continue
@@ -315,26 +286,52 @@ func (c *Controller) resume(ctx context.Context) error {
 		c.plans[r.ID] = st
 		c.enqueue(st, st.Pending())
 		c.enqueue(st, st.Start(time.Now().UTC()))
+		if asks := st.Cancelling(); len(asks) > 0 {
+			c.cancelOnHolders(asks)
+		}
 		c.log.Info("resumed a plan", "plan", r.ID, "counts", fmt.Sprintf("%+v", st.Counts()))
 	}
 	return c.flush(ctx)
 }
 
-// event works one event of the controller's consumer.
+// load rebuilds a stored plan's state: planned again from its trigger, its
+// modules from the store. A plan stored before its external bases were
+// kept with it is pinned now, once.
+func (c *Controller) load(ctx context.Context, r PlanRecord) (*State, error) {
+	p, err := c.ix.Plan(r.Trigger)
+	if err != nil {
+		return nil, fmt.Errorf("planning it again: %w", err)
+	}
+	mods, err := c.store.Modules(ctx, r.ID)
+	if err != nil {
+		return nil, err
+	}
+	st, err := Load(p, r, mods)
+	if err != nil {
+		return nil, err
+	}
+	if len(p.External) > 0 && len(st.External) == 0 {
+		if err := c.pin(ctx, st, p); err != nil {
+			return nil, err
+		}
+	}
+	return st, nil
+}
+
+// event works one event of the controller's consumer. Every event is read
+// with mesh.DecodeEvent (its version checked); one that cannot be read is
+// refused once (Term) and holds up nothing.
 func (c *Controller) event(ctx context.Context, m jetstream.Msg) {
 	now := time.Now().UTC()
-	decode := func(v any) bool {
-		if err := json.Unmarshal(m.Data(), v); err != nil {
-			c.log.Warn("refusing a malformed event", "subject", m.Subject(), "err", err)
-			_ = m.Term()
-			return false
-		}
-		return true
+	refuse := func(err error) {
+		c.log.Warn("refusing an event", "subject", m.Subject(), "err", err)
+		_ = m.Term()
 	}
 	switch m.Subject() {
 	case mesh.SeatEventSubject(mesh.GitSeat, mesh.EventPushed):
-		var ev mesh.Pushed
-		if !decode(&ev) {
+		ev, err := mesh.DecodeEvent[mesh.Pushed](m.Data())
+		if err != nil {
+			refuse(err)
 			return
 		}
 		t := planner.Trigger{Kind: planner.KindPush, Repo: ev.Repo, Commit: ev.Commit, Ref: ev.Ref, Paths: ev.Paths}
@@ -342,16 +339,23 @@ func (c *Controller) event(ctx context.Context, m jetstream.Msg) {
 			c.log.Warn("no plan for a push", "repo", ev.Repo, "commit", ev.Commit, "err", err)
 		}
 	case mesh.SeatEventSubject(mesh.BuildSeat, mesh.EventStarted):
-		var ev mesh.Started
-		if !decode(&ev) {
+		ev, err := mesh.DecodeEvent[mesh.Started](m.Data())
+		if err != nil {
+			refuse(err)
 			return
 		}
 		if st := c.plans[ev.Plan]; st != nil && st.Started(ev) {
 			c.touch(st, ev.Module)
+			if ms, _ := st.Module(ev.Module); ms.State == Cancelling {
+				// Taken as the plan was cancelled: the holder may have
+				// missed the first word.
+				c.cancelOnHolders([]string{ev.Ask})
+			}
 		}
 	case mesh.SeatEventSubject(mesh.BuildSeat, mesh.EventBuilt):
-		var ev mesh.Built
-		if !decode(&ev) {
+		ev, err := mesh.DecodeEvent[mesh.Built](m.Data())
+		if err != nil {
+			refuse(err)
 			return
 		}
 		st := c.plans[ev.Plan]
@@ -373,8 +377,9 @@ func (c *Controller) event(ctx context.Context, m jetstream.Msg) {
 		}
 		c.enqueue(st, next)
 	case mesh.SeatEventSubject(mesh.BuildSeat, mesh.EventFailed):
-		var ev mesh.Failed
-		if !decode(&ev) {
+		ev, err := mesh.DecodeEvent[mesh.Failed](m.Data())
+		if err != nil {
+			refuse(err)
 			return
 		}
 		if st := c.plans[ev.Plan]; st != nil {
@@ -387,6 +392,16 @@ func (c *Controller) event(ctx context.Context, m jetstream.Msg) {
 
 // createPlan plans a trigger and starts it; a plan that exists already is
 // not made again (created false).
+//
+// The bases outside the plan are resolved here, once, before anything is
+// stored: the plan's asks are all pinned to them. A base that has no image
+// (never built, and no latest tag in the registry) refuses the plan with an
+// error wrapping ErrNoBase that names the base and the command that builds
+// it: the requester of a rebuild gets it as the tool's answer, and a push is
+// logged and leaves no plan, so announcing the same push again once the
+// base is built makes the plan. (Marking only the modules built on it
+// blocked would leave a plan that no retry can mend: the base is outside
+// it.)
 func (c *Controller) createPlan(ctx context.Context, t planner.Trigger, now time.Time) (PlanRecord, bool, error) {
 	p, err := c.ix.Plan(t)
 	if err != nil {
@@ -395,7 +410,15 @@ func (c *Controller) createPlan(ctx context.Context, t planner.Trigger, now time
 	if st, ok := c.plans[p.ID]; ok {
 		return Record(st), false, nil
 	}
+	if old, err := c.store.Plan(ctx, p.ID); err == nil {
+		return old, false, nil
+	} else if !errors.Is(err, ErrNoPlan) {
+		return PlanRecord{}, false, err
+	}
 	st := NewState(p, now)
+	if err := c.pin(ctx, st, p); err != nil {
+		return PlanRecord{}, false, fmt.Errorf("planning %s: %w", p.ID, err)
+	}
 	st.Seq = c.seq + 1
 	st.Window = c.planWindow()
 	if len(c.lastBuild) > 0 {
@@ -427,6 +450,24 @@ func (c *Controller) createPlan(ctx context.Context, t planner.Trigger, now time
 	return rec, true, nil
 }
 
+// pin resolves the plan's bases outside it and pins the state to them.
+func (c *Controller) pin(ctx context.Context, st *State, p planner.Plan) error {
+	digests := make(map[string]string, len(p.External))
+	var errs []error
+	for _, e := range p.External {
+		d, err := c.currentDigest(ctx, e.Module)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%w (needed by %s)", err, strings.Join(e.NeededBy, ", ")))
+			continue
+		}
+		digests[e.Module] = d
+	}
+	if len(errs) > 0 {
+		return errors.Join(errs...)
+	}
+	return st.Pin(digests)
+}
+
 func emptyReason(t planner.Trigger) string {
 	if t.Kind == planner.KindPush {
 		if len(t.Paths) > 0 {
@@ -449,39 +490,12 @@ func (c *Controller) touch(st *State, modules ...string) {
 	}
 }
 
-// enqueue turns submits into asks for the next flush. A submit whose base
-// has no image fails at once, blocking what is built on it.
+// enqueue keeps submits for the next flush.
 func (c *Controller) enqueue(st *State, subs []Submit) {
 	for _, s := range subs {
 		c.touch(st, s.Module)
 		c.submits = append(c.submits, s)
 	}
-}
-
-// ask composes the ask of a submit: every base pinned to a digest.
-func (c *Controller) ask(ctx context.Context, s Submit) (mesh.Ask, error) {
-	a := mesh.Ask{
-		Version: mesh.AskVersion, ID: s.AskID, Plan: s.Plan, Module: s.Module,
-		Source: mesh.Source{Repo: s.Source.Repo, Commit: s.Source.Commit, Path: s.Source.Path, Dockerfile: s.Source.Dockerfile},
-		Image:  c.Image(s.Module), Cache: c.Image(s.Module) + ":buildcache",
-	}
-	if a.Source.Commit == "" {
-		a.Source.Commit = "HEAD"
-	}
-	if len(s.Source.Platforms) > 0 {
-		a.Platform = s.Source.Platforms[0]
-	}
-	for _, b := range slices.Sorted(maps.Keys(s.Bases)) {
-		a.Bases = append(a.Bases, mesh.Base{Module: b, Image: c.Image(b), Digest: s.Bases[b]})
-	}
-	for _, b := range s.External {
-		dg, err := c.currentDigest(ctx, b)
-		if err != nil {
-			return a, err
-		}
-		a.Bases = append(a.Bases, mesh.Base{Module: b, Image: c.Image(b), Digest: dg})
-	}
-	return a, nil
 }
 
 // currentDigest is a base's current digest: the newest plan's result, or
@@ -491,20 +505,46 @@ func (c *Controller) currentDigest(ctx context.Context, module string) (string, 
 		return cur.Digest, nil
 	}
 	ref := c.Image(module) + ":latest"
-	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	rctx, cancel := context.WithTimeout(ctx, c.cfg.ResolveTimeout)
 	defer cancel()
 	dg, err := registry.Resolve(rctx, ref, c.cfg.RegistryInsecure)
 	if err != nil {
-		return "", fmt.Errorf("base %s has no image (%s: %v): build it first with `builds rebuild %s`", module, ref, err, module)
+		return "", fmt.Errorf("%w: base %s (%s: %v): build it first with `builds rebuild %s`", ErrNoBase, module, ref, err, module)
 	}
 	return dg, nil
 }
 
-// flush writes what changed and publishes the asks, retrying until both
-// are done: events are acknowledged only after it.
+// flush makes a batch's effects durable and visible, retrying (with
+// backoff) until they are: events are acknowledged only after it. Its steps,
+// in order: persist the state, publish the asks, settle what settled (the
+// hand-over to deployment), prune old plans.
 func (c *Controller) flush(ctx context.Context) error {
-	// With a window, a plan whose state changed (a started, above all)
-	// publishes the best held asks its window now has room for.
+	c.fillWindows(ctx)
+	asks := make([]mesh.Ask, len(c.submits))
+	for i, s := range c.submits {
+		asks[i] = Ask(c.cfg.Registry, s)
+	}
+	retry := backoff.Policy{Base: 100 * time.Millisecond, Max: 10 * time.Second}
+	for attempt := 0; ; attempt++ {
+		err := c.flushOnce(ctx, asks)
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		c.log.Warn("writing plan state failed; retrying", "err", err, "attempt", attempt+1)
+		if retry.Sleep(ctx, attempt) != nil {
+			return nil
+		}
+	}
+}
+
+// fillWindows releases held asks into the room the batch made: with a
+// window, a plan whose state changed (a started, above all) publishes the
+// best held asks its window now has room for; with WindowIdle, as many as
+// holders are idle.
+func (c *Controller) fillWindows(ctx context.Context) {
 	for id := range c.dirtyRun {
 		if st := c.plans[id]; st != nil && c.cfg.Window > 0 {
 			st.Window = c.cfg.Window
@@ -514,55 +554,45 @@ func (c *Controller) flush(ctx context.Context) error {
 	if c.cfg.Window == WindowIdle {
 		c.held = c.fillIdle(ctx)
 	}
-	delay := 100 * time.Millisecond
-	for {
-		err := c.flushOnce(ctx)
-		if err == nil {
-			return nil
-		}
-		if ctx.Err() != nil {
-			return nil
-		}
-		c.log.Warn("writing plan state failed; retrying", "err", err, "delay", delay)
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(delay):
-		}
-		delay = min(2*delay, 10*time.Second)
-	}
 }
 
-func (c *Controller) flushOnce(ctx context.Context) error {
-	now := time.Now().UTC()
-	// Asks first become failures when a base has no image.
-	var asks []mesh.Ask
-	for _, s := range c.submits {
-		st := c.plans[s.Plan]
-		a, err := c.ask(ctx, s)
-		if err != nil {
-			if st != nil {
-				blocked := st.Failed(mesh.Failed{Version: mesh.AskVersion, Ask: s.AskID, Plan: s.Plan, Module: s.Module,
-					Reason: mesh.ReasonSource, Message: err.Error(), At: now}, now)
-				c.touch(st, s.Module)
-				c.touch(st, blocked...)
-			}
-			continue
-		}
-		asks = append(asks, a)
+func (c *Controller) flushOnce(ctx context.Context, asks []mesh.Ask) error {
+	if err := c.persist(ctx); err != nil {
+		return err
 	}
+	if err := c.publish(ctx, asks); err != nil {
+		return err
+	}
+	settled := c.settle(ctx)
+	c.dirty, c.dirtyRun, c.submits = nil, nil, nil
+	if settled {
+		c.prune(ctx)
+	}
+	return nil
+}
+
+// persist stores every changed module, estimate, current image and plan
+// record. It comes first: an ask is published only once the state that
+// says it is queued is stored, so a restart re-submits every queued ask
+// (deduplicated by id) and none is lost.
+func (c *Controller) persist(ctx context.Context) error {
 	for id := range c.dirtyRun {
 		if st := c.plans[id]; st != nil {
 			c.dirty[PlanKey(id)] = Record(st)
 		}
 	}
-	if len(c.dirty) > 0 {
-		if err := c.store.Put(ctx, c.dirty); err != nil {
-			return err
-		}
+	if len(c.dirty) == 0 {
+		return nil
 	}
-	// Publish asks only once the state that says they are queued is
-	// stored: a restart re-submits every queued ask, deduplicated by id.
+	return c.store.Put(ctx, c.dirty)
+}
+
+// publish submits the asks to the build seat, each with its id as the
+// message id, and waits for the bus to store them all.
+func (c *Controller) publish(ctx context.Context, asks []mesh.Ask) error {
+	if len(asks) == 0 {
+		return nil
+	}
 	futures := make([]jetstream.PubAckFuture, 0, len(asks))
 	subj := mesh.SeatAcceptSubject(mesh.BuildSeat, mesh.BuildVerb)
 	for _, a := range asks {
@@ -573,54 +603,77 @@ func (c *Controller) flushOnce(ctx context.Context) error {
 		}
 		futures = append(futures, f)
 	}
-	if len(futures) > 0 {
+	select {
+	case <-c.js.PublishAsyncComplete():
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(c.cfg.PublishAckWait):
+		return fmt.Errorf("submitting asks: no acknowledgement in %s", c.cfg.PublishAckWait)
+	}
+	for i, f := range futures {
 		select {
-		case <-c.js.PublishAsyncComplete():
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(30 * time.Second):
-			return errors.New("submitting asks: no acknowledgement in 30s")
-		}
-		for i, f := range futures {
-			select {
-			case ack := <-f.Ok():
-				c.askSeq[asks[i].ID] = ack.Sequence
-			case err := <-f.Err():
-				return fmt.Errorf("submitting %s: %w", asks[i].ID, err)
-			}
-		}
-	}
-	for id := range c.dirtyRun {
-		st := c.plans[id]
-		if st != nil && st.Settled() {
-			rec := Record(st)
-			c.obs.PlanSettled(string(rec.Outcome), rec.Updated.Sub(rec.Created))
-			c.log.Info("plan settled", "plan", id, "outcome", rec.Outcome, "counts", fmt.Sprintf("%+v", rec.Counts))
-			if rec.Outcome == OutcomeBuilt || rec.Outcome == OutcomeCancelled {
-				delete(c.plans, id) // failed plans stay for a retry
-			}
-		}
-	}
-	settled := false
-	for id := range c.dirtyRun {
-		if st := c.plans[id]; st == nil || st.Settled() {
-			settled = true
-		}
-	}
-	c.dirty, c.dirtyRun, c.submits = nil, nil, nil
-	if settled && time.Since(c.lastPrune) > time.Minute {
-		c.lastPrune = time.Now()
-		keep := c.cfg.KeepPlans
-		if keep <= 0 {
-			keep = DefaultKeepPlans
-		}
-		if n, err := c.store.Prune(ctx, keep); err != nil {
-			c.log.Warn("pruning old plans", "err", err)
-		} else if n > 0 {
-			c.log.Info("pruned old plans", "removed", n, "kept", keep)
+		case ack := <-f.Ok():
+			c.askSeq[asks[i].ID] = ack.Sequence
+		case err := <-f.Err():
+			return fmt.Errorf("submitting %s: %w", asks[i].ID, err)
 		}
 	}
 	return nil
+}
+
+// settle reports the batch's plans that settled, hands each to the
+// Settler (deployment), and forgets those that are finished (built or
+// cancelled; a failed plan stays for a retry). It reports whether any plan
+// settled.
+func (c *Controller) settle(ctx context.Context) bool {
+	some := false
+	for id := range c.dirtyRun {
+		st := c.plans[id]
+		if st == nil || !st.Settled() {
+			continue
+		}
+		some = true
+		rec := Record(st)
+		c.obs.PlanSettled(string(rec.Outcome), rec.Updated.Sub(rec.Created))
+		c.log.Info("plan settled", "plan", id, "outcome", rec.Outcome, "counts", fmt.Sprintf("%+v", rec.Counts))
+		if c.settler != nil {
+			if err := c.settler.Settled(ctx, SettledPlan{Record: rec, Modules: slices.Clone(st.Modules)}); err != nil {
+				c.log.Warn("handing a settled plan over", "plan", id, "err", err)
+			}
+		}
+		if rec.Outcome == OutcomeBuilt || rec.Outcome == OutcomeCancelled {
+			delete(c.plans, id)
+		}
+	}
+	return some
+}
+
+// prune removes the oldest settled plans beyond Config.KeepPlans, at most
+// once every Config.PruneEvery.
+func (c *Controller) prune(ctx context.Context) {
+	if time.Since(c.lastPrune) < c.cfg.PruneEvery {
+		return
+	}
+	c.lastPrune = time.Now()
+	if n, err := c.store.Prune(ctx, c.cfg.KeepPlans); err != nil {
+		c.log.Warn("pruning old plans", "err", err)
+	} else if n > 0 {
+		c.log.Info("pruned old plans", "removed", n, "kept", c.cfg.KeepPlans)
+	}
+}
+
+// expireCancels cancels the modules of cancelled plans whose holders have
+// not reported within Config.CancelWait. It reports whether any changed.
+func (c *Controller) expireCancels(now time.Time) bool {
+	changed := false
+	for _, st := range c.plans {
+		if mods := st.ExpireCancelling(now, c.cfg.CancelWait); len(mods) > 0 {
+			c.log.Warn("cancelled without word from their holders", "plan", st.Plan, "modules", mods, "after", c.cfg.CancelWait)
+			c.touch(st, mods...)
+			changed = true
+		}
+	}
+	return changed
 }
 
 func (c *Controller) observe() {
@@ -632,10 +685,6 @@ func (c *Controller) observe() {
 	}
 	c.obs.Plans(by, blocked)
 }
-
-// WindowIdle is the Config.Window that publishes as many held asks as
-// holders are idle.
-const WindowIdle = -1
 
 // planWindow is the window a plan's state gets: with WindowIdle, 1 between
 // flushes (a released ask goes out at once when the plan has none queued),

@@ -10,7 +10,8 @@
 //	   │                                                                   │                    │
 //	   │                                                                   └───────failed───────┴──► failed ──Retry──► queued
 //	   └──(a base failed, transitively)──► blocked ──(the failed base retried)──► waiting
-//	every unfinished module ──Cancel──► cancelled
+//	waiting, ready ──Cancel──► cancelled
+//	queued, building ──Cancel──► cancelling ──(the holder's failed or built, the ask withdrawn unseen, or the bound)──► cancelled
 //
 // A module is submitted when its last in-plan base is built: the cascade
 // counts, per module, the in-plan bases it still waits for, and a built
@@ -18,7 +19,9 @@
 // tier barrier: tiers are a view. A module is submitted once per plan
 // however many of its bases changed, pinned to the digests its in-plan bases
 // were just built at; its external bases (outside the plan) stay at their
-// current digest, which the caller resolves ([Submit.External]).
+// current digest, resolved once when the plan is made and kept in the state
+// ([State.External]), so that every [Submit] carries the digest of every
+// base.
 //
 // A failed module blocks every module built on it, transitively, each
 // recording the failed module in BlockedBy, so nothing is built against a
@@ -75,6 +78,7 @@ package cascade
 
 import (
 	"crypto/sha256"
+	"iter"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -109,7 +113,13 @@ const (
 	Failed ModuleState = "failed"
 	// Blocked: a base failed (transitively); BlockedBy names it.
 	Blocked ModuleState = "blocked"
-	// Cancelled: the plan was cancelled before the module finished.
+	// Cancelling: the plan was cancelled while the module's ask was in
+	// flight; its holder has not yet said it stopped. A built that arrives
+	// now is not the module's image: it is not current and releases
+	// nothing.
+	Cancelling ModuleState = "cancelling"
+	// Cancelled: the plan was cancelled before the module finished, and
+	// nothing works on it any more.
 	Cancelled ModuleState = "cancelled"
 )
 
@@ -134,6 +144,9 @@ var (
 	ErrPlanCancelled = errors.New("plan cancelled")
 	// ErrBadState is wrapped when a reloaded state is inconsistent.
 	ErrBadState = errors.New("inconsistent plan state")
+	// ErrNoBase is wrapped when a base outside a plan has no image to pin
+	// the plan's asks to.
+	ErrNoBase = errors.New("base has no image")
 )
 
 // StateVersion is the version of the persisted state this code writes.
@@ -157,6 +170,10 @@ type State struct {
 	Created   time.Time `json:"created"`
 	Updated   time.Time `json:"updated"`
 	Cancelled time.Time `json:"cancelled,omitzero"`
+	// External are the digests of the bases outside the plan, by module:
+	// resolved once when the plan is made, so that every ask of the plan
+	// is pinned to the same base images.
+	External map[string]string `json:"external,omitempty"`
 	// Window is the most asks of the plan queued (published, not started)
 	// at once; released asks beyond it are held, ready, and published best
 	// first as holders start asks (see Fill). 0 is no limit: every released
@@ -212,11 +229,10 @@ type Submit struct {
 	// Source is where to build from; an empty commit means the module's
 	// current commit, which the caller resolves.
 	Source planner.Source `json:"source"`
-	// Bases are the digests of the in-plan bases, by module.
+	// Bases are the digests of every base, by module: the in-plan bases
+	// at the digests this plan built them at, the others at the digests
+	// resolved when the plan was made (State.External).
 	Bases map[string]string `json:"bases,omitempty"`
-	// External are the bases outside the plan whose current digests the
-	// caller resolves from the registry.
-	External []string `json:"external,omitempty"`
 }
 
 // Counts are how many modules of a plan are in each state.
@@ -228,11 +244,14 @@ type Counts struct {
 	Built     int `json:"built"`
 	Failed    int `json:"failed"`
 	Blocked   int `json:"blocked"`
-	Cancelled int `json:"cancelled"`
-	Total     int `json:"total"`
+	Cancelling int `json:"cancelling,omitempty"`
+	Cancelled  int `json:"cancelled"`
+	Total      int `json:"total"`
 }
 
-// NewState starts the state of a plan: every module waiting.
+// NewState starts the state of a plan: every module waiting. A plan with
+// bases outside it (planner.Plan.External) is pinned to their digests with
+// Pin before it starts.
 func NewState(p planner.Plan, now time.Time) *State {
 	s := &State{
 		Version: StateVersion,
@@ -261,6 +280,34 @@ func NewState(p planner.Plan, now time.Time) *State {
 	}
 	s.ensure()
 	return s
+}
+
+// Pin sets the digests of the plan's bases outside it, by module, resolved
+// by the caller once, when the plan is made: every ask of the plan is then
+// pinned to the same base images, and the ask is a pure function of the
+// state. A base missing from digests is refused (ErrNoBase), naming the
+// modules built on it, so that no ask goes out unpinned.
+func (s *State) Pin(digests map[string]string) error {
+	var missing []string
+	ext := map[string]string{}
+	for _, m := range s.Modules {
+		for _, b := range m.External {
+			d := digests[b]
+			if d == "" {
+				missing = append(missing, fmt.Sprintf("%s (needed by %s)", b, m.Module))
+				continue
+			}
+			ext[b] = d
+		}
+	}
+	if len(missing) > 0 {
+		slices.Sort(missing)
+		return fmt.Errorf("%w: %s", ErrNoBase, strings.Join(slices.Compact(missing), ", "))
+	}
+	if len(ext) > 0 {
+		s.External = ext
+	}
+	return nil
 }
 
 // index is derived from the exported fields: rebuilt on load.
@@ -295,7 +342,6 @@ func buildIndex(ms []ModuleStatus) (*index, error) {
 		}
 		ix.pos[m.Module] = i
 	}
-	indeg := make([]int, n)
 	for i, m := range ms {
 		for _, b := range m.Bases {
 			j, ok := ix.pos[b]
@@ -305,31 +351,17 @@ func buildIndex(ms []ModuleStatus) (*index, error) {
 			}
 			ix.bases[i] = append(ix.bases[i], j)
 			ix.deps[j] = append(ix.deps[j], i)
-			indeg[i]++
 			if ms[j].State != Built {
 				ix.remaining[i]++
 			}
 		}
 	}
-	for i := range ms {
-		if indeg[i] == 0 {
-			ix.topo = append(ix.topo, i)
-		}
-	}
-	for k := 0; k < len(ix.topo); k++ {
-		for _, d := range ix.deps[ix.topo[k]] {
-			if indeg[d]--; indeg[d] == 0 {
-				ix.topo = append(ix.topo, d)
-			}
-		}
-	}
-	if len(ix.topo) < n {
+	order, cyclic := mesh.Topo(n, func(i int) iter.Seq[int] { return mesh.Indices(ix.bases[i]) },
+		func(i int) iter.Seq[int] { return mesh.Indices(ix.deps[i]) })
+	ix.topo = order
+	if len(cyclic) > 0 {
 		errs = append(errs, errors.New("bases form a cycle"))
-		for i := range ms {
-			if indeg[i] > 0 {
-				ix.topo = append(ix.topo, i)
-			}
-		}
+		ix.topo = append(ix.topo, cyclic...)
 	}
 	ix.computeRanks(ms)
 	if len(errs) > 0 {
@@ -491,11 +523,15 @@ func (s *State) Started(ev mesh.Started) bool {
 	m := &s.Modules[i]
 	switch {
 	case m.State == Queued:
+		m.State = Building
 	case m.State == Building && ev.At.After(m.Started) && ev.On != m.On:
+	case m.State == Cancelling && m.Started.IsZero():
+		// Taken by a holder just as the plan was cancelled: it stays
+		// cancelling, and the machine is known.
 	default:
 		return false
 	}
-	m.State, m.On, m.Started = Building, ev.On, ev.At
+	m.On, m.Started = ev.On, ev.At
 	s.touch(ev.At)
 	return true
 }
@@ -511,6 +547,13 @@ func (s *State) Built(ev mesh.Built, now time.Time) []Submit {
 		return nil
 	}
 	m := &s.Modules[i]
+	if m.State == Cancelling {
+		// The holder finished before it heard of the cancel: the image
+		// is not the plan's (the plan was cancelled), so it is neither
+		// current nor a base of anything.
+		s.stopped(m, ev.On, "", "built after the plan was cancelled: "+ev.Image, now)
+		return nil
+	}
 	if m.State != Queued && m.State != Building {
 		return nil
 	}
@@ -535,13 +578,19 @@ func (s *State) Built(ev mesh.Built, now time.Time) []Submit {
 
 // Failed records the module's failure and blocks every module built on it,
 // transitively; it returns the modules it newly blocked. A failed for
-// another ask or a duplicate changes nothing and returns nothing.
+// another ask or a duplicate changes nothing and returns nothing. A failed
+// of a cancelling module (failed{cancelled}: its holder stopped) makes it
+// cancelled and blocks nothing.
 func (s *State) Failed(ev mesh.Failed, now time.Time) []string {
 	i, ok := s.current(ev.Plan, ev.Module, ev.Ask)
 	if !ok {
 		return nil
 	}
 	m := &s.Modules[i]
+	if m.State == Cancelling {
+		s.stopped(m, ev.On, ev.Reason, ev.Message, now)
+		return nil
+	}
 	if m.State != Queued && m.State != Building {
 		return nil
 	}
@@ -632,10 +681,15 @@ func (s *State) reblock(i int) {
 	}
 }
 
-// Cancel cancels the plan: every waiting, ready, queued or building module is
-// cancelled (failed and blocked ones keep their cause), and the ask ids in
-// flight (queued or building) are returned, sorted, for the caller to
-// cancel. Cancelling a settled or cancelled plan does nothing.
+// Cancel cancels the plan: every waiting or ready module is cancelled at
+// once (failed and blocked ones keep their cause); every queued or building
+// module becomes cancelling, and its ask id is returned (sorted) for the
+// caller to withdraw from the queue and cut short on its holder. A
+// cancelling module becomes cancelled when its holder reports (failed
+// {cancelled}, or a built that came too late, see Built), when the caller
+// withdrew its ask before any holder had it ([State.Withdrawn]), or when a
+// bound passes ([State.ExpireCancelling]); until then the plan is running.
+// Cancelling a settled or cancelled plan does nothing.
 func (s *State) Cancel(now time.Time) (cancelAsks []string) {
 	s.ensure()
 	if !s.Cancelled.IsZero() || s.Settled() {
@@ -648,13 +702,72 @@ func (s *State) Cancel(now time.Time) (cancelAsks []string) {
 		switch m.State {
 		case Queued, Building:
 			cancelAsks = append(cancelAsks, m.Ask)
-			fallthrough
+			m.State = Cancelling
 		case Waiting, Ready:
 			m.State, m.Finished = Cancelled, now
 		}
 	}
 	slices.Sort(cancelAsks)
 	return cancelAsks
+}
+
+// Cancelling returns the ask ids of the cancelling modules, sorted: after
+// a reload the caller asks their holders again to stop.
+func (s *State) Cancelling() []string {
+	var out []string
+	for _, m := range s.Modules {
+		if m.State == Cancelling {
+			out = append(out, m.Ask)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Withdrawn records that a cancelling module's ask was taken out of the
+// queue before any holder received it: nothing works on it, so it is
+// cancelled. It reports whether the state changed (not for another ask, or
+// one a holder announced started).
+func (s *State) Withdrawn(ask string, now time.Time) bool {
+	s.ensure()
+	for i := range s.Modules {
+		m := &s.Modules[i]
+		if m.Ask == ask && m.State == Cancelling && m.Started.IsZero() {
+			s.stopped(m, "", "", "withdrawn from the queue before any holder took it", now)
+			return true
+		}
+	}
+	return false
+}
+
+// ExpireCancelling cancels the modules still cancelling bound after the
+// plan was cancelled (their holder died, or never heard): it returns them.
+func (s *State) ExpireCancelling(now time.Time, bound time.Duration) []string {
+	if s.Cancelled.IsZero() || now.Sub(s.Cancelled) < bound {
+		return nil
+	}
+	var out []string
+	for i := range s.Modules {
+		m := &s.Modules[i]
+		if m.State == Cancelling {
+			s.stopped(m, "", "", fmt.Sprintf("no word from its holder %s after the cancel", bound), now)
+			out = append(out, m.Module)
+		}
+	}
+	return out
+}
+
+// stopped settles a cancelling module as cancelled.
+func (s *State) stopped(m *ModuleStatus, on, reason, message string, now time.Time) {
+	m.State, m.Finished = Cancelled, now
+	if on != "" {
+		m.On = on
+	}
+	m.Reason, m.Message = reason, message
+	if !m.Started.IsZero() {
+		m.Duration = now.Sub(m.Started)
+	}
+	s.touch(now)
 }
 
 // Pending returns the asks of every queued module, in release order: after
@@ -678,12 +791,12 @@ func (s *State) Pending() []Submit {
 }
 
 // Settled reports whether nothing can progress any more: no module waiting,
-// ready, queued or building. (Failed and blocked modules wait for a Retry, which
-// un-settles the plan.)
-func (s *State) Settled() bool {
-	c := s.Counts()
-	return c.Waiting == 0 && c.Ready == 0 && c.Queued == 0 && c.Building == 0
-}
+// ready, queued, building or cancelling. (Failed and blocked modules wait for
+// a Retry, which un-settles the plan.)
+func (s *State) Settled() bool { return s.Counts().inFlight() == 0 }
+
+// inFlight counts the modules that can still progress.
+func (c Counts) inFlight() int { return c.Waiting + c.Ready + c.Queued + c.Building + c.Cancelling }
 
 // Counts counts the modules in each state.
 func (s *State) Counts() Counts {
@@ -704,6 +817,8 @@ func (s *State) Counts() Counts {
 			c.Failed++
 		case Blocked:
 			c.Blocked++
+		case Cancelling:
+			c.Cancelling++
 		case Cancelled:
 			c.Cancelled++
 		}
@@ -717,7 +832,7 @@ func (s *State) Counts() Counts {
 func (s *State) Outcome() Outcome {
 	c := s.Counts()
 	switch {
-	case c.Waiting+c.Ready+c.Queued+c.Building > 0:
+	case c.inFlight() > 0:
 		return OutcomeRunning
 	case !s.Cancelled.IsZero():
 		return OutcomeCancelled
@@ -783,13 +898,15 @@ func (s *State) compare(a, b int) int {
 
 func (s *State) submitOf(i int) Submit {
 	m := s.Modules[i]
-	sub := Submit{Plan: s.Plan, Module: m.Module, AskID: m.Ask, Attempt: m.Attempt, Source: m.Source,
-		External: slices.Clone(m.External)}
+	sub := Submit{Plan: s.Plan, Module: m.Module, AskID: m.Ask, Attempt: m.Attempt, Source: m.Source}
 	sub.Source.Platforms = slices.Clone(m.Source.Platforms)
-	if len(s.ix.bases[i]) > 0 {
-		sub.Bases = make(map[string]string, len(s.ix.bases[i]))
+	if n := len(s.ix.bases[i]) + len(m.External); n > 0 {
+		sub.Bases = make(map[string]string, n)
 		for _, b := range s.ix.bases[i] {
 			sub.Bases[s.Modules[b].Module] = s.Modules[b].Digest
+		}
+		for _, b := range m.External {
+			sub.Bases[b] = s.External[b]
 		}
 	}
 	return sub

@@ -444,9 +444,26 @@ func TestCancel(t *testing.T) {
 	if want := []string{a.AskID}; !slices.Equal(asks, want) {
 		t.Fatalf("cancel asks %v, want %v", asks, want)
 	}
-	wantStates(t, s, map[string]ModuleState{"a": Cancelled, "b": Built, "c": Cancelled, "d": Cancelled, "x": Failed, "e": Blocked})
-	if !s.Settled() || s.Outcome() != OutcomeCancelled || !s.Cancelled.Equal(at(3)) {
-		t.Fatalf("settled %v outcome %s cancelled %v", s.Settled(), s.Outcome(), s.Cancelled)
+	// a is building: it shows cancelling, and the plan runs, until its
+	// holder says it stopped.
+	wantStates(t, s, map[string]ModuleState{"a": Cancelling, "b": Built, "c": Cancelled, "d": Cancelled, "x": Failed, "e": Blocked})
+	if s.Settled() || s.Outcome() != OutcomeRunning || !s.Cancelled.Equal(at(3)) {
+		t.Fatalf("before the holder's word: settled %v outcome %s cancelled %v", s.Settled(), s.Outcome(), s.Cancelled)
+	}
+	if got := s.Cancelling(); !slices.Equal(got, []string{a.AskID}) {
+		t.Fatalf("cancelling %v, want %v", got, []string{a.AskID})
+	}
+	if s.Withdrawn(a.AskID, at(3)) {
+		t.Fatal("an ask a holder started was withdrawn")
+	}
+	ev := failed(a, 4)
+	ev.Reason = mesh.ReasonCancel
+	if blocked := s.Failed(ev, at(4)); blocked != nil {
+		t.Fatalf("failed{cancelled} blocked %v", blocked)
+	}
+	wantStates(t, s, map[string]ModuleState{"a": Cancelled})
+	if !s.Settled() || s.Outcome() != OutcomeCancelled {
+		t.Fatalf("settled %v outcome %s", s.Settled(), s.Outcome())
 	}
 	if got, want := s.Counts(), (Counts{Built: 1, Failed: 1, Blocked: 1, Cancelled: 3, Total: 6}); got != want {
 		t.Errorf("counts %+v, want %+v", got, want)
@@ -468,6 +485,28 @@ func TestCancel(t *testing.T) {
 	s.Started(started(subs[2], "m1", 1))
 	if got, want := s.Cancel(at(2)), []string{subs[0].AskID, subs[1].AskID, subs[2].AskID}; !slices.Equal(got, want) {
 		t.Fatalf("cancel %v, want %v", got, want)
+	}
+	// A queued ask withdrawn unseen is cancelled; a built that comes too
+	// late is no image of the plan and releases nothing; the one no holder
+	// speaks for is cancelled when the bound passes, not before.
+	if !s.Withdrawn(subs[0].AskID, at(3)) {
+		t.Fatal("a queued ask withdrawn before any holder took it is not cancelled")
+	}
+	if next := s.Built(built(subs[2], 3), at(3)); next != nil {
+		t.Fatalf("a late built released %v", next)
+	}
+	if _, ok := s.Current(subs[2].Module); ok {
+		t.Fatal("a late built became current")
+	}
+	wantStates(t, s, map[string]ModuleState{subs[0].Module: Cancelled, subs[1].Module: Cancelling, subs[2].Module: Cancelled})
+	if got := s.ExpireCancelling(at(3), 10*time.Second); got != nil {
+		t.Fatalf("expired %v before the bound", got)
+	}
+	if got := s.ExpireCancelling(at(12), 10*time.Second); !slices.Equal(got, []string{subs[1].Module}) {
+		t.Fatalf("expired %v, want %s", got, subs[1].Module)
+	}
+	if s.Outcome() != OutcomeCancelled {
+		t.Fatalf("outcome %s after the bound", s.Outcome())
 	}
 
 	// Cancelling a settled plan does nothing.
@@ -609,13 +648,32 @@ func TestExternalBases(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := NewState(p, t0)
+	// A base outside the plan is pinned when the plan is made; one with
+	// no digest is refused, naming it and what is built on it.
+	if err := s.Pin(map[string]string{"other": digest("other", 1)}); !errors.Is(err, ErrNoBase) ||
+		!strings.Contains(err.Error(), "os (needed by a)") {
+		t.Fatalf("pin without os: %v, want ErrNoBase naming os and a", err)
+	}
+	osDigest := digest("os", 7)
+	if err := s.Pin(map[string]string{"os": osDigest}); err != nil {
+		t.Fatal(err)
+	}
+	if st := stateOf(t, s, "a"); !slices.Equal(st.External, []string{"os"}) {
+		t.Fatalf("a: external %v", st.External)
+	}
 	a := s.Start(t0)[0]
-	if !slices.Equal(a.External, []string{"os"}) || len(a.Bases) != 0 {
-		t.Fatalf("a: external %v bases %v", a.External, a.Bases)
+	if !reflect.DeepEqual(a.Bases, map[string]string{"os": osDigest}) {
+		t.Fatalf("a: bases %v, want os pinned", a.Bases)
 	}
 	b := s.Built(built(a, 1), at(1))[0]
-	if !slices.Equal(b.External, []string{"os"}) || !reflect.DeepEqual(b.Bases, map[string]string{"a": digest("a", 1)}) {
-		t.Fatalf("b: external %v bases %v", b.External, b.Bases)
+	if !reflect.DeepEqual(b.Bases, map[string]string{"a": digest("a", 1), "os": osDigest}) {
+		t.Fatalf("b: bases %v, want every base pinned", b.Bases)
+	}
+	// The pins survive a reload.
+	data, _ := json.Marshal(s)
+	var back State
+	if err := json.Unmarshal(data, &back); err != nil || back.External["os"] != osDigest {
+		t.Fatalf("reload: external %v, %v", back.External, err)
 	}
 	if b.Source.Commit != "" || b.Source.Repo != "https://git.example/tools.git" {
 		t.Errorf("b source %+v (another repository: its current commit)", b.Source)

@@ -70,23 +70,26 @@ const OutcomeEmpty Outcome = "empty"
 
 // PlanRecord is a plan's summary: what `builds plans` lists.
 type PlanRecord struct {
-	ID       string          `json:"id"`
-	Seq      uint64          `json:"seq"`
-	Trigger  planner.Trigger `json:"trigger"`
-	Summary  string          `json:"summary"`
-	Outcome  Outcome         `json:"outcome"`
-	Message  string          `json:"message,omitempty"`
-	Counts   Counts          `json:"counts"`
-	Tiers    int             `json:"tiers"`
-	Created  time.Time       `json:"created"`
-	Updated  time.Time       `json:"updated"`
-	Finished time.Time       `json:"finished,omitzero"`
+	ID      string          `json:"id"`
+	Seq     uint64          `json:"seq"`
+	Trigger planner.Trigger `json:"trigger"`
+	Summary string          `json:"summary"`
+	Outcome Outcome         `json:"outcome"`
+	Message string          `json:"message,omitempty"`
+	Counts  Counts          `json:"counts"`
+	Tiers   int             `json:"tiers"`
+	// External are the digests of the bases outside the plan, resolved
+	// when it was made (State.External).
+	External map[string]string `json:"external,omitempty"`
+	Created  time.Time         `json:"created"`
+	Updated  time.Time         `json:"updated"`
+	Finished time.Time         `json:"finished,omitzero"`
 }
 
 // Record summarises a state.
 func Record(s *State) PlanRecord {
 	r := PlanRecord{ID: s.Plan, Seq: s.Seq, Trigger: s.Trigger, Summary: s.Summary, Outcome: s.Outcome(),
-		Counts: s.Counts(), Created: s.Created, Updated: s.Updated}
+		Counts: s.Counts(), Created: s.Created, Updated: s.Updated, External: s.External}
 	for _, m := range s.Modules {
 		r.Tiers = max(r.Tiers, m.Tier+1)
 	}
@@ -245,7 +248,7 @@ func (s *Store) each(ctx context.Context, filter string, fn func(key string, dat
 // and the plan (planned again from the record's trigger).
 func Load(p planner.Plan, r PlanRecord, mods map[string]ModuleStatus) (*State, error) {
 	st := NewState(p, r.Created)
-	st.Seq, st.Updated = r.Seq, r.Updated
+	st.Seq, st.Updated, st.External = r.Seq, r.Updated, r.External
 	if r.Outcome == OutcomeCancelled {
 		st.Cancelled = r.Updated
 	}
@@ -265,9 +268,6 @@ func Load(p planner.Plan, r PlanRecord, mods map[string]ModuleStatus) (*State, e
 	}
 	return out, nil
 }
-
-// DefaultKeepPlans is how many settled plans the store keeps by default.
-const DefaultKeepPlans = 500
 
 // Prune removes the oldest settled plans beyond the newest keep, with their
 // module entries, so that the bucket (64 MiB at most) never fills: a full

@@ -37,8 +37,7 @@ type Reply struct {
 	Record  PlanRecord `json:"record,omitzero"`
 	Asks    []string   `json:"asks,omitempty"`
 	Error   string     `json:"error,omitempty"`
-	// Code classifies Error: "unknown-module", "no-plan", "not-failed",
-	// "bad-request".
+	// Code classifies Error: one of toolCodes' codes.
 	Code string `json:"code,omitempty"`
 }
 
@@ -49,21 +48,58 @@ var (
 	ErrNoController  = errors.New("no controller answered")
 )
 
-var codes = map[string]error{
-	"unknown-module": ErrUnknownModule, "no-plan": ErrNoPlan, "not-failed": ErrNotFailed, "bad-request": ErrBadRequest,
+// toolCodes is the one table of the tools' error codes: a code crosses the
+// wire in Reply.Code, and both sides match it with errors.Is. The
+// controller answers an error with the first code whose first sentinel it
+// wraps; the client's ToolError matches every sentinel of its code (so a
+// module not built, or not in the plan, is also an unknown module to a
+// caller that asks only that). An error no code matches is bad-request.
+var toolCodes = []struct {
+	code string
+	errs []error
+}{
+	{"unknown-module", []error{ErrUnknownModule}},
+	{"not-built", []error{planner.ErrNotBuilt, ErrUnknownModule}},
+	{"not-in-plan", []error{ErrNotInPlan, ErrUnknownModule}},
+	{"no-plan", []error{ErrNoPlan}},
+	{"not-failed", []error{ErrNotFailed}},
+	{"plan-cancelled", []error{ErrPlanCancelled}},
+	{"no-base", []error{ErrNoBase}},
+	{"bad-request", []error{ErrBadRequest}},
 }
 
+// codeOf is the code of an error the controller answers with.
 func codeOf(err error) string {
-	switch {
-	case errors.Is(err, planner.ErrUnknownModule), errors.Is(err, planner.ErrNotBuilt), errors.Is(err, ErrNotInPlan):
-		return "unknown-module"
-	case errors.Is(err, ErrNoPlan):
-		return "no-plan"
-	case errors.Is(err, ErrNotFailed):
-		return "not-failed"
-	default:
-		return "bad-request"
+	for _, c := range toolCodes {
+		if errors.Is(err, c.errs[0]) {
+			return c.code
+		}
 	}
+	return "bad-request"
+}
+
+// ToolError is a tool's error answer as the client receives it: the
+// controller's message, once, and its code, which errors.Is matches
+// against the sentinels of toolCodes (errors.Is(err, ErrNoPlan)).
+type ToolError struct {
+	Code    string
+	Message string
+}
+
+func (e *ToolError) Error() string { return e.Message }
+
+// Is reports whether target is one of the sentinels of e's code.
+func (e *ToolError) Is(target error) bool {
+	for _, c := range toolCodes {
+		if c.code == e.Code {
+			for _, s := range c.errs {
+				if s == target {
+					return true
+				}
+			}
+		}
+	}
+	return false
 }
 
 type command struct {
@@ -96,9 +132,9 @@ func (c *Controller) serveTools() ([]*nats.Subscription, error) {
 			var req Request
 			var r Reply
 			if err := json.Unmarshal(m.Data, &req); err != nil {
-				r = Reply{Error: fmt.Sprintf("malformed request: %v", err), Code: "bad-request"}
+				r = Reply{Error: fmt.Sprintf("%v: malformed request: %v", ErrBadRequest, err), Code: codeOf(ErrBadRequest)}
 			} else {
-				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				ctx, cancel := context.WithTimeout(context.Background(), c.cfg.ToolTimeout)
 				r = c.do(ctx, command{kind: tool, req: req})
 				cancel()
 			}
@@ -150,10 +186,11 @@ func (c *Controller) command(ctx context.Context, cmd command) Reply {
 			return fail(err)
 		}
 		asks := st.Cancel(now)
+		c.withdraw(ctx, st, asks, now)
 		for _, m := range st.Modules {
 			c.touch(st, m.Module)
 		}
-		c.cancelAsks(ctx, asks)
+		c.cancelOnHolders(asks)
 		return Reply{Plan: st.Plan, Asks: asks, Record: Record(st)}
 	}
 	return fail(fmt.Errorf("%w: unknown command %q", ErrBadRequest, cmd.kind))
@@ -170,15 +207,7 @@ func (c *Controller) plan(ctx context.Context, id string) (*State, error) {
 	if err != nil {
 		return nil, err
 	}
-	p, err := c.ix.Plan(r.Trigger)
-	if err != nil {
-		return nil, err
-	}
-	mods, err := c.store.Modules(ctx, id)
-	if err != nil {
-		return nil, err
-	}
-	st, err := Load(p, r, mods)
+	st, err := c.load(ctx, r)
 	if err != nil {
 		return nil, err
 	}
@@ -186,18 +215,50 @@ func (c *Controller) plan(ctx context.Context, id string) (*State, error) {
 	return st, nil
 }
 
-// cancelAsks takes a cancelled plan's queued asks out of the work queue and
-// asks the holders to cut short the ones they are building.
-func (c *Controller) cancelAsks(ctx context.Context, asks []string) {
+// withdraw takes a cancelled plan's asks out of the work queue. An ask
+// deleted before the seat's consumer ever delivered it reached no holder:
+// its module is cancelled at once (State.Withdrawn). The others stay
+// cancelling until their holder reports or Config.CancelWait passes.
+func (c *Controller) withdraw(ctx context.Context, st *State, asks []string, now time.Time) {
 	if len(asks) == 0 {
 		return
 	}
-	if st, err := c.js.Stream(ctx, mesh.SeatStream(mesh.BuildSeat)); err == nil {
-		for _, a := range asks {
-			if seq, ok := c.askSeq[a]; ok {
-				_ = st.DeleteMsg(ctx, seq) // gone already if a holder took it
-			}
+	stream, err := c.js.Stream(ctx, mesh.SeatStream(mesh.BuildSeat))
+	if err != nil {
+		c.log.Warn("withdrawing cancelled asks", "err", err)
+		return
+	}
+	deleted := map[string]uint64{}
+	for _, a := range asks {
+		if seq, ok := c.askSeq[a]; ok && stream.DeleteMsg(ctx, seq) == nil {
+			deleted[a] = seq // a holder may have it still: see below
 		}
+	}
+	if len(deleted) == 0 {
+		return
+	}
+	cons, err := c.js.Consumer(ctx, mesh.SeatStream(mesh.BuildSeat), mesh.SeatConsumer(mesh.BuildSeat))
+	if err != nil {
+		return
+	}
+	// Read after the deletes: a message deleted beyond the last delivered
+	// sequence can no longer be delivered.
+	info, err := cons.Info(ctx)
+	if err != nil {
+		return
+	}
+	for a, seq := range deleted {
+		if seq > info.Delivered.Stream {
+			st.Withdrawn(a, now)
+		}
+	}
+}
+
+// cancelOnHolders asks the build seat's holders to cut short the asks they
+// are working on (each answers failed{cancelled}).
+func (c *Controller) cancelOnHolders(asks []string) {
+	if len(asks) == 0 {
+		return
 	}
 	data, _ := json.Marshal(mesh.Cancel{Asks: asks})
 	if err := c.nc.Publish(mesh.SeatToolSubject(mesh.BuildSeat, mesh.CancelTool), data); err != nil {
@@ -206,12 +267,13 @@ func (c *Controller) cancelAsks(ctx context.Context, asks []string) {
 }
 
 // Call sends a tool request to the controller and decodes its reply; an
-// error reply is returned as an error wrapping the matching sentinel.
+// error reply is returned as a *ToolError, which errors.Is matches against
+// the sentinel its code names.
 func Call(ctx context.Context, nc *nats.Conn, controllerModule, tool string, req Request) (Reply, error) {
 	data, _ := json.Marshal(req)
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, 30*time.Second)
+		ctx, cancel = context.WithTimeout(ctx, DefaultToolTimeout)
 		defer cancel()
 	}
 	m, err := nc.RequestWithContext(ctx, mesh.ModuleToolSubject(controllerModule, tool), data)
@@ -226,10 +288,7 @@ func Call(ctx context.Context, nc *nats.Conn, controllerModule, tool string, req
 		return Reply{}, fmt.Errorf("decoding the controller's answer: %w", err)
 	}
 	if r.Error != "" {
-		if s, ok := codes[r.Code]; ok {
-			return r, fmt.Errorf("%w: %s", s, r.Error)
-		}
-		return r, errors.New(r.Error)
+		return r, &ToolError{Code: r.Code, Message: r.Error}
 	}
 	return r, nil
 }

@@ -2,6 +2,7 @@ package planner
 
 import (
 	"fmt"
+	"iter"
 	"slices"
 	"strconv"
 	"strings"
@@ -110,15 +111,33 @@ const (
 // Plan plans a trigger: the modules it selects and everything built on them.
 // A trigger that selects nothing gives an empty plan and no error. Errors
 // wrap ErrTrigger, ErrUnknownModule, ErrNotBuilt or ErrCycle.
+//
+// It works in four named steps: select the trigger's seeds, close them
+// downstream through build.on, order the closure into tiers, and lay the
+// plan's nodes out in (tier, name) order.
 func (ix *Index) Plan(t Trigger) (Plan, error) {
 	if err := t.Validate(); err != nil {
 		return Plan{}, err
 	}
 	t = copyTrigger(t)
-	n := len(ix.names)
-	reason := make([]string, n) // "" unless selected by the trigger
-	var seeds []int32
+	reason, seeds, err := ix.selectSeeds(t)
+	if err != nil {
+		return Plan{}, err
+	}
+	in, members := ix.downstream(seeds)
+	tier, err := ix.tiers(members, in)
+	if err != nil {
+		return Plan{}, err
+	}
+	return ix.layout(t, members, in, tier, reason), nil
+}
 
+// selectSeeds picks the modules a trigger names itself: for a push, the
+// modules built from its repository (under its changed paths); for a
+// rebuild, the modules it lists. reason[i] says why module i was picked
+// ("" unless it was).
+func (ix *Index) selectSeeds(t Trigger) (reason []string, seeds []int32, err error) {
+	reason = make([]string, len(ix.names))
 	switch t.Kind {
 	case KindPush:
 		repo := NormaliseRepo(t.Repo)
@@ -150,18 +169,23 @@ func (ix *Index) Plan(t Trigger) (Plan, error) {
 			}
 		}
 		if len(unknown) > 0 {
-			return Plan{}, fmt.Errorf("%w: %s not in the catalogue (list the catalogue's modules with: builds catalogue show)",
+			return nil, nil, fmt.Errorf("%w: %s not in the catalogue (list the catalogue's modules with: builds catalogue show)",
 				ErrUnknownModule, quoteList(unknown))
 		}
 		if len(notBuilt) > 0 {
-			return Plan{}, fmt.Errorf("%w: %s has no build section, so there is nothing to rebuild (rebuild a module with build: in its manifest)",
+			return nil, nil, fmt.Errorf("%w: %s has no build section, so there is nothing to rebuild (rebuild a module with build: in its manifest)",
 				ErrNotBuilt, quoteList(notBuilt))
 		}
 	}
+	return reason, seeds, nil
+}
 
-	// Everything downstream of the seeds, through build.on.
-	in := make([]bool, n)
-	members := make([]int32, 0, len(seeds))
+// downstream closes the seeds under "built on": in[i] reports whether
+// module i is in the plan, and members lists the plan's modules in name
+// order.
+func (ix *Index) downstream(seeds []int32) (in []bool, members []int32) {
+	in = make([]bool, len(ix.names))
+	members = make([]int32, 0, len(seeds))
 	for _, s := range seeds {
 		if !in[s] {
 			in[s] = true
@@ -177,37 +201,51 @@ func (ix *Index) Plan(t Trigger) (Plan, error) {
 		}
 	}
 	slices.Sort(members) // name order
+	return in, members
+}
 
-	// Tiers: longest path, by Kahn's algorithm over the plan's subgraph.
-	tier := make([]int, n)
-	indeg := make([]int, n)
-	var queue []int32
-	for _, m := range members {
+// tiers gives each member its longest path from a member with no in-plan
+// base, walking the plan's subgraph in mesh.Topo's order; a cycle is
+// refused (ErrCycle), printed.
+func (ix *Index) tiers(members []int32, in []bool) ([]int, error) {
+	local := make([]int32, len(ix.names)) // catalogue index → index in members
+	for k, m := range members {
+		local[m] = int32(k)
+	}
+	edges := func(adj [][]int32) func(int) iter.Seq[int] {
+		return func(k int) iter.Seq[int] {
+			return func(yield func(int) bool) {
+				for _, j := range adj[members[k]] {
+					if in[j] && !yield(int(local[j])) {
+						return
+					}
+				}
+			}
+		}
+	}
+	order, cyclic := mesh.Topo(len(members), edges(ix.bases), edges(ix.deps))
+	if len(cyclic) > 0 {
+		left := make([]bool, len(ix.names))
+		for _, k := range cyclic {
+			left[members[k]] = true
+		}
+		return nil, ix.cycleError(members, left)
+	}
+	tier := make([]int, len(ix.names))
+	for _, k := range order {
+		m := members[k]
 		for _, b := range ix.bases[m] {
 			if in[b] {
-				indeg[m]++
-			}
-		}
-		if indeg[m] == 0 {
-			queue = append(queue, m)
-		}
-	}
-	for k := 0; k < len(queue); k++ {
-		u := queue[k]
-		for _, d := range ix.deps[u] {
-			if !in[d] {
-				continue
-			}
-			tier[d] = max(tier[d], tier[u]+1)
-			if indeg[d]--; indeg[d] == 0 {
-				queue = append(queue, d)
+				tier[m] = max(tier[m], tier[b]+1)
 			}
 		}
 	}
-	if len(queue) < len(members) {
-		return Plan{}, ix.cycleError(members, indeg)
-	}
+	return tier, nil
+}
 
+// layout builds the plan value: nodes in (tier, name) order, each with its
+// bases, dependents, source and reason, and the bases outside the plan.
+func (ix *Index) layout(t Trigger, members []int32, in []bool, tier []int, reason []string) Plan {
 	// Plan order (tier, name) by counting sort: members are in name order.
 	maxTier := 0
 	for _, m := range members {
@@ -285,7 +323,7 @@ func (ix *Index) Plan(t Trigger) (Plan, error) {
 		p.External = append(p.External, External{Module: b, NeededBy: by})
 	}
 	slices.SortFunc(p.External, func(a, b External) int { return strings.Compare(a.Module, b.Module) })
-	return p, nil
+	return p
 }
 
 func nilIfEmpty(s []string) []string {
@@ -360,10 +398,10 @@ func builtOn(bases []string) string {
 	return b.String()
 }
 
-func (ix *Index) cycleError(members []int32, indeg []int) error {
-	// Every member left with indeg > 0 is on or below a cycle; walk back
+func (ix *Index) cycleError(members []int32, cyclic []bool) error {
+	// Every member mesh.Topo left out is on or below a cycle; walk back
 	// through bases that are also left until a module repeats.
-	left := func(i int32) bool { return indeg[i] > 0 }
+	left := func(i int32) bool { return cyclic[i] }
 	var start int32 = -1
 	for _, m := range members {
 		if left(m) {

@@ -1,0 +1,66 @@
+package cascade
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/meshbuild/meshbuild/mesh"
+	"github.com/meshbuild/meshbuild/planner"
+)
+
+// Image is module m's image repository in a registry: registry/m.
+func Image(registry, module string) string { return registry + "/" + module }
+
+// Ask is the build ask of a submit, for images in registry: a pure
+// function of the two. Every base is pinned to the digest the submit
+// carries (in-plan bases at the digests the plan built them at, the others
+// at the digests resolved when the plan was made), sorted by module; an
+// empty commit (a module of another repository than the push's) asks for
+// the repository's HEAD; the platform is the module's first.
+//
+// The ask path is one way: planner.Plan → State (pinned when the plan is
+// made) → Submit → Ask, published by the controller.
+func Ask(registry string, s Submit) mesh.Ask {
+	a := mesh.Ask{
+		Version: mesh.AskVersion, ID: s.AskID, Plan: s.Plan, Module: s.Module,
+		Source: s.Source.Mesh(),
+		Image:  Image(registry, s.Module), Cache: Image(registry, s.Module) + ":buildcache",
+	}
+	if a.Source.Commit == "" {
+		a.Source.Commit = "HEAD"
+	}
+	if len(s.Source.Platforms) > 0 {
+		a.Platform = s.Source.Platforms[0]
+	}
+	for _, b := range slices.Sorted(maps.Keys(s.Bases)) {
+		a.Bases = append(a.Bases, mesh.Base{Module: b, Image: Image(registry, b), Digest: s.Bases[b]})
+	}
+	return a
+}
+
+// Push announces a push as mesh-git does, and returns the id of the plan
+// it makes: the one place a mesh.Pushed is published (the CLI's push and the
+// demo call it). The message id is the plan id, so that announcing one push
+// twice makes one plan. A zero At is now.
+func Push(ctx context.Context, js jetstream.JetStream, ev mesh.Pushed) (string, error) {
+	ev.Version = mesh.PushedVersion
+	if ev.At.IsZero() {
+		ev.At = time.Now().UTC()
+	}
+	id := planner.PlanID(planner.Trigger{Kind: planner.KindPush, Repo: ev.Repo, Commit: ev.Commit, Ref: ev.Ref, Paths: ev.Paths})
+	data, err := json.Marshal(ev)
+	if err != nil {
+		return "", err
+	}
+	subj := mesh.SeatEventSubject(mesh.GitSeat, mesh.EventPushed)
+	if _, err := js.Publish(ctx, subj, data, jetstream.WithMsgID(id)); err != nil {
+		return id, fmt.Errorf("announcing the push of %s %s on %s: %w", ev.Repo, ev.Commit, subj, err)
+	}
+	return id, nil
+}
