@@ -53,10 +53,10 @@ type Controller struct {
 	cfg     Config
 	settler Settler
 	js      jetstream.JetStream
-	nc     *nats.Conn
-	log    *slog.Logger
-	obs    Observer
-	module string
+	nc      *nats.Conn
+	log     *slog.Logger
+	obs     Observer
+	module  string
 
 	cat   *mesh.Catalogue
 	ix    *planner.Index

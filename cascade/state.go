@@ -78,11 +78,11 @@ package cascade
 
 import (
 	"crypto/sha256"
-	"iter"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"iter"
 	"regexp"
 	"slices"
 	"strconv"
@@ -237,13 +237,13 @@ type Submit struct {
 
 // Counts are how many modules of a plan are in each state.
 type Counts struct {
-	Waiting   int `json:"waiting"`
-	Ready     int `json:"ready"`
-	Queued    int `json:"queued"`
-	Building  int `json:"building"`
-	Built     int `json:"built"`
-	Failed    int `json:"failed"`
-	Blocked   int `json:"blocked"`
+	Waiting    int `json:"waiting"`
+	Ready      int `json:"ready"`
+	Queued     int `json:"queued"`
+	Building   int `json:"building"`
+	Built      int `json:"built"`
+	Failed     int `json:"failed"`
+	Blocked    int `json:"blocked"`
 	Cancelling int `json:"cancelling,omitempty"`
 	Cancelled  int `json:"cancelled"`
 	Total      int `json:"total"`

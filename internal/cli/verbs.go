@@ -285,11 +285,9 @@ func pushCmd(g *globals) *cobra.Command {
 				return err
 			}
 			defer b.close()
-			t := planner.Trigger{Kind: planner.KindPush, Repo: repo, Commit: commit, Ref: ref, Paths: paths}
-			id := planner.PlanID(t)
-			data, _ := json.Marshal(mesh.Pushed{Version: 1, Repo: repo, Ref: ref, Commit: commit, Paths: paths, At: time.Now().UTC()})
-			if _, err := b.js.Publish(ctx, mesh.SeatEventSubject(mesh.GitSeat, mesh.EventPushed), data, jetstream.WithMsgID(id)); err != nil {
-				return fmt.Errorf("announcing the push: %w", err)
+			id, err := cascade.Push(ctx, b.js, mesh.Pushed{Repo: repo, Ref: ref, Commit: commit, Paths: paths})
+			if err != nil {
+				return err
 			}
 			if !watch {
 				if g.json {

@@ -78,14 +78,8 @@ func Demo(ctx context.Context, f *Farm, srcDir string, out io.Writer) error {
 		return err
 	}
 	defer nc.Close()
-	ev := mesh.Pushed{Version: 1, Repo: trig.Repo, Ref: trig.Ref, Commit: commit, Paths: paths, At: time.Now().UTC()}
-	data, err := json.Marshal(ev)
-	if err != nil {
+	if _, err := cascade.Push(ctx, js, mesh.Pushed{Repo: trig.Repo, Ref: trig.Ref, Commit: commit, Paths: paths}); err != nil {
 		return err
-	}
-	subj := mesh.SeatEventSubject(mesh.GitSeat, mesh.EventPushed)
-	if _, err := js.Publish(ctx, subj, data, jetstream.WithMsgID(plan)); err != nil {
-		return fmt.Errorf("announcing the push on %s: %w", subj, err)
 	}
 	fmt.Fprintf(out, "Pushed a change to the base: %s (%s) → plan %s\n\n", planner.ShortCommit(commit), strings.Join(paths, ", "), plan)
 
