@@ -715,6 +715,9 @@ func (c *Controller) fillIdle(ctx context.Context) bool {
 		c.log.Warn("reading the seat's consumer; publishing one held ask per plan", "err", err)
 		idle = len(held)
 	}
+	// Asks released in this batch and not yet published will meet the
+	// waiting holders first.
+	idle = max(0, idle-len(c.submits))
 	slices.SortFunc(held, func(a, b *State) int { return cmp.Compare(a.Seq, b.Seq) })
 	now := time.Now().UTC()
 	still := false

@@ -341,8 +341,12 @@ func TestTheNewerPlanWinsAModule(t *testing.T) {
 	h.w.sleep["m"] = 10 * time.Millisecond // the newer plan's build finishes first
 	h.w.mu.Unlock()
 	newer := h.push("c2", "push-c2")
-	h.settle(newer, 10*time.Second)
-	h.settle(older, 10*time.Second)
+	_, newMods := h.settle(newer, 10*time.Second)
+	_, oldMods := h.settle(older, 10*time.Second)
+	if !oldMods["m"].Finished.After(newMods["m"].Finished) {
+		t.Fatalf("the older plan's m finished at %v, not after the newer's at %v: the test proves nothing",
+			oldMods["m"].Finished, newMods["m"].Finished)
+	}
 	cur, err := h.store().Currents(context.Background())
 	if err != nil {
 		t.Fatal(err)
@@ -376,10 +380,15 @@ func TestCancelStopsQueuedAndRunningBuilds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// In flight: the one building, plus any published and not yet taken
-	// (the controller holds the rest for idle holders).
-	if len(r.Asks) < 1 || len(r.Asks) > 7 {
-		t.Errorf("cancel named %d asks in flight, want 1 to 7", len(r.Asks))
+	// In flight: exactly the one building. The default window holds the
+	// rest for idle holders, and the one holder is busy.
+	if len(r.Asks) != 1 {
+		t.Errorf("cancel named %d asks in flight (%v), want exactly 1", len(r.Asks), r.Asks)
+	}
+	// Until its holder says it stopped, the building one is cancelling
+	// and the plan runs.
+	if r.Record.Outcome != cascade.OutcomeRunning || r.Record.Counts.Cancelling != 1 || r.Record.Counts.Cancelled != 6 {
+		t.Errorf("right after the cancel: %s %+v, want running with 1 cancelling and 6 cancelled", r.Record.Outcome, r.Record.Counts)
 	}
 	rec, _ := h.settle(plan, 10*time.Second)
 	if rec.Outcome != cascade.OutcomeCancelled || rec.Counts.Cancelled != 7 {
