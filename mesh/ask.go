@@ -66,8 +66,9 @@ type Ask struct {
 	Module   string `json:"module"`
 	Source   Source `json:"source"`
 	Platform string `json:"platform,omitempty"`
-	// Image is the target repository, without tag or digest; the agent tags
-	// it with the commit and pushes it by digest.
+	// Image is the target repository, without tag or digest; the agent
+	// pushes it by digest and tags it latest (the tag is a convenience for
+	// people; the mesh builds on the digest).
 	Image string `json:"image"`
 	Bases []Base `json:"bases,omitempty"`
 	// Cache is the registry reference build cache is imported from and

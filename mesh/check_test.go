@@ -194,7 +194,7 @@ seats:
   - seat: mesh-cache
     scope: mesh
 `},
-		want: []want{{file: "x.yaml", field: "seats[0].seat", text: "the mesh-* prefix is the mesh's own"}},
+		want: []want{{file: "x.yaml", field: "seats[0].seat", text: `"mesh-cache": the mesh-* prefix is the mesh's own`}},
 	}, {
 		name:  "holds a mesh seat that does not exist",
 		files: map[string]string{"x.yaml": "module: x\nholds: [mesh-gti]\n"},
