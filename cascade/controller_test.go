@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -446,10 +447,22 @@ func TestAControllerRestartedMidPlanResumes(t *testing.T) {
 }
 
 func TestBadRequestsGetClearErrors(t *testing.T) {
-	h := newHarness(t, map[string][]string{"a": nil}, 1)
+	h := newHarness(t, map[string][]string{"a": nil, "b": {"a"}}, 1)
 	ctx := context.Background()
-	if _, err := cascade.Call(ctx, h.nc, "build-controller", cascade.ToolRebuild, cascade.Request{ID: "r1", Modules: []string{"nope"}}); !errors.Is(err, cascade.ErrUnknownModule) {
+	_, err := cascade.Call(ctx, h.nc, "build-controller", cascade.ToolRebuild, cascade.Request{ID: "r1", Modules: []string{"nope"}})
+	if !errors.Is(err, cascade.ErrUnknownModule) {
 		t.Errorf("rebuild of an unknown module: %v, want ErrUnknownModule", err)
+	} else if msg := err.Error(); strings.Count(msg, "unknown module") != 1 || !strings.Contains(msg, `"nope"`) {
+		t.Errorf("rebuild of an unknown module says %q: want the fact once, naming the module", msg)
+	}
+	// A base outside the plan with no image refuses the plan (no record),
+	// naming the base and the command that builds it.
+	_, err = cascade.Call(ctx, h.nc, "build-controller", cascade.ToolRebuild, cascade.Request{ID: "r2", Modules: []string{"b"}})
+	if !errors.Is(err, cascade.ErrNoBase) || !strings.Contains(err.Error(), "builds rebuild a") {
+		t.Errorf("rebuild of b, whose base a has no image: %v, want ErrNoBase naming `builds rebuild a`", err)
+	}
+	if _, err := h.store().Plan(ctx, planner.PlanID(planner.Trigger{Kind: planner.KindRebuild, ID: "r2"})); !errors.Is(err, cascade.ErrNoPlan) {
+		t.Errorf("a refused plan was stored: %v", err)
 	}
 	if _, err := h.store().Plan(ctx, "p-nope"); !errors.Is(err, cascade.ErrNoPlan) {
 		t.Errorf("unknown plan: %v, want ErrNoPlan", err)
