@@ -58,8 +58,9 @@
 // the next idle machine takes the module holding up most of the plan. The
 // simulator ([Simulate], see sim.go) measures a 1,000-module plan on 50
 // machines at 1.08× the lower bound with no window and 1.004× with a window
-// of 1 and duration estimates (1.02× with a window of 5). Window 0 (the
-// default) publishes everything at once.
+// of 1 and duration estimates (1.02× with a window of 5). A State's Window
+// 0 publishes everything at once (the controller's default is
+// WindowIdle, see Config.Window).
 //
 // # Newer commit wins
 //
