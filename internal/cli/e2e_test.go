@@ -17,7 +17,7 @@ import (
 	"github.com/meshbuild/meshbuild/agent"
 	"github.com/meshbuild/meshbuild/cascade"
 	"github.com/meshbuild/meshbuild/internal/cli"
-	"github.com/meshbuild/meshbuild/internal/farm"
+	"github.com/meshbuild/meshbuild/internal/daemon"
 	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 )
@@ -123,7 +123,7 @@ func TestACascadeBuiltByRealAgents(t *testing.T) {
 	errs := make(chan error, 3)
 	ready := make(chan struct{})
 	go func() {
-		errs <- farm.RunController(ctx, farm.ControllerOptions{NATS: s.ClientURL(), Catalogue: catDir,
+		errs <- daemon.RunController(ctx, daemon.ControllerOptions{NATS: s.ClientURL(), Catalogue: catDir,
 			Controller: cascade.Config{Registry: reg, RegistryInsecure: true}, Ready: ready})
 	}()
 	select {
@@ -137,7 +137,7 @@ func TestACascadeBuiltByRealAgents(t *testing.T) {
 		cfg := agent.DefaultConfig()
 		cfg.Machine = m
 		go func() {
-			errs <- farm.RunAgent(ctx, farm.AgentOptions{NATS: s.ClientURL(), Agent: cfg, BuildKit: bk,
+			errs <- daemon.RunAgent(ctx, daemon.AgentOptions{NATS: s.ClientURL(), Agent: cfg, BuildKit: bk,
 				RegistryInsecure: true, Workspace: t.TempDir(), InsteadOf: map[string]string{fleetRepo: gitDir}})
 		}()
 	}
