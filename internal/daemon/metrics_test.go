@@ -52,11 +52,22 @@ func TestAgentAndControllerMetrics(t *testing.T) {
 	if obs, err := daemon.AgentMetrics(ctx, "", "m1", nil); obs != nil || err != nil {
 		t.Fatalf("agent without an address: %v, %v; want no observer", obs, err)
 	}
-	obs, err := daemon.AgentMetrics(ctx, "127.0.0.1:0", "m1", nil)
+	agentAddr := freeAddr(t)
+	obs, err := daemon.AgentMetrics(ctx, agentAddr, "m1", nil)
 	if err != nil || obs == nil {
 		t.Fatalf("agent metrics: %v, %v", obs, err)
 	}
 	obs.Began()
+	abody := get(t, "http://"+agentAddr+"/metrics")
+	for _, want := range []string{
+		`meshbuild_agent_asks_in_flight{machine="m1"} 1`,
+		`meshbuild_agent_builds_total`, // declared, no build ended yet
+		"go_goroutines", "process_cpu_seconds_total",
+	} {
+		if !strings.Contains(abody, want) {
+			t.Errorf("agent /metrics lacks %s", want)
+		}
+	}
 
 	s := natstest.Server(t, nil)
 	if cobs, err := daemon.ControllerMetrics(ctx, "", s.ClientURL(), "", nil); cobs != nil || err != nil {

@@ -29,7 +29,8 @@ func TestUpRefusesTakenPorts(t *testing.T) {
 		name, nats, registry, want string
 	}{
 		{"nats", taken, "127.0.0.1:0", taken + " is in use: stop what holds it or pass --listen-nats 127.0.0.1:PORT"},
-		{"registry", "127.0.0.1:0", taken, taken + " is in use: stop what holds it or pass --listen-registry 127.0.0.1:PORT"},
+		// NATS on a port of its own, to see it let go of it again.
+		{"registry", testenv.FreePorts(t, 1), taken, taken + " is in use: stop what holds it or pass --listen-registry 127.0.0.1:PORT"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			state := t.TempDir()
@@ -53,6 +54,14 @@ func TestUpRefusesTakenPorts(t *testing.T) {
 			}
 			// What started (NATS, for the registry case) was stopped: its
 			// port is free again and nothing is left running.
+			if tc.nats != taken {
+				l, err := net.Listen("tcp", tc.nats)
+				if err != nil {
+					t.Errorf("NATS's %s is still held after the refusal: %v", tc.nats, err)
+				} else {
+					l.Close()
+				}
+			}
 			if _, err := os.Stat(state); err != nil {
 				t.Errorf("a given state directory was removed: %v", err)
 			}
@@ -151,6 +160,14 @@ func TestUpTempState(t *testing.T) {
 	}
 	if err := f.Stop(); err != nil {
 		t.Errorf("Stop: %v", err)
+	}
+	// Stop let go of every port: NATS's and the registry's.
+	for _, addr := range []string{strings.TrimPrefix(f.NATSURL(), "nats://"), f.RegistryAddr()} {
+		if l, err := net.Listen("tcp", addr); err != nil {
+			t.Errorf("%s is still held after Stop: %v", addr, err)
+		} else {
+			l.Close()
+		}
 	}
 	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the temporary state directory %s is still there: %v", dir, err)
