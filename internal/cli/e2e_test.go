@@ -122,9 +122,13 @@ func TestACascadeBuiltByRealAgents(t *testing.T) {
 	defer cancel()
 	errs := make(chan error, 3)
 	ready := make(chan struct{})
+	// The controller as build-controller runs it: its defaults (the idle
+	// window), the registry given.
+	ccfg := cascade.DefaultConfig()
+	ccfg.Registry, ccfg.RegistryInsecure = reg, true
 	go func() {
 		errs <- daemon.RunController(ctx, daemon.ControllerOptions{NATS: s.ClientURL(), Catalogue: catDir,
-			Controller: cascade.Config{Registry: reg, RegistryInsecure: true}, Ready: ready})
+			Controller: ccfg, Ready: ready})
 	}()
 	select {
 	case <-ready:

@@ -57,7 +57,9 @@ func TestOperatorCommandsUnderOperatorPermissions(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	_, cjs := connect("controller")
-	c, err := cascade.New(cascade.Config{Registry: "127.0.0.1:1"}, cjs, cat, nil, nil)
+	ccfg := cascade.DefaultConfig()
+	ccfg.Registry = "127.0.0.1:1"
+	c, err := cascade.New(ccfg, cjs, cat, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
