@@ -65,13 +65,20 @@ func PrintPlan(w io.Writer, rec cascade.PlanRecord, mods map[string]cascade.Modu
 		return
 	}
 	fmt.Fprintln(w, "machines")
+	anyFailed := false
+	for _, s := range sums {
+		anyFailed = anyFailed || s.failed > 0
+	}
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
 	for _, s := range sums {
-		failed := ""
-		if s.failed > 0 {
-			failed = fmt.Sprintf("%d failed", s.failed)
+		failed := "" // a column only when some machine has failures
+		switch {
+		case s.failed > 0:
+			failed = fmt.Sprintf("%d failed\t", s.failed)
+		case anyFailed:
+			failed = "\t"
 		}
-		fmt.Fprintf(tw, "  %s\t%d built\t%s\t%s\n", s.machine, s.builds, failed, duration(s.total))
+		fmt.Fprintf(tw, "  %s\t%d built\t%s%s\n", s.machine, s.builds, failed, duration(s.total))
 	}
 	tw.Flush()
 }

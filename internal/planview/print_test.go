@@ -72,3 +72,13 @@ func TestReadyIsWaiting(t *testing.T) {
 		t.Errorf("PrintPlan shows a ready module as:\n%s", b.String())
 	}
 }
+
+// Without failures the machines summary has no failed column.
+func TestMachinesWithoutFailures(t *testing.T) {
+	var b bytes.Buffer
+	PrintPlan(&b, cascade.PlanRecord{ID: "p", Outcome: cascade.OutcomeBuilt, Counts: cascade.Counts{Built: 1, Total: 1}},
+		map[string]cascade.ModuleStatus{"a": {Module: "a", State: cascade.Built, On: "m-a1", Duration: time.Second}})
+	if !strings.HasSuffix(b.String(), "machines\n  m-a1  1 built  1s\n") {
+		t.Errorf("PrintPlan:\n%s", b.String())
+	}
+}
