@@ -33,9 +33,12 @@ test-short:
 bench: deps build
 	$(GO) run ./cmd/benchtable
 
+# gofmt, go vet, and go.mod as `go mod tidy` leaves it (the diff it would
+# make is printed; run `go mod tidy` to apply it).
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
+	@$(GO) mod tidy -diff || { echo "go.mod/go.sum are not tidy: run go mod tidy"; exit 1; }
 
 clean:
 	rm -rf $(BIN)

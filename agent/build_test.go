@@ -26,6 +26,7 @@ import (
 	"github.com/moby/buildkit/client"
 
 	"github.com/meshbuild/meshbuild/internal/buildkitd"
+	"github.com/meshbuild/meshbuild/internal/demo/busybox"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/registry"
@@ -195,7 +196,7 @@ func TestBuildPinsBase(t *testing.T) {
 
 	// The first image under runtime:latest, whose digest the ask names;
 	// then a second, different one under the same tag.
-	pinned, err := registry.PushBusybox(ctx, host, "runtime")
+	pinned, err := busybox.Push(ctx, host, "runtime")
 	if err != nil {
 		t.Fatal(err)
 	}

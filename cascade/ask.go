@@ -48,19 +48,20 @@ func Ask(registry string, s Submit) mesh.Ask {
 // it makes: the one place a mesh.Pushed is published (the CLI's push and the
 // demo call it). The message id is the plan id, so that announcing one push
 // twice makes one plan. A zero At is now.
-func Push(ctx context.Context, js jetstream.JetStream, ev mesh.Pushed) (string, error) {
+func Push(ctx context.Context, js jetstream.JetStream, ev mesh.Pushed) (id string, duplicate bool, err error) {
 	ev.Version = mesh.PushedVersion
 	if ev.At.IsZero() {
 		ev.At = time.Now().UTC()
 	}
-	id := planner.PlanID(planner.Trigger{Kind: planner.KindPush, Repo: ev.Repo, Commit: ev.Commit, Ref: ev.Ref, Paths: ev.Paths})
+	id = planner.PlanID(planner.Trigger{Kind: planner.KindPush, Repo: ev.Repo, Commit: ev.Commit, Ref: ev.Ref, Paths: ev.Paths})
 	data, err := json.Marshal(ev)
 	if err != nil {
-		return "", err
+		return "", false, err
 	}
 	subj := mesh.SeatEventSubject(mesh.GitSeat, mesh.EventPushed)
-	if _, err := js.Publish(ctx, subj, data, jetstream.WithMsgID(id)); err != nil {
-		return id, fmt.Errorf("announcing the push of %s %s on %s: %w", ev.Repo, ev.Commit, subj, err)
+	ack, err := js.Publish(ctx, subj, data, jetstream.WithMsgID(id))
+	if err != nil {
+		return id, false, fmt.Errorf("announcing the push of %s %s on %s: %w", ev.Repo, ev.Commit, subj, err)
 	}
-	return id, nil
+	return id, ack.Duplicate, nil
 }

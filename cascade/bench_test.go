@@ -19,6 +19,7 @@ import (
 	"github.com/meshbuild/meshbuild/agent"
 	"github.com/meshbuild/meshbuild/cascade"
 	"github.com/meshbuild/meshbuild/internal/natstest"
+	"github.com/meshbuild/meshbuild/internal/sim"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/planner"
@@ -30,9 +31,9 @@ import (
 // real time. A plan's makespan runs from the push being published to the
 // controller recording the plan's last built (the plan record's Updated),
 // and is divided by the lower bound max(critical path, total work /
-// machines) of the same durations (cascade.LowerBound). Beside it each
+// machines) of the same durations (sim.LowerBound). Beside it each
 // benchmark reports, for the same DAG and durations, what the pure
-// simulator (cascade.Simulate, no bus, no round trips) gives for the
+// simulator (sim.Simulate, no bus, no round trips) gives for the
 // controller's policy, for the tier barrier and for the ideal global
 // priority schedule (the metric names say "sim-"), and how much longer the
 // real run took than the simulated schedule of the controller's policy
@@ -45,7 +46,7 @@ const simRepo = "sim"
 
 // benchCatalogue is the DAG's catalogue (DAG.Catalogue) with the mesh's
 // modules around it: the build seat's holder, the controller and git.
-func benchCatalogue(tb testing.TB, d cascade.DAG) *mesh.Catalogue {
+func benchCatalogue(tb testing.TB, d sim.DAG) *mesh.Catalogue {
 	ms := testenv.MeshManifests(tb)
 	ms = append(ms, d.Catalogue().Built()...)
 	return mesh.NewCatalogue(ms)
@@ -57,7 +58,7 @@ type sleeper struct {
 	dur atomic.Pointer[map[string]time.Duration]
 }
 
-func (s *sleeper) set(d cascade.DAG, unit time.Duration) {
+func (s *sleeper) set(d sim.DAG, unit time.Duration) {
 	m := make(map[string]time.Duration, d.Len())
 	for i, name := range d.Names {
 		m[name] = time.Duration(d.Dur[i] * float64(unit))
@@ -220,7 +221,7 @@ type planRun struct {
 
 // run pushes a commit of the simulated repository with the DAG's durations
 // scaled by unit and waits for the plan to settle.
-func (f *benchFarm) run(d cascade.DAG, unit, timeout time.Duration) planRun {
+func (f *benchFarm) run(d sim.DAG, unit, timeout time.Duration) planRun {
 	f.tb.Helper()
 	f.waitIdle()
 	f.work.set(d, unit)
@@ -278,32 +279,32 @@ func (f *benchFarm) run(d cascade.DAG, unit, timeout time.Duration) planRun {
 }
 
 // policy is the pure simulator's policy for what the controller does.
-func policy(window int, estimates bool) cascade.Policy {
+func policy(window int, estimates bool) sim.Policy {
 	if window == cascade.WindowIdle {
 		// Idle holders take the best held asks: a global priority list.
-		return cascade.Policy{Order: cascade.Priority, UnitEstimates: !estimates}
+		return sim.Policy{Order: sim.Priority, UnitEstimates: !estimates}
 	}
 	if window > 0 {
-		return cascade.Policy{Window: window, UnitEstimates: !estimates}
+		return sim.Policy{Window: window, UnitEstimates: !estimates}
 	}
-	return cascade.Policy{Order: cascade.Ranked, UnitEstimates: !estimates}
+	return sim.Policy{Order: sim.Ranked, UnitEstimates: !estimates}
 }
 
 // benchSchedule runs each DAG as one plan on machines simulated machines
 // (one slot each) and reports the mean ratios over the DAGs. With learn,
 // each DAG is first run once unmeasured, so that the controller knows every
 // module's duration from its last build.
-func benchSchedule(b *testing.B, dags []cascade.DAG, machines int, unit time.Duration, window int, learn bool) {
+func benchSchedule(b *testing.B, dags []sim.DAG, machines int, unit time.Duration, window int, learn bool) {
 	cfg := cascade.DefaultConfig()
 	cfg.Window = window
-	var real, sim, barrier, ideal, makespan, overhead, first float64
+	var real, simRatio, barrier, ideal, makespan, overhead, first float64
 	n := 0
 	for b.Loop() {
 		for _, d := range dags {
 			// A new controller for each DAG: it knows no durations.
 			f := newBenchFarm(b, benchCatalogue(b, d), cfg, machines, 1)
 			f.firstStart = true
-			lb := cascade.LowerBound(d, machines)
+			lb := sim.LowerBound(d, machines)
 			timeout := time.Duration(10*lb*float64(unit)) + time.Minute
 			if learn {
 				f.run(d, unit, timeout)
@@ -312,18 +313,18 @@ func benchSchedule(b *testing.B, dags []cascade.DAG, machines int, unit time.Dur
 			real += r.Makespan.Seconds() / (lb * unit.Seconds())
 			makespan += r.Makespan.Seconds()
 			first += float64(r.FirstStart) / float64(time.Millisecond)
-			ps := cascade.Simulate(d, machines, policy(window, learn))
-			sim += ps.Ratio()
+			ps := sim.Simulate(d, machines, policy(window, learn))
+			simRatio += ps.Ratio()
 			overhead += r.Makespan.Seconds() - ps.Makespan*unit.Seconds()
-			barrier += cascade.Simulate(d, machines, cascade.Policy{Barrier: true}).Ratio()
-			ideal += cascade.Simulate(d, machines, cascade.Policy{Order: cascade.Priority}).Ratio()
+			barrier += sim.Simulate(d, machines, sim.Policy{Barrier: true}).Ratio()
+			ideal += sim.Simulate(d, machines, sim.Policy{Order: sim.Priority}).Ratio()
 			n++
 			f.Close()
 		}
 	}
 	k := float64(n)
 	b.ReportMetric(real/k, "makespan/lb")
-	b.ReportMetric(sim/k, "sim-cascade-makespan/lb")
+	b.ReportMetric(simRatio/k, "sim-cascade-makespan/lb")
 	b.ReportMetric(barrier/k, "sim-barrier-makespan/lb")
 	b.ReportMetric(ideal/k, "sim-ideal-makespan/lb")
 	b.ReportMetric(makespan/k, "makespan-s")
@@ -342,11 +343,11 @@ func BenchmarkControllerFan35On4(b *testing.B) {
 	const unit = 250 * time.Millisecond
 	idle := cascade.WindowIdle // the controller's default
 	b.Run("equal", func(b *testing.B) {
-		benchSchedule(b, []cascade.DAG{cascade.Fan(35)}, 4, unit, idle, false)
+		benchSchedule(b, []sim.DAG{sim.Fan(35)}, 4, unit, idle, false)
 	})
-	var logn []cascade.DAG
+	var logn []sim.DAG
 	for seed := range uint64(3) {
-		logn = append(logn, cascade.Fan(35).Lognormal(seed, 1))
+		logn = append(logn, sim.Fan(35).Lognormal(seed, 1))
 	}
 	b.Run("lognormal", func(b *testing.B) { benchSchedule(b, logn, 4, unit, idle, false) })
 	b.Run("lognormal-learned", func(b *testing.B) { benchSchedule(b, logn, 4, unit, idle, true) })
@@ -354,7 +355,7 @@ func BenchmarkControllerFan35On4(b *testing.B) {
 	b.Run("lognormal-window-1-learned", func(b *testing.B) { benchSchedule(b, logn, 4, unit, 1, true) })
 }
 
-// BenchmarkControllerDAG1000On50: cascade.RandomLayeredDAG(1000, 10, 1),
+// BenchmarkControllerDAG1000On50: sim.RandomLayeredDAG(1000, 10, 1),
 // lognormal durations (median 1, σ 1), 50 machines; 1 unit is 400ms, so the
 // lower bound (the critical path, 42 units) is 16.8s. idle is the
 // controller's default (cascade.WindowIdle), window-N sets Config.Window;
@@ -362,7 +363,7 @@ func BenchmarkControllerFan35On4(b *testing.B) {
 // by each module's last build duration.
 func BenchmarkControllerDAG1000On50(b *testing.B) {
 	const unit = 400 * time.Millisecond
-	d := []cascade.DAG{cascade.RandomLayeredDAG(1000, 10, 1)}
+	d := []sim.DAG{sim.RandomLayeredDAG(1000, 10, 1)}
 	b.Run("idle", func(b *testing.B) { benchSchedule(b, d, 50, unit, cascade.WindowIdle, false) })
 	b.Run("idle-learned", func(b *testing.B) { benchSchedule(b, d, 50, unit, cascade.WindowIdle, true) })
 	b.Run("window-0", func(b *testing.B) { benchSchedule(b, d, 50, unit, 0, false) })
@@ -371,7 +372,7 @@ func BenchmarkControllerDAG1000On50(b *testing.B) {
 	b.Run("window-5-learned", func(b *testing.B) { benchSchedule(b, d, 50, unit, 5, true) })
 }
 
-// BenchmarkControllerThroughput10000: cascade.RandomLayeredDAG(10000, 10,
+// BenchmarkControllerThroughput10000: sim.RandomLayeredDAG(10000, 10,
 // 1) with zero-length builds on 200 simulated machines (20 agents of 10
 // slots, each agent with its own connection), the controller's default
 // config: modules settled per second, from publishing the push to the
@@ -386,7 +387,7 @@ func BenchmarkControllerThroughput10000(b *testing.B) {
 
 func benchThroughput(b *testing.B, window int) {
 	const agents, slots, plans = 20, 10, 3
-	d := cascade.RandomLayeredDAG(10000, 10, 1)
+	d := sim.RandomLayeredDAG(10000, 10, 1)
 	d.Dur = make([]float64, d.Len())
 	cfg := cascade.DefaultConfig()
 	cfg.Window = window
@@ -419,7 +420,7 @@ func TestControllerWindowReleasesLongestFirst(t *testing.T) {
 }
 
 func testLongestFirst(t *testing.T, window int) {
-	d := cascade.Fan(8)
+	d := sim.Fan(8)
 	copy(d.Dur[1:], []float64{8, 1, 7, 2, 6, 3, 5, 4})
 	cfg := cascade.DefaultConfig()
 	cfg.Window = window

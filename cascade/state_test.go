@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshbuild/meshbuild/internal/sim"
 	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/planner"
 )
@@ -772,7 +773,7 @@ func TestNewer(t *testing.T) {
 // that every module is submitted once per attempt, after all its bases.
 func TestRandomCascades(t *testing.T) {
 	for seed := range uint64(30) {
-		d := RandomLayeredDAG(60, 5, seed)
+		d := sim.RandomLayeredDAG(60, 5, seed)
 		p, err := d.Plan()
 		if err != nil {
 			t.Fatal(err)
@@ -906,7 +907,7 @@ func TestWindow(t *testing.T) {
 }
 
 func BenchmarkState1000(b *testing.B) {
-	d := RandomLayeredDAG(1000, 10, 1)
+	d := sim.RandomLayeredDAG(1000, 10, 1)
 	p, err := d.Plan()
 	if err != nil {
 		b.Fatal(err)

@@ -29,7 +29,7 @@ import (
 // sleeps instead of building — each serving its own /metrics, lets a real
 // Prometheus scrape them while a plan with one failing module runs, and
 // then asks that Prometheus every query of every dashboard panel: each must
-// return a series with a value. (internal/farm's TestDashboardsOnBuildsUp
+// return a series with a value. (internal/demo's TestDashboardsOnBuildsUp
 // does the same against the real farm of builds up.)
 func TestDashboardsAgainstARealPrometheus(t *testing.T) {
 	testenv.RequirePrometheus(t)

@@ -144,7 +144,7 @@ var (
 	thru  = suite{pkg: "./cascade", bench: "BenchmarkControllerThroughput10000"}
 	disp  = suite{pkg: "./agent", bench: "BenchmarkDispatch"}
 	over  = suite{pkg: "./agent", bench: "BenchmarkAgentOverhead"}
-	fleet = suite{pkg: "./internal/farm", bench: "BenchmarkFleetSpeedup"}
+	fleet = suite{pkg: "./internal/demo", bench: "BenchmarkFleetSpeedup"}
 
 	suites = []suite{fan, dag, thru, disp, over, fleet}
 )

@@ -16,7 +16,7 @@ import (
 	"syscall"
 
 	"github.com/meshbuild/meshbuild/agent"
-	"github.com/meshbuild/meshbuild/internal/farm"
+	"github.com/meshbuild/meshbuild/internal/daemon"
 )
 
 func main() {
@@ -31,17 +31,17 @@ func (l *listFlag) Set(v string) error { *l = append(*l, v); return nil }
 func run() int {
 	cfg := agent.DefaultConfig()
 	fs := flag.NewFlagSet("build-agent", flag.ContinueOnError)
-	natsURL := fs.String("nats", farm.Env("MESHBUILD_NATS", "nats://127.0.0.1:4222"), "NATS server URL(s), comma separated (MESHBUILD_NATS)")
-	creds := fs.String("creds", farm.Env("MESHBUILD_CREDS", ""), "NATS credentials file (MESHBUILD_CREDS)")
-	machine := fs.String("machine", farm.Env("MESHBUILD_MACHINE", cfg.Machine), "this machine's name in every outcome (MESHBUILD_MACHINE)")
-	bk := fs.String("buildkit", farm.Env("MESHBUILD_BUILDKIT_ADDR", "unix:///run/buildkit/buildkitd.sock"), "address of this machine's buildkitd (MESHBUILD_BUILDKIT_ADDR)")
-	fs.String("registry", farm.Env("MESHBUILD_REGISTRY", ""), "the mesh's registry HOST:PORT (informational: asks name their images) (MESHBUILD_REGISTRY)")
-	insecure := fs.Bool("registry-insecure", farm.Env("MESHBUILD_REGISTRY_INSECURE", "") == "true", "plain http to the registry, for a local one (MESHBUILD_REGISTRY_INSECURE=true)")
-	workspace := fs.String("workspace", farm.Env("MESHBUILD_WORKSPACE", "/var/lib/meshbuild/workspace"), "clones and checkouts (MESHBUILD_WORKSPACE)")
-	platforms := fs.String("platforms", farm.Env("MESHBUILD_PLATFORMS", cfg.Platforms[0]), "platforms this machine builds, comma separated (MESHBUILD_PLATFORMS)")
+	natsURL := fs.String("nats", daemon.Env("MESHBUILD_NATS", "nats://127.0.0.1:4222"), "NATS server URL(s), comma separated (MESHBUILD_NATS)")
+	creds := fs.String("creds", daemon.Env("MESHBUILD_CREDS", ""), "NATS credentials file (MESHBUILD_CREDS)")
+	machine := fs.String("machine", daemon.Env("MESHBUILD_MACHINE", cfg.Machine), "this machine's name in every outcome (MESHBUILD_MACHINE)")
+	bk := fs.String("buildkit", daemon.Env("MESHBUILD_BUILDKIT_ADDR", "unix:///run/buildkit/buildkitd.sock"), "address of this machine's buildkitd (MESHBUILD_BUILDKIT_ADDR)")
+	fs.String("registry", daemon.Env("MESHBUILD_REGISTRY", ""), "the mesh's registry HOST:PORT (informational: asks name their images) (MESHBUILD_REGISTRY)")
+	insecure := fs.Bool("registry-insecure", daemon.Env("MESHBUILD_REGISTRY_INSECURE", "") == "true", "plain http to the registry, for a local one (MESHBUILD_REGISTRY_INSECURE=true)")
+	workspace := fs.String("workspace", daemon.Env("MESHBUILD_WORKSPACE", "/var/lib/meshbuild/workspace"), "clones and checkouts (MESHBUILD_WORKSPACE)")
+	platforms := fs.String("platforms", daemon.Env("MESHBUILD_PLATFORMS", cfg.Platforms[0]), "platforms this machine builds, comma separated (MESHBUILD_PLATFORMS)")
 	slots := fs.Int("slots", envInt("MESHBUILD_SLOTS", 1), "asks worked at once; each slot pulls one at a time (MESHBUILD_SLOTS)")
-	catalogue := fs.String("catalogue", farm.Env("MESHBUILD_CATALOGUE", ""), "optional catalogue directory: asks for modules it does not build are refused (MESHBUILD_CATALOGUE)")
-	metricsAddr := fs.String("metrics", farm.Env("MESHBUILD_METRICS", ""), "serve /metrics on this address, e.g. :9464 (MESHBUILD_METRICS)")
+	catalogue := fs.String("catalogue", daemon.Env("MESHBUILD_CATALOGUE", ""), "optional catalogue directory: asks for modules it does not build are refused (MESHBUILD_CATALOGUE)")
+	metricsAddr := fs.String("metrics", daemon.Env("MESHBUILD_METRICS", ""), "serve /metrics on this address, e.g. :9464 (MESHBUILD_METRICS)")
 	fs.DurationVar(&cfg.Grace, "grace", cfg.Grace, "on SIGTERM, how long builds in hand may finish before their asks are handed back")
 	var insteadOf listFlag
 	fs.Var(&insteadOf, "git-instead-of", "URL=PATH: fetch repositories starting with URL from PATH instead (repeatable)")
@@ -49,20 +49,20 @@ func run() int {
 		return 2
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	cfg.Machine, cfg.Slots, cfg.Platforms = *machine, *slots, farm.SplitList(*platforms)
-	io, err := farm.ParseInsteadOf(insteadOf)
+	cfg.Machine, cfg.Slots, cfg.Platforms = *machine, *slots, daemon.SplitList(*platforms)
+	io, err := daemon.ParseInsteadOf(insteadOf)
 	if err != nil {
 		log.Error("bad flag", "err", err)
 		return 2
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	obs, err := farm.AgentMetrics(ctx, *metricsAddr, cfg.Machine, log)
+	obs, err := daemon.AgentMetrics(ctx, *metricsAddr, cfg.Machine, log)
 	if err != nil {
 		log.Error("metrics", "err", err)
 		return 1
 	}
-	err = farm.RunAgent(ctx, farm.AgentOptions{
+	err = daemon.RunAgent(ctx, daemon.AgentOptions{
 		NATS: *natsURL, Creds: *creds, Agent: cfg, BuildKit: *bk, RegistryInsecure: *insecure,
 		Workspace: *workspace, InsteadOf: io, Catalogue: *catalogue, Observer: obs, Log: log,
 	})
@@ -74,7 +74,7 @@ func run() int {
 }
 
 func envInt(name string, def int) int {
-	if v, err := strconv.Atoi(farm.Env(name, "")); err == nil {
+	if v, err := strconv.Atoi(daemon.Env(name, "")); err == nil {
 		return v
 	}
 	return def

@@ -13,7 +13,7 @@ import (
 	"syscall"
 
 	"github.com/meshbuild/meshbuild/cascade"
-	"github.com/meshbuild/meshbuild/internal/farm"
+	"github.com/meshbuild/meshbuild/internal/daemon"
 )
 
 func main() { os.Exit(run()) }
@@ -21,14 +21,14 @@ func main() { os.Exit(run()) }
 func run() int {
 	cfg := cascade.DefaultConfig()
 	fs := flag.NewFlagSet("build-controller", flag.ContinueOnError)
-	natsURL := fs.String("nats", farm.Env("MESHBUILD_NATS", "nats://127.0.0.1:4222"), "NATS server URL(s), comma separated (MESHBUILD_NATS)")
-	creds := fs.String("creds", farm.Env("MESHBUILD_CREDS", ""), "NATS credentials file (MESHBUILD_CREDS)")
-	catalogue := fs.String("catalogue", farm.Env("MESHBUILD_CATALOGUE", ""), "catalogue directory, watched for changes (MESHBUILD_CATALOGUE)")
-	fs.StringVar(&cfg.Registry, "registry", farm.Env("MESHBUILD_REGISTRY", ""), "registry HOST:PORT[/PREFIX] images are pushed to (MESHBUILD_REGISTRY)")
-	insecure := fs.Bool("registry-insecure", farm.Env("MESHBUILD_REGISTRY_INSECURE", "") == "true", "plain http to the registry (MESHBUILD_REGISTRY_INSECURE=true)")
+	natsURL := fs.String("nats", daemon.Env("MESHBUILD_NATS", "nats://127.0.0.1:4222"), "NATS server URL(s), comma separated (MESHBUILD_NATS)")
+	creds := fs.String("creds", daemon.Env("MESHBUILD_CREDS", ""), "NATS credentials file (MESHBUILD_CREDS)")
+	catalogue := fs.String("catalogue", daemon.Env("MESHBUILD_CATALOGUE", ""), "catalogue directory, watched for changes (MESHBUILD_CATALOGUE)")
+	fs.StringVar(&cfg.Registry, "registry", daemon.Env("MESHBUILD_REGISTRY", ""), "registry HOST:PORT[/PREFIX] images are pushed to (MESHBUILD_REGISTRY)")
+	insecure := fs.Bool("registry-insecure", daemon.Env("MESHBUILD_REGISTRY_INSECURE", "") == "true", "plain http to the registry (MESHBUILD_REGISTRY_INSECURE=true)")
 	fs.IntVar(&cfg.Replicas, "replicas", cfg.Replicas, "replicas of every stream and bucket (3 on a cluster)")
-	fs.IntVar(&cfg.Window, "window", cfg.Window, farm.WindowUsage)
-	metricsAddr := fs.String("metrics", farm.Env("MESHBUILD_METRICS", ""), "serve /metrics on this address, e.g. :9465 (MESHBUILD_METRICS)")
+	fs.IntVar(&cfg.Window, "window", cfg.Window, daemon.WindowUsage)
+	metricsAddr := fs.String("metrics", daemon.Env("MESHBUILD_METRICS", ""), "serve /metrics on this address, e.g. :9465 (MESHBUILD_METRICS)")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		return 2
 	}
@@ -40,12 +40,12 @@ func run() int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	obs, err := farm.ControllerMetrics(ctx, *metricsAddr, *natsURL, *creds, log)
+	obs, err := daemon.ControllerMetrics(ctx, *metricsAddr, *natsURL, *creds, log)
 	if err != nil {
 		log.Error("metrics", "err", err)
 		return 1
 	}
-	err = farm.RunController(ctx, farm.ControllerOptions{
+	err = daemon.RunController(ctx, daemon.ControllerOptions{
 		NATS: *natsURL, Creds: *creds, Catalogue: *catalogue, Controller: cfg, Observer: obs, Log: log,
 	})
 	if err != nil {

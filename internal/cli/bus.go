@@ -12,7 +12,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/meshbuild/meshbuild/cascade"
-	"github.com/meshbuild/meshbuild/internal/farm"
+	"github.com/meshbuild/meshbuild/internal/daemon"
 )
 
 // controllerModule is the catalogue module the controller runs as; its
@@ -27,7 +27,7 @@ type bus struct {
 }
 
 func (g *globals) connect(ctx context.Context) (*bus, error) {
-	nc, js, err := farm.Connect(g.nats, g.creds, "operator", "builds")
+	nc, js, err := daemon.Connect(g.nats, g.creds, "operator", "builds")
 	if err != nil {
 		return nil, err
 	}

@@ -17,7 +17,7 @@ func catalogueCmd(g *globals) *cobra.Command {
 	c.AddCommand(&cobra.Command{
 		Use:   "check DIR",
 		Short: "Check every manifest in DIR; one line per problem (FILE: FIELD: message)",
-		Args:  cobra.ExactArgs(1),
+		Args:  exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			_, err := loadCatalogue(g, args[0])
 			if err != nil {
@@ -30,7 +30,7 @@ func catalogueCmd(g *globals) *cobra.Command {
 	c.AddCommand(&cobra.Command{
 		Use:   "show DIR",
 		Short: "Show, per module and seat, the subjects, streams, consumers, buckets and permissions DIR derives",
-		Args:  cobra.ExactArgs(1),
+		Args:  exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			cat, err := loadCatalogue(g, args[0])
 			if err != nil {

@@ -11,7 +11,7 @@ import (
 
 	"github.com/meshbuild/meshbuild/cascade"
 	"github.com/meshbuild/meshbuild/internal/cli"
-	"github.com/meshbuild/meshbuild/internal/farm"
+	"github.com/meshbuild/meshbuild/internal/daemon"
 	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 )
@@ -82,7 +82,7 @@ func TestBadRequestsExitOneWithAClearMessage(t *testing.T) {
 	ready := make(chan struct{})
 	errs := make(chan error, 1)
 	go func() {
-		errs <- farm.RunController(ctx, farm.ControllerOptions{NATS: s.ClientURL(), Catalogue: fleet(t),
+		errs <- daemon.RunController(ctx, daemon.ControllerOptions{NATS: s.ClientURL(), Catalogue: fleet(t),
 			Controller: cascade.Config{Registry: "127.0.0.1:1"}, Ready: ready})
 	}()
 	select {
@@ -114,5 +114,84 @@ func TestBadRequestsExitOneWithAClearMessage(t *testing.T) {
 	}
 	if code, out, _ := run(t, "--nats", url, "plans"); code != 0 || !strings.Contains(out, "empty") {
 		t.Errorf("plans: exit %d\n%s", code, out)
+	}
+}
+
+// What an operator reads when a request is refused or repeated: each fact
+// once, with the command to run next.
+func TestOperatorMessages(t *testing.T) {
+	s := natstest.Server(t, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ready := make(chan struct{})
+	errs := make(chan error, 1)
+	go func() {
+		errs <- daemon.RunController(ctx, daemon.ControllerOptions{NATS: s.ClientURL(), Catalogue: fleet(t),
+			Controller: cascade.Config{Registry: "127.0.0.1:1"}, Ready: ready})
+	}()
+	select {
+	case <-ready:
+	case err := <-errs:
+		t.Fatal(err)
+	}
+	url := s.ClientURL()
+	once := func(t *testing.T, errw string, words ...string) {
+		t.Helper()
+		for _, w := range words {
+			if n := strings.Count(errw, w); n != 1 {
+				t.Errorf("%q says %q %d times, want once", errw, w, n)
+			}
+		}
+	}
+
+	// An unknown module: the controller's words once, naming it and what
+	// lists the catalogue's modules.
+	code, _, errw := run(t, "--nats", url, "rebuild", "nosuchmodule")
+	if code != 1 || !strings.Contains(errw, `"nosuchmodule"`) || !strings.Contains(errw, "builds catalogue show") {
+		t.Errorf("rebuild nosuchmodule: exit %d, %q", code, errw)
+	}
+	once(t, errw, "unknown module", `"nosuchmodule"`)
+
+	// A plan with nothing failed (no agent runs: base stays queued):
+	// retrying a module of it says its state.
+	code, out, errw := run(t, "--nats", url, "rebuild", "--id", "r1", "base")
+	if code != 0 || !strings.Contains(out, "follow it: builds watch") {
+		t.Fatalf("rebuild base: exit %d\n%s\n%s", code, out, errw)
+	}
+	plan := strings.TrimSuffix(strings.Fields(out)[1], ":")
+	code, _, errw = run(t, "--nats", url, "retry", plan, "base")
+	if code != 1 || !strings.Contains(errw, "base has not failed in plan "+plan+": it is queued") ||
+		!strings.Contains(errw, "builds show "+plan) {
+		t.Errorf("retry of a module that has not failed: exit %d, %q", code, errw)
+	}
+	once(t, errw, "has not failed", "queued")
+	code, _, errw = run(t, "--nats", url, "retry", plan, "nosuch")
+	if code != 1 || !strings.Contains(errw, "nosuch is not a module of plan "+plan) {
+		t.Errorf("retry of a module not in the plan: exit %d, %q", code, errw)
+	}
+
+	// The same request again makes no new plan, and says so.
+	code, out, errw = run(t, "--nats", url, "rebuild", "--id", "r1", "base")
+	if code != 0 || !strings.Contains(out, "plan "+plan+" for --id r1 already exists") || strings.Contains(out, "modules (follow it") {
+		t.Errorf("the same rebuild again: exit %d\n%s\n%s", code, out, errw)
+	}
+	push := []string{"--nats", url, "push", "--repo", "https://git.example/fleet.git", "--commit", "c0ffee", "--path", "tools/tool-02/Dockerfile"}
+	if code, out, errw := run(t, push...); code != 0 || strings.Contains(out, "already exists") {
+		t.Fatalf("push: exit %d\n%s\n%s", code, out, errw)
+	}
+	code, out, errw = run(t, push...)
+	if code != 0 || !strings.Contains(out, "for --commit c0ffee already exists") {
+		t.Errorf("the same push again: exit %d\n%s\n%s", code, out, errw)
+	}
+	once(t, out, "already exists")
+
+	// Arguments: what the command takes and how to call it.
+	code, _, errw = run(t, "--nats", url, "retry", "P", "a", "b")
+	if code != 1 || !strings.Contains(errw, "builds retry takes 2 arguments, got 3 (P a b); usage: builds retry PLAN MODULE") {
+		t.Errorf("retry with 3 arguments: exit %d, %q", code, errw)
+	}
+	code, _, errw = run(t, "--nats", url, "rebuild")
+	if code != 1 || !strings.Contains(errw, "builds rebuild takes at least 1 argument, got none; usage: builds rebuild MODULE...") {
+		t.Errorf("rebuild with no module: exit %d, %q", code, errw)
 	}
 }

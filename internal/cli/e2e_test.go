@@ -17,7 +17,7 @@ import (
 	"github.com/meshbuild/meshbuild/agent"
 	"github.com/meshbuild/meshbuild/cascade"
 	"github.com/meshbuild/meshbuild/internal/cli"
-	"github.com/meshbuild/meshbuild/internal/farm"
+	"github.com/meshbuild/meshbuild/internal/daemon"
 	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 )
@@ -122,9 +122,13 @@ func TestACascadeBuiltByRealAgents(t *testing.T) {
 	defer cancel()
 	errs := make(chan error, 3)
 	ready := make(chan struct{})
+	// The controller as build-controller runs it: its defaults (the idle
+	// window), the registry given.
+	ccfg := cascade.DefaultConfig()
+	ccfg.Registry, ccfg.RegistryInsecure = reg, true
 	go func() {
-		errs <- farm.RunController(ctx, farm.ControllerOptions{NATS: s.ClientURL(), Catalogue: catDir,
-			Controller: cascade.Config{Registry: reg, RegistryInsecure: true}, Ready: ready})
+		errs <- daemon.RunController(ctx, daemon.ControllerOptions{NATS: s.ClientURL(), Catalogue: catDir,
+			Controller: ccfg, Ready: ready})
 	}()
 	select {
 	case <-ready:
@@ -137,7 +141,7 @@ func TestACascadeBuiltByRealAgents(t *testing.T) {
 		cfg := agent.DefaultConfig()
 		cfg.Machine = m
 		go func() {
-			errs <- farm.RunAgent(ctx, farm.AgentOptions{NATS: s.ClientURL(), Agent: cfg, BuildKit: bk,
+			errs <- daemon.RunAgent(ctx, daemon.AgentOptions{NATS: s.ClientURL(), Agent: cfg, BuildKit: bk,
 				RegistryInsecure: true, Workspace: t.TempDir(), InsteadOf: map[string]string{fleetRepo: gitDir}})
 		}()
 	}

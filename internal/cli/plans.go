@@ -12,7 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/meshbuild/meshbuild/cascade"
-	"github.com/meshbuild/meshbuild/internal/farm"
+	"github.com/meshbuild/meshbuild/internal/planview"
 )
 
 func init() {
@@ -41,11 +41,11 @@ func plansCmd(g *globals) *cobra.Command {
 				return nil
 			}
 			tw := tabwriter.NewWriter(g.out, 2, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "PLAN\tSTATE\tBUILT\tFAILED\tBLOCKED\tQUEUED\tTOTAL\tAGE\tTRIGGER")
+			fmt.Fprintln(tw, "PLAN\tSTATE\tBUILT\tFAILED\tBLOCKED\tBUILDING\tQUEUED\tWAITING\tTOTAL\tAGE\tTRIGGER")
 			for _, r := range recs {
 				c := r.Counts
-				fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%s\t%s\n", r.ID, paint(g, string(r.Outcome)),
-					c.Built, c.Failed, c.Blocked, c.Waiting+c.Ready+c.Queued+c.Building, c.Total, age(r.Created), r.Summary)
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\n", r.ID, paint(g, string(r.Outcome)),
+					c.Built, c.Failed, c.Blocked, c.Building, c.Queued, planview.Waiting(c), c.Total, age(r.Created), r.Summary)
 			}
 			return tw.Flush()
 		}),
@@ -58,7 +58,7 @@ func showCmd(g *globals) *cobra.Command {
 	return &cobra.Command{
 		Use:   "show PLAN",
 		Short: "A plan tier by tier: module, state, machine, duration, digest, reason",
-		Args:  cobra.ExactArgs(1),
+		Args:  exactArgs(1),
 		RunE: g.withBus(func(ctx context.Context, b *bus, args []string) error {
 			rec, mods, err := b.plan(ctx, args[0])
 			if err != nil {
@@ -74,21 +74,6 @@ type PlanView struct {
 	Plan     cascade.PlanRecord     `json:"plan"`
 	Modules  []cascade.ModuleStatus `json:"modules"`
 	Machines []string               `json:"machines"`
-}
-
-// ordered sorts module statuses by tier, then name.
-func ordered(mods map[string]cascade.ModuleStatus) []cascade.ModuleStatus {
-	out := make([]cascade.ModuleStatus, 0, len(mods))
-	for _, m := range mods {
-		out = append(out, m)
-	}
-	sort.Slice(out, func(i, j int) bool {
-		if out[i].Tier != out[j].Tier {
-			return out[i].Tier < out[j].Tier
-		}
-		return out[i].Module < out[j].Module
-	})
-	return out
 }
 
 func machinesOf(mods map[string]cascade.ModuleStatus) []string {
@@ -164,8 +149,8 @@ func colorize(on bool, s string) string {
 // showPlan prints a plan: tier by tier, or as a PlanView in JSON.
 func showPlan(g *globals, rec cascade.PlanRecord, mods map[string]cascade.ModuleStatus) error {
 	if g.json {
-		return writeJSON(g.out, PlanView{Plan: rec, Modules: ordered(mods), Machines: machinesOf(mods)})
+		return writeJSON(g.out, PlanView{Plan: rec, Modules: planview.OrderedModules(mods), Machines: machinesOf(mods)})
 	}
-	farm.PrintPlan(g.out, rec, mods)
+	planview.PrintPlan(g.out, rec, mods)
 	return nil
 }

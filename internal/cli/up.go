@@ -11,6 +11,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/meshbuild/meshbuild/cascade"
+	"github.com/meshbuild/meshbuild/internal/daemon"
+	"github.com/meshbuild/meshbuild/internal/demo"
 	"github.com/meshbuild/meshbuild/internal/farm"
 )
 
@@ -59,7 +61,7 @@ prints it tier by tier; it exits 0 when every module was built, 1 otherwise
 	f.StringVar(&fl.listenRegistry, "listen-registry", farm.DefaultListenRegistry, "address the registry listens on (port 0: any free port)")
 	f.StringVar(&fl.buildkit, "buildkit", "", "address of a running buildkitd to use instead of starting bin/buildkitd")
 	f.StringVar(&fl.metrics, "metrics", "", "serve /metrics: the controller on this address, agent i on the port i above it (e.g. 127.0.0.1:9464)")
-	f.IntVar(&fl.window, "window", cascade.WindowIdle, farm.WindowUsage)
+	f.IntVar(&fl.window, "window", cascade.WindowIdle, daemon.WindowUsage)
 	f.StringVar(&fl.demo, "demo", "", "build the example fleet in DIR (its src/ and catalogue/), then exit with the plan's outcome")
 	return c
 }
@@ -116,15 +118,19 @@ func runUp(ctx context.Context, g *globals, fl upFlags) (err error) {
 		os.RemoveAll(state)
 	}()
 
+	window := fl.window
+	if window == 0 {
+		window = farm.WindowEvery // UpOptions' zero is the default
+	}
 	opts := farm.UpOptions{
 		Catalogue: fl.catalogue, Agents: fl.agents, StateDir: state,
 		ListenNATS: fl.listenNATS, ListenRegistry: fl.listenRegistry,
-		BuildKit: fl.buildkit, MetricsBase: fl.metrics, Window: fl.window,
+		BuildKit: fl.buildkit, MetricsBase: fl.metrics, Window: window,
 		Log: slog.New(slog.NewTextHandler(logFile, nil)),
 		Out: g.out,
 	}
 	if fl.demo != "" {
-		opts.InsteadOf = farm.DemoInsteadOf(state)
+		opts.InsteadOf = demo.InsteadOf(state)
 	}
 	f, err := farm.Up(ctx, opts)
 	if err != nil {
@@ -141,7 +147,7 @@ func runUp(ctx context.Context, g *globals, fl upFlags) (err error) {
 	}()
 
 	if fl.demo != "" {
-		derr := farm.Demo(ctx, f, src, g.out)
+		derr := demo.Run(ctx, f, src, g.out)
 		if ctx.Err() != nil {
 			return errors.New("interrupted")
 		}

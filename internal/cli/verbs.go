@@ -21,6 +21,7 @@ import (
 
 	"github.com/meshbuild/meshbuild/agent"
 	"github.com/meshbuild/meshbuild/cascade"
+	"github.com/meshbuild/meshbuild/internal/planview"
 	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/planner"
 )
@@ -33,72 +34,47 @@ func watchCmd(g *globals) *cobra.Command {
 	return &cobra.Command{
 		Use:   "watch PLAN",
 		Short: "Follow a plan until it settles; exit 0 when every module is built, 1 otherwise",
-		Args:  cobra.ExactArgs(1),
+		Args:  exactArgs(1),
 		RunE: g.withBus(func(ctx context.Context, b *bus, args []string) error {
 			return watchAndShow(ctx, g, b, args[0])
 		}),
 	}
 }
 
-// Watch follows a plan's record until the plan settles, drawing a progress
-// bar on a terminal and a line per change otherwise; it returns the settled
-// record.
-func Watch(ctx context.Context, st *cascade.Store, plan string, w io.Writer, tty bool) (cascade.PlanRecord, error) {
-	if _, err := st.Plan(ctx, plan); errors.Is(err, cascade.ErrNoPlan) {
-		// A push may reach the controller a moment after it was published.
-		deadline := time.Now().Add(10 * time.Second)
-		for errors.Is(err, cascade.ErrNoPlan) && time.Now().Before(deadline) {
-			time.Sleep(200 * time.Millisecond)
-			_, err = st.Plan(ctx, plan)
-		}
-		if err != nil {
-			return cascade.PlanRecord{}, fmt.Errorf("no plan %s; see `builds plans`", plan)
-		}
-	}
-	watcher, err := st.KV().Watch(ctx, cascade.PlanKey(plan))
-	if err != nil {
-		return cascade.PlanRecord{}, err
-	}
-	defer watcher.Stop()
+// Watch follows a plan until it settles, drawing a progress bar on a
+// terminal and a line per change of its record otherwise; it returns the
+// settled plan, its modules with it.
+func Watch(ctx context.Context, st *cascade.Store, plan string, w io.Writer, tty bool) (planview.Plan, error) {
 	last := ""
-	for {
-		select {
-		case <-ctx.Done():
-			return cascade.PlanRecord{}, ctx.Err()
-		case e, ok := <-watcher.Updates():
-			if !ok {
-				return cascade.PlanRecord{}, errors.New("watch ended")
+	p, err := planview.Watch(ctx, st, plan, planview.Options{
+		Changed: func(p planview.Plan, m *cascade.ModuleStatus, _ cascade.ModuleState) {
+			if m != nil {
+				return // the record's counts say it
 			}
-			if e == nil {
-				continue
-			}
-			var rec cascade.PlanRecord
-			if err := json.Unmarshal(e.Value(), &rec); err != nil {
-				return rec, err
-			}
-			line := progress(rec, tty)
+			line := progress(p.Record, tty)
 			if tty {
 				fmt.Fprintf(w, "\r\x1b[K%s", line)
 			} else if line != last {
 				fmt.Fprintln(w, line)
 			}
 			last = line
-			if rec.Outcome != cascade.OutcomeRunning {
-				if tty {
-					fmt.Fprintln(w)
-				}
-				return rec, nil
-			}
-		}
+		},
+	})
+	if tty && last != "" {
+		fmt.Fprintln(w)
 	}
+	if errors.Is(err, cascade.ErrNoPlan) {
+		return p, fmt.Errorf("no plan %s; see `builds plans`", plan)
+	}
+	return p, err
 }
 
 // progress renders a plan's counts, as a bar on a terminal.
 func progress(r cascade.PlanRecord, bar bool) string {
 	c := r.Counts
 	done := c.Built + c.Failed + c.Blocked + c.Cancelled
-	text := fmt.Sprintf("%s %d/%d built, %d building, %d queued, %d failed, %d blocked",
-		r.ID, c.Built, c.Total, c.Building, c.Queued+c.Ready, c.Failed, c.Blocked)
+	text := fmt.Sprintf("%s %d/%d built, %d building, %d queued, %d waiting, %d failed, %d blocked",
+		r.ID, c.Built, c.Total, c.Building, c.Queued, planview.Waiting(c), c.Failed, c.Blocked)
 	if !bar || c.Total == 0 {
 		return text
 	}
@@ -112,7 +88,7 @@ func logsCmd(g *globals) *cobra.Command {
 	c := &cobra.Command{
 		Use:   "logs PLAN MODULE",
 		Short: "A module's build output in a plan (log.<ask>), following while it builds",
-		Args:  cobra.ExactArgs(2),
+		Args:  exactArgs(2),
 		RunE: g.withBus(func(ctx context.Context, b *bus, args []string) error {
 			_, mods, err := b.plan(ctx, args[0])
 			if err != nil {
@@ -285,15 +261,30 @@ func pushCmd(g *globals) *cobra.Command {
 				return err
 			}
 			defer b.close()
-			id, err := cascade.Push(ctx, b.js, mesh.Pushed{Repo: repo, Ref: ref, Commit: commit, Paths: paths})
+			// A push of a commit already planned makes no new plan: said
+			// so, with the plan's state, rather than shown as new.
+			id := planner.PlanID(planner.Trigger{Kind: planner.KindPush, Repo: repo, Commit: commit, Ref: ref, Paths: paths})
+			before, berr := b.store.Plan(ctx, id)
+			id, duplicate, err := cascade.Push(ctx, b.js, mesh.Pushed{Repo: repo, Ref: ref, Commit: commit, Paths: paths})
 			if err != nil {
 				return err
 			}
+			existed := berr == nil
+			if !existed && duplicate {
+				// Announced moments ago: the controller may not have
+				// made the plan yet.
+				before, existed = cascade.PlanRecord{ID: id, Outcome: cascade.OutcomeRunning}, true
+			}
+			if g.json && !watch {
+				return writeJSON(g.out, map[string]any{"plan": id, "existed": existed})
+			}
+			if existed && !g.json {
+				fmt.Fprintln(g.progressOut(), existing(before, "--commit "+planner.ShortCommit(commit)))
+			}
 			if !watch {
-				if g.json {
-					return writeJSON(g.out, map[string]string{"plan": id})
+				if !existed {
+					fmt.Fprintf(g.out, "plan %s (follow it: builds watch %s)\n", id, id)
 				}
-				fmt.Fprintf(g.out, "plan %s (follow it: builds watch %s)\n", id, id)
 				return nil
 			}
 			return watchAndShow(ctx, g, b, id)
@@ -308,19 +299,30 @@ func pushCmd(g *globals) *cobra.Command {
 }
 
 func watchAndShow(ctx context.Context, g *globals, b *bus, id string) error {
-	rec, err := Watch(ctx, b.store, id, g.progressOut(), isTTY(g.progressOut()))
+	p, err := Watch(ctx, b.store, id, g.progressOut(), isTTY(g.progressOut()))
 	if err != nil {
 		return err
 	}
-	_, mods, err := b.plan(ctx, id)
-	if err != nil {
-		return err
-	}
-	err = showPlan(g, rec, mods)
+	rec := p.Record
+	err = showPlan(g, rec, p.Modules)
 	if err == nil && rec.Outcome != cascade.OutcomeBuilt {
 		return ErrFailed
 	}
 	return err
+}
+
+// existing says that a request made no new plan because its plan exists,
+// what became of that plan, and what to run next. what names the request
+// ("--commit 1a2b3c4", "--id X").
+func existing(r cascade.PlanRecord, what string) string {
+	switch r.Outcome {
+	case cascade.OutcomeRunning:
+		return fmt.Sprintf("plan %s for %s already exists and is running: no new plan; follow it: builds watch %s", r.ID, what, r.ID)
+	case cascade.OutcomeCancelled:
+		return fmt.Sprintf("plan %s for %s already exists and was cancelled: no new plan is made for it; build again with a new request: builds rebuild MODULE...", r.ID, what)
+	default:
+		return fmt.Sprintf("plan %s for %s already exists (%s): no new plan; see it: builds show %s", r.ID, what, r.Outcome, r.ID)
+	}
 }
 
 func headOf(ctx context.Context, repo string) (string, error) {
@@ -341,17 +343,22 @@ func rebuildCmd(g *globals) *cobra.Command {
 	c := &cobra.Command{
 		Use:   "rebuild MODULE...",
 		Short: "Rebuild modules and everything built on them",
-		Args:  cobra.MinimumNArgs(1),
+		Args:  minimumArgs(1),
 		RunE: g.withBus(func(ctx context.Context, b *bus, args []string) error {
 			if id == "" {
 				id = newID()
 			}
 			r, err := cascade.Call(ctx, b.nc, controllerModule, cascade.ToolRebuild, cascade.Request{ID: id, Modules: args})
-			if err != nil {
-				if errors.Is(err, cascade.ErrUnknownModule) {
-					return fmt.Errorf("%w; see `builds catalogue show DIR` for the modules", err)
-				}
+			switch {
+			case errors.Is(err, cascade.ErrUnknownModule):
+				// The controller's message names the module and the
+				// command that lists the catalogue's.
+				return refused(r, err, "")
+			case err != nil:
 				return err
+			}
+			if !r.Created && !g.json {
+				fmt.Fprintln(g.progressOut(), existing(r.Record, "--id "+id))
 			}
 			if watch {
 				return watchAndShow(ctx, g, b, r.Plan)
@@ -359,7 +366,9 @@ func rebuildCmd(g *globals) *cobra.Command {
 			if g.json {
 				return writeJSON(g.out, r.Record)
 			}
-			fmt.Fprintf(g.out, "plan %s: %d modules (follow it: builds watch %s)\n", r.Plan, r.Record.Counts.Total, r.Plan)
+			if r.Created {
+				fmt.Fprintf(g.out, "plan %s: %d modules (follow it: builds watch %s)\n", r.Plan, r.Record.Counts.Total, r.Plan)
+			}
 			return nil
 		}),
 	}
@@ -372,7 +381,7 @@ func retryCmd(g *globals) *cobra.Command {
 	return &cobra.Command{
 		Use:   "retry PLAN MODULE",
 		Short: "Re-submit a failed module; on success what it blocked is released",
-		Args:  cobra.ExactArgs(2),
+		Args:  exactArgs(2),
 		RunE: g.withBus(func(ctx context.Context, b *bus, args []string) error {
 			return tool(ctx, g, b, cascade.ToolRetry, cascade.Request{Plan: args[0], Module: args[1]})
 		}),
@@ -383,7 +392,7 @@ func cancelCmd(g *globals) *cobra.Command {
 	return &cobra.Command{
 		Use:   "cancel PLAN",
 		Short: "Stop a plan: queued asks are dropped, builds in flight are cancelled",
-		Args:  cobra.ExactArgs(1),
+		Args:  exactArgs(1),
 		RunE: g.withBus(func(ctx context.Context, b *bus, args []string) error {
 			return tool(ctx, g, b, cascade.ToolCancel, cascade.Request{Plan: args[0]})
 		}),
@@ -395,8 +404,17 @@ func tool(ctx context.Context, g *globals, b *bus, name string, req cascade.Requ
 	switch {
 	case errors.Is(err, cascade.ErrNoPlan):
 		return fmt.Errorf("no plan %s; see `builds plans`", req.Plan)
-	case errors.Is(err, cascade.ErrNotFailed), errors.Is(err, cascade.ErrUnknownModule):
-		return fmt.Errorf("%w; see `builds show %s`", err, req.Plan)
+	case errors.Is(err, cascade.ErrNotFailed):
+		// Said from the plan as stored when it can be read.
+		if _, mods, perr := b.plan(ctx, req.Plan); perr == nil {
+			if m, ok := mods[req.Module]; ok {
+				return &refusal{err: err, msg: fmt.Sprintf("%s has not failed in plan %s: it is %s, and only a failed module is retried; see `builds show %s`",
+					req.Module, req.Plan, m.State, req.Plan)}
+			}
+		}
+		return refused(r, err, "see `builds show "+req.Plan+"`")
+	case errors.Is(err, cascade.ErrUnknownModule):
+		return &refusal{err: err, msg: fmt.Sprintf("%s is not a module of plan %s; see `builds show %s` for its modules", req.Module, req.Plan, req.Plan)}
 	case err != nil:
 		return err
 	}

@@ -1,3 +1,8 @@
+// Package farm is the embedded default of `builds up`: a whole farm on one
+// machine — NATS with JetStream, a registry, buildkitd, the controller and
+// N agents — started from options in one process (Up) and stopped again
+// (Farm.Stop). The controller and the agents are those of package daemon,
+// as build-controller and build-agent run them.
 package farm
 
 import (
@@ -7,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"os"
 	"os/exec"
@@ -22,6 +28,7 @@ import (
 	"github.com/meshbuild/meshbuild/agent"
 	"github.com/meshbuild/meshbuild/cascade"
 	"github.com/meshbuild/meshbuild/internal/buildkitd"
+	"github.com/meshbuild/meshbuild/internal/daemon"
 	"github.com/meshbuild/meshbuild/registry"
 )
 
@@ -68,9 +75,12 @@ type UpOptions struct {
 	// ("127.0.0.1:9464" → 9464, 9465, …). Empty serves no metrics.
 	MetricsBase string
 	// InsteadOf rewrites repository URLs for the agents (git's
-	// url.<base>.insteadOf); the demo maps DemoRemote to its repository.
+	// url.<base>.insteadOf); the demo maps its remote to its repository.
 	InsteadOf map[string]string
-	// Window is the controller's window (cascade.Config.Window).
+	// Window is the controller's window (cascade.Config.Window). 0 is the
+	// controller's default (cascade.DefaultConfig, as build-controller and
+	// `builds up` run it: WindowIdle); WindowEvery asks for its window 0,
+	// every released ask published at once.
 	Window int
 	// Log receives every component's log (NATS, buildkitd, controller,
 	// agents); nil discards it.
@@ -79,6 +89,11 @@ type UpOptions struct {
 	// how to point builds, Prometheus and Grafana at it. nil discards it.
 	Out io.Writer
 }
+
+// WindowEvery is the UpOptions.Window that publishes every released ask
+// the moment it is released: the controller's window 0 (cascade.Config),
+// which UpOptions' zero value cannot say since it means the default.
+const WindowEvery = math.MinInt
 
 // ErrUpOptions is wrapped by every refusal of UpOptions.
 var ErrUpOptions = errors.New("invalid farm options")
@@ -127,6 +142,15 @@ func (o UpOptions) withDefaults() (UpOptions, error) {
 		if port == 0 || port+o.Agents > 65535 {
 			return o, bad("--metrics %s: want a fixed port with %d free ports after it (e.g. %s)", o.MetricsBase, o.Agents, net.JoinHostPort(host, "9464"))
 		}
+	}
+	switch o.Window {
+	case 0:
+		o.Window = cascade.DefaultConfig().Window
+	case WindowEvery:
+		o.Window = 0
+	}
+	if o.Window < cascade.WindowIdle {
+		return o, bad("window %d: want %d (as many as holders are idle), 0 for the default, WindowEvery, or N > 0", o.Window, cascade.WindowIdle)
 	}
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)
@@ -309,7 +333,7 @@ func (f *Farm) start(ctx context.Context) error {
 	cfg.Registry, cfg.RegistryInsecure, cfg.Window = reg.Addr(), true, o.Window
 	ready := make(chan struct{})
 	f.controller = f.run("controller", func(cctx context.Context) error {
-		return RunController(cctx, ControllerOptions{
+		return daemon.RunController(cctx, daemon.ControllerOptions{
 			NATS: f.natsURL, Catalogue: o.Catalogue, Controller: cfg, Observer: f.ctrlObs,
 			Log: log.With("component", "controller"), Ready: ready,
 		})
@@ -330,16 +354,16 @@ func (f *Farm) start(ctx context.Context) error {
 		// A stopping farm hands the asks in hand back soon: the queue keeps
 		// them for the next Up.
 		cfg.Grace = 5 * time.Second
-		ao := AgentOptions{
+		ao := daemon.AgentOptions{
 			NATS: f.natsURL, Agent: cfg, BuildKit: f.bkAddrs[i], RegistryInsecure: true,
-			Workspace: Workspace(f.stateDir, cfg.Machine), InsteadOf: o.InsteadOf, Catalogue: o.Catalogue,
+			Workspace: daemon.Workspace(f.stateDir, cfg.Machine), InsteadOf: o.InsteadOf, Catalogue: o.Catalogue,
 			Log: log.With("component", "agent", "machine", cfg.Machine),
 		}
 		if f.agentObs != nil {
 			ao.Observer = f.agentObs[i]
 		}
 		f.agents = append(f.agents, f.run("agent "+cfg.Machine, func(actx context.Context) error {
-			return RunAgent(actx, ao)
+			return daemon.RunAgent(actx, ao)
 		}))
 	}
 	log.Info("agents running", "machines", strings.Join(f.machines, ","))
@@ -598,11 +622,19 @@ func (f *Farm) BuildKitAddrs() []string { return append([]string(nil), f.bkAddrs
 // Machines are the agents' machine names, "<host>-a1" ….
 func (f *Farm) Machines() []string { return append([]string(nil), f.machines...) }
 
+// MetricsURLs are the /metrics URLs the farm serves: the controller's, then
+// each agent's in the order of Machines; none without MetricsBase.
+func (f *Farm) MetricsURLs() []string { return append([]string(nil), f.metrics...) }
+
 // StateDir is the farm's state directory.
 func (f *Farm) StateDir() string { return f.stateDir }
 
 // InsteadOf is the agents' repository rewriting, as given.
 func (f *Farm) InsteadOf() map[string]string { return f.opts.InsteadOf }
+
+// Failed is closed when a part of the farm stops on its own; Wait says
+// why.
+func (f *Farm) Failed() <-chan struct{} { return f.failed }
 
 // Wait blocks until a part of the farm stops on its own (a buildkitd
 // exits, the controller or an agent returns) and returns why, or until
@@ -740,13 +772,13 @@ func (f *Farm) serveMetrics() error {
 		f.metrics = append(f.metrics, "http://"+addr+"/metrics")
 		return nil
 	}
-	obs, err := ControllerMetrics(ctx, f.opts.MetricsBase, f.natsURL, "", log)
+	obs, err := daemon.ControllerMetrics(ctx, f.opts.MetricsBase, f.natsURL, "", log)
 	if err := serving(0, "the controller", err); err != nil {
 		return err
 	}
 	f.ctrlObs = obs
 	for i, m := range f.machines {
-		obs, err := AgentMetrics(ctx, net.JoinHostPort(host, strconv.Itoa(port+i+1)), m, log)
+		obs, err := daemon.AgentMetrics(ctx, net.JoinHostPort(host, strconv.Itoa(port+i+1)), m, log)
 		if err := serving(i+1, "agent "+m, err); err != nil {
 			return err
 		}

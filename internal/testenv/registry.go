@@ -4,6 +4,7 @@ import (
 	"context"
 	"testing"
 
+	"github.com/meshbuild/meshbuild/internal/demo/busybox"
 	"github.com/meshbuild/meshbuild/registry"
 )
 
@@ -23,7 +24,7 @@ func Registry(t testing.TB) string {
 // returns its pinned reference, host/busybox@sha256:….
 func Busybox(t testing.TB, host string) string {
 	t.Helper()
-	d, err := registry.PushBusybox(context.Background(), host, "busybox")
+	d, err := busybox.Push(context.Background(), host, "busybox")
 	if err != nil {
 		t.Fatalf("busybox: %v", err)
 	}

@@ -1,7 +1,11 @@
-// Package farm starts the farm's processes from options: an agent, a
-// controller, and (up.go) the whole embedded default on one machine. The
-// mains in cmd/ and `builds up` are thin layers over it.
-package farm
+// Package daemon starts the farm's long-running processes from options:
+// a build agent (RunAgent) and the controller (RunController), each with
+// its connection to NATS, its catalogue and its /metrics (AgentMetrics,
+// ControllerMetrics). cmd/build-agent and cmd/build-controller are thin
+// layers over it: they fill the options from flags (Env, SplitList,
+// ParseInsteadOf). The embedded farm of `builds up` (internal/farm) runs
+// the same functions in one process.
+package daemon
 
 import (
 	"context"

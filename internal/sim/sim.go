@@ -1,47 +1,47 @@
-package cascade
-
-// A deterministic discrete-event simulator of a build farm: the pure
-// reference for the scheduling benchmarks (the benchmark through the real
-// bus lives elsewhere). M machines pull one ask at a time from one shared
-// queue; a policy decides when asks enter the queue and in which order.
+// Package sim is a deterministic discrete-event simulator of a build farm:
+// the pure reference for the scheduling benchmarks (the benchmark through
+// the real bus lives in package cascade's tests). It is used only by tests,
+// benchmarks and cmd/benchtable, so it is not part of cascade's API. It
+// does not import cascade: cascade's own tests run State through the same
+// DAGs (SimulateState, in cascade/simstate_test.go) and compare.
+//
+// M machines pull one ask at a time from one shared queue; a policy decides when asks enter the queue and in which order.
 //
 // What the benchmarks in sim_test.go show (makespan over the lower bound
 // max(critical path, total work / M); 1 is optimal):
 //
-//	                                     fan 35 on 4       fan 35 on 4      1,000-module DAG
-//	                                     equal durations   lognormal σ=1    on 50, lognormal σ=1
-//	tier barrier                         1.11              1.22             2.82
-//	cascade, FIFO queue                  1.11              1.22             1.08
-//	cascade, batches ranked (State)      1.11              1.07             1.08
-//	cascade, window 1 (State.Window)     1.11              1.07             1.004
-//	global priority (ideal)              1.11              1.07             1.000
+//		                                     fan 35 on 4       fan 35 on 4      1,000-module DAG
+//		                                     equal durations   lognormal σ=1    on 50, lognormal σ=1
+//		tier barrier                         1.11              1.22             2.82
+//		cascade, FIFO queue                  1.11              1.22             1.08
+//		cascade, batches ranked (State)      1.11              1.07             1.08
+//		cascade, window 1 (State.Window)     1.11              1.07             1.004
+//		global priority (ideal)              1.11              1.07             1.000
 //
-//   - A fan is one base built alone and then n asks sharing M machines: the
-//     bound ignores the base's turn alone, so 1.11 is the best there is with
-//     equal durations. With lognormal durations, ranking by estimate is the
-//     longest-first rule and gains 15%.
-//   - On the layered DAG the tier barrier loses most: every tier waits for
-//     its slowest image. The cascade with a FIFO queue is within 8% of the
-//     bound; ranking each released batch barely helps, because the queue is
-//     still first-in first-out across batches.
-//   - Holding released asks in the controller and publishing the best one
-//     whenever a holder takes one (a window of 1-5 queued asks per plan)
-//     makes a FIFO work queue behave as a priority queue: within 0.4-2% of
-//     the bound with duration estimates (about 5% with none: estimates are
-//     what make the order good). The cost is one controller round trip
-//     between a holder taking an ask and the next being published, which
-//     the simulator does not charge for.
+//	  - A fan is one base built alone and then n asks sharing M machines: the
+//	    bound ignores the base's turn alone, so 1.11 is the best there is with
+//	    equal durations. With lognormal durations, ranking by estimate is the
+//	    longest-first rule and gains 15%.
+//	  - On the layered DAG the tier barrier loses most: every tier waits for
+//	    its slowest image. The cascade with a FIFO queue is within 8% of the
+//	    bound; ranking each released batch barely helps, because the queue is
+//	    still first-in first-out across batches.
+//	  - Holding released asks in the controller and publishing the best one
+//	    whenever a holder takes one (a window of 1-5 queued asks per plan)
+//	    makes a FIFO work queue behave as a priority queue: within 0.4-2% of
+//	    the bound with duration estimates (about 5% with none: estimates are
+//	    what make the order good). The cost is one controller round trip
+//	    between a holder taking an ask and the next being published, which
+//	    the simulator does not charge for.
+package sim
 
 import (
 	"container/heap"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
 	"strconv"
-	"time"
 
 	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/planner"
@@ -539,73 +539,3 @@ type freeAt float64
 type machineHeap = heapOf[freeAt]
 
 func (f freeAt) before(o freeAt) bool { return f < o }
-
-// SimulateState runs a plan through State itself on machines pulling FIFO
-// from one queue, asks entering the queue in the order State returns them
-// (calling Fill after each started, as the controller does), each build
-// taking dur[module] seconds (missing: 1). setup, if not nil, configures the
-// new State (estimates, window). It returns the makespan in seconds; it errs
-// if the plan does not finish.
-func SimulateState(p planner.Plan, dur map[string]float64, machines int, setup func(*State)) (float64, error) {
-	if machines < 1 {
-		return 0, fmt.Errorf("simulating plan %s: no machine", p.ID)
-	}
-	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	at := func(x float64) time.Time { return t0.Add(time.Duration(x * float64(time.Second))) }
-	s := NewState(p, t0)
-	if setup != nil {
-		setup(s)
-	}
-	// Completions at one instant are handled in name order, as Simulate does.
-	names := p.Names()
-	slices.Sort(names)
-	pos := make(map[string]int, len(names))
-	for i, name := range names {
-		pos[name] = i
-	}
-	length := func(module string) float64 {
-		if v, ok := dur[module]; ok {
-			return v
-		}
-		return 1
-	}
-
-	var queue []Submit
-	queue = append(queue, s.Start(t0)...)
-	var running events
-	asks := map[int]Submit{}
-	free, now := machines, 0.0
-	for {
-		for free > 0 && len(queue) > 0 {
-			sub := queue[0]
-			queue = queue[1:]
-			i := pos[sub.Module]
-			s.Started(mesh.Started{Version: 1, Ask: sub.AskID, Plan: sub.Plan, Module: sub.Module, On: "sim", Attempt: sub.Attempt, At: at(now)})
-			queue = append(queue, s.Fill(at(now))...)
-			asks[i] = sub
-			heap.Push(&running, event{at: now + length(sub.Module), node: i})
-			free--
-		}
-		if running.Len() == 0 {
-			break
-		}
-		now = running[0].at
-		for running.Len() > 0 && running[0].at == now {
-			e := heap.Pop(&running).(event)
-			free++
-			sub := asks[e.node]
-			queue = append(queue, s.Built(mesh.Built{Version: 1, Ask: sub.AskID, Plan: sub.Plan, Module: sub.Module,
-				Digest: simDigest(sub.Module), On: "sim", Duration: time.Duration(length(sub.Module) * float64(time.Second)),
-				At: at(now)}, at(now))...)
-		}
-	}
-	if o := s.Outcome(); o != OutcomeBuilt {
-		return now, fmt.Errorf("simulating plan %s: outcome %s, counts %+v", p.ID, o, s.Counts())
-	}
-	return now, nil
-}
-
-func simDigest(module string) string {
-	sum := sha256.Sum256([]byte(module))
-	return "sha256:" + hex.EncodeToString(sum[:])
-}

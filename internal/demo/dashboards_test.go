@@ -1,10 +1,11 @@
-package farm
+package demo
 
 import (
 	"bytes"
 	"context"
 	"errors"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -13,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshbuild/meshbuild/internal/farm"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/metrics"
 )
@@ -25,7 +27,7 @@ func TestDashboardsOnBuildsUp(t *testing.T) {
 	testenv.RequireBuildkit(t)
 	began := time.Now()
 	since := func() time.Duration { return time.Since(began).Round(time.Millisecond) }
-	catalogue, src := smallFleet(t, "base", "runtime", "tool-01", "tool-02")
+	catalogue, src := testenv.SmallFleet(t, "base", "runtime", "tool-01", "tool-02")
 	// tool-02's Dockerfile fails, for the failures panels.
 	broken := filepath.Join(src, "tools", "tool-02", "Dockerfile")
 	df, err := os.ReadFile(broken)
@@ -39,8 +41,9 @@ func TestDashboardsOnBuildsUp(t *testing.T) {
 	// Prometheus first: it scrapes nothing for its first few seconds, and
 	// rate() must see the builds happen. The controller serves on the base
 	// port, agent i on the port i above it.
-	metricsBase := freePorts(t, 3)
-	host, port, _ := splitAddr(metricsBase)
+	metricsBase := testenv.FreePorts(t, 3)
+	host, p, _ := net.SplitHostPort(metricsBase)
+	port, _ := strconv.Atoi(p)
 	var targets []string
 	for i := range 3 {
 		targets = append(targets, host+":"+strconv.Itoa(port+i))
@@ -48,13 +51,13 @@ func TestDashboardsOnBuildsUp(t *testing.T) {
 	prom := testenv.Prometheus(t, targets)
 
 	state := t.TempDir()
-	logs := &syncWriter{w: &bytes.Buffer{}}
-	f, err := Up(context.Background(), UpOptions{
+	logs := &testenv.Buffer{}
+	f, err := farm.Up(context.Background(), farm.UpOptions{
 		Catalogue: catalogue, Agents: 2, StateDir: state,
 		ListenNATS: "127.0.0.1:0", ListenRegistry: "127.0.0.1:0",
 		MetricsBase:  metricsBase,
-		BuildkitdBin: buildkitdBin(t),
-		InsteadOf:    DemoInsteadOf(state),
+		BuildkitdBin: testenv.BuildkitdBin(t),
+		InsteadOf:    InsteadOf(state),
 		Log:          slog.New(slog.NewTextHandler(logs, nil)),
 	})
 	if err != nil {
@@ -67,7 +70,7 @@ func TestDashboardsOnBuildsUp(t *testing.T) {
 		}
 	}()
 	var served []string
-	for _, u := range f.metrics {
+	for _, u := range f.MetricsURLs() {
 		served = append(served, strings.TrimSuffix(strings.TrimPrefix(u, "http://"), "/metrics"))
 	}
 	if !slices.Equal(served, targets) {
@@ -81,9 +84,9 @@ func TestDashboardsOnBuildsUp(t *testing.T) {
 	t.Logf("Prometheus scrapes the farm %s after the start", since())
 
 	var out bytes.Buffer
-	err = Demo(ctx, f, src, &out)
+	err = Run(ctx, f, src, &out)
 	if !errors.Is(err, ErrPlanNotBuilt) || !strings.Contains(err.Error(), "tool-02 (build") {
-		t.Fatalf("Demo: %v, want ErrPlanNotBuilt for tool-02's build\n%s", err, out.String())
+		t.Fatalf("Run: %v, want ErrPlanNotBuilt for tool-02's build\n%s", err, out.String())
 	}
 	t.Logf("demo plan settled %s after the start:\n%s", since(), out.String())
 

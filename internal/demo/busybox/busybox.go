@@ -1,4 +1,8 @@
-package registry
+// Package busybox is the base image the demo and the tests build on: the
+// build machine's static busybox (Debian's busybox-static) in one layer,
+// made from scratch and deterministically, so that no registry outside the
+// farm is needed. It is a fixture, not part of the registry's business.
+package busybox
 
 import (
 	"archive/tar"
@@ -12,6 +16,7 @@ import (
 	"runtime"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
@@ -20,12 +25,12 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/types"
 )
 
-// BusyboxPath is where Debian's busybox-static puts its binary.
-const BusyboxPath = "/bin/busybox"
+// Path is where Debian's busybox-static puts its binary.
+const Path = "/bin/busybox"
 
-// BusyboxApplets are the commands the busybox base image links to
+// Applets are the commands the busybox base image links to
 // /bin/busybox.
-var BusyboxApplets = []string{
+var Applets = []string{
 	"sh", "echo", "cat", "ls", "sleep", "mkdir", "touch", "wc",
 	"rm", "cp", "mv", "env", "true", "false", "test", "grep", "head", "tail", "printf",
 }
@@ -34,17 +39,27 @@ var BusyboxApplets = []string{
 // that the same binary always gives the same digest.
 var layerTime = time.Unix(0, 0).UTC()
 
-// Busybox returns the busybox base image: one layer holding the static
-// busybox of the build machine at /bin/busybox, symlinks to it for
-// BusyboxApplets, an empty /tmp, and PATH=/bin. It is built from scratch
-// (no registry needed), deterministically: the same binary always gives the
-// same digest.
-func Busybox() (v1.Image, error) {
-	bin, err := os.ReadFile(BusyboxPath)
+// Static reads the build machine's busybox and refuses one that is
+// dynamically linked: it would not run in an image that has no libc.
+func Static() ([]byte, error) {
+	bin, err := os.ReadFile(Path)
 	if err != nil {
 		return nil, fmt.Errorf("reading busybox: %w (apt-get install -y busybox-static)", err)
 	}
 	if err := checkStatic(bin); err != nil {
+		return nil, err
+	}
+	return bin, nil
+}
+
+// Image returns the busybox base image: one layer holding the static
+// busybox of the build machine at /bin/busybox, symlinks to it for
+// Applets, an empty /tmp, and PATH=/bin. It is built from scratch
+// (no registry needed), deterministically: the same binary always gives the
+// same digest.
+func Image() (v1.Image, error) {
+	bin, err := Static()
+	if err != nil {
 		return nil, err
 	}
 	var buf bytes.Buffer
@@ -54,7 +69,7 @@ func Busybox() (v1.Image, error) {
 		{Typeflag: tar.TypeDir, Name: "tmp/", Mode: 0o1777},
 		{Typeflag: tar.TypeReg, Name: "bin/busybox", Mode: 0o755, Size: int64(len(bin))},
 	}
-	for _, a := range BusyboxApplets {
+	for _, a := range Applets {
 		hdrs = append(hdrs, &tar.Header{Typeflag: tar.TypeSymlink, Name: "bin/" + a, Linkname: "busybox", Mode: 0o777})
 	}
 	for _, h := range hdrs {
@@ -100,29 +115,31 @@ func Busybox() (v1.Image, error) {
 func checkStatic(bin []byte) error {
 	f, err := elf.NewFile(bytes.NewReader(bin))
 	if err != nil {
-		return fmt.Errorf("%s is not an ELF binary: %w", BusyboxPath, err)
+		return fmt.Errorf("%s is not an ELF binary: %w", Path, err)
 	}
 	defer f.Close()
 	for _, p := range f.Progs {
 		if p.Type == elf.PT_INTERP {
-			return errors.New(BusyboxPath + " is dynamically linked; apt-get install -y busybox-static")
+			return errors.New(Path + " is dynamically linked and would not run FROM scratch: apt-get install -y busybox-static")
 		}
 	}
 	return nil
 }
 
-// PushBusybox pushes the [Busybox] base image to registryHost/repo, tagged
-// latest, and returns its manifest digest.
-func PushBusybox(ctx context.Context, registryHost, repo string) (string, error) {
-	img, err := Busybox()
+// Push pushes the [Image] to registryHost/repo, tagged latest, and returns
+// its manifest digest. A loopback or private registryHost is spoken to over
+// plain HTTP (go-containerregistry's rule).
+func Push(ctx context.Context, registryHost, repo string) (string, error) {
+	img, err := Image()
 	if err != nil {
 		return "", err
 	}
-	ref, err := parse(registryHost+"/"+repo+":latest", false)
+	s := registryHost + "/" + repo + ":latest"
+	ref, err := name.ParseReference(s)
 	if err != nil {
-		return "", err
+		return "", fmt.Errorf("parsing reference %q: %w", s, err)
 	}
-	if err := remote.Write(ref, img, remoteOptions(ctx)...); err != nil {
+	if err := remote.Write(ref, img, remote.WithContext(ctx)); err != nil {
 		return "", fmt.Errorf("pushing %s: %w", ref, err)
 	}
 	d, err := img.Digest()

@@ -1,10 +1,12 @@
-package farm
+// Package demo builds the example fleet (examples/fleet) on an embedded
+// farm, as `builds up --demo` does: it commits the fleet's sources (with a
+// static busybox for the base, see package busybox) to a git repository in
+// the farm's state directory, announces a change to the base as mesh-git
+// would, and shows the plan live until it settles.
+package demo
 
 import (
-	"bytes"
 	"context"
-	"debug/elf"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -15,34 +17,36 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/term"
 
 	"github.com/meshbuild/meshbuild/cascade"
+	"github.com/meshbuild/meshbuild/internal/daemon"
+	"github.com/meshbuild/meshbuild/internal/demo/busybox"
+	"github.com/meshbuild/meshbuild/internal/farm"
+	"github.com/meshbuild/meshbuild/internal/planview"
 	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/planner"
-	"github.com/meshbuild/meshbuild/registry"
 )
 
-// DemoRemote is the repository the example fleet's manifests build from
-// (examples/fleet/catalogue); the demo's agents fetch it from DemoRepo.
-const DemoRemote = "https://git.example/fleet.git"
+// Remote is the repository the example fleet's manifests build from
+// (examples/fleet/catalogue); the demo's agents fetch it from Repo.
+const Remote = "https://git.example/fleet.git"
 
-// DemoRepo is where Demo keeps the fleet's git repository in a farm's
-// state directory.
-func DemoRepo(stateDir string) string { return filepath.Join(stateDir, "git", "fleet") }
+// Repo is where Run keeps the fleet's git repository in a farm's state
+// directory.
+func Repo(stateDir string) string { return filepath.Join(stateDir, "git", "fleet") }
 
-// DemoInsteadOf is the UpOptions.InsteadOf of a farm Demo runs on: its
-// agents fetch DemoRemote from DemoRepo(stateDir).
-func DemoInsteadOf(stateDir string) map[string]string {
-	return map[string]string{DemoRemote: DemoRepo(stateDir)}
+// InsteadOf is the farm.UpOptions.InsteadOf of a farm Run runs on: its
+// agents fetch Remote from Repo(stateDir).
+func InsteadOf(stateDir string) map[string]string {
+	return map[string]string{Remote: Repo(stateDir)}
 }
 
-// ErrPlanNotBuilt is wrapped by Demo's error when the plan settles without
+// ErrPlanNotBuilt is wrapped by Run's error when the plan settles without
 // every module built.
 var ErrPlanNotBuilt = errors.New("the plan was not built")
 
-// Demo builds the example fleet on f. It commits the sources in srcDir
+// Run builds the example fleet on f. It commits the sources in srcDir
 // (examples/fleet/src; the base gets a copy of Debian's static
 // /bin/busybox) to a git repository under the farm's state directory,
 // commits a change to the base, and announces the push as mesh-git does.
@@ -51,11 +55,11 @@ var ErrPlanNotBuilt = errors.New("the plan was not built")
 // per machine. It returns nil when every module was built, and otherwise
 // an error wrapping ErrPlanNotBuilt naming the modules that failed.
 //
-// f must have been started with InsteadOf DemoInsteadOf(f.StateDir()).
-func Demo(ctx context.Context, f *Farm, srcDir string, out io.Writer) error {
-	repo := DemoRepo(f.StateDir())
-	if got := f.InsteadOf()[DemoRemote]; filepath.Clean(got) != repo {
-		return fmt.Errorf("the farm's agents do not fetch %s from %s: start it with InsteadOf: DemoInsteadOf(%s)", DemoRemote, repo, f.StateDir())
+// f must have been started with InsteadOf InsteadOf(f.StateDir()).
+func Run(ctx context.Context, f *farm.Farm, srcDir string, out io.Writer) error {
+	repo := Repo(f.StateDir())
+	if got := f.InsteadOf()[Remote]; filepath.Clean(got) != repo {
+		return fmt.Errorf("the farm's agents do not fetch %s from %s: start it with InsteadOf: demo.InsteadOf(%s)", Remote, repo, f.StateDir())
 	}
 	if fi, err := os.Stat(filepath.Join(srcDir, "base", "Dockerfile")); err != nil || fi.IsDir() {
 		return fmt.Errorf("%s has no base/Dockerfile: want the fleet's sources (examples/fleet/src)", srcDir)
@@ -65,20 +69,20 @@ func Demo(ctx context.Context, f *Farm, srcDir string, out io.Writer) error {
 	if err := commitSources(ctx, repo, srcDir); err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "\nThe fleet's sources (%s) are committed to %s,\nwhich the agents fetch for %s.\n", srcDir, repo, DemoRemote)
+	fmt.Fprintf(out, "\nThe fleet's sources (%s) are committed to %s,\nwhich the agents fetch for %s.\n", srcDir, repo, Remote)
 	commit, paths, err := changeBase(ctx, repo)
 	if err != nil {
 		return err
 	}
-	trig := planner.Trigger{Kind: planner.KindPush, Repo: DemoRemote, Ref: "refs/heads/main", Commit: commit, Paths: paths}
+	trig := planner.Trigger{Kind: planner.KindPush, Repo: Remote, Ref: "refs/heads/main", Commit: commit, Paths: paths}
 	plan := planner.PlanID(trig)
 
-	nc, js, err := Connect(f.NATSURL(), "", "git", "builds up --demo")
+	nc, js, err := daemon.Connect(f.NATSURL(), "", "git", "builds up --demo")
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	if _, err := cascade.Push(ctx, js, mesh.Pushed{Repo: trig.Repo, Ref: trig.Ref, Commit: commit, Paths: paths}); err != nil {
+	if _, _, err := cascade.Push(ctx, js, mesh.Pushed{Repo: trig.Repo, Ref: trig.Ref, Commit: commit, Paths: paths}); err != nil {
 		return err
 	}
 	fmt.Fprintf(out, "Pushed a change to the base: %s (%s) → plan %s\n\n", planner.ShortCommit(commit), strings.Join(paths, ", "), plan)
@@ -92,7 +96,7 @@ func Demo(ctx context.Context, f *Farm, srcDir string, out io.Writer) error {
 		return err
 	}
 	fmt.Fprintln(out)
-	PrintPlan(out, rec, mods)
+	planview.PrintPlan(out, rec, mods)
 	fmt.Fprintf(out, "\ndemo: %s in %s (push to settled: %s)\n", rec.Outcome,
 		time.Since(begun).Round(time.Second), rec.Finished.Sub(rec.Created).Round(100*time.Millisecond))
 	if rec.Outcome != cascade.OutcomeBuilt {
@@ -104,9 +108,9 @@ func Demo(ctx context.Context, f *Farm, srcDir string, out io.Writer) error {
 // notBuilt names a plan's failed modules and why.
 func notBuilt(rec cascade.PlanRecord, mods map[string]cascade.ModuleStatus) error {
 	var failed []string
-	for _, m := range orderedModules(mods) {
+	for _, m := range planview.OrderedModules(mods) {
 		if m.State == cascade.Failed {
-			failed = append(failed, fmt.Sprintf("%s (%s)", m.Module, failure(m)))
+			failed = append(failed, fmt.Sprintf("%s (%s)", m.Module, planview.Failure(m)))
 		}
 	}
 	if len(failed) == 0 {
@@ -118,7 +122,7 @@ func notBuilt(rec cascade.PlanRecord, mods map[string]cascade.ModuleStatus) erro
 // commitSources makes repo's tree srcDir's, plus the base's busybox, and
 // commits it if anything changed.
 func commitSources(ctx context.Context, repo, srcDir string) error {
-	bin, err := staticBusybox()
+	bin, err := busybox.Static()
 	if err != nil {
 		return err
 	}
@@ -190,25 +194,6 @@ func changeBase(ctx context.Context, repo string) (string, []string, error) {
 	return commit, strings.Fields(changed), nil
 }
 
-// staticBusybox reads Debian's static busybox, which the base is built on.
-func staticBusybox() ([]byte, error) {
-	bin, err := os.ReadFile(registry.BusyboxPath)
-	if err != nil {
-		return nil, fmt.Errorf("the base needs a static busybox: %w (apt-get install -y busybox-static)", err)
-	}
-	f, err := elf.NewFile(bytes.NewReader(bin))
-	if err != nil {
-		return nil, fmt.Errorf("%s is not an ELF binary: %w", registry.BusyboxPath, err)
-	}
-	defer f.Close()
-	for _, p := range f.Progs {
-		if p.Type == elf.PT_INTERP {
-			return nil, fmt.Errorf("%s is dynamically linked and would not run FROM scratch: apt-get install -y busybox-static", registry.BusyboxPath)
-		}
-	}
-	return bin, nil
-}
-
 // copyTree copies the files, directories and symbolic links under src into
 // dst, keeping file modes.
 func copyTree(src, dst string) error {
@@ -270,96 +255,36 @@ func gitIn(ctx context.Context, dir string, args ...string) (string, error) {
 const planWait = 30 * time.Second
 
 // follow shows a plan's progress until it settles, and returns its record
-// and modules. It watches the plan's keys in the store: each module that
-// finishes is printed as it does, under a progress bar on a terminal and
-// with a progress line every 10s otherwise.
-func follow(ctx context.Context, f *Farm, store *cascade.Store, plan string, out io.Writer) (cascade.PlanRecord, map[string]cascade.ModuleStatus, error) {
-	w, err := store.KV().WatchFiltered(ctx, []string{cascade.PlanKey(plan), cascade.ModulesOf(plan)})
-	if err != nil {
-		return cascade.PlanRecord{}, nil, fmt.Errorf("watching plan %s: %w", plan, err)
-	}
-	defer w.Stop()
-	p := newProgress(out)
-	var (
-		rec     cascade.PlanRecord
-		haveRec bool
-		mods    = map[string]cascade.ModuleStatus{}
-		prefix  = cascade.ModuleKey(plan, "")
-		begun   = time.Now()
-	)
-	tick := time.NewTicker(200 * time.Millisecond)
-	defer tick.Stop()
-	for {
+// and modules: each module that finishes is printed as it does, under a
+// progress bar on a terminal and with a progress line every 10s otherwise.
+// A farm that fails ends it.
+func follow(ctx context.Context, f *farm.Farm, store *cascade.Store, plan string, out io.Writer) (cascade.PlanRecord, map[string]cascade.ModuleStatus, error) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	go func() {
 		select {
+		case <-f.Failed():
+			cancel(fmt.Errorf("the farm failed during the demo: %w", f.Wait()))
 		case <-ctx.Done():
-			p.clear()
-			return rec, mods, ctx.Err()
-		case <-f.failed:
-			p.clear()
-			return rec, mods, fmt.Errorf("the farm failed during the demo: %w", f.failErr)
-		case <-tick.C:
-			if !haveRec && time.Since(begun) > planWait {
-				return rec, mods, fmt.Errorf("the controller made no plan %s for the push within %s (see the log)", plan, planWait)
-			}
-			p.draw(rec, time.Since(begun))
-		case e, ok := <-w.Updates():
-			if !ok {
-				return rec, mods, fmt.Errorf("watching plan %s: the watch stopped", plan)
-			}
-			if e == nil || e.Operation() != jetstream.KeyValuePut {
-				continue
-			}
-			if e.Key() == cascade.PlanKey(plan) {
-				if err := json.Unmarshal(e.Value(), &rec); err != nil {
-					return rec, mods, fmt.Errorf("decoding plan %s: %w", plan, err)
-				}
-				haveRec = true
-			} else if name, ok := strings.CutPrefix(e.Key(), prefix); ok {
-				var m cascade.ModuleStatus
-				if err := json.Unmarshal(e.Value(), &m); err != nil {
-					return rec, mods, fmt.Errorf("decoding %s: %w", e.Key(), err)
-				}
-				if finished(m.State) && mods[name].State != m.State {
-					p.line(finishedLine(m))
-					p.draw(rec, time.Since(begun))
-				}
-				mods[name] = m
-			}
-			if haveRec && settled(rec) && allFinished(mods, rec.Counts.Total) {
-				p.clear()
-				return rec, mods, nil
-			}
 		}
+	}()
+	p := newProgress(out)
+	begun := time.Now()
+	got, err := planview.Watch(ctx, store, plan, planview.Options{
+		Appear: planWait,
+		Changed: func(pl planview.Plan, m *cascade.ModuleStatus, was cascade.ModuleState) {
+			if m != nil && planview.Finished(m.State) && was != m.State {
+				p.line(planview.ModuleLine(*m))
+				p.draw(pl.Record, time.Since(begun))
+			}
+		},
+		Ticked: func(pl planview.Plan) { p.draw(pl.Record, time.Since(begun)) },
+	})
+	p.clear()
+	if errors.Is(err, cascade.ErrNoPlan) {
+		return got.Record, got.Modules, fmt.Errorf("the controller made no plan %s for the push within %s (see the log)", plan, planWait)
 	}
-}
-
-// settled reports whether a plan has nothing left in flight.
-func settled(r cascade.PlanRecord) bool {
-	c := r.Counts
-	return r.Outcome != cascade.OutcomeRunning && c.Waiting+c.Ready+c.Queued+c.Building == 0
-}
-
-// allFinished reports whether all total modules of a plan are in mods, each
-// finished: the module keys of a settled plan may arrive after its record.
-func allFinished(mods map[string]cascade.ModuleStatus, total int) bool {
-	if len(mods) < total {
-		return false
-	}
-	for _, m := range mods {
-		if !finished(m.State) {
-			return false
-		}
-	}
-	return true
-}
-
-func finished(s cascade.ModuleState) bool {
-	return s == cascade.Built || s == cascade.Failed || s == cascade.Blocked || s == cascade.Cancelled
-}
-
-// finishedLine is what the live view prints when a module finishes.
-func finishedLine(m cascade.ModuleStatus) string {
-	return fmt.Sprintf("  %-9s %-12s %-14s %7s  %s", m.State, m.Module, orDash(m.On), duration(m.Duration), detail(m))
+	return got.Record, got.Modules, err
 }
 
 // progress draws the live view: lines as modules finish, and on a
@@ -400,12 +325,9 @@ func (p *progress) line(s string) {
 func (p *progress) draw(rec cascade.PlanRecord, elapsed time.Duration) {
 	c := rec.Counts
 	status := fmt.Sprintf(" %d/%d built", c.Built, c.Total)
-	for _, s := range []struct {
-		n    int
-		what string
-	}{{c.Building, "building"}, {c.Queued + c.Ready, "queued"}, {c.Failed, "failed"}, {c.Blocked, "blocked"}} {
-		if s.n > 0 {
-			status += fmt.Sprintf(", %d %s", s.n, s.what)
+	for _, s := range planview.Tally(c)[1:] { // built is said first
+		if s.N > 0 {
+			status += fmt.Sprintf(", %d %s", s.N, s.What)
 		}
 	}
 	status += fmt.Sprintf("  %s", clock(elapsed))

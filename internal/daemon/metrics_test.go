@@ -1,4 +1,4 @@
-package farm_test
+package daemon_test
 
 import (
 	"context"
@@ -10,7 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/meshbuild/meshbuild/internal/farm"
+	"github.com/meshbuild/meshbuild/internal/daemon"
 	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/mesh"
 )
@@ -32,12 +32,12 @@ func get(t *testing.T, url string) string {
 func TestServeMetrics(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	if addr, err := farm.ServeMetrics(ctx, "", prometheus.NewRegistry(), nil); addr != "" || err != nil {
+	if addr, err := daemon.ServeMetrics(ctx, "", prometheus.NewRegistry(), nil); addr != "" || err != nil {
 		t.Fatalf("no address: %q, %v; want nothing served", addr, err)
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(prometheus.NewCounter(prometheus.CounterOpts{Name: "x_total", Help: "x"}))
-	addr, err := farm.ServeMetrics(ctx, "127.0.0.1:0", reg, nil)
+	addr, err := daemon.ServeMetrics(ctx, "127.0.0.1:0", reg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,21 +49,32 @@ func TestServeMetrics(t *testing.T) {
 func TestAgentAndControllerMetrics(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	if obs, err := farm.AgentMetrics(ctx, "", "m1", nil); obs != nil || err != nil {
+	if obs, err := daemon.AgentMetrics(ctx, "", "m1", nil); obs != nil || err != nil {
 		t.Fatalf("agent without an address: %v, %v; want no observer", obs, err)
 	}
-	obs, err := farm.AgentMetrics(ctx, "127.0.0.1:0", "m1", nil)
+	agentAddr := freeAddr(t)
+	obs, err := daemon.AgentMetrics(ctx, agentAddr, "m1", nil)
 	if err != nil || obs == nil {
 		t.Fatalf("agent metrics: %v, %v", obs, err)
 	}
 	obs.Began()
+	abody := get(t, "http://"+agentAddr+"/metrics")
+	for _, want := range []string{
+		`meshbuild_agent_asks_in_flight{machine="m1"} 1`,
+		`meshbuild_agent_builds_total`, // declared, no build ended yet
+		"go_goroutines", "process_cpu_seconds_total",
+	} {
+		if !strings.Contains(abody, want) {
+			t.Errorf("agent /metrics lacks %s", want)
+		}
+	}
 
 	s := natstest.Server(t, nil)
-	if cobs, err := farm.ControllerMetrics(ctx, "", s.ClientURL(), "", nil); cobs != nil || err != nil {
+	if cobs, err := daemon.ControllerMetrics(ctx, "", s.ClientURL(), "", nil); cobs != nil || err != nil {
 		t.Fatalf("controller without an address: %v, %v; want no observer", cobs, err)
 	}
 	addr := freeAddr(t)
-	cobs, err := farm.ControllerMetrics(ctx, addr, s.ClientURL(), "", nil)
+	cobs, err := daemon.ControllerMetrics(ctx, addr, s.ClientURL(), "", nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package farm
+package planview
 
 import (
 	"fmt"
@@ -27,18 +27,21 @@ import (
 //	…
 //	machines
 //	  host-a1  13 built  7.9s
+//
+// A module held by the controller for an idle holder (cascade.Ready) is
+// shown, and counted, as waiting: what it waits for is a holder.
 func PrintPlan(w io.Writer, rec cascade.PlanRecord, mods map[string]cascade.ModuleStatus) {
 	fmt.Fprintf(w, "plan %s  %s  %s\n", rec.ID, rec.Outcome, rec.Summary)
 	fmt.Fprintf(w, "  %s\n", countsLine(rec))
 	if rec.Message != "" {
 		fmt.Fprintf(w, "  %s\n", rec.Message)
 	}
-	ordered := orderedModules(mods)
+	ordered := OrderedModules(mods)
 	// One alignment for every tier (a tabwriter would align each tier
 	// apart, or pad the tier lines).
 	wName, wState, wOn, wDur := 0, 0, 0, 0
 	for _, m := range ordered {
-		wName, wState = max(wName, len(m.Module)), max(wState, len(m.State))
+		wName, wState = max(wName, len(m.Module)), max(wState, len(shownState(m.State)))
 		wOn, wDur = max(wOn, len(orDash(m.On))), max(wDur, len(duration(m.Duration)))
 	}
 	tier := -1
@@ -47,7 +50,7 @@ func PrintPlan(w io.Writer, rec cascade.PlanRecord, mods map[string]cascade.Modu
 			tier = m.Tier
 			fmt.Fprintf(w, "tier %d\n", tier)
 		}
-		fmt.Fprintf(w, "  %-*s  %-*s  %-*s  %*s  %s\n", wName, m.Module, wState, m.State, wOn, orDash(m.On), wDur, duration(m.Duration), detail(m))
+		fmt.Fprintf(w, "  %-*s  %-*s  %-*s  %*s  %s\n", wName, m.Module, wState, shownState(m.State), wOn, orDash(m.On), wDur, duration(m.Duration), detail(m))
 	}
 	for _, m := range ordered {
 		if m.State == cascade.Failed && len(m.Log) > 0 {
@@ -62,26 +65,59 @@ func PrintPlan(w io.Writer, rec cascade.PlanRecord, mods map[string]cascade.Modu
 		return
 	}
 	fmt.Fprintln(w, "machines")
+	anyFailed := false
+	for _, s := range sums {
+		anyFailed = anyFailed || s.failed > 0
+	}
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
 	for _, s := range sums {
-		fmt.Fprintf(tw, "  %s\t%d built\t%s\n", s.machine, s.builds, duration(s.total))
+		failed := "" // a column only when some machine has failures
+		switch {
+		case s.failed > 0:
+			failed = fmt.Sprintf("%d failed\t", s.failed)
+		case anyFailed:
+			failed = "\t"
+		}
+		fmt.Fprintf(tw, "  %s\t%d built\t%s%s\n", s.machine, s.builds, failed, duration(s.total))
 	}
 	tw.Flush()
+}
+
+// shownState is the state an operator reads: a module held for an idle
+// holder (ready) is waiting, as the counts say.
+func shownState(s cascade.ModuleState) cascade.ModuleState {
+	if s == cascade.Ready {
+		return cascade.Waiting
+	}
+	return s
+}
+
+// Waiting is how many of a plan's modules wait: for a base to be built, or
+// (ready) for an idle holder. Every summary counts them so.
+func Waiting(c cascade.Counts) int { return c.Waiting + c.Ready }
+
+// Count is a number of modules in one state, for a summary line.
+type Count struct {
+	N    int
+	What string
+}
+
+// Tally is a plan's counts in the order summaries give them: built,
+// failed, blocked, building, queued, waiting, cancelled.
+func Tally(c cascade.Counts) []Count {
+	return []Count{
+		{c.Built, "built"}, {c.Failed, "failed"}, {c.Blocked, "blocked"}, {c.Building, "building"},
+		{c.Queued, "queued"}, {Waiting(c), "waiting"}, {c.Cancelled, "cancelled"},
+	}
 }
 
 // countsLine summarises a plan's counts: "39 modules: 39 built in 1m12s".
 func countsLine(rec cascade.PlanRecord) string {
 	c := rec.Counts
 	parts := []string{}
-	for _, p := range []struct {
-		n    int
-		what string
-	}{
-		{c.Built, "built"}, {c.Failed, "failed"}, {c.Blocked, "blocked"}, {c.Building, "building"},
-		{c.Queued + c.Ready, "queued"}, {c.Waiting, "waiting"}, {c.Cancelled, "cancelled"},
-	} {
-		if p.n > 0 {
-			parts = append(parts, fmt.Sprintf("%d %s", p.n, p.what))
+	for _, p := range Tally(c) {
+		if p.N > 0 {
+			parts = append(parts, fmt.Sprintf("%d %s", p.N, p.What))
 		}
 	}
 	line := fmt.Sprintf("%d modules", c.Total)
@@ -94,20 +130,26 @@ func countsLine(rec cascade.PlanRecord) string {
 	return line
 }
 
+// ModuleLine is one module on one line, as a live view prints it when
+// the module finishes: state, name, machine, duration, digest or why not.
+func ModuleLine(m cascade.ModuleStatus) string {
+	return fmt.Sprintf("  %-9s %-12s %-14s %7s  %s", shownState(m.State), m.Module, orDash(m.On), duration(m.Duration), detail(m))
+}
+
 // detail is a module's last column: its short digest, or why it has none.
 func detail(m cascade.ModuleStatus) string {
 	switch {
 	case m.BlockedBy != "":
 		return "blocked by " + m.BlockedBy
 	case m.State == cascade.Failed:
-		return failure(m)
+		return Failure(m)
 	default:
-		return shortDigest(m.Digest)
+		return ShortDigest(m.Digest)
 	}
 }
 
-// failure is why a module failed, on one line: "build: Dockerfile:4: …".
-func failure(m cascade.ModuleStatus) string {
+// Failure is why a module failed, on one line: "build: Dockerfile:4: …".
+func Failure(m cascade.ModuleStatus) string {
 	msg := m.Message
 	if i := strings.IndexByte(msg, '\n'); i >= 0 {
 		msg = msg[:i]
@@ -119,16 +161,17 @@ func failure(m cascade.ModuleStatus) string {
 }
 
 type machineSum struct {
-	machine string
-	builds  int
-	total   time.Duration
+	machine        string
+	builds, failed int
+	total          time.Duration
 }
 
-// machineSums are, per machine, the modules it built and their time.
+// machineSums are, per machine, the modules it built and those that failed
+// on it, and the time they took.
 func machineSums(mods map[string]cascade.ModuleStatus) []machineSum {
 	by := map[string]*machineSum{}
 	for _, m := range mods {
-		if m.On == "" || m.State != cascade.Built {
+		if m.On == "" || (m.State != cascade.Built && m.State != cascade.Failed) {
 			continue
 		}
 		s := by[m.On]
@@ -136,7 +179,11 @@ func machineSums(mods map[string]cascade.ModuleStatus) []machineSum {
 			s = &machineSum{machine: m.On}
 			by[m.On] = s
 		}
-		s.builds++
+		if m.State == cascade.Built {
+			s.builds++
+		} else {
+			s.failed++
+		}
 		s.total += m.Duration
 	}
 	out := make([]machineSum, 0, len(by))
@@ -147,8 +194,8 @@ func machineSums(mods map[string]cascade.ModuleStatus) []machineSum {
 	return out
 }
 
-// orderedModules sorts module statuses by tier, then name.
-func orderedModules(mods map[string]cascade.ModuleStatus) []cascade.ModuleStatus {
+// OrderedModules sorts module statuses by tier, then name.
+func OrderedModules(mods map[string]cascade.ModuleStatus) []cascade.ModuleStatus {
 	out := make([]cascade.ModuleStatus, 0, len(mods))
 	for name, m := range mods {
 		if m.Module == "" {
@@ -176,7 +223,9 @@ func duration(d time.Duration) string {
 	}
 }
 
-func shortDigest(digest string) string {
+// ShortDigest is the first 12 hex digits of a sha256 digest, as a plan
+// shows it.
+func ShortDigest(digest string) string {
 	if d, ok := strings.CutPrefix(digest, "sha256:"); ok && len(d) >= 12 {
 		return d[:12]
 	}

@@ -1,4 +1,4 @@
-package farm
+package demo
 
 import (
 	"bytes"
@@ -14,6 +14,9 @@ import (
 	"time"
 
 	"github.com/meshbuild/meshbuild/cascade"
+	"github.com/meshbuild/meshbuild/internal/daemon"
+	"github.com/meshbuild/meshbuild/internal/farm"
+	"github.com/meshbuild/meshbuild/internal/sim"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 )
 
@@ -26,12 +29,12 @@ import (
 //
 // Each run is a fresh farm (state, registry, buildkitds): every build is
 // cold, in both. The makespan runs from the controller making the plan of
-// Demo's push to the plan settling. Beside speedup ÷ K (1 is perfect) it
+// Run's push to the plan settling. Beside speedup ÷ K (1 is perfect) it
 // reports the best speed-up that DAG allows with the step times measured
-// on one machine (cascade.Simulate, global priority: base and runtime are
+// on one machine (sim.Simulate, global priority: base and runtime are
 // built alone, then 36 modules share the K machines).
 //
-//	MESHBUILD_BUILDKIT=1 go test -run XXX -bench BenchmarkFleetSpeedup -benchtime 1x ./internal/farm
+//	MESHBUILD_BUILDKIT=1 go test -run XXX -bench BenchmarkFleetSpeedup -benchtime 1x ./internal/demo
 
 // fleetSleep is the step each module's Dockerfile gets.
 const fleetSleep = time.Second
@@ -41,7 +44,7 @@ const fleetTimeout = 5 * time.Minute
 
 func BenchmarkFleetSpeedup(b *testing.B) {
 	testenv.RequireBuildkit(b)
-	fleet := exampleFleet(b)
+	fleet := testenv.ExampleFleet(b)
 	catalogue := filepath.Join(fleet, "catalogue")
 	src, modules := sleepingFleet(b, filepath.Join(fleet, "src"), fleetSleep)
 
@@ -57,12 +60,13 @@ func BenchmarkFleetSpeedup(b *testing.B) {
 			}
 			dk := r.dag()
 			speedup := one.makespan.Seconds() / r.makespan.Seconds()
-			best := d.Work() / cascade.Simulate(d, k, cascade.Policy{Order: cascade.Priority}).Makespan
-			// The controller's policy with the Window runFleet leaves at 0:
-			// every released ask published at once, ranked by path length
-			// in modules; the queue first in, first out.
-			controller := cascade.Policy{Order: cascade.Ranked, UnitEstimates: true}
-			policy := d.Work() / cascade.Simulate(d, k, controller).Makespan
+			best := d.Work() / sim.Simulate(d, k, sim.Policy{Order: sim.Priority}).Makespan
+			// The controller's policy with the default window runFleet
+			// runs (WindowIdle): a released ask is held until a holder is
+			// idle, the longest remaining path first — in modules, since a
+			// fresh farm knows no durations.
+			controller := sim.Policy{Order: sim.Priority, UnitEstimates: true}
+			policy := d.Work() / sim.Simulate(d, k, controller).Makespan
 			b.Logf("%d machines: %.1f s, builds %.1f s in all (one machine: %.1f s, %.1f s); speed-up %.2f, best possible %.2f",
 				k, r.makespan.Seconds(), dk.Work(), one.makespan.Seconds(), d.Work(), speedup, best)
 			b.ReportMetric(speedup, "speedup")
@@ -76,7 +80,7 @@ func BenchmarkFleetSpeedup(b *testing.B) {
 			// How much longer the run took than the controller's policy
 			// would with the same builds' durations: hand-overs, not
 			// slower builds.
-			b.ReportMetric(r.makespan.Seconds()-cascade.Simulate(dk, k, controller).Makespan, "over-sim-s")
+			b.ReportMetric(r.makespan.Seconds()-sim.Simulate(dk, k, controller).Makespan, "over-sim-s")
 		})
 	}
 }
@@ -123,7 +127,7 @@ type fleetRun struct {
 }
 
 // dag is the plan's graph with each module's build duration in seconds.
-func (r fleetRun) dag() cascade.DAG {
+func (r fleetRun) dag() sim.DAG {
 	names := make([]string, 0, len(r.mods))
 	for name := range r.mods {
 		names = append(names, name)
@@ -133,7 +137,7 @@ func (r fleetRun) dag() cascade.DAG {
 	for i, name := range names {
 		pos[name] = i
 	}
-	d := cascade.DAG{Names: names, Bases: make([][]int, len(names)), Dur: make([]float64, len(names))}
+	d := sim.DAG{Names: names, Bases: make([][]int, len(names)), Dur: make([]float64, len(names))}
 	for i, name := range names {
 		m := r.mods[name]
 		for _, base := range m.Bases {
@@ -145,18 +149,18 @@ func (r fleetRun) dag() cascade.DAG {
 }
 
 // runFleet starts a fresh farm of the given machines, each with its own
-// buildkitd of max-parallelism 1, builds the fleet in src with Demo and
+// buildkitd of max-parallelism 1, builds the fleet in src with Run and
 // requires all the modules built.
 func runFleet(b *testing.B, catalogue, src string, machines, modules int) fleetRun {
 	b.Helper()
 	state := b.TempDir()
-	logs := &syncWriter{w: &bytes.Buffer{}}
-	f, err := Up(context.Background(), UpOptions{
+	logs := &testenv.Buffer{}
+	f, err := farm.Up(context.Background(), farm.UpOptions{
 		Catalogue: catalogue, Agents: machines, StateDir: state,
 		ListenNATS: "127.0.0.1:0", ListenRegistry: "127.0.0.1:0",
-		BuildkitdBin:      buildkitdBin(b),
+		BuildkitdBin:      testenv.BuildkitdBin(b),
 		BuildkitdPerAgent: true, MaxParallelism: 1,
-		InsteadOf: DemoInsteadOf(state),
+		InsteadOf: InsteadOf(state),
 		Log:       slog.New(slog.NewTextHandler(logs, nil)),
 	})
 	if err != nil {
@@ -174,10 +178,10 @@ func runFleet(b *testing.B, catalogue, src string, machines, modules int) fleetR
 	ctx, cancel := context.WithTimeout(context.Background(), fleetTimeout)
 	defer cancel()
 	var out bytes.Buffer
-	if err := Demo(ctx, f, src, &out); err != nil {
-		b.Fatalf("Demo on %d machines: %v\n%s", machines, err, out.String())
+	if err := Run(ctx, f, src, &out); err != nil {
+		b.Fatalf("Run on %d machines: %v\n%s", machines, err, out.String())
 	}
-	nc, js, err := Connect(f.NATSURL(), "", "builds", "BenchmarkFleetSpeedup")
+	nc, js, err := daemon.Connect(f.NATSURL(), "", "builds", "BenchmarkFleetSpeedup")
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -1,10 +1,9 @@
-package cascade
+package sim
 
 import (
 	"math"
 	"reflect"
 	"testing"
-	"time"
 )
 
 func near(a, b float64) bool { return math.Abs(a-b) <= 1e-9*max(1, math.Abs(a), math.Abs(b)) }
@@ -61,51 +60,6 @@ func TestFIFOVersusRanked(t *testing.T) {
 	ranked := Simulate(d, 2, Policy{Order: Ranked})
 	if !near(fifo.Makespan, 7) || !near(ranked.Makespan, 5) {
 		t.Fatalf("fifo %v ranked %v, want 7 and 5", fifo.Makespan, ranked.Makespan)
-	}
-}
-
-func TestSimulateStateMatchesSimulate(t *testing.T) {
-	for seed := range uint64(8) {
-		d := RandomLayeredDAG(200, 8, seed)
-		p, err := d.Plan()
-		if err != nil {
-			t.Fatal(err)
-		}
-		dur := map[string]float64{}
-		est := map[string]time.Duration{}
-		for i, name := range d.Names {
-			dur[name] = d.Dur[i]
-			est[name] = time.Duration(d.Dur[i] * float64(time.Second))
-		}
-		for _, machines := range []int{1, 7, 50} {
-			for _, tc := range []struct {
-				name   string
-				setup  func(*State)
-				policy Policy
-			}{
-				{"estimates", func(s *State) { s.SetEstimates(est) }, Policy{Order: Ranked}},
-				{"no estimates", nil, Policy{Order: Ranked, UnitEstimates: true}},
-				{"window 1", func(s *State) { s.SetEstimates(est); s.Window = 1 }, Policy{Window: 1}},
-				{"window 5", func(s *State) { s.SetEstimates(est); s.Window = 5 }, Policy{Window: 5}},
-				{"window 3, no estimates", func(s *State) { s.Window = 3 }, Policy{Window: 3, UnitEstimates: true}},
-			} {
-				got, err := SimulateState(p, dur, machines, tc.setup)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if want := Simulate(d, machines, tc.policy).Makespan; math.Abs(got-want) > 1e-6 {
-					t.Errorf("seed %d on %d, %s: State gives %v, Simulate %v", seed, machines, tc.name, got, want)
-				}
-			}
-		}
-	}
-	// A fan: every tie broken the same way.
-	p, err := Fan(35).Plan()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got, err := SimulateState(p, nil, 4, func(s *State) { s.Window = 2 }); err != nil || got != 10 {
-		t.Errorf("fan through State: %v, %v", got, err)
 	}
 }
 
@@ -248,39 +202,4 @@ func BenchmarkDAG1000On50(b *testing.B) {
 		{"cascade-window-1-unit", Policy{Window: 1, UnitEstimates: true}},
 		{"priority", Policy{Order: Priority}},
 	})
-}
-
-// BenchmarkSimulateState1000On50 runs the 1,000-module DAG through State
-// itself: the release order the controller gets.
-func BenchmarkSimulateState1000On50(b *testing.B) {
-	d := RandomLayeredDAG(1000, 10, 1)
-	p, err := d.Plan()
-	if err != nil {
-		b.Fatal(err)
-	}
-	dur := map[string]float64{}
-	est := map[string]time.Duration{}
-	for i, name := range d.Names {
-		dur[name] = d.Dur[i]
-		est[name] = time.Duration(d.Dur[i] * float64(time.Second))
-	}
-	lb := LowerBound(d, 50)
-	for _, tc := range []struct {
-		name  string
-		setup func(*State)
-	}{
-		{"estimates", func(s *State) { s.SetEstimates(est) }},
-		{"no-estimates", nil},
-		{"estimates-window-1", func(s *State) { s.SetEstimates(est); s.Window = 1 }},
-	} {
-		b.Run(tc.name, func(b *testing.B) {
-			var makespan float64
-			for b.Loop() {
-				if makespan, err = SimulateState(p, dur, 50, tc.setup); err != nil {
-					b.Fatal(err)
-				}
-			}
-			b.ReportMetric(makespan/lb, "makespan/lb")
-		})
-	}
 }

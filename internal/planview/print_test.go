@@ -1,0 +1,84 @@
+package planview
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/meshbuild/meshbuild/cascade"
+)
+
+func TestPrintPlan(t *testing.T) {
+	created := time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
+	rec := cascade.PlanRecord{
+		ID: "p-0123456789ab", Summary: "push https://git.example/fleet.git@1a2b3c4 (refs/heads/main), changed base/motd",
+		Outcome: cascade.OutcomeFailed, Counts: cascade.Counts{Built: 2, Failed: 2, Blocked: 1, Total: 5},
+		Created: created, Finished: created.Add(75 * time.Second),
+	}
+	mods := map[string]cascade.ModuleStatus{
+		"base":    {Module: "base", Tier: 0, State: cascade.Built, On: "m-a1", Duration: 2100 * time.Millisecond, Digest: "sha256:0123456789abcdef"},
+		"runtime": {Module: "runtime", Tier: 1, State: cascade.Built, On: "m-a2", Duration: 3 * time.Second, Digest: "sha256:fedcba9876543210"},
+		"tool-01": {Module: "tool-01", Tier: 2, State: cascade.Failed, On: "m-a1", Duration: time.Second,
+			Reason: "build", Message: "RUN exit code: 3\nmore", Log: []string{"it broke"}},
+		"tool-02": {Module: "tool-02", Tier: 3, State: cascade.Blocked, BlockedBy: "tool-01"},
+		// A machine whose only build failed is in the machines summary.
+		"tool-03": {Module: "tool-03", Tier: 2, State: cascade.Failed, On: "m-a3", Duration: 2 * time.Second,
+			Reason: "build", Message: "RUN exit code: 1"},
+	}
+	var b bytes.Buffer
+	PrintPlan(&b, rec, mods)
+	want := `plan p-0123456789ab  failed  push https://git.example/fleet.git@1a2b3c4 (refs/heads/main), changed base/motd
+  5 modules: 2 built, 2 failed, 1 blocked in 1m15s
+tier 0
+  base     built    m-a1  2.1s  0123456789ab
+tier 1
+  runtime  built    m-a2    3s  fedcba987654
+tier 2
+  tool-01  failed   m-a1    1s  build: RUN exit code: 3
+  tool-03  failed   m-a3    2s  build: RUN exit code: 1
+tier 3
+  tool-02  blocked  -        -  blocked by tool-01
+tool-01 failed (build); its last log lines:
+  | it broke
+machines
+  m-a1  1 built  1 failed  3.1s
+  m-a2  1 built            3s
+  m-a3  0 built  1 failed  2s
+`
+	if b.String() != want {
+		t.Errorf("PrintPlan:\n%s\nwant:\n%s", b.String(), want)
+	}
+}
+
+// A module the controller holds for an idle holder (ready) is shown and
+// counted as waiting, in every summary alike.
+func TestReadyIsWaiting(t *testing.T) {
+	rec := cascade.PlanRecord{ID: "p", Outcome: cascade.OutcomeRunning,
+		Counts: cascade.Counts{Built: 1, Building: 1, Queued: 1, Ready: 2, Waiting: 1, Total: 6}}
+	if got, want := countsLine(rec), "6 modules: 1 built, 1 building, 1 queued, 3 waiting"; got != want {
+		t.Errorf("countsLine = %q, want %q", got, want)
+	}
+	if got := Waiting(rec.Counts); got != 3 {
+		t.Errorf("Waiting = %d, want 3 (waiting and ready)", got)
+	}
+	line := ModuleLine(cascade.ModuleStatus{Module: "tool-01", State: cascade.Ready})
+	if !strings.HasPrefix(line, "  waiting ") {
+		t.Errorf("ModuleLine of a ready module = %q, want it waiting", line)
+	}
+	var b bytes.Buffer
+	PrintPlan(&b, rec, map[string]cascade.ModuleStatus{"tool-01": {Module: "tool-01", State: cascade.Ready}})
+	if !strings.Contains(b.String(), "tool-01  waiting") || strings.Contains(b.String(), "ready") {
+		t.Errorf("PrintPlan shows a ready module as:\n%s", b.String())
+	}
+}
+
+// Without failures the machines summary has no failed column.
+func TestMachinesWithoutFailures(t *testing.T) {
+	var b bytes.Buffer
+	PrintPlan(&b, cascade.PlanRecord{ID: "p", Outcome: cascade.OutcomeBuilt, Counts: cascade.Counts{Built: 1, Total: 1}},
+		map[string]cascade.ModuleStatus{"a": {Module: "a", State: cascade.Built, On: "m-a1", Duration: time.Second}})
+	if !strings.HasSuffix(b.String(), "machines\n  m-a1  1 built  1s\n") {
+		t.Errorf("PrintPlan:\n%s", b.String())
+	}
+}

@@ -1,0 +1,131 @@
+package testenv
+
+import (
+	"bytes"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// ExampleFleet is examples/fleet in the repository.
+func ExampleFleet(t testing.TB) string {
+	t.Helper()
+	root, err := RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return filepath.Join(root, "examples", "fleet")
+}
+
+// SmallFleet copies part of the example fleet: the catalogue's manifests
+// of the farm's own modules and of modules, and their sources.
+func SmallFleet(t testing.TB, modules ...string) (catalogue, src string) {
+	t.Helper()
+	fleet := ExampleFleet(t)
+	catalogue, src = t.TempDir(), t.TempDir()
+	for _, m := range append([]string{"git", "build-agent", "build-controller"}, modules...) {
+		data, err := os.ReadFile(filepath.Join(fleet, "catalogue", m+".yaml"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(catalogue, m+".yaml"), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, m := range modules {
+		dir := m
+		if strings.HasPrefix(m, "tool-") {
+			dir = filepath.Join("tools", m)
+		}
+		if err := os.CopyFS(filepath.Join(src, dir), os.DirFS(filepath.Join(fleet, "src", dir))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return catalogue, src
+}
+
+// BuildkitdBin is the repository's bin/buildkitd (`make deps` builds it).
+func BuildkitdBin(t testing.TB) string {
+	t.Helper()
+	root, err := RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return filepath.Join(root, "bin", "buildkitd")
+}
+
+// FreePorts returns a loopback address whose port and the n-1 ports after
+// it are free.
+func FreePorts(t testing.TB, n int) string {
+	t.Helper()
+next:
+	for range 50 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := ln.Addr().(*net.TCPAddr).Port
+		ln.Close()
+		for i := 1; i < n; i++ {
+			l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port+i))
+			if err != nil {
+				continue next
+			}
+			l.Close()
+		}
+		return "127.0.0.1:" + strconv.Itoa(port)
+	}
+	t.Fatalf("no %d free ports in a row", n)
+	return ""
+}
+
+// Scrape GETs url (a /metrics) and returns the body.
+func Scrape(t testing.TB, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Errorf("scraping %s: %v", url, err)
+		return ""
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Errorf("scraping %s: %s, %v", url, resp.Status, err)
+	}
+	return string(body)
+}
+
+// GrepLines are the lines of s that contain substr.
+func GrepLines(s, substr string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, substr) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+// Buffer is a bytes.Buffer safe for a farm's goroutines and the test.
+type Buffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *Buffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *Buffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
