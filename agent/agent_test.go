@@ -580,3 +580,41 @@ func TestABuildThatFinishesWithinTheGraceIsBuiltAndNothingNewIsFetched(t *testin
 		t.Fatalf("consumer %+v: want nothing in flight, next waiting, one delivery in all", info)
 	}
 }
+
+// A build that finishes as its cancel comes — the worker ignores the
+// cancel and returns an image — is still not announced built: once Cancel
+// has claimed the ask, its outcome is failed{cancelled}.
+func TestABuildCancelledAsItFinishesIsNotAnnouncedBuilt(t *testing.T) {
+	s, js := bus(t)
+	began := make(chan struct{})
+	stubborn := workerFunc(func(ctx context.Context, a mesh.Ask, log func(string)) (agent.Result, error) {
+		close(began)
+		<-ctx.Done() // finishes only once cancelled, and ignores it
+		return agent.Result{Digest: "sha256:" + fmt.Sprintf("%064d", 7), Ref: a.Image + "@sha256:x"}, nil
+	})
+	ra := startAgent(t, s, "m1", stubborn, nil)
+	submit(t, js, ask("late"))
+	select {
+	case <-began:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the build never began")
+	}
+	if !ra.a.Cancel("late") {
+		t.Fatal("Cancel: the agent says it is not building late")
+	}
+	if ra.a.Cancel("elsewhere") {
+		t.Fatal("Cancel claimed an ask the agent is not building")
+	}
+	testenv.WaitFor(t, 5*time.Second, "failed{cancelled}", func() bool { return len(events(t, js).Failed) == 1 })
+	testenv.WaitFor(t, 5*time.Second, "the ask settled", func() bool {
+		info := consumerInfo(t, js)
+		return info.NumAckPending == 0 && info.NumPending == 0
+	})
+	r := events(t, js)
+	if f := r.Failed[0]; f.Reason != mesh.ReasonCancel || len(r.Built) != 0 {
+		t.Fatalf("failed %+v built %+v: want failed{cancelled} and no built", r.Failed, r.Built)
+	}
+	if ra.a.Cancel("late") {
+		t.Fatal("Cancel claimed an ask already settled")
+	}
+}
