@@ -140,7 +140,11 @@ func (a *Agent) settle(ctx context.Context, msg jetstream.Msg, log *slog.Logger,
 	var err error
 	switch out.how {
 	case ack:
-		err = msg.DoubleAck(ctx)
+		// Acknowledged even when the grace has just run out: what was
+		// announced is settled, not built again elsewhere.
+		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		err = msg.DoubleAck(actx)
+		cancel()
 	case term:
 		why := out.why
 		if why == "" {
