@@ -455,7 +455,7 @@ type timedBuilder struct {
 	d  time.Duration
 }
 
-func (t *timedBuilder) Build(ctx context.Context, req agent.BuildRequest) (agent.BuildResult, error) {
+func (t *timedBuilder) Build(ctx context.Context, req agent.BuildRequest) (agent.Result, error) {
 	t0 := time.Now()
 	res, err := t.b.Build(ctx, req)
 	t.mu.Lock()

@@ -7,7 +7,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"time"
 
@@ -42,7 +41,7 @@ type BuildKitOptions struct {
 	// 6 minutes.
 	KeepAlive time.Duration
 	// MaxLogLine bounds one line of build output passed to
-	// BuildRequest.Log; longer lines are cut. Default 4096 bytes.
+	// the build's log; longer lines are cut. Default 4096 bytes.
 	MaxLogLine int
 }
 
@@ -136,48 +135,33 @@ func (b *BuildKit) Ping(ctx context.Context) error {
 	return nil
 }
 
-// BuildRequest is one image to build and push.
+// BuildRequest is one ask as BuildKit is asked to build it: the ask itself,
+// unchanged — its target Image, its Bases, its Cache, its Platform and its
+// Source's Dockerfile are what is built — and what only the machine knows:
+// where the source is checked out, the tag, how to reach the registries and
+// where the output goes.
+//
+// The ask's Image is the target repository without tag or digest
+// ("127.0.0.1:5000/app"). Its Bases are supplied as named contexts pinned to
+// their digests: the Dockerfile may name a base by its module name (FROM
+// runtime) or by its repository, bare or tagged latest (FROM
+// 127.0.0.1:5000/runtime, FROM 127.0.0.1:5000/runtime:latest). Another tag
+// is not pinned. A stage named like a base module (FROM x AS runtime) is
+// replaced by the base, as BuildKit does with named contexts. Its Cache is
+// the registry reference build cache is imported from and exported to
+// (mode=max); empty for none. A cache that cannot be exported does not fail
+// the build. Its Source.Dockerfile is relative to ContextDir; default
+// "Dockerfile".
 type BuildRequest struct {
+	mesh.Ask
 	// ContextDir is the build context, as Sources.Checkout returns it.
 	ContextDir string
-	// Dockerfile is relative to ContextDir; default "Dockerfile".
-	Dockerfile string
-	// Platform to build for ("linux/amd64"); empty is the daemon's.
-	Platform string
-	// Image is the target repository without tag or digest
-	// ("127.0.0.1:5000/app").
-	Image string
-	// Tag is pushed along with the digest (the commit); empty pushes by
-	// digest only.
+	// Tag is pushed along with the digest; empty pushes by digest only.
 	Tag string
-	// Bases are supplied as named contexts pinned to their digests: the
-	// Dockerfile may name a base by its module name (FROM runtime) or by
-	// its repository, bare or tagged latest (FROM 127.0.0.1:5000/runtime,
-	// FROM 127.0.0.1:5000/runtime:latest). Another tag is not pinned. A
-	// stage named like a base module (FROM x AS runtime) is replaced by the
-	// base, as BuildKit does with named contexts.
-	Bases []mesh.Base
-	// Cache is the registry reference build cache is imported from and
-	// exported to (mode=max); empty for none. A cache that cannot be
-	// exported does not fail the build.
-	Cache string
 	// Insecure allows plain HTTP and unverified TLS to the registries.
 	Insecure bool
 	// Log receives the build's output line by line; nil discards it.
 	Log func(line string)
-}
-
-// BuildResult is a pushed image.
-type BuildResult struct {
-	Digest string // sha256:… of the pushed manifest
-	Ref    string // Image@Digest
-	// Bytes is the size of the image in the registry: manifest, config and
-	// layers.
-	Bytes int64
-	// Steps counts the Dockerfile's steps (FROM, RUN, COPY, … of every stage
-	// built), CacheHits those answered from cache.
-	Steps, CacheHits int
-	Duration         time.Duration
 }
 
 // Build builds req's Dockerfile, pushes the image by digest (and under
@@ -186,17 +170,17 @@ type BuildResult struct {
 // (the Dockerfile failed), ErrPush (the registry refused the image) or
 // ErrInfra (the daemon or a registry could not be reached); a cancelled
 // ctx returns its error.
-func (b *BuildKit) Build(ctx context.Context, req BuildRequest) (BuildResult, error) {
+func (b *BuildKit) Build(ctx context.Context, req BuildRequest) (Result, error) {
 	begun := time.Now()
 	opt, err := b.solveOpt(req)
 	if err != nil {
-		return BuildResult{}, err
+		return Result{}, err
 	}
 	if err := b.Ping(ctx); err != nil {
 		if cerr := ctx.Err(); cerr != nil {
-			return BuildResult{}, context.Cause(ctx)
+			return Result{}, context.Cause(ctx)
 		}
-		return BuildResult{}, err
+		return Result{}, err
 	}
 
 	p := newProgress(req.Log, b.opts.MaxLogLine)
@@ -212,27 +196,27 @@ func (b *BuildKit) Build(ctx context.Context, req BuildRequest) (BuildResult, er
 	<-done
 	p.flush()
 	if err != nil {
-		return BuildResult{}, b.solveError(ctx, req, p, err)
+		return Result{}, b.solveError(ctx, req, p, err)
 	}
 
 	dgst := resp.ExporterResponse["containerimage.digest"]
 	if _, perr := digest.Parse(dgst); perr != nil {
-		return BuildResult{}, classified(ErrPush, fmt.Sprintf("buildkitd returned no image digest for %s (%q)", req.Image, dgst), perr)
+		return Result{}, classified(ErrPush, fmt.Sprintf("buildkitd returned no image digest for %s (%q)", req.Image, dgst), perr)
 	}
 	ref := req.Image + "@" + dgst
 	got, err := registry.Resolve(ctx, ref, req.Insecure)
 	if err != nil {
-		return BuildResult{}, registryError(ctx, "verifying "+ref, err)
+		return Result{}, registryError(ctx, "verifying "+ref, err)
 	}
 	if got != dgst {
-		return BuildResult{}, classified(ErrPush, fmt.Sprintf("registry resolves %s to %s", ref, got), nil)
+		return Result{}, classified(ErrPush, fmt.Sprintf("registry resolves %s to %s", ref, got), nil)
 	}
 	size, err := registry.Size(ctx, ref, req.Insecure)
 	if err != nil {
-		return BuildResult{}, registryError(ctx, "reading "+ref, err)
+		return Result{}, registryError(ctx, "reading "+ref, err)
 	}
 	steps, hits := p.counts()
-	return BuildResult{
+	return Result{
 		Digest: dgst, Ref: ref, Bytes: size,
 		Steps: steps, CacheHits: hits, Duration: time.Since(begun),
 	}, nil
@@ -249,7 +233,7 @@ func (b *BuildKit) solveOpt(req BuildRequest) (client.SolveOpt, error) {
 	} else if _, err := reference.WithTag(named, req.Tag); req.Tag != "" && err != nil {
 		return client.SolveOpt{}, fmt.Errorf("%w: tag %q: %v", mesh.ErrMalformedAsk, req.Tag, err)
 	}
-	df := req.Dockerfile
+	df := req.Source.Dockerfile
 	if df == "" {
 		df = "Dockerfile"
 	}
@@ -426,161 +410,4 @@ func buildMessage(err error, p *progress) string {
 		msg += ": " + out
 	}
 	return msg
-}
-
-// Vertex names that are BuildKit's export of the result.
-var exportRE = regexp.MustCompile(`^(exporting |pushing |writing image|naming to|preparing build cache for export)`)
-
-func isExport(name string) bool { return exportRE.MatchString(name) }
-
-// stepRE matches the vertices of the Dockerfile's own steps, which the
-// dockerfile frontend names "[stage N/M] INSTRUCTION …" ("[2/3] RUN …"),
-// and of a FROM answered by a named context, "[context runtime] <ref>"
-// (but not that context's "load metadata for <ref>").
-var stepRE = regexp.MustCompile(`^\[(context [^\]]+|[^\]]*\b\d+/\d+)\] `)
-
-func isStep(name string) bool {
-	return stepRE.MatchString(name) && !strings.Contains(name, "] load metadata for ")
-}
-
-// progress follows a solve's status stream: it numbers vertices as they
-// appear, passes their names and output to log, and counts steps and cache
-// hits.
-type progress struct {
-	log     func(string)
-	maxLine int
-
-	vertices map[digest.Digest]*vertex
-	partial  map[logKey][]byte
-	next     int
-	failed   *vertex
-}
-
-type vertex struct {
-	n         int
-	name      string
-	started   bool
-	completed bool
-	cached    bool
-	err       string
-	lastLine  string
-}
-
-type logKey struct {
-	v      digest.Digest
-	stream int
-}
-
-func newProgress(log func(string), maxLine int) *progress {
-	if log == nil {
-		log = func(string) {}
-	}
-	return &progress{log: log, maxLine: maxLine, vertices: map[digest.Digest]*vertex{}, partial: map[logKey][]byte{}}
-}
-
-func (p *progress) line(s string) {
-	if len(s) > p.maxLine {
-		s = s[:p.maxLine] + "…"
-	}
-	p.log(s)
-}
-
-func (p *progress) update(s *client.SolveStatus) {
-	for _, v := range s.Vertexes {
-		x, ok := p.vertices[v.Digest]
-		if !ok {
-			p.next++
-			x = &vertex{n: p.next, name: v.Name}
-			p.vertices[v.Digest] = x
-		}
-		if v.Started != nil && !x.started {
-			x.started = true
-			p.line(fmt.Sprintf("#%d %s", x.n, x.name))
-		}
-		if v.Cached && !x.cached {
-			x.cached = true
-			p.line(fmt.Sprintf("#%d CACHED", x.n))
-		}
-		if v.Error != "" && x.err == "" {
-			x.err = v.Error
-			p.failed = x
-			p.line(fmt.Sprintf("#%d ERROR: %s", x.n, v.Error))
-		}
-		if v.Completed != nil && !x.completed {
-			x.completed = true
-			if v.Started != nil && !x.cached && x.err == "" {
-				p.line(fmt.Sprintf("#%d DONE %.1fs", x.n, v.Completed.Sub(*v.Started).Seconds()))
-			}
-		}
-	}
-	for _, l := range s.Logs {
-		k := logKey{l.Vertex, l.Stream}
-		buf := append(p.partial[k], l.Data...)
-		for {
-			i := strings.IndexByte(string(buf), '\n')
-			if i < 0 {
-				break
-			}
-			p.output(l.Vertex, string(buf[:i]))
-			buf = buf[i+1:]
-		}
-		if len(buf) > p.maxLine { // a line that never ends is cut, not held
-			p.output(l.Vertex, string(buf))
-			buf = nil
-		}
-		p.partial[k] = buf
-	}
-	for _, w := range s.Warnings {
-		p.line("WARNING: " + strings.TrimSpace(string(w.Short)))
-	}
-}
-
-func (p *progress) output(v digest.Digest, s string) {
-	s = strings.TrimRight(s, "\r")
-	n := 0
-	if x, ok := p.vertices[v]; ok {
-		n = x.n
-		if t := strings.TrimSpace(s); t != "" {
-			if len(t) > p.maxLine {
-				t = t[:p.maxLine] + "…"
-			}
-			x.lastLine = t
-		}
-	}
-	p.line(fmt.Sprintf("#%d %s", n, s))
-}
-
-// flush passes on output that did not end in a newline.
-func (p *progress) flush() {
-	for k, buf := range p.partial {
-		if len(buf) > 0 {
-			p.output(k.v, string(buf))
-		}
-		delete(p.partial, k)
-	}
-}
-
-func (p *progress) counts() (steps, hits int) {
-	for _, x := range p.vertices {
-		if isStep(x.name) {
-			steps++
-			if x.cached {
-				hits++
-			}
-		}
-	}
-	return steps, hits
-}
-
-// failedIn reports whether the vertex that failed matches.
-func (p *progress) failedIn(match func(name string) bool) bool {
-	return p.failed != nil && match(p.failed.name)
-}
-
-// failedOutput is the last line the failed vertex printed.
-func (p *progress) failedOutput() string {
-	if p.failed == nil {
-		return ""
-	}
-	return p.failed.lastLine
 }

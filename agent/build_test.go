@@ -116,9 +116,9 @@ func TestBuildFromBase(t *testing.T) {
 		"app.txt": "app",
 	})
 	req := BuildRequest{
-		ContextDir: dir, Platform: "linux/amd64",
-		Image: host + "/app", Tag: "c1",
-		Bases: []mesh.Base{{Module: "runtime", Image: host + "/busybox", Digest: digestOf(base)}},
+		ContextDir: dir, Tag: "c1",
+		Ask: mesh.Ask{Platform: "linux/amd64", Image: host + "/app",
+			Bases: []mesh.Base{{Module: "runtime", Image: host + "/busybox", Digest: digestOf(base)}}},
 	}
 	var out lines
 	req.Log = out.add
@@ -224,8 +224,8 @@ func TestBuildPinsBase(t *testing.T) {
 			})
 			var out lines
 			res, err := bk.Build(ctx, BuildRequest{
-				ContextDir: dir, Image: host + "/dependent", Tag: strings.NewReplacer(" ", "-", ":", "-").Replace(tc.name),
-				Bases: tc.bases, Log: out.add,
+				ContextDir: dir, Tag: strings.NewReplacer(" ", "-", ":", "-").Replace(tc.name),
+				Ask: mesh.Ask{Image: host + "/dependent", Bases: tc.bases}, Log: out.add,
 			})
 			if err != nil {
 				t.Fatalf("Build: %v\n%s", err, out.String())
@@ -265,7 +265,7 @@ func TestBuildFailures(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := buildContext(t, map[string]string{"Dockerfile": tc.dockerfile})
 			var out lines
-			_, err := bk.Build(ctx, BuildRequest{ContextDir: dir, Image: host + "/broken", Tag: "x", Bases: bases, Log: out.add})
+			_, err := bk.Build(ctx, BuildRequest{ContextDir: dir, Ask: mesh.Ask{Image: host + "/broken", Bases: bases}, Tag: "x", Log: out.add})
 			if !errors.Is(err, ErrBuild) {
 				t.Fatalf("Build = %v, want ErrBuild\n%s", err, out.String())
 			}
@@ -331,7 +331,7 @@ func TestBuildPushFailures(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var out lines
 			start := time.Now()
-			_, err := bk.Build(ctx, BuildRequest{ContextDir: dir, Image: tc.image, Tag: "x", Bases: tc.bases, Log: out.add})
+			_, err := bk.Build(ctx, BuildRequest{ContextDir: dir, Ask: mesh.Ask{Image: tc.image, Bases: tc.bases}, Tag: "x", Log: out.add})
 			if !errors.Is(err, tc.want) {
 				t.Fatalf("Build = %v, want %v\n%s", err, tc.want, out.String())
 			}
@@ -349,8 +349,9 @@ func TestBuildRegistryCache(t *testing.T) {
 	base := testenv.Busybox(t, host)
 	dir := buildContext(t, map[string]string{"Dockerfile": "FROM runtime\nRUN echo expensive > /out\n"})
 	req := BuildRequest{
-		ContextDir: dir, Image: host + "/cached", Tag: "c1", Cache: host + "/cache:cached",
-		Bases: []mesh.Base{{Module: "runtime", Image: host + "/busybox", Digest: digestOf(base)}},
+		ContextDir: dir, Tag: "c1",
+		Ask: mesh.Ask{Image: host + "/cached", Cache: host + "/cache:cached",
+			Bases: []mesh.Base{{Module: "runtime", Image: host + "/busybox", Digest: digestOf(base)}}},
 	}
 	first, err := newBuildKit(t, testenv.Buildkitd(t, host)).Build(ctx, req)
 	if err != nil {
@@ -375,7 +376,7 @@ func TestBuildMissingDockerfile(t *testing.T) {
 	bk := newBuildKit(t, "unix:///nonexistent/buildkitd.sock")
 	dir := buildContext(t, map[string]string{"Containerfile": "FROM x\n"})
 	for _, df := range []string{"", "Dockerfile", "sub/Dockerfile", "../Containerfile"} {
-		_, err := bk.Build(context.Background(), BuildRequest{ContextDir: dir, Dockerfile: df, Image: "127.0.0.1:1/x"})
+		_, err := bk.Build(context.Background(), BuildRequest{ContextDir: dir, Ask: mesh.Ask{Source: mesh.Source{Dockerfile: df}, Image: "127.0.0.1:1/x"}})
 		if !errors.Is(err, ErrSource) {
 			t.Errorf("Dockerfile %q: %v, want ErrSource", df, err)
 		}
@@ -418,7 +419,7 @@ func TestBuildDeadDaemon(t *testing.T) {
 			}
 			defer bk.Close()
 			start := time.Now()
-			_, err = bk.Build(context.Background(), BuildRequest{ContextDir: dir, Image: "127.0.0.1:1/x"})
+			_, err = bk.Build(context.Background(), BuildRequest{ContextDir: dir, Ask: mesh.Ask{Image: "127.0.0.1:1/x"}})
 			took := time.Since(start)
 			if !errors.Is(err, ErrInfra) || Classify(err) != mesh.ReasonInfra {
 				t.Errorf("Build = %v, want ErrInfra", err)
@@ -535,9 +536,9 @@ func TestBuildMalformedRequest(t *testing.T) {
 	dir := buildContext(t, map[string]string{"Dockerfile": "FROM x\n"})
 	for _, req := range []BuildRequest{
 		{ContextDir: dir},
-		{ContextDir: dir, Image: "127.0.0.1:5000/app:tagged"},
-		{ContextDir: dir, Image: "127.0.0.1:5000/App"},
-		{ContextDir: dir, Image: "127.0.0.1:5000/app", Tag: "two words"},
+		{ContextDir: dir, Ask: mesh.Ask{Image: "127.0.0.1:5000/app:tagged"}},
+		{ContextDir: dir, Ask: mesh.Ask{Image: "127.0.0.1:5000/App"}},
+		{ContextDir: dir, Ask: mesh.Ask{Image: "127.0.0.1:5000/app"}, Tag: "two words"},
 	} {
 		_, err := bk.Build(context.Background(), req)
 		if Classify(err) != mesh.ReasonAsk {
@@ -560,8 +561,8 @@ func TestBuildCancelled(t *testing.T) {
 	errc := make(chan error, 1)
 	go func() {
 		_, err := bk.Build(ctx, BuildRequest{
-			ContextDir: dir, Image: host + "/slow", Tag: "x",
-			Bases: []mesh.Base{{Module: "runtime", Image: host + "/busybox", Digest: digestOf(base)}},
+			ContextDir: dir, Tag: "x",
+			Ask: mesh.Ask{Image: host + "/slow", Bases: []mesh.Base{{Module: "runtime", Image: host + "/busybox", Digest: digestOf(base)}}},
 			Log: func(l string) {
 				if strings.HasSuffix(l, " sleeping") {
 					once.Do(func() { close(started) })
@@ -599,8 +600,8 @@ func TestBuildDaemonDies(t *testing.T) {
 	var once sync.Once
 	start := time.Now()
 	_, err := bk.Build(context.Background(), BuildRequest{
-		ContextDir: dir, Image: host + "/slow", Tag: "x",
-		Bases: []mesh.Base{{Module: "runtime", Image: host + "/busybox", Digest: digestOf(base)}},
+		ContextDir: dir, Tag: "x",
+		Ask: mesh.Ask{Image: host + "/slow", Bases: []mesh.Base{{Module: "runtime", Image: host + "/busybox", Digest: digestOf(base)}}},
 		Log: func(l string) {
 			if strings.HasSuffix(l, " sleeping") {
 				once.Do(func() { go daemon.Stop() })

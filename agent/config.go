@@ -6,6 +6,8 @@ import (
 	"os"
 	"runtime"
 	"time"
+
+	"github.com/meshbuild/meshbuild/internal/backoff"
 )
 
 // ErrConfig is wrapped by every refusal of a Config.
@@ -90,11 +92,7 @@ func (c Config) Validate() error {
 }
 
 // retryDelay is the delay before attempt n+1 after attempt n failed on
-// infrastructure.
+// infrastructure: RetryDelay, doubled per attempt, at most MaxRetryDelay.
 func (c Config) retryDelay(attempt int) time.Duration {
-	d := c.RetryDelay
-	for i := 1; i < attempt && d < c.MaxRetryDelay; i++ {
-		d *= 2
-	}
-	return min(d, c.MaxRetryDelay)
+	return backoff.Policy{First: c.RetryDelay, Max: c.MaxRetryDelay}.Delay(attempt)
 }

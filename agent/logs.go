@@ -1,17 +1,17 @@
 package agent
 
 import (
-	"encoding/json"
 	"sync"
 	"time"
 
 	"github.com/meshbuild/meshbuild/mesh"
 )
 
-// logBatcher publishes a build's output on log.<ask> in batches bounded by
-// lines and time, and keeps the last lines for a failed.
+// logBatcher publishes a build's output in batches bounded by lines and
+// time, numbered in order and the last marked final, and keeps the last
+// lines for a failed.
 type logBatcher struct {
-	a     *Agent
+	pub   func(mesh.LogBatch) // publishes one batch (the agent's: on log.<ask>)
 	ask   string
 	max   int
 	keep  int
@@ -25,8 +25,8 @@ type logBatcher struct {
 	flush time.Duration
 }
 
-func newLogBatcher(a *Agent, ask string, maxLines int, flush time.Duration, keep int) *logBatcher {
-	b := &logBatcher{a: a, ask: ask, max: maxLines, keep: keep, flush: flush, stop: make(chan struct{}), done: make(chan struct{})}
+func newLogBatcher(publish func(mesh.LogBatch), ask string, maxLines int, flush time.Duration, keep int) *logBatcher {
+	b := &logBatcher{pub: publish, ask: ask, max: maxLines, keep: keep, flush: flush, stop: make(chan struct{}), done: make(chan struct{})}
 	go b.loop()
 	return b
 }
@@ -88,14 +88,7 @@ func (b *logBatcher) publish(final bool) {
 		return
 	}
 	b.seq++
-	batch := mesh.LogBatch{Ask: b.ask, On: b.a.cfg.Machine, Seq: b.seq, Lines: lines, Final: final}
+	batch := mesh.LogBatch{Ask: b.ask, Seq: b.seq, Lines: lines, Final: final}
 	b.mu.Unlock()
-	data, err := json.Marshal(batch)
-	if err != nil {
-		return
-	}
-	// Logs are best effort: core publish, kept by LOGS.
-	if err := b.a.nc.Publish(mesh.SeatEventSubject(mesh.BuildSeat, mesh.LogEvent(b.ask)), data); err != nil {
-		b.a.log.Warn("publishing build output", "ask", b.ask, "err", err)
-	}
+	b.pub(batch)
 }

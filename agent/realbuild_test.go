@@ -2,12 +2,20 @@ package agent_test
 
 import (
 	"context"
+	"encoding/json"
 	"net"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	controlapi "github.com/moby/buildkit/api/services/control"
+	"github.com/moby/buildkit/client"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+
 	"github.com/meshbuild/meshbuild/agent"
+	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/registry"
@@ -98,13 +106,16 @@ func TestARegistryOutageIsRetriedThenReported(t *testing.T) {
 	bk := testenv.Buildkitd(t, addr)
 	git, commit := testenv.GitRepo(t, map[string]string{"app/Dockerfile": "FROM scratch\nCOPY Dockerfile /\n"})
 	s, js := bus(t)
-	startAgent(t, s, "m1", realWorker(t, bk, git), func(c *agent.Config) {
+	ended := make(ends, 100)
+	startObserved(t, s, "m1", realWorker(t, bk, git), func(c *agent.Config) {
 		c.MaxAttempts, c.RetryDelay, c.MaxRetryDelay = 4, time.Second, 2*time.Second
-	})
-	// The registry is down when the push comes, and back a moment later.
+	}, ended)
+	// The registry is down when the push comes, and back once the first
+	// attempt has failed on it and been given back to be retried.
 	submit(t, js, realAsk("outage", commit, "app", addr+"/app"))
-	testenv.WaitFor(t, 30*time.Second, "the first attempt", func() bool { return len(events(t, js).Started) >= 1 })
-	time.Sleep(500 * time.Millisecond)
+	if e := ended.next(t, agent.OutcomeRetried, 60*time.Second); e.Reason != mesh.ReasonInfra {
+		t.Fatalf("first attempt: %+v, want retried for infra", e)
+	}
 	srv, err := registry.Serve(context.Background(), addr, t.TempDir())
 	if err != nil {
 		t.Fatal(err)
@@ -131,20 +142,27 @@ func TestSIGTERMMidBuildHandsARealBuildToAnotherAgent(t *testing.T) {
 	testenv.RequireBuildkit(t)
 	reg := testenv.Registry(t)
 	bk := testenv.Buildkitd(t, reg)
-	git, head := testenv.GitRepo(t, map[string]string{"slow/Dockerfile": "FROM busybox\nRUN sleep 4 && echo done > /done\n"})
+	git, head := testenv.GitRepo(t, map[string]string{"slow/Dockerfile": "FROM busybox\nRUN echo sleeping && sleep 4 && echo done > /done\n"})
 	bb := testenv.Busybox(t, reg)
 	repo, _ := name2(bb)
-	s, js := bus(t)
+	// A 60 s ack wait against a hand-back expected within 10 s: the ask
+	// cannot reach m2 by redelivery in that time.
+	s, js := busAckWait(t, longAckWait)
+	running := awaitOutput(t, s, "slow", " sleeping")
 	w := realWorker(t, bk, git)
 	a1 := startAgent(t, s, "m1", w, func(c *agent.Config) { c.Grace = 300 * time.Millisecond })
 	base := mesh.Base{Module: "busybox", Image: repo, Digest: strings.TrimPrefix(bb, repo+"@")}
 	submit(t, js, realAsk("slow", head, "slow", reg+"/slow", base))
 	testenv.WaitFor(t, 30*time.Second, "m1 to start", func() bool { return len(events(t, js).Started) == 1 })
 	startAgent(t, s, "m2", realWorker(t, bk, git), nil)
-	time.Sleep(time.Second) // mid-build
+	select { // mid-build: the RUN is running on m1
+	case <-running:
+	case <-time.After(60 * time.Second):
+		t.Fatal("the RUN step never ran")
+	}
 	stopped := time.Now()
 	a1.cancel()
-	testenv.WaitFor(t, testAckWait, "m2 to take the ask", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "m2 to take the ask", func() bool {
 		for _, e := range events(t, js).Started {
 			if e.On == "m2" {
 				return true
@@ -164,4 +182,148 @@ func TestSIGTERMMidBuildHandsARealBuildToAnotherAgent(t *testing.T) {
 func name2(ref string) (repo, digest string) {
 	repo, digest, _ = strings.Cut(ref, "@")
 	return repo, digest
+}
+
+// awaitOutput returns a channel closed when the build output of ask
+// (log.<ask>) carries a line ending in suffix.
+func awaitOutput(t *testing.T, s *server.Server, ask, suffix string) <-chan struct{} {
+	t.Helper()
+	nc, _ := natstest.Connect(t, s)
+	seen := make(chan struct{})
+	closed := false
+	_, err := nc.Subscribe(mesh.SeatEventSubject(mesh.BuildSeat, mesh.LogEvent(ask)), func(m *nats.Msg) {
+		var b mesh.LogBatch
+		if json.Unmarshal(m.Data, &b) != nil || closed {
+			return
+		}
+		if slices.ContainsFunc(b.Lines, func(l string) bool { return strings.HasSuffix(l, suffix) }) {
+			closed = true // the handler runs on one goroutine
+			close(seen)
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return seen
+}
+
+// activeBuilds counts the builds buildkitd at addr is running now, from its
+// own build history.
+func activeBuilds(t *testing.T, addr string) int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := client.New(ctx, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	stream, err := c.ControlClient().ListenBuildHistory(ctx, &controlapi.BuildHistoryRequest{ActiveOnly: true, EarlyExit: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for {
+		ev, err := stream.Recv()
+		if err != nil {
+			break
+		}
+		if ev.Type == controlapi.BuildHistoryEventType_STARTED {
+			n++
+		}
+	}
+	return n
+}
+
+// A cancel reaches a running build: the agent stops it in buildkitd,
+// announces failed{cancelled} long before the build would have ended, and
+// nothing is pushed or announced built. With the agent's cancel handler
+// disabled, or an agent that keeps building, the failed{cancelled} does not
+// come within the bound (the RUN sleeps a minute) and the test fails.
+func TestACancelledBuildStopsAndIsNeverPushedOrAnnouncedBuilt(t *testing.T) {
+	testenv.RequireBuildkit(t)
+	reg := testenv.Registry(t)
+	bk := testenv.Buildkitd(t, reg)
+	bb := testenv.Busybox(t, reg)
+	repo, _ := name2(bb)
+	git, head := testenv.GitRepo(t, map[string]string{"long/Dockerfile": "FROM busybox\nRUN echo sleeping && sleep 60 && echo done > /done\n"})
+	s, js := busAckWait(t, longAckWait)
+	running := awaitOutput(t, s, "cancelme", " sleeping")
+	startAgent(t, s, "m1", realWorker(t, bk, git), nil)
+	base := mesh.Base{Module: "busybox", Image: repo, Digest: strings.TrimPrefix(bb, repo+"@")}
+	submit(t, js, realAsk("cancelme", head, "long", reg+"/long", base))
+	select {
+	case <-running:
+	case <-time.After(60 * time.Second):
+		t.Fatal("the RUN step never ran")
+	}
+
+	nc, _ := natstest.Connect(t, s)
+	req, _ := json.Marshal(mesh.Cancel{Asks: []string{"cancelme", "not-here"}})
+	cancelled := time.Now()
+	reply, err := nc.Request(mesh.SeatToolSubject(mesh.BuildSeat, mesh.CancelTool), req, 5*time.Second)
+	if err != nil {
+		t.Fatalf("cancel: %v", err)
+	}
+	var mine mesh.Cancel
+	if err := json.Unmarshal(reply.Data, &mine); err != nil || !slices.Equal(mine.Asks, []string{"cancelme"}) {
+		t.Fatalf("cancel answered %s (%v): want the agent to claim cancelme only", reply.Data, err)
+	}
+	// Well before the minute's sleep would end.
+	const bound = 15 * time.Second
+	testenv.WaitFor(t, bound, "failed{cancelled}", func() bool { return len(events(t, js).Failed) == 1 })
+	t.Logf("failed{cancelled} %s after the cancel", time.Since(cancelled).Round(time.Millisecond))
+	// buildkitd itself stopped the build: nothing is left to push.
+	testenv.WaitFor(t, bound, "buildkitd to stop the build", func() bool { return activeBuilds(t, bk) == 0 })
+
+	r := events(t, js)
+	if f := r.Failed[0]; f.Ask != "cancelme" || f.Reason != mesh.ReasonCancel || f.On != "m1" {
+		t.Fatalf("failed %+v: want cancelme, reason cancelled, on m1", f)
+	}
+	if len(r.Built) != 0 {
+		t.Fatalf("built %+v after a cancel", r.Built)
+	}
+	if got, err := registry.Resolve(context.Background(), reg+"/long:latest", true); err == nil {
+		t.Fatalf("the registry has %s/long:latest = %s: a cancelled build was pushed", reg, got)
+	}
+	// Settled for good: terminated, not left to be redelivered.
+	if info := consumerInfo(t, js); info.NumPending+uint64(info.NumAckPending) != 0 || info.NumRedelivered != 0 {
+		t.Fatalf("queue %+v: want the cancelled ask settled", info)
+	}
+}
+
+// The shipped heartbeat default — a third of the consumer's ack wait; 10 s
+// against the holders' 30 s — keeps a build longer than the ack wait with
+// its agent. The ratio is what ships, not the 30 s: with the real ack wait a
+// build past it would make this test take a minute, so the consumer's ack
+// wait is 2 s (the agent reads it and beats every 2/3 s) and the RUN sleeps
+// 7 s, three ack waits and more. A second idle agent would take the ask if
+// it were redelivered.
+func TestTheDefaultHeartbeatKeepsABuildLongerThanTheAckWait(t *testing.T) {
+	testenv.RequireBuildkit(t)
+	reg := testenv.Registry(t)
+	bk := testenv.Buildkitd(t, reg)
+	bb := testenv.Busybox(t, reg)
+	repo, _ := name2(bb)
+	git, head := testenv.GitRepo(t, map[string]string{"long/Dockerfile": "FROM busybox\nRUN sleep 7 && echo done > /done\n"})
+	s, js := bus(t)
+	shipped := func(c *agent.Config) { c.Heartbeat = agent.DefaultConfig().Heartbeat }
+	startAgent(t, s, "m1", realWorker(t, bk, git), shipped)
+	startAgent(t, s, "m2", realWorker(t, bk, git), shipped)
+	base := mesh.Base{Module: "busybox", Image: repo, Digest: strings.TrimPrefix(bb, repo+"@")}
+	submit(t, js, realAsk("long", head, "long", reg+"/long", base))
+	testenv.WaitFor(t, 90*time.Second, "built", func() bool { return len(events(t, js).Built) == 1 })
+	r := events(t, js)
+	if len(r.Started) != 1 || r.Started[0].Attempt != 1 || len(r.Failed) != 0 {
+		t.Fatalf("started %+v failed %+v: want one attempt, no failure", r.Started, r.Failed)
+	}
+	if d := r.Built[0].Duration; d < 3*testAckWait {
+		t.Fatalf("the build took %s: want longer than three ack waits (%s) for this to test anything", d, 3*testAckWait)
+	}
+	if info := consumerInfo(t, js); info.NumRedelivered != 0 || info.NumPending+uint64(info.NumAckPending) != 0 {
+		t.Fatalf("queue %+v: want nothing redelivered and the ask settled", info)
+	}
 }

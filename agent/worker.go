@@ -2,13 +2,40 @@ package agent
 
 import (
 	"context"
+	"time"
 
 	"github.com/meshbuild/meshbuild/mesh"
 )
 
+// Worker does the work of one ask: check the source out, build, push, verify.
+// Its errors wrap ErrSource, ErrBuild, ErrPush or ErrInfra (see Classify).
+type Worker interface {
+	Work(ctx context.Context, ask mesh.Ask, log func(line string)) (Result, error)
+}
+
+// Result is a pushed image: what BuildKit.Build returns, what a Worker
+// returns, and what the agent announces as built (with the ask it answers,
+// in one place: builtEvent).
+type Result struct {
+	Digest string // sha256:… of the pushed manifest
+	Ref    string // repository@digest
+	// Commit is the full hash built; empty means the ask's commit.
+	Commit string
+	// Bytes is the size of the image in the registry: manifest, config and
+	// layers.
+	Bytes int64
+	// Steps counts the Dockerfile's steps (FROM, RUN, COPY, … of every stage
+	// built), CacheHits those answered from cache.
+	Steps, CacheHits int
+	// Duration is how long the builder took (solve, push, verify). The
+	// built event's duration is the agent's whole work on the ask,
+	// checkout included.
+	Duration time.Duration
+}
+
 // Builder is the part of BuildKit a BuildWorker calls.
 type Builder interface {
-	Build(ctx context.Context, req BuildRequest) (BuildResult, error)
+	Build(ctx context.Context, req BuildRequest) (Result, error)
 }
 
 // BuildWorker does an ask the way every machine does: check the commit out
@@ -36,13 +63,10 @@ func (w *BuildWorker) Work(ctx context.Context, ask mesh.Ask, log func(string)) 
 	if tag == "" {
 		tag = "latest"
 	}
-	res, err := w.Builder.Build(ctx, BuildRequest{
-		ContextDir: dir, Dockerfile: ask.Source.Dockerfile, Platform: ask.Platform,
-		Image: ask.Image, Tag: tag, Bases: ask.Bases, Cache: ask.Cache,
-		Insecure: w.Insecure, Log: log,
-	})
+	res, err := w.Builder.Build(ctx, BuildRequest{Ask: ask, ContextDir: dir, Tag: tag, Insecure: w.Insecure, Log: log})
 	if err != nil {
 		return Result{}, err
 	}
-	return Result{Digest: res.Digest, Ref: res.Ref, Commit: commit, Bytes: res.Bytes, CacheHits: res.CacheHits, Steps: res.Steps}, nil
+	res.Commit = commit
+	return res, nil
 }

@@ -524,8 +524,8 @@ func (c *Controller) flush(ctx context.Context) error {
 	for i, s := range c.submits {
 		asks[i] = Ask(c.cfg.Registry, s)
 	}
-	retry := backoff.Policy{Base: 100 * time.Millisecond, Max: 10 * time.Second}
-	for attempt := 0; ; attempt++ {
+	retry := backoff.Policy{First: 100 * time.Millisecond, Max: 10 * time.Second}
+	for attempt := 1; ; attempt++ {
 		err := c.flushOnce(ctx, asks)
 		if err == nil {
 			return nil
@@ -533,8 +533,8 @@ func (c *Controller) flush(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		c.log.Warn("writing plan state failed; retrying", "err", err, "attempt", attempt+1)
-		if retry.Sleep(ctx, attempt) != nil {
+		c.log.Warn("writing plan state failed; retrying", "err", err, "attempt", attempt)
+		if backoff.Wait(ctx, retry.Delay(attempt)) != nil {
 			return nil
 		}
 	}

@@ -5,15 +5,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/meshbuild/meshbuild/agent"
 	"github.com/meshbuild/meshbuild/mesh"
-)
-
-// The outcomes an agent reports for an ask (agent.Observer's Ended).
-const (
-	OutcomeBuilt      = mesh.EventBuilt  // built, pushed and announced
-	OutcomeFailed     = mesh.EventFailed // failed and settled, with a reason
-	OutcomeRetried    = "retried"        // an infrastructure failure, given back to be tried again
-	OutcomeHandedBack = "handed-back"    // the agent stopped; the ask went back to the queue
 )
 
 // reasons are the failure classes pre-initialised for failed builds.
@@ -85,14 +78,14 @@ func NewAgent(reg prometheus.Registerer, machine string) *Agent {
 	}
 	reg.MustRegister(a.builds, a.duration, a.inFlight, a.idle, a.pushed, a.cacheHits)
 
-	a.builds.WithLabelValues(OutcomeBuilt, "")
-	a.builds.WithLabelValues(OutcomeHandedBack, "")
-	a.builds.WithLabelValues(OutcomeRetried, mesh.ReasonInfra)
+	a.builds.WithLabelValues(string(agent.OutcomeBuilt), "")
+	a.builds.WithLabelValues(string(agent.OutcomeHandedBack), "")
+	a.builds.WithLabelValues(string(agent.OutcomeRetried), mesh.ReasonInfra)
 	for _, r := range reasons {
-		a.builds.WithLabelValues(OutcomeFailed, r)
+		a.builds.WithLabelValues(string(agent.OutcomeFailed), r)
 	}
-	for _, o := range []string{OutcomeBuilt, OutcomeFailed, OutcomeRetried, OutcomeHandedBack} {
-		a.duration.WithLabelValues(o)
+	for _, o := range agent.Outcomes {
+		a.duration.WithLabelValues(string(o))
 	}
 	return a
 }
@@ -106,16 +99,16 @@ func (a *Agent) Began() { a.inFlight.Inc() }
 // Ended records how an ask ended. An ask refused before it began — one the
 // agent could not read: failed, reason ask, no duration — was never in
 // flight and took no build time; it is only counted.
-func (a *Agent) Ended(outcome, reason string, d time.Duration, bytes int64, cacheHits int) {
-	a.builds.WithLabelValues(outcome, reason).Inc()
+func (a *Agent) Ended(e agent.End) {
+	a.builds.WithLabelValues(string(e.Outcome), e.Reason).Inc()
 	a.inFlight.Dec()
-	if d > 0 { // an ask refused before any work has no build duration
-		a.duration.WithLabelValues(outcome).Observe(d.Seconds())
+	if e.Took > 0 { // an ask refused before any work has no build duration
+		a.duration.WithLabelValues(string(e.Outcome)).Observe(e.Took.Seconds())
 	}
-	if bytes > 0 {
-		a.pushed.Add(float64(bytes))
+	if e.Bytes > 0 {
+		a.pushed.Add(float64(e.Bytes))
 	}
-	if cacheHits > 0 {
-		a.cacheHits.Add(float64(cacheHits))
+	if e.CacheHits > 0 {
+		a.cacheHits.Add(float64(e.CacheHits))
 	}
 }

@@ -29,14 +29,14 @@ meshbuild_agent_asks_in_flight{machine="m1"} 1
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(inFlight), "meshbuild_agent_asks_in_flight"); err != nil {
 		t.Fatalf("after Began: %v", err)
 	}
-	a.Ended(metrics.OutcomeBuilt, "", 3*time.Second, 1<<20, 4)
+	a.Ended(agent.End{Outcome: agent.OutcomeBuilt, Took: 3 * time.Second, Bytes: 1 << 20, CacheHits: 4})
 	a.Began()
-	a.Ended(metrics.OutcomeFailed, mesh.ReasonBuild, 800*time.Millisecond, 0, 2)
+	a.Ended(agent.End{Outcome: agent.OutcomeFailed, Reason: mesh.ReasonBuild, Took: 800 * time.Millisecond, CacheHits: 2})
 	a.Began()
-	a.Ended(metrics.OutcomeRetried, mesh.ReasonInfra, 200*time.Millisecond, 0, 0)
+	a.Ended(agent.End{Outcome: agent.OutcomeRetried, Reason: mesh.ReasonInfra, Took: 200 * time.Millisecond})
 	// A malformed ask begins and is refused at once.
 	a.Began()
-	a.Ended(metrics.OutcomeFailed, mesh.ReasonAsk, 0, 0, 0)
+	a.Ended(agent.End{Outcome: agent.OutcomeFailed, Reason: mesh.ReasonAsk})
 
 	want := `
 # HELP meshbuild_agent_asks_in_flight Asks an agent is working on now (at most its slots).
@@ -125,7 +125,7 @@ func TestAgentsOfSeveralMachinesShareARegistry(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m1, m2 := metrics.NewAgent(reg, "m1"), metrics.NewAgent(reg, "m2")
 	m1.Began()
-	m1.Ended(metrics.OutcomeBuilt, "", time.Second, 0, 0)
+	m1.Ended(agent.End{Outcome: agent.OutcomeBuilt, Took: time.Second})
 	m2.Began()
 	want := `
 # HELP meshbuild_agent_asks_in_flight Asks an agent is working on now (at most its slots).

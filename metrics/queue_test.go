@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/meshbuild/meshbuild/internal/natstest"
+	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/metrics"
 )
@@ -58,24 +59,56 @@ func TestQueueCollectorReadsTheSeatsWorkQueue(t *testing.T) {
 		t.Fatalf("empty queue: %+v, want up and all zero", r)
 	}
 
-	publish := func(id string) uint64 {
+	stream, err := js.Stream(ctx, mesh.SeatStream(mesh.BuildSeat))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// publish returns the ask's sequence and the time the server stored
+	// it, which is what the collector measures an age from.
+	publish := func(id string) (uint64, time.Time) {
 		ack, err := js.Publish(ctx, mesh.SeatAcceptSubject(mesh.BuildSeat, mesh.BuildVerb), []byte(`{"id":"`+id+`"}`), jetstream.WithMsgID(id))
 		if err != nil {
 			t.Fatal(err)
 		}
-		return ack.Sequence
+		m, err := stream.GetMsg(ctx, ack.Sequence)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ack.Sequence, m.Time
 	}
-	publish("ask-1")
-	time.Sleep(500 * time.Millisecond)
-	seq2 := publish("ask-2")
-	time.Sleep(500 * time.Millisecond)
-	publish("ask-3")
+	// scrape reads the collector and the ages, at that scrape, an ask
+	// stored at each of ats may have: from before it to after it.
+	type span struct{ lo, hi float64 }
+	scrape := func(ats ...time.Time) (queueReading, []span) {
+		before := time.Now()
+		r := readCollector(t, reg)
+		after := time.Now()
+		var spans []span
+		for _, at := range ats {
+			spans = append(spans, span{before.Sub(at).Seconds() - 0.005, after.Sub(at).Seconds() + 0.005})
+		}
+		return r, spans
+	}
+	in := func(v float64, s span) bool { return s.lo <= v && v <= s.hi }
+	// An age is what is measured, so the asks must differ in age by more
+	// than a scrape takes to tell them apart: each is published once the
+	// one before has been stored for gap, by the server's own record. The
+	// checks below hold whatever the machine's load; only the ages they
+	// compare come from the clock.
+	const gap = 500 * time.Millisecond
+	storedFor := func(at time.Time) {
+		testenv.WaitFor(t, 10*time.Second, "the ask to age", func() bool { return time.Since(at) >= gap })
+	}
+	_, at1 := publish("ask-1")
+	storedFor(at1)
+	seq2, at2 := publish("ask-2")
+	storedFor(at2)
+	_, at3 := publish("ask-3")
 
-	r := readCollector(t, reg)
-	if r.up != 1 || r.depth != 3 || r.inFlight != 0 || r.oldest < 0.9 || r.oldest > 10 {
-		t.Fatalf("three asks waiting, the first for 1s: %+v", r)
+	r, ages := scrape(at1, at2, at3)
+	if r.up != 1 || r.depth != 3 || r.inFlight != 0 || !in(r.oldest, ages[0]) || in(r.oldest, ages[1]) {
+		t.Fatalf("three asks waiting: %+v; want the first's age, in %v (not the second's, %v)", r, ages[0], ages[1])
 	}
-	ageOfFirst := r.oldest
 
 	// A holder takes the first ask: the second is now the oldest waiting.
 	cons, err := js.Consumer(ctx, mesh.SeatStream(mesh.BuildSeat), mesh.SeatConsumer(mesh.BuildSeat))
@@ -90,23 +123,18 @@ func TestQueueCollectorReadsTheSeatsWorkQueue(t *testing.T) {
 	if first == nil {
 		t.Fatal("no ask delivered")
 	}
-	r = readCollector(t, reg)
-	if r.depth != 2 || r.inFlight != 1 || r.oldest > ageOfFirst-0.3 || r.oldest < 0.3 {
-		t.Fatalf("one taken, two waiting: %+v; want the second ask's age, about %.1fs", r, ageOfFirst-0.5)
+	r, ages = scrape(at1, at2, at3)
+	if r.depth != 2 || r.inFlight != 1 || !in(r.oldest, ages[1]) || in(r.oldest, ages[0]) || in(r.oldest, ages[2]) {
+		t.Fatalf("one taken, two waiting: %+v; want the second ask's age, in %v", r, ages[1])
 	}
-	ageOfSecond := r.oldest
 
 	// The second is cancelled (deleted from the queue): the third is next.
-	stream, err := js.Stream(ctx, mesh.SeatStream(mesh.BuildSeat))
-	if err != nil {
-		t.Fatal(err)
-	}
 	if err := stream.DeleteMsg(ctx, seq2); err != nil {
 		t.Fatal(err)
 	}
-	r = readCollector(t, reg)
-	if r.depth != 1 || r.inFlight != 1 || r.oldest > ageOfSecond-0.3 {
-		t.Fatalf("second deleted: %+v; want the third ask's age, under %.1fs", r, ageOfSecond-0.3)
+	r, ages = scrape(at1, at2, at3)
+	if r.depth != 1 || r.inFlight != 1 || !in(r.oldest, ages[2]) || in(r.oldest, ages[1]) {
+		t.Fatalf("second deleted: %+v; want the third ask's age, in %v", r, ages[2])
 	}
 
 	// Settle everything: nothing waits, nothing is in flight.

@@ -7,32 +7,60 @@ import (
 	"time"
 )
 
-func TestDelayDoublesWithinJitterAndIsCapped(t *testing.T) {
-	p := Policy{Base: 100 * time.Millisecond, Max: time.Second}
-	for attempt, want := range []time.Duration{100, 200, 400, 800, 1000, 1000} {
-		want *= time.Millisecond
-		for range 50 {
-			d := p.Delay(attempt)
-			if d < want/2 || d > want {
-				t.Fatalf("Delay(%d) = %s, want in [%s, %s]", attempt, d, want/2, want)
-			}
+func TestDelayDoublesUpToItsBound(t *testing.T) {
+	p := Policy{First: 100 * time.Millisecond, Max: time.Second}
+	want := []time.Duration{100, 100, 100, 200, 400, 800, 1000, 1000}
+	for i, n := range []int{-1, 0, 1, 2, 3, 4, 5, 50} {
+		if got := p.Delay(n); got != want[i]*time.Millisecond {
+			t.Errorf("Delay(%d) = %s, want %s", n, got, want[i]*time.Millisecond)
 		}
 	}
-	if d := p.Delay(1000); d < p.Max/2 || d > p.Max {
-		t.Errorf("Delay(1000) = %s, want capped at %s", d, p.Max)
+	if got := (Policy{First: time.Second}).Delay(5); got != time.Second {
+		t.Errorf("no Max: Delay(5) = %s, want First", got)
 	}
-	if d := (Policy{}).Delay(0); d < DefaultBase/2 || d > DefaultBase {
-		t.Errorf("zero policy Delay(0) = %s, want about %s", d, DefaultBase)
+	// A bound near the largest duration does not overflow.
+	big := Policy{First: time.Hour, Max: 1<<63 - 1}
+	for n := 1; n < 200; n++ {
+		if d := big.Delay(n); d < time.Hour {
+			t.Fatalf("Delay(%d) = %s: overflowed", n, d)
+		}
 	}
 }
 
-func TestSleepHonoursTheContext(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	if err := (Policy{Base: time.Hour, Max: time.Hour}).Sleep(ctx, 0); !errors.Is(err, context.Canceled) {
-		t.Fatalf("Sleep on a done context: %v, want context.Canceled", err)
+func TestRetryStopsOnSuccessBoundRefusalOrContext(t *testing.T) {
+	p := Policy{First: time.Millisecond, Max: 2 * time.Millisecond}
+	ctx := context.Background()
+	boom := errors.New("boom")
+
+	calls := 0
+	if err := p.Retry(ctx, 0, nil, func() error {
+		calls++
+		if calls < 3 {
+			return boom
+		}
+		return nil
+	}); err != nil || calls != 3 {
+		t.Errorf("success on the third call: %v after %d calls", err, calls)
 	}
-	if err := (Policy{Base: time.Millisecond, Max: time.Millisecond}).Sleep(context.Background(), 3); err != nil {
-		t.Fatal(err)
+
+	calls = 0
+	if err := p.Retry(ctx, 4, nil, func() error { calls++; return boom }); !errors.Is(err, boom) || calls != 4 {
+		t.Errorf("bounded: %v after %d calls, want boom after 4", err, calls)
+	}
+
+	permanent := errors.New("permanent")
+	calls = 0
+	if err := p.Retry(ctx, 0, func(err error) bool { return !errors.Is(err, permanent) }, func() error {
+		calls++
+		return permanent
+	}); !errors.Is(err, permanent) || calls != 1 {
+		t.Errorf("refused: %v after %d calls, want permanent after 1", err, calls)
+	}
+
+	cctx, cancel := context.WithCancel(ctx)
+	calls = 0
+	err := Policy{First: time.Hour}.Retry(cctx, 0, nil, func() error { calls++; cancel(); return boom })
+	if !errors.Is(err, context.Canceled) || calls != 1 {
+		t.Errorf("cancelled: %v after %d calls, want context.Canceled after 1", err, calls)
 	}
 }

@@ -30,6 +30,16 @@ const testAckWait = 2 * time.Second
 // redelivery is observable in a test.
 func bus(t *testing.T) (*server.Server, jetstream.JetStream) {
 	t.Helper()
+	return busAckWait(t, testAckWait)
+}
+
+// longAckWait is the ack wait of a test that tells a hand-back from a
+// redelivery: far longer than any hand-back may take.
+const longAckWait = 60 * time.Second
+
+// busAckWait is bus with the consumer's ack wait set to ackWait.
+func busAckWait(t *testing.T, ackWait time.Duration) (*server.Server, jetstream.JetStream) {
+	t.Helper()
 	s := natstest.Server(t, nil)
 	_, js := natstest.Connect(t, s)
 	ctx := context.Background()
@@ -37,7 +47,7 @@ func bus(t *testing.T) (*server.Server, jetstream.JetStream) {
 		t.Fatal(err)
 	}
 	spec := mesh.SeatConsumerSpec(mesh.Seat{Seat: mesh.BuildSeat}, 1)
-	spec.Config.AckWait = testAckWait
+	spec.Config.AckWait = ackWait
 	if _, err := js.UpdateConsumer(ctx, spec.Stream, spec.Config); err != nil {
 		t.Fatal(err)
 	}
@@ -104,6 +114,12 @@ type runningAgent struct {
 
 func startAgent(t *testing.T, s *server.Server, machine string, w agent.Worker, tweak func(*agent.Config)) *runningAgent {
 	t.Helper()
+	return startObserved(t, s, machine, w, tweak, nil)
+}
+
+// startObserved is startAgent with an observer.
+func startObserved(t *testing.T, s *server.Server, machine string, w agent.Worker, tweak func(*agent.Config), obs agent.Observer) *runningAgent {
+	t.Helper()
 	nc, err := nats.Connect(s.ClientURL())
 	if err != nil {
 		t.Fatal(err)
@@ -117,7 +133,7 @@ func startAgent(t *testing.T, s *server.Server, machine string, w agent.Worker, 
 	if tweak != nil {
 		tweak(&cfg)
 	}
-	a, err := agent.New(cfg, js, w, nil, nil)
+	a, err := agent.New(cfg, js, w, nil, obs)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -283,7 +299,12 @@ func TestAKilledAgentsAskIsBuiltByAnother(t *testing.T) {
 	}
 	g.ch("k1") <- nil
 	testenv.WaitFor(t, 10*time.Second, "k1 built", func() bool { return len(events(t, js).Built) >= 1 })
-	time.Sleep(500 * time.Millisecond)
+	// m1 is gone (Run returned), so only m2 can still announce; once k1
+	// is acknowledged nothing can redeliver it either.
+	testenv.WaitFor(t, 10*time.Second, "k1 acknowledged", func() bool {
+		info := consumerInfo(t, js)
+		return info.NumAckPending == 0 && info.NumPending == 0
+	})
 	r := events(t, js)
 	if len(r.Built) != 1 || r.Built[0].On != "m2" {
 		t.Fatalf("built %+v: want exactly one, on m2", r.Built)
@@ -345,7 +366,9 @@ func TestAMalformedAskIsRefusedOnce(t *testing.T) {
 }
 
 func TestStoppingHandsTheAskBackAtOnce(t *testing.T) {
-	s, js := bus(t)
+	// A 60 s ack wait and a hand-back expected within 5 s: without the
+	// hand-back the ask would come back only after the ack wait.
+	s, js := busAckWait(t, longAckWait)
 	g := newGate()
 	a1 := startAgent(t, s, "m1", g.on("m1"), func(c *agent.Config) { c.Grace = 200 * time.Millisecond })
 	submit(t, js, ask("term"))
@@ -353,13 +376,17 @@ func TestStoppingHandsTheAskBackAtOnce(t *testing.T) {
 	startAgent(t, s, "m2", g.on("m2"), nil)
 	stopped := time.Now()
 	a1.cancel() // what SIGTERM does in cmd/build-agent
-	id := recv(t, g.began, testAckWait)
+	const handBack = 5 * time.Second
+	id := recv(t, g.began, handBack)
 	took := time.Since(stopped)
 	if id != "term" {
 		t.Fatalf("began %s, want term", id)
 	}
-	if took >= testAckWait {
-		t.Fatalf("taken after %s: that is the ack wait, not a hand-back", took)
+	if took >= handBack || took >= longAckWait {
+		t.Fatalf("taken after %s: want a hand-back within %s (the ack wait is %s)", took, handBack, longAckWait)
+	}
+	if info := consumerInfo(t, js); info.NumRedelivered != 1 {
+		t.Errorf("redelivered %d: want the one ask handed back", info.NumRedelivered)
 	}
 	<-a1.done
 	g.ch("term") <- nil
@@ -383,7 +410,11 @@ func TestInfrastructureFailuresAreRetriedThenReported(t *testing.T) {
 		}
 		return agent.Result{Digest: "sha256:" + fmt.Sprintf("%064d", 1)}, nil
 	})
-	startAgent(t, s, "m1", flaky, func(c *agent.Config) { c.MaxAttempts = 3 })
+	// Delays long enough that the gaps between attempts show them: each
+	// gap is at least the delay asked for, and the delay doubles.
+	startAgent(t, s, "m1", flaky, func(c *agent.Config) {
+		c.MaxAttempts, c.RetryDelay, c.MaxRetryDelay = 3, 400*time.Millisecond, 2*time.Second
+	})
 	submit(t, js, ask("flaky"))
 	testenv.WaitFor(t, 10*time.Second, "flaky built", func() bool { return len(events(t, js).Built) == 1 })
 	submit(t, js, ask("gone"))
@@ -391,6 +422,23 @@ func TestInfrastructureFailuresAreRetriedThenReported(t *testing.T) {
 	r := events(t, js)
 	if f := r.Failed[0]; f.Ask != "gone" || f.Reason != mesh.ReasonInfra || f.Attempt != 3 {
 		t.Fatalf("failed %+v: want gone, infra, attempt 3", f)
+	}
+	// The retries waited and the wait grew: attempt 2 came at least 400ms
+	// after attempt 1, attempt 3 at least 800ms after attempt 2. A delay of
+	// zero or a constant one fails here.
+	var at []time.Time
+	for _, e := range r.Started {
+		if e.Ask == "gone" {
+			at = append(at, e.At)
+		}
+	}
+	if len(at) != 3 {
+		t.Fatalf("gone started %d times, want 3", len(at))
+	}
+	for i, want := range []time.Duration{400 * time.Millisecond, 800 * time.Millisecond} {
+		if gap := at[i+1].Sub(at[i]); gap < want {
+			t.Errorf("attempt %d began %s after attempt %d: want at least %s", i+2, gap, i+1, want)
+		}
 	}
 	if info := consumerInfo(t, js); info.NumPending != 0 || info.NumAckPending != 0 {
 		t.Fatalf("left in the queue: %+v", info)
@@ -423,11 +471,17 @@ func TestStatusIsAnsweredByEveryAgent(t *testing.T) {
 	startAgent(t, s, "m1", newGate().on("m1"), nil)
 	startAgent(t, s, "m2", newGate().on("m2"), func(c *agent.Config) { c.Slots = 2 })
 	nc, _ := natstest.Connect(t, s)
-	time.Sleep(200 * time.Millisecond)
-	got, err := agent.AskStatus(context.Background(), nc, time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
+	// The agents serve status once they hold the seat: ask until both
+	// answer (each ask waits for the answers of those that do).
+	var got []agent.Status
+	testenv.WaitFor(t, 10*time.Second, "both agents to answer", func() bool {
+		var err error
+		got, err = agent.AskStatus(context.Background(), nc, 200*time.Millisecond)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(got) == 2
+	})
 	slots := map[string]int{}
 	for _, st := range got {
 		slots[st.Machine] = st.Slots
@@ -466,5 +520,101 @@ func TestAnAskForAModuleTheCatalogueDoesNotBuildIsRefused(t *testing.T) {
 	testenv.WaitFor(t, 5*time.Second, "known built", func() bool { return len(events(t, js).Built) == 1 })
 	if info := consumerInfo(t, js); info.NumPending+uint64(info.NumAckPending) != 0 || info.NumRedelivered != 0 {
 		t.Fatalf("queue %+v", info)
+	}
+}
+
+// ends is an Observer that passes every End on.
+type ends chan agent.End
+
+func (ends) IdleWaited(time.Duration) {}
+func (ends) Began()                   {}
+func (e ends) Ended(x agent.End)      { e <- x }
+
+// next waits for the next End of outcome o, skipping others.
+func (e ends) next(t *testing.T, o agent.Outcome, d time.Duration) agent.End {
+	t.Helper()
+	timeout := time.After(d)
+	for {
+		select {
+		case x := <-e:
+			if x.Outcome == o {
+				return x
+			}
+		case <-timeout:
+			t.Fatalf("no %s within %s", o, d)
+		}
+	}
+}
+
+func TestABuildThatFinishesWithinTheGraceIsBuiltAndNothingNewIsFetched(t *testing.T) {
+	s, js := busAckWait(t, longAckWait)
+	g := newGate()
+	a1 := startAgent(t, s, "m1", g.on("m1"), func(c *agent.Config) { c.Grace = longAckWait })
+	submit(t, js, ask("in-hand"))
+	recv(t, g.began, 5*time.Second)
+	submit(t, js, ask("next"))
+	stopped := time.Now()
+	a1.cancel() // SIGTERM: no new asks; in-hand may finish within the grace
+	// The build finishes well within the grace: Run returns as soon as it
+	// is settled, not when the grace runs out.
+	g.ch("in-hand") <- nil
+	select {
+	case <-a1.done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the agent did not stop after its last build was settled")
+	}
+	if took := time.Since(stopped); took >= longAckWait/2 {
+		t.Fatalf("stopping took %s: the agent waited out its grace", took)
+	}
+	r := events(t, js)
+	if len(r.Built) != 1 || r.Built[0].Ask != "in-hand" || len(r.Failed) != 0 || len(r.Started) != 1 {
+		t.Fatalf("built %+v failed %+v started %+v: want in-hand built, nothing else", r.Built, r.Failed, r.Started)
+	}
+	select {
+	case id := <-g.began:
+		t.Fatalf("%s began on a stopping agent", id)
+	default:
+	}
+	// in-hand acknowledged; next never delivered: it waits for a machine.
+	if info := consumerInfo(t, js); info.NumAckPending != 0 || info.NumPending != 1 || info.NumRedelivered != 0 || info.Delivered.Consumer != 1 {
+		t.Fatalf("consumer %+v: want nothing in flight, next waiting, one delivery in all", info)
+	}
+}
+
+// A build that finishes as its cancel comes — the worker ignores the
+// cancel and returns an image — is still not announced built: once Cancel
+// has claimed the ask, its outcome is failed{cancelled}.
+func TestABuildCancelledAsItFinishesIsNotAnnouncedBuilt(t *testing.T) {
+	s, js := bus(t)
+	began := make(chan struct{})
+	stubborn := workerFunc(func(ctx context.Context, a mesh.Ask, log func(string)) (agent.Result, error) {
+		close(began)
+		<-ctx.Done() // finishes only once cancelled, and ignores it
+		return agent.Result{Digest: "sha256:" + fmt.Sprintf("%064d", 7), Ref: a.Image + "@sha256:x"}, nil
+	})
+	ra := startAgent(t, s, "m1", stubborn, nil)
+	submit(t, js, ask("late"))
+	select {
+	case <-began:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the build never began")
+	}
+	if !ra.a.Cancel("late") {
+		t.Fatal("Cancel: the agent says it is not building late")
+	}
+	if ra.a.Cancel("elsewhere") {
+		t.Fatal("Cancel claimed an ask the agent is not building")
+	}
+	testenv.WaitFor(t, 5*time.Second, "failed{cancelled}", func() bool { return len(events(t, js).Failed) == 1 })
+	testenv.WaitFor(t, 5*time.Second, "the ask settled", func() bool {
+		info := consumerInfo(t, js)
+		return info.NumAckPending == 0 && info.NumPending == 0
+	})
+	r := events(t, js)
+	if f := r.Failed[0]; f.Reason != mesh.ReasonCancel || len(r.Built) != 0 {
+		t.Fatalf("failed %+v built %+v: want failed{cancelled} and no built", r.Failed, r.Built)
+	}
+	if ra.a.Cancel("late") {
+		t.Fatal("Cancel claimed an ask already settled")
 	}
 }

@@ -1,0 +1,159 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/meshbuild/meshbuild/mesh"
+)
+
+// handle works one ask and settles it, in four steps: decode it (or refuse
+// it), work it, decide its one outcome, settle that outcome.
+func (a *Agent) handle(work context.Context, msg jetstream.Msg) {
+	a.obs.Began()
+	attempt := attemptOf(msg)
+	log := a.log.With("attempt", attempt)
+	ask, err := a.decode(msg.Data())
+	var out outcome
+	switch {
+	case err != nil:
+		out = a.refuse(msg, ask, attempt, err)
+	case ask.Platform != "" && !slices.Contains(a.cfg.Platforms, ask.Platform):
+		// Not ours to build: give it back for a machine that can.
+		out = handedBack(0, a.cfg.RetryDelay, fmt.Errorf("platform %s is not built here", ask.Platform))
+	default:
+		log = log.With("ask", ask.ID, "module", ask.Module, "plan", ask.Plan)
+		out = a.work(work, msg, ask, attempt, log)
+	}
+	a.settle(work, msg, log, out)
+}
+
+// attemptOf is the ask's delivery count: 1 the first time.
+func attemptOf(msg jetstream.Msg) int {
+	if md, err := msg.Metadata(); err == nil {
+		return int(md.NumDelivered)
+	}
+	return 1
+}
+
+// decode reads an ask and checks that this catalogue builds its module.
+func (a *Agent) decode(data []byte) (mesh.Ask, error) {
+	ask, err := mesh.DecodeAsk(data)
+	if err == nil && a.cfg.Known != nil && !a.cfg.Known(ask.Module) {
+		err = fmt.Errorf("%w: module %q is not built by this catalogue", mesh.ErrMalformedAsk, ask.Module)
+	}
+	return ask, err
+}
+
+// refuse is the outcome of an ask that cannot be read: failed{ask} once,
+// never redelivered. Its id may be missing or wrong: the failed is
+// deduplicated by the ask's place in the queue instead.
+func (a *Agent) refuse(msg jetstream.Msg, ask mesh.Ask, attempt int, err error) outcome {
+	dedupe := fmt.Sprintf("malformed-%d", attempt)
+	if md, merr := msg.Metadata(); merr == nil {
+		dedupe = fmt.Sprintf("malformed-%s-%d", md.Stream, md.Sequence.Stream)
+	}
+	out := a.failed(ask, attempt, mesh.ReasonAsk, dedupe, 0, err, nil)
+	out.why = "malformed ask"
+	return out
+}
+
+// work builds one ask, announcing started and heartbeating while it works,
+// and returns its outcome.
+func (a *Agent) work(ctx context.Context, msg jetstream.Msg, ask mesh.Ask, attempt int, log *slog.Logger) outcome {
+	a.inFlight.Add(1)
+	defer a.inFlight.Add(-1)
+	begun := time.Now()
+	_ = a.report(ctx, mesh.EventStarted, fmt.Sprintf("%s-started-%d", ask.ID, attempt), mesh.Started{
+		Version: mesh.AskVersion, Ask: ask.ID, Plan: ask.Plan, Module: ask.Module,
+		On: a.cfg.Machine, Attempt: attempt, At: begun.UTC(),
+	})
+
+	buildCtx, stop := a.running.start(ctx, ask.ID)
+	beating := a.heartbeat(msg, log)
+	logs := newLogBatcher(a.publishLog, ask.ID, a.cfg.LogBatchLines, a.cfg.LogFlush, a.cfg.FailedLogLines)
+	res, err := a.worker.Work(buildCtx, ask, logs.Line)
+	cause := stop() // from here a cancel no longer reaches this build
+	beating()
+	logs.Close()
+	took := time.Since(begun)
+
+	switch {
+	case errors.Is(cause, ErrCancelled):
+		// Even a build that finished as the cancel came is not announced
+		// built: the plan no longer wants it.
+		if err == nil {
+			err = fmt.Errorf("%w: the build finished as it was cancelled and is not announced", ErrCancelled)
+		}
+		return a.failed(ask, attempt, mesh.ReasonCancel, ask.ID+"-failed", took, err, logs.Tail())
+	case err != nil && errors.Is(cause, ErrStopped):
+		return handedBack(took, 0, ErrStopped)
+	case err == nil:
+		return a.built(ask, res, took)
+	}
+	reason := Classify(err)
+	if reason == mesh.ReasonInfra && attempt < a.cfg.MaxAttempts {
+		return outcome{End: End{Outcome: OutcomeRetried, Reason: reason, Took: took}, how: nak, delay: a.cfg.retryDelay(attempt), err: err}
+	}
+	return a.failed(ask, attempt, reason, ask.ID+"-failed", took, err, logs.Tail())
+}
+
+// heartbeat tells the server every a.beat that the ask is still being
+// worked on (InProgress), until the returned func is called.
+func (a *Agent) heartbeat(msg jetstream.Msg, log *slog.Logger) (stop func()) {
+	done := make(chan struct{})
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		t := time.NewTicker(a.beat)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				if err := msg.InProgress(); err != nil {
+					log.Warn("heartbeat failed", "err", err)
+				}
+			}
+		}
+	}()
+	return func() { close(done); <-finished }
+}
+
+// heartbeatEvery is how often a slot heartbeats: every, when set, else a
+// third of the consumer's ack wait (HeartbeatShare), so that two beats may
+// be lost before the server gives the ask to another holder.
+func heartbeatEvery(every, ackWait time.Duration) time.Duration {
+	if every > 0 {
+		return every
+	}
+	if ackWait <= 0 {
+		ackWait = mesh.HolderAckWait
+	}
+	return ackWait / HeartbeatShare
+}
+
+// HeartbeatShare is the default heartbeat as a share of the ack wait: with
+// the holders' 30 s ack wait (mesh.HolderAckWait), every 10 s.
+const HeartbeatShare = 3
+
+// ErrStopped is the cause given to a build cut short because its agent is
+// stopping; its ask is handed back, not failed.
+var ErrStopped = errors.New("agent stopping")
+
+// ErrCancelled is the cause given to a build whose plan was cancelled.
+var ErrCancelled = errors.New("plan cancelled")
+
+// Cancel cuts short the build of ask id on this agent, if it is working on
+// it, and reports whether it was. A build cancelled is failed{cancelled}
+// and settled; it is never announced built, even if it finished as the
+// cancel came. Once Cancel has returned false for a build, its outcome is
+// the build's own.
+func (a *Agent) Cancel(id string) bool { return a.running.cancel(id) }

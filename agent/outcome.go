@@ -1,0 +1,211 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/meshbuild/meshbuild/internal/backoff"
+	"github.com/meshbuild/meshbuild/mesh"
+)
+
+// Outcome names how an agent finished with an ask: what it announced and
+// how it settled the ask. These are the names metrics count by.
+type Outcome string
+
+const (
+	// OutcomeBuilt: built, pushed, announced built and acknowledged.
+	OutcomeBuilt Outcome = mesh.EventBuilt
+	// OutcomeFailed: announced failed with a reason and terminated (never
+	// redelivered).
+	OutcomeFailed Outcome = mesh.EventFailed
+	// OutcomeRetried: an infrastructure failure; the ask was given back to
+	// be tried again after a delay (Config.RetryDelay, doubling).
+	OutcomeRetried Outcome = "retried"
+	// OutcomeHandedBack: the ask went back to the queue unworked or
+	// unfinished — the agent is stopping, cannot build the ask's platform,
+	// or could not announce what it did.
+	OutcomeHandedBack Outcome = "handed-back"
+)
+
+// Outcomes are every Outcome, in the order above.
+var Outcomes = []Outcome{OutcomeBuilt, OutcomeFailed, OutcomeRetried, OutcomeHandedBack}
+
+// End is how one ask ended, as an Observer is told.
+type End struct {
+	Outcome Outcome
+	// Reason is the failure class (mesh.Reason*) of a failed or retried
+	// ask; empty otherwise.
+	Reason string
+	// Took is how long the agent worked on the ask; zero for an ask
+	// refused or handed back before any work.
+	Took time.Duration
+	// Bytes and CacheHits are the built image's size in the registry and
+	// the build steps answered from cache; zero unless built.
+	Bytes     int64
+	CacheHits int
+}
+
+// Observer is told what the agent does, for metrics. Every method must be
+// safe for concurrent use and quick. Every Began is followed by one Ended.
+type Observer interface {
+	IdleWaited(d time.Duration)
+	Began()
+	Ended(End)
+}
+
+type nopObserver struct{}
+
+func (nopObserver) IdleWaited(time.Duration) {}
+func (nopObserver) Began()                   {}
+func (nopObserver) Ended(End)                {}
+
+// settlement is what is done with an ask's message once its outcome is
+// announced.
+type settlement int
+
+const (
+	ack  settlement = iota // DoubleAck: done
+	term                   // TermWithReason: done, never redeliver
+	nak                    // NakWithDelay: deliver again after the delay (0: at once)
+)
+
+// outcome is one ask's end, decided before anything is done about it: the
+// event to announce (if any), how to settle the ask, and what to count.
+// settle carries it out.
+type outcome struct {
+	End
+	event string // the seat's event announced first; "" announces nothing
+	id    string // the event's Nats-Msg-Id
+	body  any    // the event's payload
+
+	how   settlement
+	delay time.Duration // before a nak'd ask is delivered again
+	why   string        // a terminated ask's reason on the server; default Reason
+	err   error         // why it failed, retried or went back; logged
+}
+
+// handedBack gives an ask back to the queue after delay, for err.
+func handedBack(took, delay time.Duration, err error) outcome {
+	return outcome{End: End{Outcome: OutcomeHandedBack, Took: took}, how: nak, delay: delay, err: err}
+}
+
+// built is the outcome of a pushed image: the one place a Result becomes
+// the built event.
+func (a *Agent) built(ask mesh.Ask, res Result, took time.Duration) outcome {
+	commit := res.Commit
+	if commit == "" {
+		commit = ask.Source.Commit
+	}
+	return outcome{
+		End:   End{Outcome: OutcomeBuilt, Took: took, Bytes: res.Bytes, CacheHits: res.CacheHits},
+		event: mesh.EventBuilt, id: ask.ID + "-built",
+		body: mesh.Built{
+			Version: mesh.AskVersion, Ask: ask.ID, Plan: ask.Plan, Module: ask.Module,
+			Commit: commit, Digest: res.Digest, Image: res.Ref, On: a.cfg.Machine,
+			Duration: took, Bytes: res.Bytes, CacheHits: res.CacheHits, Steps: res.Steps, At: time.Now().UTC(),
+		},
+		how: ack,
+	}
+}
+
+// failed is the outcome of an ask that failed for reason: announced with the
+// last lines of its log and terminated. dedupe is the event's id.
+func (a *Agent) failed(ask mesh.Ask, attempt int, reason, dedupe string, took time.Duration, err error, log []string) outcome {
+	return outcome{
+		End:   End{Outcome: OutcomeFailed, Reason: reason, Took: took},
+		event: mesh.EventFailed, id: dedupe,
+		body: mesh.Failed{
+			Version: mesh.AskVersion, Ask: ask.ID, Plan: ask.Plan, Module: ask.Module, On: a.cfg.Machine,
+			Reason: reason, Message: oneLine(err), Log: log, Attempt: attempt, At: time.Now().UTC(),
+		},
+		how: term, err: err,
+	}
+}
+
+// settle carries an outcome out: announce, then settle the ask, then count
+// and log. An outcome that could not be announced is not settled — the ask
+// is handed back instead — so nothing acknowledged is ever unannounced.
+func (a *Agent) settle(ctx context.Context, msg jetstream.Msg, log *slog.Logger, out outcome) {
+	if out.event != "" {
+		if err := a.report(ctx, out.event, out.id, out.body); err != nil {
+			log.Error(string(out.Outcome)+" but not announced: giving the ask back", "err", err)
+			out = handedBack(out.Took, a.cfg.RetryDelay, err)
+		}
+	}
+	var err error
+	switch out.how {
+	case ack:
+		// Acknowledged even when the grace has just run out: what was
+		// announced is settled, not built again elsewhere.
+		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		err = msg.DoubleAck(actx)
+		cancel()
+	case term:
+		why := out.why
+		if why == "" {
+			why = out.Reason
+		}
+		err = msg.TermWithReason(why)
+	case nak:
+		if out.delay > 0 {
+			err = msg.NakWithDelay(out.delay)
+		} else {
+			err = msg.Nak()
+		}
+	}
+	if err != nil {
+		log.Warn("settling an ask failed; it will be redelivered after the ack wait", "outcome", out.Outcome, "err", err)
+	}
+	switch out.Outcome {
+	case OutcomeBuilt:
+		a.builtN.Add(1)
+		log.Info("built", "digest", out.body.(mesh.Built).Digest, "took", out.Took.Round(time.Millisecond))
+	case OutcomeFailed:
+		a.failedN.Add(1)
+		log.Warn("failed", "reason", out.Reason, "err", out.err)
+	case OutcomeRetried:
+		log.Warn("infrastructure failure; retrying later", "err", out.err, "delay", out.delay, "of", a.cfg.MaxAttempts)
+	case OutcomeHandedBack:
+		log.Info("handed the ask back", "after", out.Took.Round(time.Millisecond), "why", out.err)
+	}
+	a.obs.Ended(out.End)
+}
+
+// announceRetry is how report waits between attempts to publish an event.
+var announceRetry = backoff.Policy{First: 100 * time.Millisecond, Max: 5 * time.Second}
+
+// announceAttempts bounds report's attempts.
+const announceAttempts = 9
+
+// report publishes one of the seat's events, deduplicated by id, retrying
+// for a while (announceRetry, announceAttempts): an outcome is announced
+// before its ask is settled. It returns an error when the event could not
+// be announced. It carries on when ctx is cancelled (a stopping agent still
+// announces what it did).
+func (a *Agent) report(ctx context.Context, event, id string, v any) error {
+	data, err := json.Marshal(v)
+	if err != nil {
+		a.log.Error("encoding an event", "event", event, "err", err)
+		return fmt.Errorf("encoding %s: %w", event, err)
+	}
+	subj := mesh.SeatEventSubject(mesh.BuildSeat, event)
+	ctx = context.WithoutCancel(ctx)
+	err = announceRetry.Retry(ctx, announceAttempts, nil, func() error {
+		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		_, err := a.js.Publish(pctx, subj, data, jetstream.WithMsgID(id))
+		if err != nil {
+			a.log.Warn("announcing failed", "subject", subj, "err", err)
+		}
+		return err
+	})
+	if err != nil {
+		a.log.Error("announcing failed; giving up", "subject", subj, "err", err)
+	}
+	return err
+}
