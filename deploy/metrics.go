@@ -20,7 +20,7 @@ type Observer interface {
 
 type nopObserver struct{}
 
-func (nopObserver) Report(string, string)                  {}
+func (nopObserver) Report(string, string)                 {}
 func (nopObserver) Applied(string, time.Duration, uint64) {}
 
 // Metrics is the Prometheus Observer.
