@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -98,7 +100,7 @@ func (b *bed) controller(cfg deploy.ControllerConfig) (*deploy.Metrics, running)
 	b.t.Helper()
 	_, js := b.connect("controller", nil)
 	m := deploy.NewMetrics(prometheus.NewRegistry(), "")
-	c, err := deploy.NewController(cfg, js, b.cat, nil, m)
+	c, err := deploy.NewController(cfg, js, b.cat, testLog(b.t), m)
 	if err != nil {
 		b.t.Fatal(err)
 	}
@@ -128,7 +130,7 @@ func (b *bed) node(name, dir string, carried map[string]deploy.RunFunc) (*deploy
 		cfg.Carried = carried
 	}
 	m := deploy.NewMetrics(prometheus.NewRegistry(), name)
-	n, err := deploy.NewNode(cfg, js, nil, m)
+	n, err := deploy.NewNode(cfg, js, testLog(b.t), m)
 	if err != nil {
 		b.t.Fatal(err)
 	}
@@ -202,3 +204,12 @@ func (b *bed) seatMsgs() uint64 {
 }
 
 func count(c prometheus.Counter) float64 { return testutil.ToFloat64(c) }
+
+// testLog logs through t.Log, so a failing test shows what happened.
+func testLog(t *testing.T) *slog.Logger {
+	return slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+type tWriter struct{ t *testing.T }
+
+func (w tWriter) Write(p []byte) (int, error) { w.t.Log(strings.TrimSpace(string(p))); return len(p), nil }

@@ -211,7 +211,10 @@ func TestNodeAppliesByDigestIntoALayout(t *testing.T) {
 	_, js := b.connect("n1", nil)
 	cfg := deploy.DefaultNodeConfig()
 	cfg.Name, cfg.StateDir, cfg.RegistryInsecure, cfg.ApplyHook = "n1", dir, true, hook
-	n, err := deploy.NewNode(cfg, js, nil, nil)
+	// A hook written just now may be busy for an exec forked meanwhile
+	// (ETXTBSY): a failed apply is retried soon.
+	cfg.RetryDelay = 200 * time.Millisecond
+	n, err := deploy.NewNode(cfg, js, testLog(t), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
