@@ -77,3 +77,6 @@ func (m *Metrics) Applied(outcome string, took time.Duration, lag uint64) {
 func (m *Metrics) Reports(kind, how string) prometheus.Counter {
 	return m.reports.WithLabelValues(kind, how)
 }
+
+// Applies is the counter of declarations a node settled with outcome.
+func (m *Metrics) Applies(outcome string) prometheus.Counter { return m.applies.WithLabelValues(outcome) }

@@ -160,6 +160,9 @@ func (n *Node) layoutPath() string { return filepath.Join(n.cfg.StateDir, "image
 // Identity is the machine identity the node enrols with.
 func (n *Node) Identity() string { return n.cfg.Identity }
 
+// StateDir is where the node keeps its applied revision and images.
+func (n *Node) StateDir() string { return n.cfg.StateDir }
+
 // Applied is the revision the node has applied.
 func (n *Node) Applied() uint64 {
 	n.mu.Lock()
