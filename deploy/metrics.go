@@ -79,4 +79,6 @@ func (m *Metrics) Reports(kind, how string) prometheus.Counter {
 }
 
 // Applies is the counter of declarations a node settled with outcome.
-func (m *Metrics) Applies(outcome string) prometheus.Counter { return m.applies.WithLabelValues(outcome) }
+func (m *Metrics) Applies(outcome string) prometheus.Counter {
+	return m.applies.WithLabelValues(outcome)
+}
