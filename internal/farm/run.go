@@ -22,6 +22,7 @@ import (
 
 	"github.com/meshbuild/meshbuild/agent"
 	"github.com/meshbuild/meshbuild/cascade"
+	"github.com/meshbuild/meshbuild/deploy"
 	"github.com/meshbuild/meshbuild/mesh"
 )
 
@@ -130,6 +131,8 @@ type ControllerOptions struct {
 	Catalogue  string
 	Controller cascade.Config
 	Observer   cascade.Observer
+	// Fleet receives the fleet's metrics (deploy.NewMetrics); nil for none.
+	Fleet deploy.Observer
 	// Poll is how often the catalogue directory is checked for changes.
 	Poll time.Duration
 	Log  *slog.Logger
@@ -186,10 +189,23 @@ func RunController(ctx context.Context, o ControllerOptions) error {
 	if err != nil {
 		return err
 	}
+	// The fleet's side runs beside the cascade, on the same connection:
+	// enrolments, assignments, declarations and the nodes' reports.
+	dc := deploy.DefaultControllerConfig()
+	dc.Module, dc.Replicas = o.Controller.Module, o.Controller.Replicas
+	fleet, err := deploy.NewController(dc, js, cat, o.Log.With("part", "fleet"), o.Fleet)
+	if err != nil {
+		return err
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	errc := make(chan error, 1)
+	errc := make(chan error, 2)
 	go func() { errc <- c.Run(ctx) }()
+	go func() {
+		if err := fleet.Run(ctx); err != nil {
+			errc <- fmt.Errorf("the fleet: %w", err)
+		}
+	}()
 	if o.Ready != nil {
 		if err := waitControllerReady(ctx, nc, c.Module(), errc); err != nil {
 			return err
@@ -217,6 +233,12 @@ func RunController(ctx context.Context, o ControllerOptions) error {
 			if err := c.SetCatalogue(ctx, cat); err != nil {
 				o.Log.Error("raising the changed catalogue", "err", err)
 				continue
+			}
+			sctx, scancel := context.WithTimeout(ctx, 30*time.Second)
+			err = fleet.SetCatalogue(sctx, cat)
+			scancel()
+			if err != nil {
+				o.Log.Error("giving the fleet the changed catalogue", "err", err)
 			}
 			o.Log.Info("catalogue changed: raised and in use", "modules", len(cat.Modules))
 		}
