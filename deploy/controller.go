@@ -35,11 +35,15 @@ type ControllerConfig struct {
 	ReportBound time.Duration
 	// OnlineWithin: a node heard from within it is online.
 	OnlineWithin time.Duration
+	// Raise asserts the catalogue's wire (with the declarations stream) on
+	// start. Off where another part of the process raised it already
+	// (cascade.Controller in build-controller): two raises at once race.
+	Raise bool
 }
 
 // DefaultControllerConfig returns the defaults.
 func DefaultControllerConfig() ControllerConfig {
-	return ControllerConfig{Replicas: 1, ReportDelay: 5 * time.Second, ReportBound: time.Hour, OnlineWithin: 90 * time.Second}
+	return ControllerConfig{Replicas: 1, ReportDelay: 5 * time.Second, ReportBound: time.Hour, OnlineWithin: 90 * time.Second, Raise: true}
 }
 
 // ErrConfig is wrapped by every refusal of a configuration.
@@ -126,8 +130,10 @@ func controllerModule(cat *mesh.Catalogue, name string) (string, error) {
 // recorded node's consumer, and works enrolments, reports, assignments and
 // image changes until ctx is done.
 func (c *Controller) Run(ctx context.Context) error {
-	if err := c.raise(ctx); err != nil {
-		return err
+	if c.cfg.Raise {
+		if err := c.raise(ctx); err != nil {
+			return err
+		}
 	}
 	var err error
 	if c.store, err = OpenStore(ctx, c.js, c.module); err != nil {
@@ -216,20 +222,9 @@ func (c *Controller) Run(ctx context.Context) error {
 	}
 }
 
-// raise asserts the catalogue's wire; cascade.Controller raises the same in
-// the same process, so a race between the two is retried.
+// raise asserts the catalogue's wire.
 func (c *Controller) raise(ctx context.Context) error {
-	var err error
-	for range 10 {
-		if _, err = mesh.Raise(ctx, c.js, c.cat, c.cfg.Replicas); err == nil {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
+	_, err := mesh.Raise(ctx, c.js, c.cat, c.cfg.Replicas)
 	return err
 }
 

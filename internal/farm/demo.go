@@ -83,6 +83,10 @@ func Demo(ctx context.Context, f *Farm, srcDir string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
+	service, serviceNode, err := assignService(ctx, nc, f)
+	if err != nil {
+		return err
+	}
 	subj := mesh.SeatEventSubject(mesh.GitSeat, mesh.EventPushed)
 	if _, err := js.Publish(ctx, subj, data, jetstream.WithMsgID(plan)); err != nil {
 		return fmt.Errorf("announcing the push on %s: %w", subj, err)
@@ -103,6 +107,9 @@ func Demo(ctx context.Context, f *Farm, srcDir string, out io.Writer) error {
 		time.Since(begun).Round(time.Second), rec.Finished.Sub(rec.Created).Round(100*time.Millisecond))
 	if rec.Outcome != cascade.OutcomeBuilt {
 		return notBuilt(rec, mods)
+	}
+	if service != "" {
+		return showDeployed(ctx, nc, service, serviceNode, mods[service].Digest, out)
 	}
 	return nil
 }

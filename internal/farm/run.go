@@ -193,6 +193,7 @@ func RunController(ctx context.Context, o ControllerOptions) error {
 	// enrolments, assignments, declarations and the nodes' reports.
 	dc := deploy.DefaultControllerConfig()
 	dc.Module, dc.Replicas = o.Controller.Module, o.Controller.Replicas
+	dc.Raise = false // the cascade raised the wire, the declarations stream with it
 	fleet, err := deploy.NewController(dc, js, cat, o.Log.With("part", "fleet"), o.Fleet)
 	if err != nil {
 		return err
@@ -201,15 +202,15 @@ func RunController(ctx context.Context, o ControllerOptions) error {
 	defer cancel()
 	errc := make(chan error, 2)
 	go func() { errc <- c.Run(ctx) }()
+	if err := waitControllerReady(ctx, nc, c.Module(), errc); err != nil {
+		return err
+	}
 	go func() {
 		if err := fleet.Run(ctx); err != nil {
 			errc <- fmt.Errorf("the fleet: %w", err)
 		}
 	}()
 	if o.Ready != nil {
-		if err := waitControllerReady(ctx, nc, c.Module(), errc); err != nil {
-			return err
-		}
 		close(o.Ready)
 	}
 	fp, _ := fingerprint(o.Catalogue)
