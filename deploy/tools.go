@@ -135,31 +135,31 @@ func (c *Controller) command(ctx context.Context, cmd command) Reply {
 	case mesh.NodesTool:
 		return Reply{Nodes: c.views()}
 	case mesh.AssignTool, mesh.UnassignTool:
-		a, err := c.change(ctx, cmd.kind == mesh.AssignTool, cmd.req)
+		a, left, err := c.change(ctx, cmd.kind == mesh.AssignTool, cmd.req)
 		if err != nil {
 			return fail(err)
 		}
-		return Reply{Assignment: &a, Declared: c.reconcile(ctx, cmd.req.Module)}
+		return Reply{Assignment: &a, Declared: append(left, c.reconcile(ctx, cmd.req.Module)...)}
 	}
 	return fail(fmt.Errorf("%w: unknown command %q", ErrBadRequest, cmd.kind))
 }
 
-// change checks and records an assignment change; the caller publishes the
-// affected nodes' declarations.
-func (c *Controller) change(ctx context.Context, assign bool, req Request) (Assignment, error) {
+// change checks and records an assignment change and declares the nodes the
+// module left; the caller declares the nodes it is assigned to.
+func (c *Controller) change(ctx context.Context, assign bool, req Request) (Assignment, []Declaration, error) {
 	if req.Module == "" || len(req.Nodes) == 0 {
-		return Assignment{}, fmt.Errorf("%w: name a module and at least one node: builds assign MODULE NODE…", ErrBadRequest)
+		return Assignment{}, nil, fmt.Errorf("%w: name a module and at least one node: builds assign MODULE NODE…", ErrBadRequest)
 	}
 	man, ok := c.cat.Module(req.Module)
 	if !ok {
-		return Assignment{}, fmt.Errorf("%w %q: the catalogue has no such module; see `builds catalogue check DIR` for the modules it has", ErrUnknownModule, req.Module)
+		return Assignment{}, nil, fmt.Errorf("%w %q: the catalogue has no such module; see `builds catalogue check DIR` for the modules it has", ErrUnknownModule, req.Module)
 	}
 	cur := c.assign[req.Module]
 	nodes := slices.Clone(cur.Nodes)
 	for _, n := range req.Nodes {
 		if assign {
 			if _, ok := c.nodes[n]; !ok {
-				return Assignment{}, fmt.Errorf("%w %q: no node enrolled by that name; start `mesh-node --name %s` on the machine (enrolled: %s)",
+				return Assignment{}, nil, fmt.Errorf("%w %q: no node enrolled by that name; start `mesh-node --name %s` on the machine (enrolled: %s)",
 					ErrUnknownNode, n, n, orNone(sortedKeys(c.nodes)))
 			}
 			if !slices.Contains(nodes, n) {
@@ -167,7 +167,7 @@ func (c *Controller) change(ctx context.Context, assign bool, req Request) (Assi
 			}
 		} else {
 			if !slices.Contains(nodes, n) {
-				return Assignment{}, fmt.Errorf("%w %q: %s is not assigned there (assigned to: %s)", ErrUnknownNode, n, req.Module, orNone(cur.Nodes))
+				return Assignment{}, nil, fmt.Errorf("%w %q: %s is not assigned there (assigned to: %s)", ErrUnknownNode, n, req.Module, orNone(cur.Nodes))
 			}
 			nodes = slices.DeleteFunc(nodes, func(x string) bool { return x == n })
 		}
@@ -176,7 +176,7 @@ func (c *Controller) change(ctx context.Context, assign bool, req Request) (Assi
 	if assign && len(nodes) > 1 {
 		for _, s := range c.cat.HeldSeats(man) {
 			if s.Scope == mesh.ScopeMesh {
-				return Assignment{}, fmt.Errorf("%w: %s holds the mesh-scoped seat %s, which has one holder in the mesh; it is assigned to %s: `builds unassign %s %s` first",
+				return Assignment{}, nil, fmt.Errorf("%w: %s holds the mesh-scoped seat %s, which has one holder in the mesh; it is assigned to %s: `builds unassign %s %s` first",
 					ErrOneNodeOnly, req.Module, s.Seat, orNone(cur.Nodes), req.Module, strings.Join(cur.Nodes, " "))
 			}
 		}
@@ -184,22 +184,23 @@ func (c *Controller) change(ctx context.Context, assign bool, req Request) (Assi
 	a := Assignment{Module: req.Module, Nodes: nodes, Updated: time.Now().UTC()}
 	if len(nodes) == 0 {
 		if err := c.store.kv.Delete(ctx, AssignKey(req.Module)); err != nil {
-			return Assignment{}, fmt.Errorf("removing the assignment of %s: %w", req.Module, err)
+			return Assignment{}, nil, fmt.Errorf("removing the assignment of %s: %w", req.Module, err)
 		}
 		delete(c.assign, req.Module)
 	} else {
 		if err := c.store.put(ctx, AssignKey(req.Module), a); err != nil {
-			return Assignment{}, err
+			return Assignment{}, nil, err
 		}
 		c.assign[req.Module] = a
 	}
 	// The nodes the module left get their declaration without it.
-	c.reconcileNodes(ctx, slices.DeleteFunc(slices.Clone(cur.Nodes), func(n string) bool { return slices.Contains(nodes, n) }))
-	return a, nil
+	left := c.reconcileNodes(ctx, slices.DeleteFunc(slices.Clone(cur.Nodes), func(n string) bool { return slices.Contains(nodes, n) }))
+	return a, left, nil
 }
 
 // reconcileNodes recomposes the declarations of nodes a module left.
-func (c *Controller) reconcileNodes(ctx context.Context, nodes []string) {
+func (c *Controller) reconcileNodes(ctx context.Context, nodes []string) []Declaration {
+	var out []Declaration
 	for _, n := range nodes {
 		if _, ok := c.nodes[n]; !ok {
 			continue
@@ -210,8 +211,11 @@ func (c *Controller) reconcileNodes(ctx context.Context, nodes []string) {
 		}
 		if err := c.publish(ctx, d); err != nil {
 			c.log.Error("publishing a declaration", "node", n, "err", err)
+			continue
 		}
+		out = append(out, d)
 	}
+	return out
 }
 
 func orNone(ss []string) string {
