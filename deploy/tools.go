@@ -25,6 +25,7 @@ type Reply struct {
 	Nodes      []NodeView    `json:"nodes,omitempty"`
 	Assignment *Assignment   `json:"assignment,omitempty"`
 	Declared   []Declaration `json:"declared,omitempty"`
+	Seats      []SeatView    `json:"seats,omitempty"`
 	Error      string        `json:"error,omitempty"`
 	// Code classifies Error: "unknown-module", "unknown-node",
 	// "one-node-only", "bad-request".
@@ -102,7 +103,7 @@ func (c *Controller) do(ctx context.Context, cmd command) Reply {
 
 func (c *Controller) serveTools() ([]*nats.Subscription, error) {
 	var subs []*nats.Subscription
-	for _, tool := range []string{mesh.NodesTool, mesh.AssignTool, mesh.UnassignTool} {
+	for _, tool := range []string{mesh.NodesTool, mesh.AssignTool, mesh.UnassignTool, mesh.SeatsTool} {
 		subj := mesh.SeatToolSubject(mesh.ControllerSeat, tool)
 		sub, err := c.nc.Subscribe(subj, func(m *nats.Msg) {
 			var req Request
@@ -134,6 +135,8 @@ func (c *Controller) command(ctx context.Context, cmd command) Reply {
 		return Reply{}
 	case mesh.NodesTool:
 		return Reply{Nodes: c.views()}
+	case mesh.SeatsTool:
+		return Reply{Seats: c.seats(ctx)}
 	case mesh.AssignTool, mesh.UnassignTool:
 		a, left, err := c.change(ctx, cmd.kind == mesh.AssignTool, cmd.req)
 		if err != nil {

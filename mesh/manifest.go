@@ -77,7 +77,7 @@ const DefaultDockerfile = "Dockerfile"
 var MeshSeats = []Seat{
 	{Seat: "mesh-git", Scope: ScopeMesh, Emits: []string{"pushed"}},
 	{Seat: "mesh-controller", Scope: ScopeMesh, Accepts: []string{"report retain 7d", "enrol retain 7d"},
-		Serves: []string{"nodes", "assign", "unassign"}},
+		Serves: []string{"nodes", "assign", "unassign", "seats"}},
 }
 
 // MeshSeat returns the mesh's own seat by name.

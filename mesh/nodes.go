@@ -24,6 +24,7 @@ const (
 	NodesTool    = "nodes"
 	AssignTool   = "assign"
 	UnassignTool = "unassign"
+	SeatsTool    = "seats"
 
 	// NodesStream keeps every node's declaration, the last one per node.
 	NodesStream = "NODES"

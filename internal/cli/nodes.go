@@ -13,7 +13,43 @@ import (
 	"github.com/meshbuild/meshbuild/mesh"
 )
 
-func init() { extraCommands = append(extraCommands, nodesCmd, assignCmd, unassignCmd) }
+func init() { extraCommands = append(extraCommands, nodesCmd, assignCmd, unassignCmd, seatsCmd) }
+
+func seatsCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "seats",
+		Short: "Each seat: scope, the modules holding it, the nodes they are assigned to, queue depth",
+		Args:  cobra.NoArgs,
+		RunE: g.withBus(func(ctx context.Context, b *bus, _ []string) error {
+			r, err := deploy.Call(ctx, b.nc, mesh.SeatsTool, deploy.Request{})
+			if err != nil {
+				return err
+			}
+			if g.json {
+				return writeJSON(g.out, nonNil(r.Seats))
+			}
+			tw := tabwriter.NewWriter(g.out, 2, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "SEAT\tSCOPE\tMODULES\tHOLDERS\tQUEUED\tIN FLIGHT\tWAITING")
+			for _, s := range r.Seats {
+				var holders []string
+				for _, h := range s.Holders {
+					state := "offline"
+					if h.Online {
+						state = "online"
+					}
+					holders = append(holders, fmt.Sprintf("%s (%s, since %s)", h.Node, state, h.Since.Local().Format("2006-01-02 15:04")))
+				}
+				queued, inFlight, waiting := "-", "-", "-"
+				if s.Accepts {
+					queued, inFlight, waiting = fmt.Sprint(s.Queued), fmt.Sprint(s.InFlight), fmt.Sprint(s.Waiting)
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.Seat, s.Scope, dash(strings.Join(s.Modules, ",")),
+					dash(strings.Join(holders, " ")), queued, inFlight, waiting)
+			}
+			return tw.Flush()
+		}),
+	}
+}
 
 func nodesCmd(g *globals) *cobra.Command {
 	return &cobra.Command{

@@ -90,8 +90,31 @@ func TestNodesAssignUnassign(t *testing.T) {
 	if _, out, _ := run(t, "--nats", url, "nodes"); !strings.Contains(out, "base (not built yet)") {
 		t.Errorf("builds nodes:\n%s", out)
 	}
-	if code, out, errw := run(t, "--nats", url, "unassign", "base", "n1"); code != 0 || !strings.Contains(out, "base is assigned to no node") || !strings.Contains(out, "declared n1 revision 2") {
+	if code, out, errw := run(t, "--nats", url, "assign", "build-agent", "n1"); code != 0 {
+		t.Fatalf("assign build-agent: exit %d\n%s\n%s", code, out, errw)
+	}
+	var seats []deploy.SeatView
+	if code, out, errw := run(t, "--nats", url, "--json", "seats"); code != 0 || json.Unmarshal([]byte(out), &seats) != nil {
+		t.Fatalf("seats --json: exit %d\n%s\n%s", code, out, errw)
+	}
+	bySeat := map[string]deploy.SeatView{}
+	for _, s := range seats {
+		bySeat[s.Seat] = s
+	}
+	if s := bySeat[mesh.BuildSeat]; s.Scope != mesh.ScopeNode || len(s.Holders) != 1 || s.Holders[0].Node != "n1" || s.Holders[0].Module != "build-agent" {
+		t.Errorf("node-build-agent: %+v", s)
+	}
+	if s := bySeat[mesh.ControllerSeat]; s.Scope != mesh.ScopeMesh || len(s.Holders) != 0 || !s.Accepts {
+		t.Errorf("mesh-controller: %+v", s)
+	}
+	if _, out, _ := run(t, "--nats", url, "seats"); !strings.Contains(out, "node-build-agent") || !strings.Contains(out, "n1 (online") {
+		t.Errorf("builds seats:\n%s", out)
+	}
+	if code, _, errw := run(t, "--nats", url, "unassign", "build-agent", "n1"); code != 0 {
+		t.Fatal(errw)
+	}
+	if code, out, errw := run(t, "--nats", url, "unassign", "base", "n1"); code != 0 || !strings.Contains(out, "base is assigned to no node") || !strings.Contains(out, "declared n1 revision 4") {
 		t.Fatalf("unassign: exit %d\n%s\n%s", code, out, errw)
 	}
-	testenv.WaitFor(t, 10*time.Second, "n1 to apply revision 2", func() bool { return n.Applied() == 2 })
+	testenv.WaitFor(t, 10*time.Second, "n1 to apply revision 4", func() bool { return n.Applied() == 4 })
 }
