@@ -65,6 +65,7 @@ func (c *Catalogue) Derive(replicas int) Wire {
 	}
 	var w Wire
 	w.Streams = append(w.Streams, c.eventStreams(replicas)...)
+	w.Streams = append(w.Streams, NodesStreamSpec(replicas))
 	for _, s := range c.Seats() {
 		if spec, ok := SeatStreamSpec(s, replicas); ok {
 			w.Streams = append(w.Streams, spec)

@@ -76,7 +76,8 @@ const DefaultDockerfile = "Dockerfile"
 // a module is assigned one with holds, and never declares one.
 var MeshSeats = []Seat{
 	{Seat: "mesh-git", Scope: ScopeMesh, Emits: []string{"pushed"}},
-	{Seat: "mesh-controller", Scope: ScopeMesh, Accepts: []string{"report retain 7d"}},
+	{Seat: "mesh-controller", Scope: ScopeMesh, Accepts: []string{"report retain 7d", "enrol retain 7d"},
+		Serves: []string{"nodes", "assign", "unassign", "seats"}},
 }
 
 // MeshSeat returns the mesh's own seat by name.

@@ -134,6 +134,10 @@ func (c *Catalogue) ControllerPermissions(principal string) Permissions {
 		// work in flight and to say how they are (the seat's tools).
 		p.pub[SeatToolSubject(s, "*")] = true
 	}
+	// The controller writes every node's declaration and answers a node's
+	// enrolment at the address its payload names.
+	p.pub[NodeSubjects()] = true
+	p.pub[NodeAnswerAll("*")] = true
 	return p.done(principal, responses)
 }
 
@@ -156,6 +160,12 @@ func (c *Catalogue) OperatorPermissions(principal string) Permissions {
 	}
 	for _, s := range ControllerUses {
 		p.pub[SeatToolSubject(s, "*")] = true
+	}
+	// The mesh's own seats' tools: the fleet's view and its assignments.
+	for _, s := range MeshSeats {
+		if len(s.Serves) > 0 {
+			p.pub[SeatToolSubject(s.Seat, "*")] = true
+		}
 	}
 	for _, g := range streamReadGrants(LogsStream) {
 		p.pub[g] = true

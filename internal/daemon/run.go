@@ -26,6 +26,7 @@ import (
 
 	"github.com/meshbuild/meshbuild/agent"
 	"github.com/meshbuild/meshbuild/cascade"
+	"github.com/meshbuild/meshbuild/deploy"
 	"github.com/meshbuild/meshbuild/mesh"
 )
 
@@ -134,6 +135,8 @@ type ControllerOptions struct {
 	Catalogue  string
 	Controller cascade.Config
 	Observer   cascade.Observer
+	// Fleet receives the fleet's metrics (deploy.NewMetrics); nil for none.
+	Fleet deploy.Observer
 	// Poll is how often the catalogue directory is checked for changes.
 	Poll time.Duration
 	Log  *slog.Logger
@@ -190,14 +193,28 @@ func RunController(ctx context.Context, o ControllerOptions) error {
 	if err != nil {
 		return err
 	}
+	// The fleet's side runs beside the cascade, on the same connection:
+	// enrolments, assignments, declarations and the nodes' reports.
+	dc := deploy.DefaultControllerConfig()
+	dc.Module, dc.Replicas = o.Controller.Module, o.Controller.Replicas
+	dc.Raise = false // the cascade raised the wire, the declarations stream with it
+	fleet, err := deploy.NewController(dc, js, cat, o.Log.With("part", "fleet"), o.Fleet)
+	if err != nil {
+		return err
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	errc := make(chan error, 1)
+	errc := make(chan error, 2)
 	go func() { errc <- c.Run(ctx) }()
-	if o.Ready != nil {
-		if err := waitControllerReady(ctx, nc, c.Module(), errc); err != nil {
-			return err
+	if err := waitControllerReady(ctx, nc, c.Module(), errc); err != nil {
+		return err
+	}
+	go func() {
+		if err := fleet.Run(ctx); err != nil {
+			errc <- fmt.Errorf("the fleet: %w", err)
 		}
+	}()
+	if o.Ready != nil {
 		close(o.Ready)
 	}
 	fp, _ := fingerprint(o.Catalogue)
@@ -221,6 +238,12 @@ func RunController(ctx context.Context, o ControllerOptions) error {
 			if err := c.SetCatalogue(ctx, cat); err != nil {
 				o.Log.Error("raising the changed catalogue", "err", err)
 				continue
+			}
+			sctx, scancel := context.WithTimeout(ctx, 30*time.Second)
+			err = fleet.SetCatalogue(sctx, cat)
+			scancel()
+			if err != nil {
+				o.Log.Error("giving the fleet the changed catalogue", "err", err)
 			}
 			o.Log.Info("catalogue changed: raised and in use", "modules", len(cat.Modules))
 		}

@@ -82,6 +82,10 @@ func Run(ctx context.Context, f *farm.Farm, srcDir string, out io.Writer) error 
 		return err
 	}
 	defer nc.Close()
+	service, serviceNode, err := assignService(ctx, nc, f)
+	if err != nil {
+		return err
+	}
 	if _, _, err := cascade.Push(ctx, js, mesh.Pushed{Repo: trig.Repo, Ref: trig.Ref, Commit: commit, Paths: paths}); err != nil {
 		return err
 	}
@@ -101,6 +105,9 @@ func Run(ctx context.Context, f *farm.Farm, srcDir string, out io.Writer) error 
 		time.Since(begun).Round(time.Second), rec.Finished.Sub(rec.Created).Round(100*time.Millisecond))
 	if rec.Outcome != cascade.OutcomeBuilt {
 		return notBuilt(rec, mods)
+	}
+	if service != "" {
+		return showDeployed(ctx, nc, service, serviceNode, mods[service].Digest, out)
 	}
 	return nil
 }

@@ -279,10 +279,7 @@ func Up(ctx context.Context, opts UpOptions) (*Farm, error) {
 func (f *Farm) start(ctx context.Context) error {
 	o := f.opts
 	log := o.Log
-	host, _ := os.Hostname()
-	if host == "" {
-		host = "machine"
-	}
+	host := nodeHost()
 	for i := 1; i <= o.Agents; i++ {
 		f.machines = append(f.machines, fmt.Sprintf("%s-a%d", host, i))
 	}
@@ -347,7 +344,8 @@ func (f *Farm) start(ctx context.Context) error {
 	}
 	log.Info("controller running", "catalogue", o.Catalogue)
 
-	// The agents.
+	// The build machines are nodes: each enrols, is assigned build-agent
+	// and starts it from its declaration (the module it carries).
 	for i, machine := range f.machines {
 		cfg := agent.DefaultConfig()
 		cfg.Machine = machine
@@ -362,9 +360,12 @@ func (f *Farm) start(ctx context.Context) error {
 		if f.agentObs != nil {
 			ao.Observer = f.agentObs[i]
 		}
-		f.agents = append(f.agents, f.run("agent "+cfg.Machine, func(actx context.Context) error {
-			return daemon.RunAgent(actx, ao)
+		f.agents = append(f.agents, f.run("node "+machine, func(nctx context.Context) error {
+			return runNode(nctx, f.natsURL, machine, filepath.Join(f.stateDir, "nodes", machine), ao, log)
 		}))
+	}
+	if err := assignBuildAgents(ctx, f.natsURL, f.machines); err != nil {
+		return err
 	}
 	log.Info("agents running", "machines", strings.Join(f.machines, ","))
 	return nil

@@ -1,0 +1,123 @@
+// Command mesh-node is the node runtime, one per machine: it enrols the
+// machine with the mesh-controller seat, reads its declarations from its own
+// consumer, pulls each assigned image by digest into a local OCI image layout
+// and verifies it, runs --apply-hook for it, and runs the modules it carries
+// itself (build-agent) in-process. It reports every outcome and heartbeats to
+// the mesh-controller seat.
+//
+// Every flag has an environment equivalent (MESHBUILD_*), see -h.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/meshbuild/meshbuild/deploy"
+	"github.com/meshbuild/meshbuild/internal/daemon"
+	"github.com/meshbuild/meshbuild/mesh"
+)
+
+func main() { os.Exit(run()) }
+
+type listFlag []string
+
+func (l *listFlag) String() string     { return fmt.Sprint(*l) }
+func (l *listFlag) Set(v string) error { *l = append(*l, v); return nil }
+
+func hostName() string {
+	h, _ := os.Hostname()
+	h, _, _ = strings.Cut(strings.ToLower(h), ".")
+	return h
+}
+
+func run() int {
+	cfg := deploy.DefaultNodeConfig()
+	fs := flag.NewFlagSet("mesh-node", flag.ContinueOnError)
+	natsURL := fs.String("nats", daemon.Env("MESHBUILD_NATS", "nats://127.0.0.1:4222"), "NATS server URL(s), comma separated (MESHBUILD_NATS)")
+	creds := fs.String("creds", daemon.Env("MESHBUILD_CREDS", ""), "the node's NATS credentials file (MESHBUILD_CREDS)")
+	fs.StringVar(&cfg.Name, "name", daemon.Env("MESHBUILD_NODE", hostName()), "this node's name: lowercase letters, digits and '-' (MESHBUILD_NODE)")
+	fs.StringVar(&cfg.StateDir, "state", daemon.Env("MESHBUILD_NODE_STATE", "/var/lib/meshbuild/node"), "state directory: applied revision, identity, image layout (MESHBUILD_NODE_STATE)")
+	platforms := fs.String("platforms", daemon.Env("MESHBUILD_PLATFORMS", mesh.DefaultPlatform), "platforms this node runs and builds, comma separated (MESHBUILD_PLATFORMS)")
+	fs.StringVar(&cfg.ApplyHook, "apply-hook", daemon.Env("MESHBUILD_APPLY_HOOK", ""), "program run per module applied or removed, with MESHBUILD_MODULE, _IMAGE, _DIGEST, _REVISION, _ACTION, _LAYOUT set (MESHBUILD_APPLY_HOOK)")
+	fs.BoolVar(&cfg.RegistryInsecure, "registry-insecure", daemon.Env("MESHBUILD_REGISTRY_INSECURE", "") == "true", "plain http to the registry (MESHBUILD_REGISTRY_INSECURE=true)")
+	fs.DurationVar(&cfg.Heartbeat, "heartbeat", cfg.Heartbeat, "how often the node tells the controller it is alive")
+	metricsAddr := fs.String("metrics", daemon.Env("MESHBUILD_METRICS", ""), "serve /metrics on this address (MESHBUILD_METRICS)")
+	// The build agent this node carries when build-agent is assigned to it.
+	agentCreds := fs.String("agent-creds", daemon.Env("MESHBUILD_AGENT_CREDS", ""), "NATS credentials of the build agent this node runs (default: --creds) (MESHBUILD_AGENT_CREDS)")
+	bk := fs.String("buildkit", daemon.Env("MESHBUILD_BUILDKIT_ADDR", "unix:///run/buildkit/buildkitd.sock"), "address of this machine's buildkitd (MESHBUILD_BUILDKIT_ADDR)")
+	workspace := fs.String("workspace", daemon.Env("MESHBUILD_WORKSPACE", ""), "the build agent's clones and checkouts (default: STATE/workspace) (MESHBUILD_WORKSPACE)")
+	slots := fs.Int("slots", 1, "asks the build agent works at once")
+	catalogue := fs.String("catalogue", daemon.Env("MESHBUILD_CATALOGUE", ""), "optional catalogue directory: the build agent refuses asks for modules it does not build (MESHBUILD_CATALOGUE)")
+	grace := fs.Duration("grace", 30*time.Second, "when build-agent is unassigned or the node stops, how long builds in hand may finish before their asks are handed back")
+	var insteadOf listFlag
+	fs.Var(&insteadOf, "git-instead-of", "URL=PATH: the build agent fetches repositories starting with URL from PATH instead (repeatable)")
+	if err := fs.Parse(os.Args[1:]); err != nil {
+		return 2
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	cfg.Platforms = daemon.SplitList(*platforms)
+	if err := cfg.Validate(); err != nil {
+		log.Error("bad flag", "err", err)
+		return 2
+	}
+	io, err := daemon.ParseInsteadOf(insteadOf)
+	if err != nil {
+		log.Error("bad flag", "err", err)
+		return 2
+	}
+	if *workspace == "" {
+		*workspace = filepath.Join(cfg.StateDir, "workspace")
+	}
+	if *agentCreds == "" {
+		*agentCreds = *creds
+	}
+	ac := agentConfig(cfg.Name, cfg.Platforms, *slots)
+	ac.Grace = *grace
+	cfg.Carried = map[string]deploy.RunFunc{"build-agent": buildAgent(daemon.AgentOptions{
+		NATS: *natsURL, Creds: *agentCreds, Agent: ac, BuildKit: *bk, RegistryInsecure: cfg.RegistryInsecure,
+		Workspace: *workspace, InsteadOf: io, Catalogue: *catalogue, Log: log.With("module", "build-agent"),
+	})}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	reg := prometheus.NewRegistry()
+	obs := deploy.NewMetrics(reg, cfg.Name)
+	if *metricsAddr != "" {
+		srv := &http.Server{Addr: *metricsAddr, Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 5 * time.Second}
+		go func() {
+			if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				log.Error("metrics", "err", err)
+			}
+		}()
+		defer srv.Close()
+	}
+	nc, js, err := daemon.Connect(*natsURL, *creds, cfg.Name, "mesh-node "+cfg.Name)
+	if err != nil {
+		log.Error("connecting", "err", err)
+		return 1
+	}
+	defer nc.Close()
+	n, err := deploy.NewNode(cfg, js, log, obs)
+	if err != nil {
+		log.Error("mesh-node", "err", err)
+		return 2
+	}
+	if err := n.Run(ctx); err != nil {
+		log.Error("mesh-node stopped", "err", err)
+		return 1
+	}
+	return 0
+}

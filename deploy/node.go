@@ -1,0 +1,494 @@
+package deploy
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/meshbuild/meshbuild/mesh"
+)
+
+// RunFunc runs a module the runtime carries in-process until ctx is done;
+// stopping it must hand back whatever work it holds.
+type RunFunc func(ctx context.Context) error
+
+// NodeConfig configures a node runtime. DefaultNodeConfig fills defaults;
+// Validate refuses what cannot work.
+type NodeConfig struct {
+	// Name is the node's name: its subject token and its consumer's name.
+	Name string
+	// Identity names the machine; empty reads (or makes) one in StateDir.
+	Identity string
+	// Platforms the node runs.
+	Platforms []string
+	// StateDir keeps the applied revision, the identity and the image
+	// layout.
+	StateDir string
+	// ApplyHook, when set, is run for each module applied or removed,
+	// with MESHBUILD_MODULE, MESHBUILD_IMAGE, MESHBUILD_DIGEST,
+	// MESHBUILD_REVISION, MESHBUILD_ACTION (apply|remove) and
+	// MESHBUILD_LAYOUT in its environment.
+	ApplyHook string
+	// RegistryInsecure pulls over plain http.
+	RegistryInsecure bool
+	// Heartbeat is how often the node tells the controller it is alive.
+	Heartbeat time.Duration
+	// RetryDelay is how long a declaration that failed to apply waits
+	// before it is tried again.
+	RetryDelay time.Duration
+	// Carried are the modules the runtime runs itself (build-agent).
+	Carried map[string]RunFunc
+}
+
+// DefaultNodeConfig returns the defaults.
+func DefaultNodeConfig() NodeConfig {
+	return NodeConfig{Heartbeat: 30 * time.Second, RetryDelay: time.Minute, Carried: map[string]RunFunc{}}
+}
+
+// Validate refuses a config that cannot work.
+func (c NodeConfig) Validate() error {
+	if err := mesh.ValidNodeName(c.Name); err != nil {
+		return fmt.Errorf("%w: %v", ErrConfig, err)
+	}
+	switch {
+	case c.StateDir == "":
+		return fmt.Errorf("%w: no state directory: set --state DIR (it keeps the applied revision)", ErrConfig)
+	case c.Heartbeat <= 0 || c.RetryDelay <= 0:
+		return fmt.Errorf("%w: heartbeat and retry delay must be positive", ErrConfig)
+	}
+	return nil
+}
+
+// ErrRefused is returned when the controller refuses the node's enrolment.
+var ErrRefused = errors.New("enrolment refused")
+
+// Node is the runtime of one machine: it enrols, reads its declarations from
+// its own consumer, applies the newest and reports to mesh-controller.
+type Node struct {
+	cfg NodeConfig
+	nc  *nats.Conn
+	js  jetstream.JetStream
+	log *slog.Logger
+	obs Observer
+
+	mu      sync.Mutex
+	applied appliedState
+
+	running map[string]*carried
+}
+
+type carried struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// appliedState is what the node keeps in its state dir.
+type appliedState struct {
+	Revision uint64          `json:"revision"`
+	Modules  []AppliedModule `json:"modules"`
+}
+
+// NewNode returns a node runtime.
+func NewNode(cfg NodeConfig, js jetstream.JetStream, log *slog.Logger, obs Observer) (*Node, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if js == nil {
+		return nil, fmt.Errorf("%w: a JetStream handle is required", ErrConfig)
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if obs == nil {
+		obs = nopObserver{}
+	}
+	if err := os.MkdirAll(cfg.StateDir, 0o755); err != nil {
+		return nil, fmt.Errorf("%w: state directory: %v", ErrConfig, err)
+	}
+	if cfg.Identity == "" {
+		id, err := identity(cfg.StateDir)
+		if err != nil {
+			return nil, err
+		}
+		cfg.Identity = id
+	}
+	n := &Node{cfg: cfg, nc: js.Conn(), js: js, log: log.With("node", cfg.Name), obs: obs, running: map[string]*carried{}}
+	data, err := os.ReadFile(n.statePath())
+	if err == nil {
+		if err := json.Unmarshal(data, &n.applied); err != nil {
+			return nil, fmt.Errorf("%w: %s is unreadable (%v): remove it to apply the next declaration afresh", ErrConfig, n.statePath(), err)
+		}
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return nil, err
+	}
+	return n, nil
+}
+
+// identity reads the machine's identity from dir, making one the first time.
+func identity(dir string) (string, error) {
+	file := filepath.Join(dir, "identity")
+	if data, err := os.ReadFile(file); err == nil && len(strings.TrimSpace(string(data))) > 0 {
+		return strings.TrimSpace(string(data)), nil
+	}
+	b := make([]byte, 16)
+	_, _ = rand.Read(b)
+	id := hex.EncodeToString(b)
+	if err := os.WriteFile(file, []byte(id+"\n"), 0o644); err != nil {
+		return "", fmt.Errorf("writing the machine identity: %w", err)
+	}
+	return id, nil
+}
+
+func (n *Node) statePath() string  { return filepath.Join(n.cfg.StateDir, "applied.json") }
+func (n *Node) layoutPath() string { return filepath.Join(n.cfg.StateDir, "images") }
+
+// Identity is the machine identity the node enrols with.
+func (n *Node) Identity() string { return n.cfg.Identity }
+
+// StateDir is where the node keeps its applied revision and images.
+func (n *Node) StateDir() string { return n.cfg.StateDir }
+
+// Applied is the revision the node has applied.
+func (n *Node) Applied() uint64 {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.applied.Revision
+}
+
+// Running reports whether a carried module runs now.
+func (n *Node) Running(module string) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	_, ok := n.running[module]
+	return ok
+}
+
+// Run enrols, then applies declarations until ctx is done; carried modules
+// are stopped (handing back what they hold) before it returns.
+func (n *Node) Run(ctx context.Context) error {
+	if err := n.Enrol(ctx); err != nil {
+		return err
+	}
+	defer n.stopAll()
+	cons, err := n.js.Consumer(ctx, mesh.NodesStream, mesh.NodeConsumer(n.cfg.Name))
+	if err != nil {
+		return fmt.Errorf("binding node %s's consumer %s on %s (the controller creates it at enrolment): %w",
+			n.cfg.Name, mesh.NodeConsumer(n.cfg.Name), mesh.NodesStream, err)
+	}
+	it, err := cons.Messages(jetstream.PullMaxMessages(1))
+	if err != nil {
+		return fmt.Errorf("reading declarations: %w", err)
+	}
+	defer it.Stop()
+	go func() { <-ctx.Done(); it.Stop() }()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() { n.heartbeats(ctx) })
+	n.log.Info("node running", "applied", n.Applied())
+	for {
+		msg, err := it.Next()
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+				return nil
+			}
+			return fmt.Errorf("reading declarations: %w", err)
+		}
+		n.Apply(ctx, msg)
+	}
+}
+
+// Enrol asks the mesh-controller seat to enrol the node and waits for the
+// answer at the address the payload names.
+func (n *Node) Enrol(ctx context.Context) error {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	reply := mesh.NodeAnswerSubject(n.cfg.Name, hex.EncodeToString(b))
+	sub, err := n.nc.SubscribeSync(reply)
+	if err != nil {
+		return fmt.Errorf("listening for the enrolment answer on %s: %w", reply, err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	data, _ := json.Marshal(Enrol{Version: WireVersion, Node: n.cfg.Name, Identity: n.cfg.Identity, Platforms: n.cfg.Platforms, Reply: reply})
+	if _, err := n.js.Publish(ctx, mesh.SeatAcceptSubject(mesh.ControllerSeat, mesh.EnrolVerb), data); err != nil {
+		return fmt.Errorf("enrolling with %s: %w", mesh.ControllerSeat, err)
+	}
+	for {
+		wctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+		m, err := sub.NextMsgWithContext(wctx)
+		cancel()
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if err != nil {
+			n.log.Info("waiting for the controller to answer the enrolment (it stays queued until one does)")
+			continue
+		}
+		var a EnrolAnswer
+		if err := json.Unmarshal(m.Data, &a); err != nil {
+			return fmt.Errorf("decoding the enrolment answer: %w", err)
+		}
+		if !a.OK {
+			return fmt.Errorf("%w: %s", ErrRefused, a.Error)
+		}
+		n.log.Info("enrolled", "new", a.Created)
+		return nil
+	}
+}
+
+func (n *Node) heartbeats(ctx context.Context) {
+	t := time.NewTicker(n.cfg.Heartbeat)
+	defer t.Stop()
+	for {
+		n.beat()
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// beat sends one heartbeat; it is not waited for (a lost one is replaced by
+// the next).
+func (n *Node) beat() {
+	n.mu.Lock()
+	r := Report{Version: WireVersion, Kind: Heartbeat, Node: n.cfg.Name, Revision: n.applied.Revision, Applied: n.applied.Revision,
+		Modules: slices.Clone(n.applied.Modules), At: time.Now().UTC()}
+	n.mu.Unlock()
+	data, _ := json.Marshal(r)
+	if err := n.nc.Publish(mesh.SeatAcceptSubject(mesh.ControllerSeat, mesh.ReportVerb), data); err != nil {
+		n.log.Warn("heartbeat", "err", err)
+	}
+}
+
+// Apply works one declaration: refuse it if it is not newer than what was
+// applied, else pull, verify and apply each module, report, and only then
+// acknowledge it.
+func (n *Node) Apply(ctx context.Context, msg jetstream.Msg) {
+	start := time.Now()
+	var d Declaration
+	if err := decode(msg.Data(), &d); err != nil || d.Node != n.cfg.Name {
+		n.log.Error("refusing a declaration that is not this node's", "subject", msg.Subject(), "for", d.Node, "err", err)
+		_ = msg.Term()
+		return
+	}
+	applied := n.Applied()
+	if d.Revision <= applied {
+		n.log.Warn("refusing a stale declaration", "revision", d.Revision, "applied", applied)
+		n.settle(ctx, msg, Report{Kind: Refused, Revision: d.Revision, Applied: applied,
+			Reason: fmt.Sprintf("revision %d is at or below the applied revision %d", d.Revision, applied)}, start)
+		return
+	}
+	stop := make(chan struct{})
+	go func() { // applying outlasts no ack wait
+		t := time.NewTicker(mesh.NodeAckWait / 5)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+				_ = msg.InProgress()
+			}
+		}
+	}()
+	mods, err := n.apply(ctx, d)
+	close(stop)
+	if err != nil {
+		n.log.Error("applying a declaration failed", "revision", d.Revision, "err", err)
+		r := Report{Kind: Failed, Revision: d.Revision, Applied: applied, Reason: err.Error()}
+		if n.report(ctx, r, start) == nil {
+			n.obs.Applied(Failed, time.Since(start), d.Revision-applied)
+		}
+		_ = msg.NakWithDelay(n.cfg.RetryDelay)
+		return
+	}
+	n.mu.Lock()
+	n.applied = appliedState{Revision: d.Revision, Modules: mods}
+	n.mu.Unlock()
+	if err := n.save(); err != nil {
+		n.log.Error("keeping the applied revision", "err", err)
+	}
+	n.log.Info("applied", "revision", d.Revision, "modules", len(mods), "took", time.Since(start).Round(time.Millisecond))
+	n.settle(ctx, msg, Report{Kind: Applied, Revision: d.Revision, Applied: d.Revision, Modules: mods}, start)
+}
+
+// settle reports, then acknowledges; a report that could not be sent leaves
+// the declaration to be delivered again.
+func (n *Node) settle(ctx context.Context, msg jetstream.Msg, r Report, start time.Time) {
+	if err := n.report(ctx, r, start); err != nil {
+		n.log.Warn("reporting; the declaration will come again", "err", err)
+		_ = msg.NakWithDelay(n.cfg.RetryDelay)
+		return
+	}
+	n.obs.Applied(r.Kind, time.Since(start), 0)
+	if err := msg.DoubleAck(ctx); err != nil {
+		n.log.Warn("acknowledging the declaration", "err", err)
+	}
+}
+
+func (n *Node) report(ctx context.Context, r Report, start time.Time) error {
+	r.Version, r.Node, r.At, r.Took = WireVersion, n.cfg.Name, time.Now().UTC(), time.Since(start)
+	data, _ := json.Marshal(r)
+	_, err := n.js.Publish(ctx, mesh.SeatAcceptSubject(mesh.ControllerSeat, mesh.ReportVerb), data)
+	return err
+}
+
+func (n *Node) save() error {
+	n.mu.Lock()
+	data, _ := json.MarshalIndent(n.applied, "", "  ")
+	n.mu.Unlock()
+	tmp := n.statePath() + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, n.statePath())
+}
+
+// apply makes the node run what d declares and returns the modules as
+// applied.
+func (n *Node) apply(ctx context.Context, d Declaration) ([]AppliedModule, error) {
+	n.mu.Lock()
+	before := map[string]AppliedModule{}
+	for _, m := range n.applied.Modules {
+		before[m.Module] = m
+	}
+	n.mu.Unlock()
+	var out []AppliedModule
+	want := map[string]bool{}
+	for _, m := range d.Modules {
+		want[m.Module] = true
+		if run, ok := n.cfg.Carried[m.Module]; ok {
+			n.start(ctx, m.Module, run)
+			out = append(out, AppliedModule{Module: m.Module, Digest: m.Digest, Carried: true})
+			continue
+		}
+		if m.Ref() == "" {
+			n.log.Warn("module has no image yet; nothing to apply", "module", m.Module)
+			out = append(out, AppliedModule{Module: m.Module})
+			continue
+		}
+		if before[m.Module].Digest != m.Digest {
+			if err := Pull(ctx, n.layoutPath(), m.Ref(), n.cfg.RegistryInsecure); err != nil {
+				return nil, fmt.Errorf("module %s: %w", m.Module, err)
+			}
+			if err := n.hook(ctx, "apply", m, d.Revision); err != nil {
+				return nil, err
+			}
+		}
+		out = append(out, AppliedModule{Module: m.Module, Digest: m.Digest})
+	}
+	for name, m := range before {
+		if want[name] {
+			continue
+		}
+		if m.Carried {
+			n.stop(name)
+			continue
+		}
+		if err := n.hook(ctx, "remove", DeclaredModule{Module: name, Digest: m.Digest}, d.Revision); err != nil {
+			return nil, err
+		}
+	}
+	// A carried module started by an earlier run of this process and no
+	// longer declared.
+	for name := range n.cfg.Carried {
+		if !want[name] {
+			n.stop(name)
+		}
+	}
+	return out, nil
+}
+
+func (n *Node) hook(ctx context.Context, action string, m DeclaredModule, revision uint64) error {
+	if n.cfg.ApplyHook == "" {
+		return nil
+	}
+	cmd := exec.CommandContext(ctx, n.cfg.ApplyHook)
+	cmd.Env = append(os.Environ(),
+		"MESHBUILD_ACTION="+action, "MESHBUILD_MODULE="+m.Module, "MESHBUILD_IMAGE="+m.Ref(),
+		"MESHBUILD_DIGEST="+m.Digest, "MESHBUILD_REVISION="+strconv.FormatUint(revision, 10),
+		"MESHBUILD_LAYOUT="+n.layoutPath(), "MESHBUILD_NODE="+n.cfg.Name)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("apply hook %s (%s %s): %w: %s", n.cfg.ApplyHook, action, m.Module, err, lastLines(string(out), 5))
+	}
+	return nil
+}
+
+func lastLines(s string, k int) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	if len(lines) > k {
+		lines = lines[len(lines)-k:]
+	}
+	return strings.Join(lines, " | ")
+}
+
+// start runs a carried module unless it runs already. It lives as long as
+// the node runs (ctx), or until it is unassigned.
+func (n *Node) start(ctx context.Context, module string, run RunFunc) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if _, ok := n.running[module]; ok {
+		return
+	}
+	cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	c := &carried{cancel: cancel, done: make(chan struct{})}
+	n.running[module] = c
+	n.log.Info("starting a carried module", "module", module)
+	go func() {
+		defer close(c.done)
+		if err := run(cctx); err != nil && cctx.Err() == nil {
+			n.log.Error("carried module stopped", "module", module, "err", err)
+		}
+	}()
+	go func() {
+		select {
+		case <-ctx.Done():
+			cancel()
+		case <-c.done:
+		}
+	}()
+}
+
+// stop stops a carried module and waits until it has handed back what it
+// held.
+func (n *Node) stop(module string) {
+	n.mu.Lock()
+	c, ok := n.running[module]
+	delete(n.running, module)
+	n.mu.Unlock()
+	if !ok {
+		return
+	}
+	n.log.Info("stopping a carried module", "module", module)
+	c.cancel()
+	<-c.done
+}
+
+func (n *Node) stopAll() {
+	n.mu.Lock()
+	names := make([]string, 0, len(n.running))
+	for m := range n.running {
+		names = append(names, m)
+	}
+	n.mu.Unlock()
+	for _, m := range names {
+		n.stop(m)
+	}
+}

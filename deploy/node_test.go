@@ -1,0 +1,402 @@
+package deploy_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/meshbuild/meshbuild/agent"
+	"github.com/meshbuild/meshbuild/deploy"
+	"github.com/meshbuild/meshbuild/internal/testenv"
+	"github.com/meshbuild/meshbuild/mesh"
+)
+
+func assign(t *testing.T, b *bed, tool, module string, nodes ...string) {
+	t.Helper()
+	if _, err := b.call(tool, deploy.Request{Module: module, Nodes: nodes}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestStaleDeclarationIsRefused: a declaration replayed after a newer one
+// was applied (n−1 after n) is refused, not applied; the node reports the
+// refusal, and the controller settles that report as superseded.
+func TestStaleDeclarationIsRefused(t *testing.T) {
+	b := newBed(t, []string{"n1"})
+	cm, _ := b.controller(deploy.DefaultControllerConfig())
+	n, nm := b.node("n1", t.TempDir(), nil)
+	run(b.ctx, n.Run)
+	testenv.WaitFor(t, 10*time.Second, "n1 to enrol", func() bool { _, ok := b.nodes()["n1"]; return ok })
+	assign(t, b, mesh.AssignTool, "base", "n1")
+	first, _ := b.lastDeclaration("n1")
+	assign(t, b, mesh.AssignTool, "app", "n1")
+	testenv.WaitFor(t, 10*time.Second, "n1 to apply revision 2", func() bool { return n.Applied() == 2 })
+
+	data, _ := json.Marshal(first)
+	if _, err := b.ajs.Publish(b.ctx, mesh.NodeSubject("n1"), data); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 10*time.Second, "the replayed revision 1 to be refused and its report settled as superseded", func() bool {
+		return count(nm.Applies(deploy.Refused)) == 1 && count(cm.Reports(deploy.Refused, "superseded")) == 1
+	})
+	if n.Applied() != 2 {
+		t.Fatalf("applied %d after a stale declaration, want 2", n.Applied())
+	}
+	if v := b.nodes()["n1"]; v.Outcome != deploy.Applied || v.Applied != 2 {
+		t.Fatalf("the superseded report was acted on: %+v", v)
+	}
+	// The refusal survives a restart: the applied revision is kept on disk.
+	n2, _ := b.node("n1", n.StateDir(), nil)
+	if n2.Applied() != 2 || n2.Identity() != n.Identity() {
+		t.Fatalf("a restarted node has applied %d as %s", n2.Applied(), n2.Identity())
+	}
+	b.noViolations()
+}
+
+// TestNodeAwayGetsOnlyTheCurrentDeclaration: declarations composed while a
+// node is away are not queued; it reads exactly the newest.
+func TestNodeAwayGetsOnlyTheCurrentDeclaration(t *testing.T) {
+	b := newBed(t, []string{"n1"})
+	b.controller(deploy.DefaultControllerConfig())
+	n, nm := b.node("n1", t.TempDir(), nil)
+	if err := n.Enrol(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	assign(t, b, mesh.AssignTool, "base", "n1")
+	assign(t, b, mesh.AssignTool, "app", "n1")
+	assign(t, b, mesh.UnassignTool, "base", "n1")
+	st, _ := b.ajs.Stream(b.ctx, mesh.NodesStream)
+	info, _ := st.Info(b.ctx)
+	if info.State.Msgs != 1 {
+		t.Fatalf("the stream keeps %d declarations for n1, want the last one only", info.State.Msgs)
+	}
+	run(b.ctx, n.Run)
+	testenv.WaitFor(t, 10*time.Second, "n1 to apply revision 3", func() bool { return n.Applied() == 3 })
+	if a, r := count(nm.Applies(deploy.Applied)), count(nm.Applies(deploy.Refused)); a != 1 || r != 0 {
+		t.Fatalf("n1 applied %v and refused %v declarations, want exactly the current one", a, r)
+	}
+	b.noViolations()
+}
+
+// TestNodePermissionsReachItsOwnConsumerOnly sets the node's consumer
+// against the grant the node actually gets, on an enforcing server, with
+// each of ADR 0121's three silent mistakes.
+func TestNodePermissionsReachItsOwnConsumerOnly(t *testing.T) {
+	// A principal whose grants were written for a consumer named "x":
+	// it may look the consumer up and fetch from it, but its ack grant is
+	// derived from its node name.
+	misnamed := mesh.NodePermissions("n1")
+	misnamed.Principal = "misnamed"
+	misnamed.Publish = append(misnamed.Publish, "$JS.API.CONSUMER.INFO.NODES.x", "$JS.API.CONSUMER.MSG.NEXT.NODES.x")
+	misnamed.Subscribe = append(misnamed.Subscribe, mesh.InboxPrefix("misnamed")+".>")
+	b := newBed(t, []string{"n1", "n2"}, misnamed)
+	b.controller(deploy.DefaultControllerConfig())
+	declare := func(node string, rev uint64) {
+		data, _ := json.Marshal(deploy.Declaration{Version: 1, Node: node, Revision: rev})
+		if _, err := b.ajs.Publish(b.ctx, mesh.NodeSubject(node), data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fetchOne := func(js jetstream.JetStream, consumer string) (jetstream.Msg, error) {
+		cons, err := js.Consumer(b.ctx, mesh.NodesStream, consumer)
+		if err != nil {
+			return nil, err
+		}
+		batch, err := cons.Fetch(1, jetstream.FetchMaxWait(time.Second))
+		if err != nil {
+			return nil, err
+		}
+		for m := range batch.Messages() {
+			return m, nil
+		}
+		return nil, errors.New("nothing delivered")
+	}
+	declare("n1", 1)
+	declare("n2", 1)
+
+	// 1. A consumer named otherwise cannot be acknowledged.
+	spec := mesh.NodeConsumerSpec("n1", 1)
+	spec.Config.Durable = "x"
+	if _, err := b.ajs.CreateOrUpdateConsumer(b.ctx, mesh.NodesStream, spec.Config); err != nil {
+		t.Fatal(err)
+	}
+	errs := make(chan error, 8)
+	_, mjs := b.connect("misnamed", errs)
+	m, err := fetchOne(mjs, "x")
+	if err != nil {
+		t.Fatalf("fetching from the misnamed consumer: %v", err)
+	}
+	_ = m.Ack()
+	select {
+	case err := <-errs:
+		t.Logf("the ack was refused, as it must be: %v", err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("an ack on a consumer not named after the node was not refused")
+	}
+	x, _ := b.ajs.Consumer(b.ctx, mesh.NodesStream, "x")
+	if info, _ := x.Info(b.ctx); info.NumAckPending != 1 {
+		t.Fatalf("the misnamed consumer's delivery was settled: %+v", info)
+	}
+
+	// 2. A wrong filter reads another node's declarations; the derived one
+	// only the node's own.
+	wrong := mesh.NodeConsumerSpec("n1", 1).Config
+	wrong.FilterSubject = mesh.NodeSubject("n2")
+	if _, err := b.ajs.CreateOrUpdateConsumer(b.ctx, mesh.NodesStream, wrong); err != nil {
+		t.Fatal(err)
+	}
+	_, n1js := b.connect("n1", nil)
+	m, err = fetchOne(n1js, "n1")
+	if err != nil || m.Subject() != mesh.NodeSubject("n2") {
+		t.Fatalf("the wrong filter should have delivered n2's declaration to n1: %v", err)
+	}
+	_ = b.ajs.DeleteConsumer(b.ctx, mesh.NodesStream, "n1")
+	if _, err := b.ajs.CreateOrUpdateConsumer(b.ctx, mesh.NodesStream, mesh.NodeConsumerSpec("n1", 1).Config); err != nil {
+		t.Fatal(err)
+	}
+	m, err = fetchOne(n1js, "n1")
+	if err != nil || m.Subject() != mesh.NodeSubject("n1") {
+		t.Fatalf("the derived consumer delivered %v (%v), want n1's own declaration", m, err)
+	}
+	if err := m.DoubleAck(b.ctx); err != nil {
+		t.Fatalf("n1 acknowledging its own declaration: %v", err)
+	}
+
+	// 3. The node cannot bind, create or write what it has no grant for.
+	if _, err := b.ajs.CreateOrUpdateConsumer(b.ctx, mesh.NodesStream, mesh.NodeConsumerSpec("n2", 1).Config); err != nil {
+		t.Fatal(err)
+	}
+	nerrs := make(chan error, 8)
+	_, n1strict := b.connect("n1", nerrs)
+	ctx, cancel := context.WithTimeout(b.ctx, 2*time.Second)
+	defer cancel()
+	if _, err := n1strict.Consumer(ctx, mesh.NodesStream, "n2"); err == nil {
+		t.Fatal("n1 bound n2's consumer")
+	}
+	if _, err := n1strict.CreateOrUpdateConsumer(ctx, mesh.NodesStream, jetstream.ConsumerConfig{Durable: "n1b", FilterSubject: mesh.NodeSubject("n2")}); err == nil {
+		t.Fatal("n1 created a consumer")
+	}
+	if _, err := n1strict.Publish(ctx, mesh.NodeSubject("n1"), []byte("{}")); err == nil {
+		t.Fatal("n1 wrote a declaration")
+	}
+	select {
+	case <-nerrs:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the server reported no violation for n1's attempts")
+	}
+}
+
+// TestStoreWindow checks the controller's store window against a running
+// server, with a real outage of its store (the bucket's stream deleted and
+// raised again).
+func TestStoreWindow(t *testing.T) {
+	report := func(b *bed, kind string, rev uint64) {
+		t.Helper()
+		data, _ := json.Marshal(deploy.Report{Version: 1, Kind: kind, Node: "n1", Revision: rev, Applied: rev, At: time.Now().UTC()})
+		if _, err := b.ajs.Publish(b.ctx, mesh.SeatAcceptSubject(mesh.ControllerSeat, mesh.ReportVerb), data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	status := func(b *bed) (uint64, bool) {
+		kv, err := b.ajs.KeyValue(b.ctx, mesh.KVBucket("build-controller", deploy.StateBucket))
+		if err != nil {
+			return 0, false
+		}
+		e, err := kv.Get(b.ctx, deploy.StatusKey("n1"))
+		if err != nil {
+			return 0, false
+		}
+		var s deploy.Status
+		_ = json.Unmarshal(e.Value(), &s)
+		return s.Revision, true
+	}
+	setup := func(t *testing.T, cfg deploy.ControllerConfig) (*bed, *deploy.Metrics) {
+		b := newBed(t, []string{"n1"})
+		m, _ := b.controller(cfg)
+		n, _ := b.node("n1", t.TempDir(), nil)
+		if err := n.Enrol(b.ctx); err != nil {
+			t.Fatal(err)
+		}
+		return b, m
+	}
+	outage := func(b *bed) {
+		if err := b.ajs.DeleteKeyValue(b.ctx, mesh.KVBucket("build-controller", deploy.StateBucket)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	recover := func(b *bed) {
+		if _, err := mesh.Raise(b.ctx, b.ajs, b.cat, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg := deploy.DefaultControllerConfig()
+	cfg.ReportDelay = 200 * time.Millisecond
+
+	t.Run("heard and leaves the queue", func(t *testing.T) {
+		b, m := setup(t, cfg)
+		report(b, deploy.Applied, 1)
+		testenv.WaitFor(t, 10*time.Second, "the report to be recorded", func() bool { _, ok := status(b); return ok })
+		testenv.WaitFor(t, 10*time.Second, "the queue to be empty", func() bool { return b.seatMsgs() == 0 })
+		if count(m.Reports(deploy.Applied, "recorded")) != 1 {
+			t.Fatal("not counted as recorded")
+		}
+	})
+	t.Run("held while the store is away, recorded when it returns", func(t *testing.T) {
+		b, m := setup(t, cfg)
+		outage(b)
+		report(b, deploy.Failed, 1)
+		testenv.WaitFor(t, 10*time.Second, "the report to be held twice", func() bool {
+			return count(m.Reports(deploy.Failed, "held")) >= 2
+		})
+		if b.seatMsgs() != 1 {
+			t.Fatalf("a held report is not in the stream: %d messages", b.seatMsgs())
+		}
+		recover(b)
+		testenv.WaitFor(t, 10*time.Second, "the held report to be recorded", func() bool { _, ok := status(b); return ok })
+		testenv.WaitFor(t, 10*time.Second, "the queue to be empty", func() bool { return b.seatMsgs() == 0 })
+	})
+	t.Run("superseded is settled without action", func(t *testing.T) {
+		b, m := setup(t, cfg)
+		assign(t, b, mesh.AssignTool, "base", "n1")
+		assign(t, b, mesh.AssignTool, "app", "n1")
+		report(b, deploy.Applied, 1)
+		testenv.WaitFor(t, 10*time.Second, "the report to be settled", func() bool {
+			return count(m.Reports(deploy.Applied, "superseded")) == 1 && b.seatMsgs() == 0
+		})
+		if _, ok := status(b); ok {
+			t.Fatal("a superseded report was recorded")
+		}
+	})
+	t.Run("let go after the bound", func(t *testing.T) {
+		bound := cfg
+		bound.ReportBound = time.Second
+		b, m := setup(t, bound)
+		outage(b)
+		report(b, deploy.Applied, 1)
+		testenv.WaitFor(t, 10*time.Second, "the report to be let go", func() bool {
+			return count(m.Reports(deploy.Applied, "let-go")) == 1 && b.seatMsgs() == 0
+		})
+		recover(b)
+		if _, ok := status(b); ok {
+			t.Fatal("a report let go was recorded")
+		}
+	})
+	t.Run("a heartbeat is heard and nothing persisted", func(t *testing.T) {
+		b, m := setup(t, cfg)
+		lastSeq := func() uint64 {
+			st, err := b.ajs.Stream(b.ctx, mesh.KVStream(mesh.KVBucket("build-controller", deploy.StateBucket)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			info, _ := st.Info(b.ctx)
+			return info.State.LastSeq
+		}
+		before := lastSeq()
+		report(b, deploy.Heartbeat, 0)
+		report(b, deploy.Heartbeat, 0)
+		testenv.WaitFor(t, 10*time.Second, "two heartbeats heard", func() bool {
+			return count(m.Reports(deploy.Heartbeat, "heard")) == 2 && b.seatMsgs() == 0
+		})
+		if after := lastSeq(); after != before {
+			t.Fatalf("a heartbeat wrote to the store: last sequence %d, was %d", after, before)
+		}
+		if v := b.nodes()["n1"]; !v.Online || v.Heartbeat.IsZero() {
+			t.Fatalf("heartbeat not heard: %+v", v)
+		}
+	})
+}
+
+// holdWorker stands in for BuildKit: on one node it holds an ask until it is
+// stopped, on the other it builds at once.
+type holdWorker struct {
+	hold    bool
+	mu      sync.Mutex
+	started chan string
+	built   []string
+}
+
+func (w *holdWorker) Work(ctx context.Context, a mesh.Ask, _ func(string)) (agent.Result, error) {
+	if w.hold {
+		w.started <- a.ID
+		<-ctx.Done()
+		return agent.Result{}, context.Cause(ctx)
+	}
+	w.mu.Lock()
+	w.built = append(w.built, a.ID)
+	w.mu.Unlock()
+	d := "sha256:" + "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+	return agent.Result{Digest: d, Ref: a.Image + "@" + d}, nil
+}
+
+func (w *holdWorker) builtAsks() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return append([]string(nil), w.built...)
+}
+
+// TestUnassignedBuildAgentHandsBack: build-agent is a module the node
+// carries; unassigned, it stops and hands back the ask it holds, and the
+// build agent of another node builds it.
+func TestUnassignedBuildAgentHandsBack(t *testing.T) {
+	cat := testenv.Catalogue(t, nil)
+	agentModule, _ := cat.Module("build-agent")
+	b := newBed(t, []string{"n1", "n2"}, cat.ModulePermissions(agentModule))
+	b.controller(deploy.DefaultControllerConfig())
+	carry := func(machine string, w *holdWorker) map[string]deploy.RunFunc {
+		return map[string]deploy.RunFunc{"build-agent": func(ctx context.Context) error {
+			_, js := b.connect("build-agent", nil)
+			cfg := agent.DefaultConfig()
+			cfg.Machine, cfg.FetchWait, cfg.Grace, cfg.Platforms = machine, 500*time.Millisecond, 0, []string{mesh.DefaultPlatform}
+			a, err := agent.New(cfg, js, w, nil, nil)
+			if err != nil {
+				return err
+			}
+			return a.Run(ctx)
+		}}
+	}
+	w1 := &holdWorker{hold: true, started: make(chan string, 1)}
+	w2 := &holdWorker{}
+	n1, _ := b.node("n1", t.TempDir(), carry("n1", w1))
+	n2, _ := b.node("n2", t.TempDir(), carry("n2", w2))
+	run(b.ctx, n1.Run)
+	testenv.WaitFor(t, 10*time.Second, "n1 to enrol", func() bool { _, ok := b.nodes()["n1"]; return ok })
+	assign(t, b, mesh.AssignTool, "build-agent", "n1")
+	testenv.WaitFor(t, 10*time.Second, "n1 to start its build agent", func() bool { return n1.Running("build-agent") })
+
+	ask := mesh.Ask{Version: mesh.AskVersion, ID: "ask-1", Plan: "p", Module: "app", Image: "reg.example/app",
+		Source: mesh.Source{Repo: testenv.FleetRepo, Commit: "c1", Path: "app"}, Platform: mesh.DefaultPlatform}
+	data, _ := json.Marshal(ask)
+	if _, err := b.ajs.Publish(b.ctx, mesh.SeatAcceptSubject(mesh.BuildSeat, mesh.BuildVerb), data, jetstream.WithMsgID(ask.ID)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case id := <-w1.started:
+		if id != ask.ID {
+			t.Fatalf("n1 started %s", id)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("n1's build agent never took the ask")
+	}
+	run(b.ctx, n2.Run)
+	testenv.WaitFor(t, 10*time.Second, "n2 to enrol", func() bool { _, ok := b.nodes()["n2"]; return ok })
+	assign(t, b, mesh.AssignTool, "build-agent", "n2")
+	testenv.WaitFor(t, 10*time.Second, "n2 to start its build agent", func() bool { return n2.Running("build-agent") })
+	if len(w2.builtAsks()) != 0 {
+		t.Fatal("n2 built an ask n1 held")
+	}
+	assign(t, b, mesh.UnassignTool, "build-agent", "n1")
+	testenv.WaitFor(t, 20*time.Second, "n2 to build the ask n1 handed back", func() bool { return len(w2.builtAsks()) == 1 })
+	if n1.Running("build-agent") {
+		t.Fatal("n1's build agent still runs after it was unassigned")
+	}
+	testenv.WaitFor(t, 10*time.Second, "n1 to report the declaration without build-agent", func() bool {
+		v := b.nodes()["n1"]
+		return v.Applied == 2 && len(v.Modules) == 0
+	})
+	b.noViolations()
+}
