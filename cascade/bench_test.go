@@ -425,8 +425,11 @@ func testLongestFirst(t *testing.T, window int) {
 	cfg := cascade.DefaultConfig()
 	cfg.Window = window
 	f := newBenchFarm(t, benchCatalogue(t, d), cfg, 1, 1)
-	f.run(d, 10*time.Millisecond, time.Minute)
-	r := f.run(d, 10*time.Millisecond, time.Minute)
+	// The unit is long enough that scheduling noise on a loaded machine
+	// (a few ms, at worst tens) cannot reorder durations one unit apart.
+	const unit = 40 * time.Millisecond
+	f.run(d, unit, time.Minute)
+	r := f.run(d, unit, time.Minute)
 	st, err := cascade.OpenStore(context.Background(), f.js, "build-controller")
 	if err != nil {
 		t.Fatal(err)
