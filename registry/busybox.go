@@ -112,17 +112,18 @@ func checkStatic(bin []byte) error {
 }
 
 // PushBusybox pushes the [Busybox] base image to registryHost/repo, tagged
-// latest, and returns its manifest digest.
-func PushBusybox(ctx context.Context, registryHost, repo string) (string, error) {
+// latest, through a [Client] made of opts, and returns its manifest digest.
+func PushBusybox(ctx context.Context, registryHost, repo string, opts ...ClientOption) (string, error) {
 	img, err := Busybox()
 	if err != nil {
 		return "", err
 	}
-	ref, err := parse(registryHost+"/"+repo+":latest", false)
+	c := NewClient(opts...)
+	ref, err := c.parse(registryHost + "/" + repo + ":latest")
 	if err != nil {
 		return "", err
 	}
-	if err := remote.Write(ref, img, remoteOptions(ctx)...); err != nil {
+	if err := remote.Write(ref, img, c.remote(ctx)...); err != nil {
 		return "", fmt.Errorf("pushing %s: %w", ref, err)
 	}
 	d, err := img.Digest()
