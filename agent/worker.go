@@ -17,8 +17,6 @@ type Builder interface {
 type BuildWorker struct {
 	Sources *Sources
 	Builder Builder
-	// Insecure talks plain http to the registry (a local registry).
-	Insecure bool
 	// Tag is pushed with the digest; "latest" by default. The digest, not
 	// the tag, is what the mesh builds on.
 	Tag string
@@ -39,7 +37,7 @@ func (w *BuildWorker) Work(ctx context.Context, ask mesh.Ask, log func(string)) 
 	res, err := w.Builder.Build(ctx, BuildRequest{
 		ContextDir: dir, Dockerfile: ask.Source.Dockerfile, Platform: ask.Platform,
 		Image: ask.Image, Tag: tag, Bases: ask.Bases, Cache: ask.Cache,
-		Insecure: w.Insecure, Log: log,
+		Log: log,
 	})
 	if err != nil {
 		return Result{}, err

@@ -25,8 +25,10 @@ type Config struct {
 	// Registry is where images go: "HOST:PORT" or "HOST:PORT/PREFIX". A
 	// module m's image is Registry/m.
 	Registry string
-	// RegistryInsecure talks plain http to the registry.
-	RegistryInsecure bool
+	// RegistryClient is how the controller asks the registry for a base's
+	// latest digest; nil is registry.NewClient() (credentials from the
+	// docker config, plain http to loopback and private hosts only).
+	RegistryClient *registry.Client
 	// Replicas of every stream and bucket the controller raises.
 	Replicas int
 	// Batch is how many events are worked between two writes of the state.
@@ -493,7 +495,7 @@ func (c *Controller) currentDigest(ctx context.Context, module string) (string, 
 	ref := c.Image(module) + ":latest"
 	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	dg, err := registry.Resolve(rctx, ref, c.cfg.RegistryInsecure)
+	dg, err := c.cfg.RegistryClient.Resolve(rctx, ref)
 	if err != nil {
 		return "", fmt.Errorf("base %s has no image (%s: %v): build it first with `builds rebuild %s`", module, ref, err, module)
 	}

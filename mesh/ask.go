@@ -66,8 +66,8 @@ type Ask struct {
 	Module   string `json:"module"`
 	Source   Source `json:"source"`
 	Platform string `json:"platform,omitempty"`
-	// Image is the target repository, without tag or digest; the agent tags
-	// it with the commit and pushes it by digest.
+	// Image is the target repository, without tag or digest; the agent
+	// pushes the image by digest and tags it latest.
 	Image string `json:"image"`
 	Bases []Base `json:"bases,omitempty"`
 	// Cache is the registry reference build cache is imported from and

@@ -20,6 +20,7 @@ import (
 	"github.com/meshbuild/meshbuild/internal/farm"
 	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/internal/testenv"
+	"github.com/meshbuild/meshbuild/registry"
 )
 
 const fleetRepo = "https://git.example/e2e.git"
@@ -124,7 +125,7 @@ func TestACascadeBuiltByRealAgents(t *testing.T) {
 	ready := make(chan struct{})
 	go func() {
 		errs <- farm.RunController(ctx, farm.ControllerOptions{NATS: s.ClientURL(), Catalogue: catDir,
-			Controller: cascade.Config{Registry: reg, RegistryInsecure: true}, Ready: ready})
+			Controller: cascade.Config{Registry: reg, RegistryClient: registry.NewClient(registry.WithInsecure(true))}, Ready: ready})
 	}()
 	select {
 	case <-ready:
@@ -138,7 +139,7 @@ func TestACascadeBuiltByRealAgents(t *testing.T) {
 		cfg.Machine = m
 		go func() {
 			errs <- farm.RunAgent(ctx, farm.AgentOptions{NATS: s.ClientURL(), Agent: cfg, BuildKit: bk,
-				RegistryInsecure: true, Workspace: t.TempDir(), InsteadOf: map[string]string{fleetRepo: gitDir}})
+				RegistryClient: registry.NewClient(registry.WithInsecure(true)), Workspace: t.TempDir(), InsteadOf: map[string]string{fleetRepo: gitDir}})
 		}()
 	}
 
