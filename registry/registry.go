@@ -38,8 +38,9 @@ func makeOptions(opts []Option) options {
 	return o
 }
 
-// WithLogger sends what the registry logs (requests that ended in an error,
-// its configuration at start) to l. By default the registry is silent.
+// WithLogger sends what the registry logs to l: its configuration at
+// start (info), every request it answered (debug; error for a 5xx). By
+// default the registry is silent.
 func WithLogger(l *slog.Logger) Option {
 	return func(o *options) {
 		if l != nil {
@@ -170,6 +171,16 @@ func (h slogHook) Fire(e *logrus.Entry) error {
 	case e.Level >= logrus.DebugLevel:
 		level = slog.LevelDebug
 	}
+	// distribution logs every request it answered, at error when the answer
+	// is one; only the registry's own failures (5xx) are errors here, a
+	// client's request refused (an unknown manifest, an unauthorized push)
+	// and a request served are debug.
+	if status, ok := e.Data["http.response.status"].(int); ok {
+		level = slog.LevelDebug
+		if status >= 500 {
+			level = slog.LevelError
+		}
+	}
 	ctx := context.Background()
 	if !h.l.Enabled(ctx, level) {
 		return nil
@@ -188,6 +199,9 @@ type Server struct {
 	srv      *http.Server
 	shutdown func()
 	done     chan struct{}
+
+	mu    sync.Mutex
+	fresh map[net.Conn]struct{} // connections that have sent no request yet
 
 	once sync.Once
 	err  error
@@ -218,7 +232,9 @@ func Serve(ctx context.Context, addr, dir string, opts ...Option) (*Server, erro
 		},
 		shutdown: shutdown,
 		done:     make(chan struct{}),
+		fresh:    make(map[net.Conn]struct{}),
 	}
+	s.srv.ConnState = s.track
 	go func() {
 		defer close(s.done)
 		if err := s.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -239,13 +255,35 @@ func Serve(ctx context.Context, addr, dir string, opts ...Option) (*Server, erro
 // image references.
 func (s *Server) Addr() string { return s.ln.Addr().String() }
 
+// track keeps the connections that have not sent a request yet.
+func (s *Server) track(c net.Conn, state http.ConnState) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if state == http.StateNew {
+		s.fresh[c] = struct{}{}
+	} else {
+		delete(s.fresh, c)
+	}
+}
+
 // Close stops the registry, letting requests in flight finish for up to five
 // seconds. Everything pushed to it stays on disk.
 func (s *Server) Close() error {
 	s.once.Do(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		if err := s.srv.Shutdown(ctx); err != nil {
+		shut := make(chan error, 1)
+		go func() { shut <- s.srv.Shutdown(ctx) }()
+		// A connection a client opened but has sent nothing on (clients
+		// dial ahead: go-containerregistry pings https and http at once,
+		// and uploads in parallel) carries no request, but Shutdown counts
+		// it as busy for its first five seconds.
+		s.mu.Lock()
+		for c := range s.fresh {
+			c.Close()
+		}
+		s.mu.Unlock()
+		if err := <-shut; err != nil {
 			s.srv.Close()
 		}
 		<-s.done
