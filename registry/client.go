@@ -3,6 +3,7 @@ package registry
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"net/http"
 	"time"
@@ -127,7 +128,7 @@ func (c *Client) Resolve(ctx context.Context, ref string) (string, error) {
 	}
 	desc, err := remote.Head(r, c.remote(ctx)...)
 	if err != nil {
-		return "", fmt.Errorf("resolving %s: %w", ref, err)
+		return "", loginHint(fmt.Errorf("resolving %s: %w", ref, err), r.Context().RegistryStr())
 	}
 	return desc.Digest.String(), nil
 }
@@ -143,7 +144,7 @@ func (c *Client) Size(ctx context.Context, ref string) (int64, error) {
 	}
 	desc, err := remote.Get(r, c.remote(ctx)...)
 	if err != nil {
-		return 0, fmt.Errorf("fetching %s: %w", ref, err)
+		return 0, loginHint(fmt.Errorf("fetching %s: %w", ref, err), r.Context().RegistryStr())
 	}
 	if desc.MediaType.IsIndex() {
 		idx, err := desc.ImageIndex()
@@ -201,7 +202,7 @@ func (c *Client) Ping(ctx context.Context, host string) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if err := c.ping(ctx, reg); err != nil {
-		return fmt.Errorf("pinging %s: %w", host, err)
+		return loginHint(fmt.Errorf("pinging %s: %w", host, err), reg.RegistryStr())
 	}
 	return nil
 }
@@ -230,4 +231,14 @@ func (c *Client) ping(ctx context.Context, reg name.Registry) error {
 	}
 	defer resp.Body.Close()
 	return transport.CheckError(resp, http.StatusOK)
+}
+
+// loginHint adds to a 401 what to do about it: the registry wants
+// credentials the keychain does not hold, or refused those it sent.
+func loginHint(err error, host string) error {
+	var te *transport.Error
+	if !errors.As(err, &te) || te.StatusCode != http.StatusUnauthorized {
+		return err
+	}
+	return fmt.Errorf("%w (401 Unauthorized: registry %s wants a login the docker config does not hold or that it refuses; run `docker login %s`, or point DOCKER_CONFIG at a config.json that has it)", err, host, host)
 }
