@@ -96,6 +96,11 @@ func config(dir string) *configuration.Configuration {
 	// The secret signs the state of resumable uploads handed to clients; an
 	// upload in progress when the registry restarts is started again.
 	c.HTTP.Secret = randomSecret()
+	// A layer may name where it is fetched from (a non-distributable
+	// layer's urls, which the OCI image spec allows): such a layer is not
+	// stored here, so it is not looked for. By default distribution
+	// refuses every such manifest.
+	c.Validation.Manifests.URLs.Allow = []string{"^https?://"}
 	// Locations are relative, so that the registry answers correctly under
 	// whatever host name or address the client used.
 	c.HTTP.RelativeURLs = true
