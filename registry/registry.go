@@ -223,12 +223,14 @@ func Serve(ctx context.Context, addr, dir string, opts ...Option) (*Server, erro
 	if err != nil {
 		return nil, fmt.Errorf("registry storage %s: %w", dir, err)
 	}
+	// The application first: a registry that listens answers at once.
+	h, shutdown := newApp(abs, makeOptions(opts))
 	var lc net.ListenConfig
 	ln, err := lc.Listen(ctx, "tcp", addr)
 	if err != nil {
+		shutdown()
 		return nil, fmt.Errorf("registry listening on %s: %w", addr, err)
 	}
-	h, shutdown := newApp(abs, makeOptions(opts))
 	s := &Server{
 		ln: ln,
 		srv: &http.Server{
