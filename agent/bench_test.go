@@ -323,7 +323,7 @@ func BenchmarkAgentOverhead(b *testing.B) {
 	}
 	b.Cleanup(func() { bk.Close() })
 	tb := &timedBuilder{b: bk}
-	benchAgents(b, s, js, 1, &agent.BuildWorker{Sources: &agent.Sources{Dir: b.TempDir()}, Builder: tb, Insecure: true})
+	benchAgents(b, s, js, 1, &agent.BuildWorker{Sources: &agent.Sources{Dir: b.TempDir()}, Builder: tb})
 	ev := watchSeat(b, nc)
 
 	n := 0

@@ -43,6 +43,11 @@ type BuildKitOptions struct {
 	// MaxLogLine bounds one line of build output passed to
 	// the build's log; longer lines are cut. Default 4096 bytes.
 	MaxLogLine int
+	// Registry is the client a push is verified with (its digest resolved,
+	// its size read) and a failed build's registries are pinged with; its
+	// Insecure is passed to BuildKit's push and cache. nil is the default
+	// client: credentials from the docker config, as BuildKit pushes with.
+	Registry *registry.Client
 }
 
 // minKeepAlive is the ping interval BuildKit's gRPC server tolerates (the
@@ -158,8 +163,6 @@ type BuildRequest struct {
 	ContextDir string
 	// Tag is pushed along with the digest; empty pushes by digest only.
 	Tag string
-	// Insecure allows plain HTTP and unverified TLS to the registries.
-	Insecure bool
 	// Log receives the build's output line by line; nil discards it.
 	Log func(line string)
 }
@@ -204,14 +207,14 @@ func (b *BuildKit) Build(ctx context.Context, req BuildRequest) (Result, error) 
 		return Result{}, classified(ErrPush, fmt.Sprintf("buildkitd returned no image digest for %s (%q)", req.Image, dgst), perr)
 	}
 	ref := req.Image + "@" + dgst
-	got, err := registry.Resolve(ctx, ref, req.Insecure)
+	got, err := b.opts.Registry.Resolve(ctx, ref)
 	if err != nil {
 		return Result{}, registryError(ctx, "verifying "+ref, err)
 	}
 	if got != dgst {
 		return Result{}, classified(ErrPush, fmt.Sprintf("registry resolves %s to %s", ref, got), nil)
 	}
-	size, err := registry.Size(ctx, ref, req.Insecure)
+	size, err := b.opts.Registry.Size(ctx, ref)
 	if err != nil {
 		return Result{}, registryError(ctx, "reading "+ref, err)
 	}
@@ -272,7 +275,7 @@ func (b *BuildKit) solveOpt(req BuildRequest) (client.SolveOpt, error) {
 	if req.Tag == "" {
 		exp["push-by-digest"] = "true"
 	}
-	if req.Insecure {
+	if b.opts.Registry.Insecure() {
 		exp["registry.insecure"] = "true"
 	}
 	opt := client.SolveOpt{
@@ -284,7 +287,7 @@ func (b *BuildKit) solveOpt(req BuildRequest) (client.SolveOpt, error) {
 	}
 	if req.Cache != "" {
 		cache := map[string]string{"ref": req.Cache}
-		if req.Insecure {
+		if b.opts.Registry.Insecure() {
 			cache["registry.insecure"] = "true"
 		}
 		opt.CacheImports = []client.CacheOptionsEntry{{Type: "registry", Attrs: cache}}
@@ -342,7 +345,7 @@ func (b *BuildKit) solveError(ctx context.Context, req BuildRequest, p *progress
 		return classified(ErrBuild, msg, err)
 	}
 	for _, host := range registryHosts(req) {
-		if perr := registry.Ping(ctx, host, req.Insecure); registry.IsInfra(perr) {
+		if perr := b.opts.Registry.Ping(ctx, host); registry.IsInfra(perr) {
 			return classified(ErrInfra, fmt.Sprintf("registry %s unavailable: %s", host, msg), errors.Join(err, perr))
 		}
 	}

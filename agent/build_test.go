@@ -130,7 +130,7 @@ func TestBuildFromBase(t *testing.T) {
 		t.Errorf("Ref = %s", res.Ref)
 	}
 	for _, ref := range []string{host + "/app:c1", res.Ref} {
-		got, err := registry.Resolve(ctx, ref, false)
+		got, err := registry.NewClient().Resolve(ctx, ref)
 		if err != nil || got != res.Digest {
 			t.Errorf("Resolve(%s) = %s, %v; want %s", ref, got, err, res.Digest)
 		}
@@ -202,7 +202,7 @@ func TestBuildPinsBase(t *testing.T) {
 	}
 	pinnedLayers := layerDigests(t, remoteImage(t, host+"/runtime@"+pinned))
 	moved, marker := pushMarked(t, remoteImage(t, host+"/runtime@"+pinned), host+"/runtime:latest")
-	if now, _ := registry.Resolve(ctx, host+"/runtime:latest", false); now != moved || moved == pinned {
+	if now, _ := registry.NewClient().Resolve(ctx, host+"/runtime:latest"); now != moved || moved == pinned {
 		t.Fatalf("runtime:latest = %s, want the second image %s", now, moved)
 	}
 	bases := []mesh.Base{{Module: "runtime", Image: host + "/runtime", Digest: pinned}}

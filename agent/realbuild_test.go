@@ -28,15 +28,14 @@ const realRepo = "https://git.example/real.git"
 
 func realWorker(t *testing.T, bk, gitDir string) agent.Worker {
 	t.Helper()
-	b, err := agent.NewBuildKit(bk, agent.BuildKitOptions{})
+	b, err := agent.NewBuildKit(bk, agent.BuildKitOptions{Registry: registry.NewClient(registry.WithInsecure(true))})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { b.Close() })
 	return &agent.BuildWorker{
-		Sources:  &agent.Sources{Dir: t.TempDir(), InsteadOf: map[string]string{realRepo: gitDir}},
-		Builder:  b,
-		Insecure: true,
+		Sources: &agent.Sources{Dir: t.TempDir(), InsteadOf: map[string]string{realRepo: gitDir}},
+		Builder: b,
 	}
 }
 
@@ -79,7 +78,7 @@ func TestRealBuildsReportTheRegistrysDigestAndTheirFailures(t *testing.T) {
 		t.Fatalf("built %+v failed %+v", r.Built, r.Failed)
 	}
 	// The built digest is the one the registry serves.
-	got, err := registry.Resolve(context.Background(), r.Built[0].Image, true)
+	got, err := registry.NewClient(registry.WithInsecure(true)).Resolve(context.Background(), r.Built[0].Image)
 	if err != nil || got != r.Built[0].Digest || r.Built[0].Image != reg+"/app@"+got {
 		t.Fatalf("built %s / %s, registry says %s (%v)", r.Built[0].Image, r.Built[0].Digest, got, err)
 	}
@@ -286,7 +285,7 @@ func TestACancelledBuildStopsAndIsNeverPushedOrAnnouncedBuilt(t *testing.T) {
 	if len(r.Built) != 0 {
 		t.Fatalf("built %+v after a cancel", r.Built)
 	}
-	if got, err := registry.Resolve(context.Background(), reg+"/long:latest", true); err == nil {
+	if got, err := registry.NewClient(registry.WithInsecure(true)).Resolve(context.Background(), reg+"/long:latest"); err == nil {
 		t.Fatalf("the registry has %s/long:latest = %s: a cancelled build was pushed", reg, got)
 	}
 	// Settled for good: terminated, not left to be redelivered.

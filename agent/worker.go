@@ -44,8 +44,6 @@ type Builder interface {
 type BuildWorker struct {
 	Sources *Sources
 	Builder Builder
-	// Insecure talks plain http to the registry (a local registry).
-	Insecure bool
 	// Tag is pushed with the digest; "latest" by default. The digest, not
 	// the tag, is what the mesh builds on.
 	Tag string
@@ -63,7 +61,7 @@ func (w *BuildWorker) Work(ctx context.Context, ask mesh.Ask, log func(string)) 
 	if tag == "" {
 		tag = "latest"
 	}
-	res, err := w.Builder.Build(ctx, BuildRequest{Ask: ask, ContextDir: dir, Tag: tag, Insecure: w.Insecure, Log: log})
+	res, err := w.Builder.Build(ctx, BuildRequest{Ask: ask, ContextDir: dir, Tag: tag, Log: log})
 	if err != nil {
 		return Result{}, err
 	}

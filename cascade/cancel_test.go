@@ -17,6 +17,7 @@ import (
 	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
+	"github.com/meshbuild/meshbuild/registry"
 )
 
 // TestCancelOfARealBuildWaitsForTheAgentsWord cancels a plan while a real
@@ -57,14 +58,14 @@ func TestCancelOfARealBuildWaitsForTheAgentsWord(t *testing.T) {
 		return errors.Is(err, cascade.ErrNoPlan)
 	})
 
-	b, err := agent.NewBuildKit(bk, agent.BuildKitOptions{})
+	b, err := agent.NewBuildKit(bk, agent.BuildKitOptions{Registry: registry.NewClient(registry.WithInsecure(true))})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { b.Close() })
 	w := &agent.BuildWorker{
 		Sources: &agent.Sources{Dir: t.TempDir(), InsteadOf: map[string]string{testenv.FleetRepo: git}},
-		Builder: b, Insecure: true,
+		Builder: b,
 	}
 	anc, err := nats.Connect(s.ClientURL())
 	if err != nil {

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/meshbuild/meshbuild/registry"
 )
 
 // Config configures a controller. A zero field means its default (see
@@ -13,8 +15,10 @@ type Config struct {
 	// Registry is where images go: "HOST:PORT" or "HOST:PORT/PREFIX". A
 	// module m's image is Registry/m.
 	Registry string
-	// RegistryInsecure talks plain http to the registry.
-	RegistryInsecure bool
+	// RegistryClient is how the controller asks the registry for a base's
+	// latest digest; nil is registry.NewClient() (credentials from the
+	// docker config).
+	RegistryClient *registry.Client
 	// Replicas of every stream and bucket the controller raises; 0 is 1.
 	Replicas int
 	// Batch is how many events are worked between two writes of the

@@ -18,7 +18,6 @@ import (
 	"github.com/meshbuild/meshbuild/internal/backoff"
 	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/planner"
-	"github.com/meshbuild/meshbuild/registry"
 )
 
 // Observer is told what the controller does, for metrics.
@@ -507,7 +506,7 @@ func (c *Controller) currentDigest(ctx context.Context, module string) (string, 
 	ref := c.Image(module) + ":latest"
 	rctx, cancel := context.WithTimeout(ctx, c.cfg.ResolveTimeout)
 	defer cancel()
-	dg, err := registry.Resolve(rctx, ref, c.cfg.RegistryInsecure)
+	dg, err := c.cfg.RegistryClient.Resolve(rctx, ref)
 	if err != nil {
 		return "", fmt.Errorf("%w: base %s (%s: %v): build it first with `builds rebuild %s`", ErrNoBase, module, ref, err, module)
 	}

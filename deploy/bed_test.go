@@ -20,6 +20,7 @@ import (
 	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
+	"github.com/meshbuild/meshbuild/registry"
 )
 
 // bed is a real, enforcing NATS server: the controller and every node
@@ -124,7 +125,7 @@ func (b *bed) node(name, dir string, carried map[string]deploy.RunFunc) (*deploy
 	b.t.Helper()
 	_, js := b.connect(name, nil)
 	cfg := deploy.DefaultNodeConfig()
-	cfg.Name, cfg.StateDir, cfg.Platforms, cfg.RegistryInsecure = name, dir, []string{"linux/amd64"}, true
+	cfg.Name, cfg.StateDir, cfg.Platforms, cfg.Registry = name, dir, []string{"linux/amd64"}, registry.NewClient(registry.WithInsecure(true))
 	cfg.Heartbeat, cfg.RetryDelay = 200*time.Millisecond, 200*time.Millisecond
 	if carried != nil {
 		cfg.Carried = carried

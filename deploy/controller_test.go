@@ -17,6 +17,7 @@ import (
 	"github.com/meshbuild/meshbuild/deploy"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
+	"github.com/meshbuild/meshbuild/registry"
 )
 
 // TestEnrolmentIsAnsweredAtThePayloadAddress: a node, under its derived
@@ -210,7 +211,7 @@ func TestNodeAppliesByDigestIntoALayout(t *testing.T) {
 	}
 	_, js := b.connect("n1", nil)
 	cfg := deploy.DefaultNodeConfig()
-	cfg.Name, cfg.StateDir, cfg.RegistryInsecure, cfg.ApplyHook = "n1", dir, true, hook
+	cfg.Name, cfg.StateDir, cfg.Registry, cfg.ApplyHook = "n1", dir, registry.NewClient(registry.WithInsecure(true)), hook
 	// A hook written just now may be busy for an exec forked meanwhile
 	// (ETXTBSY): a failed apply is retried soon.
 	cfg.RetryDelay = 200 * time.Millisecond

@@ -21,6 +21,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/meshbuild/meshbuild/mesh"
+	"github.com/meshbuild/meshbuild/registry"
 )
 
 // RunFunc runs a module the runtime carries in-process until ctx is done;
@@ -44,8 +45,9 @@ type NodeConfig struct {
 	// MESHBUILD_REVISION, MESHBUILD_ACTION (apply|remove) and
 	// MESHBUILD_LAYOUT in its environment.
 	ApplyHook string
-	// RegistryInsecure pulls over plain http.
-	RegistryInsecure bool
+	// Registry is the client images are pulled with; nil is
+	// registry.NewClient() (credentials from the docker config).
+	Registry *registry.Client
 	// Heartbeat is how often the node tells the controller it is alive.
 	Heartbeat time.Duration
 	// RetryDelay is how long a declaration that failed to apply waits
@@ -384,7 +386,7 @@ func (n *Node) apply(ctx context.Context, d Declaration) ([]AppliedModule, error
 			continue
 		}
 		if before[m.Module].Digest != m.Digest {
-			if err := Pull(ctx, n.layoutPath(), m.Ref(), n.cfg.RegistryInsecure); err != nil {
+			if err := Pull(ctx, n.layoutPath(), m.Ref(), n.cfg.Registry); err != nil {
 				return nil, fmt.Errorf("module %s: %w", m.Module, err)
 			}
 			if err := n.hook(ctx, "apply", m, d.Revision); err != nil {

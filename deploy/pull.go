@@ -11,8 +11,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/match"
-	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/validate"
+	"github.com/meshbuild/meshbuild/registry"
 )
 
 // ErrVerify is wrapped when an image pulled into the layout does not match
@@ -22,12 +22,8 @@ var ErrVerify = errors.New("image does not verify")
 // Pull fetches an image (or image index) by digest into the OCI image
 // layout at dir, then reads it back from the layout and verifies it: its
 // digest is the declared one and every blob matches its digest.
-func Pull(ctx context.Context, dir, ref string, insecure bool) error {
-	var opts []name.Option
-	if insecure {
-		opts = append(opts, name.Insecure)
-	}
-	d, err := name.NewDigest(ref, opts...)
+func Pull(ctx context.Context, dir, ref string, reg *registry.Client) error {
+	d, err := name.NewDigest(ref)
 	if err != nil {
 		return fmt.Errorf("image %q: want REPOSITORY@sha256:…: %w", ref, err)
 	}
@@ -35,9 +31,9 @@ func Pull(ctx context.Context, dir, ref string, insecure bool) error {
 	if err != nil {
 		return fmt.Errorf("image %q: %w", ref, err)
 	}
-	desc, err := remote.Get(d, remote.WithContext(ctx))
+	desc, err := reg.Get(ctx, ref)
 	if err != nil {
-		return fmt.Errorf("pulling %s: %w", ref, err)
+		return err
 	}
 	p, err := openLayout(dir)
 	if err != nil {

@@ -19,6 +19,10 @@ import (
 	"github.com/meshbuild/meshbuild/registry"
 )
 
+// client is the default registry client: loopback registries over plain
+// HTTP, credentials from the docker config.
+var client = registry.NewClient()
+
 func newRegistry(t *testing.T) (host, dir string) {
 	t.Helper()
 	dir = t.TempDir()
@@ -36,7 +40,7 @@ func TestPushBusyboxResolve(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, ref := range []string{host + "/busybox:latest", host + "/busybox", host + "/busybox@" + dgst} {
-		got, err := registry.Resolve(ctx, ref, false)
+		got, err := client.Resolve(ctx, ref)
 		if err != nil {
 			t.Fatalf("Resolve(%s): %v", ref, err)
 		}
@@ -45,7 +49,7 @@ func TestPushBusyboxResolve(t *testing.T) {
 		}
 	}
 
-	// The blobs are on disk, one file per digest.
+	// The blobs are on disk, one file per digest, in distribution's layout.
 	bref, err := name.ParseReference(host + "/busybox@" + dgst)
 	if err != nil {
 		t.Fatal(err)
@@ -64,7 +68,7 @@ func TestPushBusyboxResolve(t *testing.T) {
 	ld, _ := layers[0].Digest()
 	cd, _ := img.ConfigName()
 	for _, h := range []string{ld.Hex, cd.Hex} {
-		if _, err := os.Stat(filepath.Join(dir, "sha256", h)); err != nil {
+		if _, err := os.Stat(filepath.Join(dir, "docker/registry/v2/blobs/sha256", h[:2], h, "data")); err != nil {
 			t.Errorf("blob not on disk: %v", err)
 		}
 	}
@@ -76,7 +80,7 @@ func TestPushBusyboxResolve(t *testing.T) {
 		t.Errorf("config: os %q env %q", cfg.OS, cfg.Config.Env)
 	}
 
-	size, err := registry.Size(ctx, host+"/busybox@"+dgst, false)
+	size, err := client.Size(ctx, host+"/busybox@"+dgst)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,7 +110,7 @@ func TestResolveErrors(t *testing.T) {
 		{"5xx", strings.TrimPrefix(failing.URL, "http://") + "/x:latest", true, false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := registry.Resolve(ctx, tc.ref, false)
+			_, err := client.Resolve(ctx, tc.ref)
 			if err == nil {
 				t.Fatal("Resolve: no error")
 			}
@@ -121,7 +125,7 @@ func TestResolveErrors(t *testing.T) {
 			}
 		})
 	}
-	if _, err := registry.Resolve(ctx, "Not A Reference", false); err == nil || registry.IsInfra(err) {
+	if _, err := client.Resolve(ctx, "Not A Reference"); err == nil || registry.IsInfra(err) {
 		t.Errorf("Resolve of a malformed reference: %v", err)
 	}
 }
@@ -129,10 +133,10 @@ func TestResolveErrors(t *testing.T) {
 func TestPing(t *testing.T) {
 	ctx := context.Background()
 	host, _ := newRegistry(t)
-	if err := registry.Ping(ctx, host, false); err != nil {
+	if err := client.Ping(ctx, host); err != nil {
 		t.Errorf("Ping(live): %v", err)
 	}
-	if err := registry.Ping(ctx, closedAddr(t), false); !registry.IsInfra(err) {
+	if err := client.Ping(ctx, closedAddr(t)); !registry.IsInfra(err) {
 		t.Errorf("Ping(closed) = %v, want an infra error", err)
 	}
 }
@@ -157,7 +161,7 @@ func TestServe(t *testing.T) {
 		t.Fatal(err)
 	}
 	want, _ := img.Digest()
-	got, err := registry.Resolve(ctx, ref.String(), false)
+	got, err := client.Resolve(ctx, ref.String())
 	if err != nil || got != want.String() {
 		t.Fatalf("Resolve = %s, %v; want %s", got, err, want)
 	}
@@ -166,7 +170,7 @@ func TestServe(t *testing.T) {
 	cancel()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		_, err = registry.Resolve(context.Background(), ref.String(), false)
+		_, err = client.Resolve(context.Background(), ref.String())
 		if registry.IsInfra(err) {
 			break
 		}

@@ -59,3 +59,15 @@ if ((build)); then
 		|| die "go build of buildkitd and buildctl failed"
 	echo "$want" > bin/.buildkit-version
 fi
+
+# The OCI distribution-spec conformance tool that registry's TestConformance
+# builds: its module and dependencies into the Go module cache (the test
+# builds the binary into a temp dir; it is not in go.mod). The version is the
+# test's.
+conf="$(grep -o 'github.com/opencontainers/distribution-spec/conformance@v[^"]*' registry/conformance_test.go)" \
+	|| die "no conformance module version in registry/conformance_test.go"
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+confdir="$(cd "$tmp" && GOWORK=off GOFLAGS=-mod=mod go mod download -json "$conf" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
+[[ -n $confdir ]] || die "go mod download $conf failed"
+(cd "$confdir" && GOWORK=off GOFLAGS=-mod=mod go mod download) || die "go mod download of $conf's dependencies failed"

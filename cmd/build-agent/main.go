@@ -17,6 +17,7 @@ import (
 
 	"github.com/meshbuild/meshbuild/agent"
 	"github.com/meshbuild/meshbuild/internal/daemon"
+	"github.com/meshbuild/meshbuild/registry"
 )
 
 func main() {
@@ -63,7 +64,7 @@ func run() int {
 		return 1
 	}
 	err = daemon.RunAgent(ctx, daemon.AgentOptions{
-		NATS: *natsURL, Creds: *creds, Agent: cfg, BuildKit: *bk, RegistryInsecure: *insecure,
+		NATS: *natsURL, Creds: *creds, Agent: cfg, BuildKit: *bk, RegistryClient: registry.NewClient(registry.WithInsecure(*insecure)),
 		Workspace: *workspace, InsteadOf: io, Catalogue: *catalogue, Observer: obs, Log: log,
 	})
 	if err != nil {

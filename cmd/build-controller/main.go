@@ -14,6 +14,7 @@ import (
 
 	"github.com/meshbuild/meshbuild/cascade"
 	"github.com/meshbuild/meshbuild/internal/daemon"
+	"github.com/meshbuild/meshbuild/registry"
 )
 
 func main() { os.Exit(run()) }
@@ -32,7 +33,7 @@ func run() int {
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		return 2
 	}
-	cfg.RegistryInsecure = *insecure
+	cfg.RegistryClient = registry.NewClient(registry.WithInsecure(*insecure))
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	if *catalogue == "" {
 		log.Error("no catalogue: set --catalogue DIR")

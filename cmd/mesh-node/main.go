@@ -28,6 +28,7 @@ import (
 	"github.com/meshbuild/meshbuild/deploy"
 	"github.com/meshbuild/meshbuild/internal/daemon"
 	"github.com/meshbuild/meshbuild/mesh"
+	"github.com/meshbuild/meshbuild/registry"
 )
 
 func main() { os.Exit(run()) }
@@ -52,7 +53,7 @@ func run() int {
 	fs.StringVar(&cfg.StateDir, "state", daemon.Env("MESHBUILD_NODE_STATE", "/var/lib/meshbuild/node"), "state directory: applied revision, identity, image layout (MESHBUILD_NODE_STATE)")
 	platforms := fs.String("platforms", daemon.Env("MESHBUILD_PLATFORMS", mesh.DefaultPlatform), "platforms this node runs and builds, comma separated (MESHBUILD_PLATFORMS)")
 	fs.StringVar(&cfg.ApplyHook, "apply-hook", daemon.Env("MESHBUILD_APPLY_HOOK", ""), "program run per module applied or removed, with MESHBUILD_MODULE, _IMAGE, _DIGEST, _REVISION, _ACTION, _LAYOUT set (MESHBUILD_APPLY_HOOK)")
-	fs.BoolVar(&cfg.RegistryInsecure, "registry-insecure", daemon.Env("MESHBUILD_REGISTRY_INSECURE", "") == "true", "plain http to the registry (MESHBUILD_REGISTRY_INSECURE=true)")
+	insecure := fs.Bool("registry-insecure", daemon.Env("MESHBUILD_REGISTRY_INSECURE", "") == "true", "plain http to the registry (MESHBUILD_REGISTRY_INSECURE=true)")
 	fs.DurationVar(&cfg.Heartbeat, "heartbeat", cfg.Heartbeat, "how often the node tells the controller it is alive")
 	metricsAddr := fs.String("metrics", daemon.Env("MESHBUILD_METRICS", ""), "serve /metrics on this address (MESHBUILD_METRICS)")
 	// The build agent this node carries when build-agent is assigned to it.
@@ -68,6 +69,7 @@ func run() int {
 		return 2
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	cfg.Registry = registry.NewClient(registry.WithInsecure(*insecure))
 	cfg.Platforms = daemon.SplitList(*platforms)
 	if err := cfg.Validate(); err != nil {
 		log.Error("bad flag", "err", err)
@@ -87,7 +89,7 @@ func run() int {
 	ac := agentConfig(cfg.Name, cfg.Platforms, *slots)
 	ac.Grace = *grace
 	cfg.Carried = map[string]deploy.RunFunc{"build-agent": buildAgent(daemon.AgentOptions{
-		NATS: *natsURL, Creds: *agentCreds, Agent: ac, BuildKit: *bk, RegistryInsecure: cfg.RegistryInsecure,
+		NATS: *natsURL, Creds: *agentCreds, Agent: ac, BuildKit: *bk, RegistryClient: cfg.Registry,
 		Workspace: *workspace, InsteadOf: io, Catalogue: *catalogue, Log: log.With("module", "build-agent"),
 	})}
 

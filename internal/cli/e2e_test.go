@@ -20,6 +20,7 @@ import (
 	"github.com/meshbuild/meshbuild/internal/daemon"
 	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/internal/testenv"
+	"github.com/meshbuild/meshbuild/registry"
 )
 
 const fleetRepo = "https://git.example/e2e.git"
@@ -125,7 +126,7 @@ func TestACascadeBuiltByRealAgents(t *testing.T) {
 	// The controller as build-controller runs it: its defaults (the idle
 	// window), the registry given.
 	ccfg := cascade.DefaultConfig()
-	ccfg.Registry, ccfg.RegistryInsecure = reg, true
+	ccfg.Registry, ccfg.RegistryClient = reg, registry.NewClient(registry.WithInsecure(true))
 	go func() {
 		errs <- daemon.RunController(ctx, daemon.ControllerOptions{NATS: s.ClientURL(), Catalogue: catDir,
 			Controller: ccfg, Ready: ready})
@@ -142,7 +143,7 @@ func TestACascadeBuiltByRealAgents(t *testing.T) {
 		cfg.Machine = m
 		go func() {
 			errs <- daemon.RunAgent(ctx, daemon.AgentOptions{NATS: s.ClientURL(), Agent: cfg, BuildKit: bk,
-				RegistryInsecure: true, Workspace: t.TempDir(), InsteadOf: map[string]string{fleetRepo: gitDir}})
+				RegistryClient: registry.NewClient(registry.WithInsecure(true)), Workspace: t.TempDir(), InsteadOf: map[string]string{fleetRepo: gitDir}})
 		}()
 	}
 

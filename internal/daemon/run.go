@@ -28,6 +28,7 @@ import (
 	"github.com/meshbuild/meshbuild/cascade"
 	"github.com/meshbuild/meshbuild/deploy"
 	"github.com/meshbuild/meshbuild/mesh"
+	"github.com/meshbuild/meshbuild/registry"
 )
 
 // Connect dials NATS as a principal: its inbox prefix is the one its
@@ -61,8 +62,9 @@ type AgentOptions struct {
 	// BuildKit is the address of the machine's buildkitd
 	// (unix:///run/buildkit/buildkitd.sock, tcp://…).
 	BuildKit string
-	// RegistryInsecure talks plain http to the registry.
-	RegistryInsecure bool
+	// RegistryClient is how the agent verifies its pushes; nil is
+	// registry.NewClient() (credentials from the docker config).
+	RegistryClient *registry.Client
 	// Workspace holds clones and checkouts.
 	Workspace string
 	// InsteadOf rewrites repository URLs (git's url.<base>.insteadOf).
@@ -90,7 +92,7 @@ func RunAgent(ctx context.Context, o AgentOptions) error {
 	if o.Workspace == "" {
 		return fmt.Errorf("%w: no workspace: set --workspace DIR", agent.ErrConfig)
 	}
-	bk, err := agent.NewBuildKit(o.BuildKit, agent.BuildKitOptions{})
+	bk, err := agent.NewBuildKit(o.BuildKit, agent.BuildKitOptions{Registry: o.RegistryClient})
 	if err != nil {
 		return err
 	}
@@ -117,9 +119,8 @@ func RunAgent(ctx context.Context, o AgentOptions) error {
 		o.Agent.Known = known
 	}
 	w := &agent.BuildWorker{
-		Sources:  &agent.Sources{Dir: o.Workspace, InsteadOf: o.InsteadOf},
-		Builder:  bk,
-		Insecure: o.RegistryInsecure,
+		Sources: &agent.Sources{Dir: o.Workspace, InsteadOf: o.InsteadOf},
+		Builder: bk,
 	}
 	a, err := agent.New(o.Agent, js, w, o.Log, o.Observer)
 	if err != nil {

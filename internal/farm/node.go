@@ -24,7 +24,7 @@ func runNode(ctx context.Context, natsURL, name, stateDir string, ao daemon.Agen
 	}
 	defer nc.Close()
 	cfg := deploy.DefaultNodeConfig()
-	cfg.Name, cfg.StateDir, cfg.Platforms, cfg.RegistryInsecure = name, stateDir, ao.Agent.Platforms, true
+	cfg.Name, cfg.StateDir, cfg.Platforms, cfg.Registry = name, stateDir, ao.Agent.Platforms, ao.RegistryClient
 	cfg.Carried = map[string]deploy.RunFunc{"build-agent": func(actx context.Context) error { return daemon.RunAgent(actx, ao) }}
 	n, err := deploy.NewNode(cfg, js, log.With("component", "node", "node", name), nil)
 	if err != nil {

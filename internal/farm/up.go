@@ -327,7 +327,7 @@ func (f *Farm) start(ctx context.Context) error {
 
 	// The controller.
 	cfg := cascade.DefaultConfig()
-	cfg.Registry, cfg.RegistryInsecure, cfg.Window = reg.Addr(), true, o.Window
+	cfg.Registry, cfg.RegistryClient, cfg.Window = reg.Addr(), registry.NewClient(registry.WithInsecure(true)), o.Window
 	ready := make(chan struct{})
 	f.controller = f.run("controller", func(cctx context.Context) error {
 		return daemon.RunController(cctx, daemon.ControllerOptions{
@@ -353,7 +353,7 @@ func (f *Farm) start(ctx context.Context) error {
 		// them for the next Up.
 		cfg.Grace = 5 * time.Second
 		ao := daemon.AgentOptions{
-			NATS: f.natsURL, Agent: cfg, BuildKit: f.bkAddrs[i], RegistryInsecure: true,
+			NATS: f.natsURL, Agent: cfg, BuildKit: f.bkAddrs[i], RegistryClient: registry.NewClient(registry.WithInsecure(true)),
 			Workspace: daemon.Workspace(f.stateDir, cfg.Machine), InsteadOf: o.InsteadOf, Catalogue: o.Catalogue,
 			Log: log.With("component", "agent", "machine", cfg.Machine),
 		}

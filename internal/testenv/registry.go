@@ -8,8 +8,8 @@ import (
 	"github.com/meshbuild/meshbuild/registry"
 )
 
-// Registry starts the embedded registry on a free loopback port, its blobs
-// in a temp dir, and returns its host:port. It stops in cleanup.
+// Registry starts the embedded registry on a free loopback port, its
+// content in a temp dir, and returns its host:port. It stops in cleanup.
 func Registry(t testing.TB) string {
 	t.Helper()
 	s, err := registry.Serve(context.Background(), "127.0.0.1:0", t.TempDir())

@@ -22,7 +22,7 @@ func TestRegistryBusybox(t *testing.T) {
 	if !strings.HasPrefix(ref, host+"/busybox@sha256:") {
 		t.Fatalf("Busybox = %s", ref)
 	}
-	got, err := registry.Resolve(context.Background(), host+"/busybox:latest", false)
+	got, err := registry.NewClient().Resolve(context.Background(), host+"/busybox:latest")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,49 @@
+package farm
+
+import (
+	"context"
+	"testing"
+
+	"github.com/meshbuild/meshbuild/internal/demo/busybox"
+	"github.com/meshbuild/meshbuild/internal/testenv"
+	"github.com/meshbuild/meshbuild/registry"
+)
+
+// TestUpRestartKeepsImages is issue 9's data loss, as an operator meets it:
+// `builds up --state S`, an image pushed, the farm stopped and started again
+// on the same state and registry address — the image a plan recorded as
+// module@sha256:… still resolves, and so does its latest tag.
+func TestUpRestartKeepsImages(t *testing.T) {
+	testenv.RequireBuildkit(t)
+	ctx := context.Background()
+	catalogue, _ := testenv.SmallFleet(t, "base")
+	state, addr := t.TempDir(), testenv.FreePorts(t, 1)
+	opts := UpOptions{
+		Catalogue: catalogue, StateDir: state, ListenNATS: "127.0.0.1:0", ListenRegistry: addr,
+		BuildkitdBin: testenv.BuildkitdBin(t),
+	}
+	f, err := Up(ctx, opts)
+	if err != nil {
+		t.Fatalf("Up: %v", err)
+	}
+	dgst, err := busybox.Push(ctx, f.RegistryAddr(), "base")
+	if err != nil {
+		f.Stop()
+		t.Fatal(err)
+	}
+	if err := f.Stop(); err != nil {
+		t.Fatalf("Stop: %v", err)
+	}
+
+	f, err = Up(ctx, opts)
+	if err != nil {
+		t.Fatalf("Up again on the same state: %v", err)
+	}
+	defer f.Stop()
+	c := registry.NewClient()
+	for _, ref := range []string{f.RegistryAddr() + "/base@" + dgst, f.RegistryAddr() + "/base:latest"} {
+		if got, err := c.Resolve(ctx, ref); err != nil || got != dgst {
+			t.Errorf("after a restart, %s = %s, %v; want %s", ref, got, err, dgst)
+		}
+	}
+}
