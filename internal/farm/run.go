@@ -56,6 +56,9 @@ type AgentOptions struct {
 	// BuildKit is the address of the machine's buildkitd
 	// (unix:///run/buildkit/buildkitd.sock, tcp://…).
 	BuildKit string
+	// BuildKitOptions configure the connection to it and the builds
+	// (BuildKitOptions.SourceDateEpoch); the zero value takes every default.
+	BuildKitOptions agent.BuildKitOptions
 	// RegistryInsecure talks plain http to the registry.
 	RegistryInsecure bool
 	// Workspace holds clones and checkouts.
@@ -85,7 +88,7 @@ func RunAgent(ctx context.Context, o AgentOptions) error {
 	if o.Workspace == "" {
 		return fmt.Errorf("%w: no workspace: set --workspace DIR", agent.ErrConfig)
 	}
-	bk, err := agent.NewBuildKit(o.BuildKit, agent.BuildKitOptions{})
+	bk, err := agent.NewBuildKit(o.BuildKit, o.BuildKitOptions)
 	if err != nil {
 		return err
 	}
