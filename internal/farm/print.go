@@ -77,7 +77,7 @@ func countsLine(rec cascade.PlanRecord) string {
 		n    int
 		what string
 	}{
-		{c.Built, "built"}, {c.Failed, "failed"}, {c.Blocked, "blocked"}, {c.Building, "building"},
+		{c.Built, "built"}, {c.Unchanged, "unchanged"}, {c.Failed, "failed"}, {c.Blocked, "blocked"}, {c.Building, "building"},
 		{c.Queued + c.Ready, "queued"}, {c.Waiting, "waiting"}, {c.Cancelled, "cancelled"},
 	} {
 		if p.n > 0 {
@@ -101,6 +101,8 @@ func detail(m cascade.ModuleStatus) string {
 		return "blocked by " + m.BlockedBy
 	case m.State == cascade.Failed:
 		return failure(m)
+	case m.State == cascade.Unchanged:
+		return shortDigest(m.Digest) + "  reuses " + m.Reuses
 	default:
 		return shortDigest(m.Digest)
 	}
