@@ -654,16 +654,25 @@ func (c *Controller) flushOnce(ctx context.Context, asks []mesh.Ask) error {
 // record. It comes first: an ask is published only once the state that
 // says it is queued is stored, so a restart re-submits every queued ask
 // (deduplicated by id) and none is lost.
+//
+// Plan records are written after everything else, so that a reader who
+// sees a plan settled finds its modules stored too.
 func (c *Controller) persist(ctx context.Context) error {
-	for id := range c.dirtyRun {
-		if st := c.plans[id]; st != nil {
-			c.dirty[PlanKey(id)] = Record(st)
+	if len(c.dirty) > 0 {
+		if err := c.store.Put(ctx, c.dirty); err != nil {
+			return err
 		}
 	}
-	if len(c.dirty) == 0 {
+	recs := map[string]any{}
+	for id := range c.dirtyRun {
+		if st := c.plans[id]; st != nil {
+			recs[PlanKey(id)] = Record(st)
+		}
+	}
+	if len(recs) == 0 {
 		return nil
 	}
-	return c.store.Put(ctx, c.dirty)
+	return c.store.Put(ctx, recs)
 }
 
 // publish submits the asks to the build seat, each with its id as the
