@@ -54,19 +54,27 @@ func TestUnchangedInputsAreNotDispatchedAndTheCascadeStops(t *testing.T) {
 	cfg := cascade.DefaultConfig()
 	cfg.Registry, cfg.RegistryInsecure = reg, true
 	cfg.Sources, cfg.InsteadOf = t.TempDir(), map[string]string{testenv.FleetRepo: git}
-	c, err := cascade.New(cfg, js, cat, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	wg.Go(func() {
-		if err := c.Run(ctx); err != nil {
-			t.Errorf("controller: %v", err)
+	startController := func() (stop func()) {
+		t.Helper()
+		c, err := cascade.New(cfg, js, cat, nil, nil)
+		if err != nil {
+			t.Fatal(err)
 		}
-	})
-	testenv.WaitFor(t, 10*time.Second, "the controller", func() bool {
-		_, err := cascade.Call(ctx, nc, "build-controller", cascade.ToolRetry, cascade.Request{Plan: "none"})
-		return errors.Is(err, cascade.ErrNoPlan)
-	})
+		cctx, cancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		wg.Go(func() {
+			defer close(done)
+			if err := c.Run(cctx); err != nil {
+				t.Errorf("controller: %v", err)
+			}
+		})
+		testenv.WaitFor(t, 10*time.Second, "the controller", func() bool {
+			_, err := cascade.Call(ctx, nc, "build-controller", cascade.ToolRetry, cascade.Request{Plan: "none"})
+			return errors.Is(err, cascade.ErrNoPlan)
+		})
+		return func() { cancel(); <-done }
+	}
+	stopController := startController()
 	for i, bk := range bks {
 		b, err := agent.NewBuildKit(bk, agent.BuildKitOptions{})
 		if err != nil {
@@ -220,5 +228,16 @@ func TestUnchangedInputsAreNotDispatchedAndTheCascadeStops(t *testing.T) {
 		if st.Digest != mods[m].Digest {
 			t.Errorf("forced %s: %s, the push before built %s", m, st.Digest, mods[m].Digest)
 		}
+	}
+
+	// 6. A restarted controller knows the keys from its bucket: nothing
+	// changed since the forced plan, so nothing is dispatched.
+	stopController()
+	stopController = startController()
+	defer stopController()
+	restarted := rebuild("restarted", false)
+	wantStates("r-restarted", restarted, map[string]cascade.ModuleState{"base": cascade.Unchanged, "app": cascade.Unchanged, "tool": cascade.Unchanged})
+	if got, _ := dispatched("r-restarted"); len(got) != 0 || restarted["tool"].Reuses != "r-forced" {
+		t.Errorf("after a restart: dispatched %v, tool reuses %q; want nothing, reusing r-forced", got, restarted["tool"].Reuses)
 	}
 }
