@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -48,6 +49,14 @@ type BuildKitOptions struct {
 	// Insecure is passed to BuildKit's push and cache. nil is the default
 	// client: credentials from the docker config, as BuildKit pushes with.
 	Registry *registry.Client
+	// SourceDateEpoch is the SOURCE_DATE_EPOCH (seconds since the Unix
+	// epoch) every build is made reproducible to: BuildKit gets it as the
+	// build argument (the image config's created time and its history are
+	// clamped to it) and rewrites every new layer's file timestamps to it,
+	// so that the same content gives the same digest wherever and whenever
+	// it is built. Default 0 (1970-01-01, as ko and rules_oci use); it may
+	// not be negative.
+	SourceDateEpoch int64
 }
 
 // minKeepAlive is the ping interval BuildKit's gRPC server tolerates (the
@@ -71,6 +80,8 @@ func (o BuildKitOptions) withDefaults() (BuildKitOptions, error) {
 		return o, fmt.Errorf("%w: buildkit keepalive %s: buildkitd refuses pings more often than every %s", ErrConfig, o.KeepAlive, minKeepAlive)
 	case o.MaxLogLine < 80:
 		return o, fmt.Errorf("%w: max log line %d: want at least 80", ErrConfig, o.MaxLogLine)
+	case o.SourceDateEpoch < 0:
+		return o, fmt.Errorf("%w: source date epoch %d is negative: want seconds since 1970-01-01 (0, the default, is that day)", ErrConfig, o.SourceDateEpoch)
 	}
 	return o, nil
 }
@@ -257,7 +268,15 @@ func (b *BuildKit) solveOpt(req BuildRequest) (client.SolveOpt, error) {
 		return client.SolveOpt{}, classified(ErrSource, "Dockerfile directory", err)
 	}
 
-	attrs := map[string]string{"filename": filepath.Base(dfPath)}
+	// SOURCE_DATE_EPOCH as a build argument: the dockerfile frontend
+	// clamps the image config's created time and its history to it, and
+	// the daemon passes it on to the image exporter (control.go) as
+	// source-date-epoch. No attest:provenance attribute is set, so no
+	// provenance attestation (which records the build's time) is attached.
+	attrs := map[string]string{
+		"filename":                    filepath.Base(dfPath),
+		"build-arg:SOURCE_DATE_EPOCH": strconv.FormatInt(b.opts.SourceDateEpoch, 10),
+	}
 	if req.Platform != "" {
 		attrs["platform"] = req.Platform
 	}
@@ -271,7 +290,9 @@ func (b *BuildKit) solveOpt(req BuildRequest) (client.SolveOpt, error) {
 		}
 	}
 
-	exp := map[string]string{"name": target, "push": "true"}
+	// rewrite-timestamp: every layer's file times are rewritten to the
+	// epoch (a checkout's files carry the time it was written).
+	exp := map[string]string{"name": target, "push": "true", "rewrite-timestamp": "true"}
 	if req.Tag == "" {
 		exp["push-by-digest"] = "true"
 	}

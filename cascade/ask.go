@@ -31,6 +31,7 @@ func Ask(registry string, s Submit) mesh.Ask {
 		Version: mesh.AskVersion, ID: s.AskID, Plan: s.Plan, Module: s.Module,
 		Source: s.Source.Mesh(),
 		Image:  Image(registry, s.Module), Cache: Image(registry, s.Module) + ":buildcache",
+		Key: s.Key,
 	}
 	if a.Source.Commit == "" {
 		a.Source.Commit = "HEAD"

@@ -64,6 +64,17 @@ type Config struct {
 	// ToolTimeout bounds the controller's work on one tool request; 0 is
 	// DefaultToolTimeout.
 	ToolTimeout time.Duration
+
+	// Sources is the directory of the controller's own bare clones of the
+	// modules' repositories: when a plan is made, each module's commit and
+	// the git tree of its build context are resolved there, so that every
+	// ask carries an input key and a module whose key was built before is
+	// settled unchanged without being dispatched. Empty: no input keys, and
+	// every released module is dispatched.
+	Sources string
+	// InsteadOf rewrites repository URLs before the controller fetches
+	// them (git's url.<base>.insteadOf), as the agents' own does.
+	InsteadOf map[string]string
 }
 
 // Defaults of a Config's zero fields.

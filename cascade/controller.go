@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/meshbuild/meshbuild/internal/backoff"
+	"github.com/meshbuild/meshbuild/internal/gittree"
 	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/planner"
 )
@@ -63,9 +64,13 @@ type Controller struct {
 
 	plans   map[string]*State
 	current map[string]Current
-	seq     uint64
-	askSeq  map[string]uint64
-	cmds    chan command
+	// keys are the input keys built, with what they were built to.
+	keys map[string]KeyRecord
+	// trees resolves build contexts' tree ids (nil: no input keys).
+	trees  *gittree.Cache
+	seq    uint64
+	askSeq map[string]uint64
+	cmds   chan command
 
 	lastPrune time.Time
 	// held is set when asks are held for idle holders (WindowIdle).
@@ -103,7 +108,17 @@ func New(cfg Config, js jetstream.JetStream, cat *mesh.Catalogue, log *slog.Logg
 		cat: cat, ix: planner.NewIndex(cat),
 		plans: map[string]*State{}, current: map[string]Current{}, askSeq: map[string]uint64{},
 		cmds: make(chan command, 64), lastBuild: map[string]time.Duration{},
+		keys: map[string]KeyRecord{}, trees: treeCache(cfg),
 	}, nil
+}
+
+// treeCache is the controller's clones of the modules' repositories, if it
+// keeps them (Config.Sources).
+func treeCache(cfg Config) *gittree.Cache {
+	if cfg.Sources == "" {
+		return nil
+	}
+	return &gittree.Cache{Dir: cfg.Sources, InsteadOf: cfg.InsteadOf}
 }
 
 // SetSettler sets where settled plans are handed over (see Settler); call
@@ -262,6 +277,9 @@ func (c *Controller) resume(ctx context.Context) error {
 	if c.current, err = c.store.Currents(ctx); err != nil {
 		return err
 	}
+	if c.keys, err = c.store.Keys(ctx); err != nil {
+		return err
+	}
 	est, err := c.store.Estimates(ctx)
 	if err != nil {
 		return err
@@ -309,6 +327,7 @@ func (c *Controller) load(ctx context.Context, r PlanRecord) (*State, error) {
 	if err != nil {
 		return nil, err
 	}
+	st.SetKnown(c.known)
 	if len(p.External) > 0 && len(st.External) == 0 {
 		if err := c.pin(ctx, st, p); err != nil {
 			return nil, err
@@ -370,10 +389,12 @@ func (c *Controller) event(ctx context.Context, m jetstream.Msg) {
 			c.lastBuild[ev.Module] = ev.Duration
 			c.dirty[EstimateKey(ev.Module)] = ev.Duration
 		}
-		if cur, ok := st.Current(ev.Module); ok && cur.Digest == ev.Digest && Newer(cur, c.current[ev.Module]) {
-			c.current[ev.Module] = cur
-			c.dirty[CurrentKey(ev.Module)] = cur
+		if ms, _ := st.Module(ev.Module); ms.State == Built && ms.Key != "" {
+			rec := KeyRecord{Digest: ms.Digest, Image: ms.Image, Module: ms.Module, Plan: st.Plan, Commit: ms.Commit}
+			c.keys[ms.Key] = rec
+			c.dirty[InputKeyKey(ms.Key)] = rec
 		}
+		c.setCurrent(st, ev.Module)
 		c.enqueue(st, next)
 	case mesh.SeatEventSubject(mesh.BuildSeat, mesh.EventFailed):
 		ev, err := mesh.DecodeEvent[mesh.Failed](m.Data())
@@ -418,6 +439,8 @@ func (c *Controller) createPlan(ctx context.Context, t planner.Trigger, now time
 	if err := c.pin(ctx, st, p); err != nil {
 		return PlanRecord{}, false, fmt.Errorf("planning %s: %w", p.ID, err)
 	}
+	c.address(ctx, st)
+	st.SetKnown(c.known)
 	st.Seq = c.seq + 1
 	st.Window = c.planWindow()
 	if len(c.lastBuild) > 0 {
@@ -489,12 +512,68 @@ func (c *Controller) touch(st *State, modules ...string) {
 	}
 }
 
-// enqueue keeps submits for the next flush.
+// enqueue keeps submits for the next flush, and records the modules the
+// state settled unchanged on the way.
 func (c *Controller) enqueue(st *State, subs []Submit) {
 	for _, s := range subs {
 		c.touch(st, s.Module)
 		c.submits = append(c.submits, s)
 	}
+	for _, m := range st.Reused() {
+		c.touch(st, m)
+		c.setCurrent(st, m)
+	}
+}
+
+// setCurrent makes a module's image in a plan its current one, if the plan
+// is newer than the one that made the current one.
+func (c *Controller) setCurrent(st *State, module string) {
+	if cur, ok := st.Current(module); ok && Newer(cur, c.current[module]) {
+		c.current[module] = cur
+		if c.dirty == nil {
+			c.dirty, c.dirtyRun = map[string]any{}, map[string]bool{}
+		}
+		c.dirty[CurrentKey(module)] = cur
+	}
+}
+
+// known looks an input key up among those built.
+func (c *Controller) known(key string) (KeyRecord, bool) {
+	r, ok := c.keys[key]
+	return r, ok
+}
+
+// address resolves, from the controller's clones, each module's commit and
+// the tree id of its build context, one fetch per repository and commit. A
+// module whose context cannot be resolved (the repository unreachable, the
+// path missing) is left unaddressed and logged: it has no input key, and is
+// dispatched (its agent reports what is wrong with its source).
+func (c *Controller) address(ctx context.Context, st *State) {
+	if c.trees == nil {
+		return
+	}
+	type source struct{ repo, commit string }
+	paths := map[source][]string{}
+	for _, m := range st.Modules {
+		k := source{m.Source.Repo, m.Source.Commit}
+		paths[k] = append(paths[k], m.Source.Path)
+	}
+	inputs := map[string]Inputs{}
+	for k, ps := range paths {
+		rctx, cancel := context.WithTimeout(ctx, c.cfg.ResolveTimeout)
+		res, err := c.trees.Resolve(rctx, k.repo, k.commit, ps)
+		cancel()
+		if err != nil {
+			c.log.Warn("build contexts not addressed: their modules are dispatched", "plan", st.Plan, "repo", k.repo, "err", err)
+			continue
+		}
+		for _, m := range st.Modules {
+			if m.Source.Repo == k.repo && m.Source.Commit == k.commit {
+				inputs[m.Module] = Inputs{Commit: res.Commit, Tree: res.Trees[m.Source.Path]}
+			}
+		}
+	}
+	st.Address(inputs)
 }
 
 // currentDigest is a base's current digest: the newest plan's result, or
@@ -574,16 +653,25 @@ func (c *Controller) flushOnce(ctx context.Context, asks []mesh.Ask) error {
 // record. It comes first: an ask is published only once the state that
 // says it is queued is stored, so a restart re-submits every queued ask
 // (deduplicated by id) and none is lost.
+//
+// Plan records are written after everything else, so that a reader who
+// sees a plan settled finds its modules stored too.
 func (c *Controller) persist(ctx context.Context) error {
-	for id := range c.dirtyRun {
-		if st := c.plans[id]; st != nil {
-			c.dirty[PlanKey(id)] = Record(st)
+	if len(c.dirty) > 0 {
+		if err := c.store.Put(ctx, c.dirty); err != nil {
+			return err
 		}
 	}
-	if len(c.dirty) == 0 {
+	recs := map[string]any{}
+	for id := range c.dirtyRun {
+		if st := c.plans[id]; st != nil {
+			recs[PlanKey(id)] = Record(st)
+		}
+	}
+	if len(recs) == 0 {
 		return nil
 	}
-	return c.store.Put(ctx, c.dirty)
+	return c.store.Put(ctx, recs)
 }
 
 // publish submits the asks to the build seat, each with its id as the

@@ -23,6 +23,21 @@
 // ([State.External]), so that every [Submit] carries the digest of every
 // base.
 //
+// # Inputs seen before: unchanged, and early cutoff
+//
+// A module whose build context is addressed ([State.Address]: the git tree
+// id of its context path at the plan's commit) gets an input key
+// ([InputKey]) when it is released: a hash of the module, its platform,
+// the tree id, its Dockerfile path and the digest of every base. The
+// caller says which keys were built before and at what digest
+// ([State.SetKnown]); a released module whose key was is not submitted: it
+// settles at once as unchanged, reusing that digest (Reuses names the plan
+// that built it), and releases its dependents like a built module. So a
+// module built again whose digest comes out as it was (images are
+// reproducible) gives its dependents the keys they had: they settle
+// unchanged, and the cascade stops there (early cutoff). A plan whose
+// trigger is forced (planner.Trigger.Force) submits every module.
+//
 // A failed module blocks every module built on it, transitively, each
 // recording the failed module in BlockedBy, so nothing is built against a
 // stale base. Retrying the failed module (a new attempt, a new ask id) puts
@@ -84,6 +99,7 @@ import (
 	"errors"
 	"fmt"
 	"iter"
+	"maps"
 	"regexp"
 	"slices"
 	"strconv"
@@ -110,6 +126,9 @@ const (
 	Building ModuleState = "building"
 	// Built: pushed, with a digest.
 	Built ModuleState = "built"
+	// Unchanged: its input key was built before, so it was not submitted:
+	// it has that build's digest, and Reuses names the plan that made it.
+	Unchanged ModuleState = "unchanged"
 	// Failed: the holder announced failed.
 	Failed ModuleState = "failed"
 	// Blocked: a base failed (transitively); BlockedBy names it.
@@ -184,6 +203,21 @@ type State struct {
 	Modules []ModuleStatus `json:"modules"`
 
 	ix *index
+	// known says whether an input key was built before (SetKnown).
+	known func(key string) (KeyRecord, bool)
+	// reused are the modules settled unchanged since Reused was called.
+	reused []string
+}
+
+// KeyRecord is what an input key was built to: kept by the caller, one per
+// key, and handed to the state by the lookup SetKnown sets.
+type KeyRecord struct {
+	Digest string `json:"digest"`
+	Image  string `json:"image,omitempty"`
+	Module string `json:"module"`
+	// Plan is the plan that built it.
+	Plan   string `json:"plan"`
+	Commit string `json:"commit,omitempty"`
 }
 
 // ModuleStatus is one module of a plan: what to build and where it is.
@@ -202,6 +236,15 @@ type ModuleStatus struct {
 	State   ModuleState `json:"state"`
 	Ask     string      `json:"ask,omitempty"`
 	Attempt int         `json:"attempt,omitempty"`
+	// Tree is the git tree id of the module's build context at its
+	// commit (State.Address); empty when it is not known, and then the
+	// module has no input key and is always submitted.
+	Tree string `json:"tree,omitempty"`
+	// Key is the module's input key (InputKey), set when it is released.
+	Key string `json:"key,omitempty"`
+	// Reuses is the plan whose build of the same key an unchanged module
+	// reuses.
+	Reuses string `json:"reuses,omitempty"`
 	// Commit is the commit built, from the built event.
 	Commit string `json:"commit,omitempty"`
 	Digest string `json:"digest,omitempty"`
@@ -230,6 +273,9 @@ type Submit struct {
 	// Source is where to build from; an empty commit means the module's
 	// current commit, which the caller resolves.
 	Source planner.Source `json:"source"`
+	// Key is the ask's input key (InputKey); empty when the module's
+	// build context is not addressed.
+	Key string `json:"key,omitempty"`
 	// Bases are the digests of every base, by module: the in-plan bases
 	// at the digests this plan built them at, the others at the digests
 	// resolved when the plan was made (State.External).
@@ -243,6 +289,7 @@ type Counts struct {
 	Queued     int `json:"queued"`
 	Building   int `json:"building"`
 	Built      int `json:"built"`
+	Unchanged  int `json:"unchanged,omitempty"`
 	Failed     int `json:"failed"`
 	Blocked    int `json:"blocked"`
 	Cancelling int `json:"cancelling,omitempty"`
@@ -352,7 +399,7 @@ func buildIndex(ms []ModuleStatus) (*index, error) {
 			}
 			ix.bases[i] = append(ix.bases[i], j)
 			ix.deps[j] = append(ix.deps[j], i)
-			if ms[j].State != Built {
+			if !ms[j].State.done() {
 				ix.remaining[i]++
 			}
 		}
@@ -462,9 +509,9 @@ func (s *State) Start(now time.Time) []Submit {
 	if !s.Cancelled.IsZero() {
 		return nil
 	}
-	for i := range s.Modules {
+	for _, i := range s.ix.topo {
 		if s.Modules[i].State == Waiting && s.ix.remaining[i] == 0 {
-			s.Modules[i].State = Ready
+			s.release(i, now)
 		}
 	}
 	return s.Fill(now)
@@ -568,12 +615,7 @@ func (s *State) Built(ev mesh.Built, now time.Time) []Submit {
 		m.Duration = now.Sub(m.Started)
 	}
 	s.touch(now)
-	for _, d := range s.ix.deps[i] {
-		s.ix.remaining[d]--
-		if s.ix.remaining[d] == 0 && s.Modules[d].State == Waiting {
-			s.Modules[d].State = Ready
-		}
-	}
+	s.releaseDependents(i, now)
 	return s.Fill(now)
 }
 
@@ -814,6 +856,8 @@ func (s *State) Counts() Counts {
 			c.Building++
 		case Built:
 			c.Built++
+		case Unchanged:
+			c.Unchanged++
 		case Failed:
 			c.Failed++
 		case Blocked:
@@ -837,7 +881,7 @@ func (s *State) Outcome() Outcome {
 		return OutcomeRunning
 	case !s.Cancelled.IsZero():
 		return OutcomeCancelled
-	case c.Built == c.Total:
+	case c.Built+c.Unchanged == c.Total:
 		return OutcomeBuilt
 	default:
 		return OutcomeFailed
@@ -872,7 +916,7 @@ func (s *State) submit(ready []int, now time.Time) []Submit {
 		m.State, m.Queued = Queued, now
 		m.Started, m.Finished, m.Duration = time.Time{}, time.Time{}, 0
 		m.On, m.Reason, m.Message, m.Log, m.BlockedBy = "", "", "", nil, ""
-		m.Commit, m.Digest, m.Image = "", "", ""
+		m.Commit, m.Digest, m.Image, m.Reuses = "", "", "", ""
 		out[k] = s.submitOf(i)
 	}
 	s.touch(now)
@@ -899,7 +943,7 @@ func (s *State) compare(a, b int) int {
 
 func (s *State) submitOf(i int) Submit {
 	m := s.Modules[i]
-	sub := Submit{Plan: s.Plan, Module: m.Module, AskID: m.Ask, Attempt: m.Attempt, Source: m.Source}
+	sub := Submit{Plan: s.Plan, Module: m.Module, AskID: m.Ask, Attempt: m.Attempt, Source: m.Source, Key: m.Key}
 	sub.Source.Platforms = slices.Clone(m.Source.Platforms)
 	if n := len(s.ix.bases[i]) + len(m.External); n > 0 {
 		sub.Bases = make(map[string]string, n)
@@ -976,9 +1020,123 @@ func Newer(a, b Current) bool {
 // Current returns a built module's result as a candidate current image.
 func (s *State) Current(module string) (Current, bool) {
 	m, ok := s.Module(module)
-	if !ok || m.State != Built {
+	if !ok || !m.State.done() {
 		return Current{}, false
 	}
 	return Current{Module: m.Module, Digest: m.Digest, Image: m.Image, Commit: m.Commit, Plan: s.Plan,
 		Seq: s.Seq, Created: s.Created}, true
+}
+
+// done reports whether a module in state st has its image: built, or
+// unchanged.
+func (st ModuleState) done() bool { return st == Built || st == Unchanged }
+
+// Inputs address a module's build context: the full commit its source
+// resolved to and the git tree id of its context path at it.
+type Inputs struct {
+	Commit string `json:"commit"`
+	Tree   string `json:"tree"`
+}
+
+// Address records where each module's build context comes from, by module
+// (modules not in inputs, or with an empty tree, stay unaddressed: they
+// have no input key and are always submitted). A module's source commit
+// becomes the resolved one, so that its ask builds what its key names.
+// Call it before Start.
+func (s *State) Address(inputs map[string]Inputs) {
+	for i := range s.Modules {
+		m := &s.Modules[i]
+		in, ok := inputs[m.Module]
+		if !ok || in.Tree == "" {
+			continue
+		}
+		m.Tree = in.Tree
+		if in.Commit != "" {
+			m.Source.Commit = in.Commit
+		}
+	}
+}
+
+// SetKnown sets how the state learns whether an input key was built
+// before (nil: never). It is not persisted: set it again after a reload.
+func (s *State) SetKnown(known func(key string) (KeyRecord, bool)) { s.known = known }
+
+// Reused returns the modules settled unchanged since it was last called,
+// in the order they settled: the caller records them (their current
+// image) as it does built modules.
+func (s *State) Reused() []string {
+	out := s.reused
+	s.reused = nil
+	return out
+}
+
+// release makes a waiting module whose in-plan bases are all done ready,
+// with its input key; a key built before (and a plan not forced) settles it
+// unchanged at once instead, releasing its dependents in turn.
+func (s *State) release(i int, now time.Time) {
+	m := &s.Modules[i]
+	m.Key = s.keyOf(i)
+	if m.Key != "" && s.known != nil && !s.Trigger.Force {
+		if rec, ok := s.known(m.Key); ok && rec.Digest != "" {
+			m.State, m.Digest, m.Image, m.Reuses = Unchanged, rec.Digest, rec.Image, rec.Plan
+			m.Commit, m.Finished = m.Source.Commit, now
+			s.reused = append(s.reused, m.Module)
+			s.touch(now)
+			s.releaseDependents(i, now)
+			return
+		}
+	}
+	m.State = Ready
+}
+
+// releaseDependents counts module i done for its dependents and releases
+// those it was the last base of.
+func (s *State) releaseDependents(i int, now time.Time) {
+	for _, d := range s.ix.deps[i] {
+		s.ix.remaining[d]--
+		if s.ix.remaining[d] == 0 && s.Modules[d].State == Waiting {
+			s.release(d, now)
+		}
+	}
+}
+
+// keyOf is module i's input key, "" when its build context is not
+// addressed.
+func (s *State) keyOf(i int) string {
+	m := s.Modules[i]
+	if m.Tree == "" {
+		return ""
+	}
+	bases := make(map[string]string, len(s.ix.bases[i])+len(m.External))
+	for _, b := range s.ix.bases[i] {
+		bases[s.Modules[b].Module] = s.Modules[b].Digest
+	}
+	for _, b := range m.External {
+		bases[b] = s.External[b]
+	}
+	platform := ""
+	if len(m.Source.Platforms) > 0 {
+		platform = m.Source.Platforms[0]
+	}
+	return InputKey(m.Module, platform, m.Tree, m.Source.Path, m.Source.Dockerfile, bases)
+}
+
+// InputKey is the input key of a build: a hash of the module, its platform,
+// the git tree id of its build context, the context path and Dockerfile,
+// and the digest of every base by module. Anything that could change the
+// image changes the key; a commit that leaves the context alone does not.
+// It is 64 hex digits.
+func InputKey(module, platform, tree, path, dockerfile string, bases map[string]string) string {
+	h := sha256.New()
+	field := func(k, v string) { fmt.Fprintf(h, "%s %d:%s\n", k, len(v), v) }
+	field("key", "v1")
+	field("module", module)
+	field("platform", platform)
+	field("tree", tree)
+	field("path", path)
+	field("dockerfile", dockerfile)
+	for _, b := range slices.Sorted(maps.Keys(bases)) {
+		field("base "+b, bases[b])
+	}
+	return hex.EncodeToString(h.Sum(nil))
 }

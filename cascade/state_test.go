@@ -124,7 +124,7 @@ func checkInvariants(t *testing.T, s *State) {
 		notBuilt := 0
 		var bad []string
 		for _, b := range m.Bases {
-			if status[b].State != Built {
+			if !status[b].State.done() {
 				notBuilt++
 			}
 			if st := status[b].State; st == Failed || st == Blocked {
@@ -163,6 +163,9 @@ func checkInvariants(t *testing.T, s *State) {
 		}
 		if m.State == Built && m.Digest == "" {
 			t.Errorf("%s built without digest", m.Module)
+		}
+		if m.State == Unchanged && (m.Digest == "" || m.Reuses == "" || m.Key == "" || notBuilt > 0) {
+			t.Errorf("%s unchanged with digest %q, reusing %q, key %q, %d bases not built", m.Module, m.Digest, m.Reuses, m.Key, notBuilt)
 		}
 	}
 }

@@ -24,6 +24,7 @@ import (
 //	mod.<plan>.<module>    ModuleStatus
 //	current.<module>       Current: the module's current image (newer plan wins)
 //	estimate.<module>      the module's last build duration (asks are ranked by it)
+//	key.<input key>        KeyRecord: the digest an input key was built to, and the plan
 //
 // The plan's modules are not stored: a plan is a pure function of the
 // catalogue and its trigger, and is planned again on resume.
@@ -35,7 +36,25 @@ const (
 	keyModule   = "mod."
 	keyCurrent  = "current."
 	keyEstimate = "estimate."
+	keyInput    = "key."
 )
+
+// InputKeyKey is the key an input key's KeyRecord is kept under.
+func InputKeyKey(key string) string { return keyInput + key }
+
+// Keys returns every input key's record, by input key.
+func (s *Store) Keys(ctx context.Context) (map[string]KeyRecord, error) {
+	out := map[string]KeyRecord{}
+	err := s.each(ctx, keyInput+"*", func(key string, data []byte) error {
+		var r KeyRecord
+		if err := json.Unmarshal(data, &r); err != nil {
+			return fmt.Errorf("decoding %s: %w", key, err)
+		}
+		out[strings.TrimPrefix(key, keyInput)] = r
+		return nil
+	})
+	return out, err
+}
 
 // EstimateKey is the key of a module's last build duration: what asks are
 // ranked by, kept so that a restarted controller still knows it.

@@ -28,6 +28,9 @@ type Request struct {
 	Modules []string `json:"modules,omitempty"`
 	Plan    string   `json:"plan,omitempty"`
 	Module  string   `json:"module,omitempty"`
+	// Force makes a rebuild build every module, even those whose inputs
+	// were built before (planner.Trigger.Force).
+	Force bool `json:"force,omitempty"`
 }
 
 // Reply is the controller's answer.
@@ -161,7 +164,7 @@ func (c *Controller) command(ctx context.Context, cmd command) Reply {
 		if cmd.req.ID == "" || len(cmd.req.Modules) == 0 {
 			return fail(fmt.Errorf("%w: a rebuild needs a request id and modules", ErrBadRequest))
 		}
-		rec, created, err := c.createPlan(ctx, planner.Trigger{Kind: planner.KindRebuild, ID: cmd.req.ID, Modules: cmd.req.Modules}, now)
+		rec, created, err := c.createPlan(ctx, planner.Trigger{Kind: planner.KindRebuild, ID: cmd.req.ID, Modules: cmd.req.Modules, Force: cmd.req.Force}, now)
 		if err != nil {
 			return fail(err)
 		}

@@ -74,6 +74,11 @@ type Ask struct {
 	// Cache is the registry reference build cache is imported from and
 	// exported to; empty for none.
 	Cache string `json:"cache,omitempty"`
+	// Key is the ask's input key: a hash of the module, the platform, the
+	// git tree of its build context, its Dockerfile and every base's
+	// digest (cascade.InputKey). The controller keeps the digest each key
+	// was built to; empty when the build context is not addressed.
+	Key string `json:"key,omitempty"`
 }
 
 var (

@@ -34,6 +34,10 @@ type Trigger struct {
 	// ID is the request id of a rebuild: it names the plan, so each request
 	// needs its own, and a request submitted twice is one plan.
 	ID string `json:"id,omitempty"`
+	// Force builds every module of the plan, even one whose inputs were
+	// built before (which is otherwise settled unchanged, reusing that
+	// build's image).
+	Force bool `json:"force,omitempty"`
 }
 
 // Validate checks the fields its kind needs. Errors wrap ErrTrigger.
@@ -84,6 +88,9 @@ func (t Trigger) String() string {
 			fmt.Fprintf(&b, " at %s@%s", t.Repo, ShortCommit(t.Commit))
 		}
 		fmt.Fprintf(&b, " (request %s)", t.ID)
+		if t.Force {
+			b.WriteString(", forced")
+		}
 	default:
 		fmt.Fprintf(&b, "%s", t.Kind)
 	}

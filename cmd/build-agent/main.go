@@ -44,6 +44,8 @@ func run() int {
 	catalogue := fs.String("catalogue", daemon.Env("MESHBUILD_CATALOGUE", ""), "optional catalogue directory: asks for modules it does not build are refused (MESHBUILD_CATALOGUE)")
 	metricsAddr := fs.String("metrics", daemon.Env("MESHBUILD_METRICS", ""), "serve /metrics on this address, e.g. :9464 (MESHBUILD_METRICS)")
 	fs.DurationVar(&cfg.Grace, "grace", cfg.Grace, "on SIGTERM, how long builds in hand may finish before their asks are handed back")
+	var bkOpts agent.BuildKitOptions
+	fs.Int64Var(&bkOpts.SourceDateEpoch, "source-date-epoch", int64(envInt("MESHBUILD_SOURCE_DATE_EPOCH", 0)), "SOURCE_DATE_EPOCH every image is built reproducibly to, seconds since 1970 (MESHBUILD_SOURCE_DATE_EPOCH)")
 	var insteadOf listFlag
 	fs.Var(&insteadOf, "git-instead-of", "URL=PATH: fetch repositories starting with URL from PATH instead (repeatable)")
 	if err := fs.Parse(os.Args[1:]); err != nil {
@@ -64,7 +66,7 @@ func run() int {
 		return 1
 	}
 	err = daemon.RunAgent(ctx, daemon.AgentOptions{
-		NATS: *natsURL, Creds: *creds, Agent: cfg, BuildKit: *bk, RegistryClient: registry.NewClient(registry.WithInsecure(*insecure)),
+		NATS: *natsURL, Creds: *creds, Agent: cfg, BuildKit: *bk, BuildKitOptions: bkOpts, RegistryClient: registry.NewClient(registry.WithInsecure(*insecure)),
 		Workspace: *workspace, InsteadOf: io, Catalogue: *catalogue, Observer: obs, Log: log,
 	})
 	if err != nil {

@@ -29,11 +29,22 @@ func run() int {
 	insecure := fs.Bool("registry-insecure", daemon.Env("MESHBUILD_REGISTRY_INSECURE", "") == "true", "plain http to the registry (MESHBUILD_REGISTRY_INSECURE=true)")
 	fs.IntVar(&cfg.Replicas, "replicas", cfg.Replicas, "replicas of every stream and bucket (3 on a cluster)")
 	fs.IntVar(&cfg.Window, "window", cfg.Window, daemon.WindowUsage)
+	fs.StringVar(&cfg.Sources, "sources", daemon.Env("MESHBUILD_SOURCES", "/var/lib/meshbuild/controller/repos"), "directory of the controller's bare clones: asks carry input keys and inputs built before are not dispatched; empty turns input keys off (MESHBUILD_SOURCES)")
+	var insteadOf []string
+	fs.Func("git-instead-of", "URL=PATH: fetch repositories starting with URL from PATH instead (repeatable)", func(v string) error {
+		insteadOf = append(insteadOf, v)
+		return nil
+	})
 	metricsAddr := fs.String("metrics", daemon.Env("MESHBUILD_METRICS", ""), "serve /metrics on this address, e.g. :9465 (MESHBUILD_METRICS)")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		return 2
 	}
 	cfg.RegistryClient = registry.NewClient(registry.WithInsecure(*insecure))
+	var err error
+	if cfg.InsteadOf, err = daemon.ParseInsteadOf(insteadOf); err != nil {
+		slog.Error("bad flag", "err", err)
+		return 2
+	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	if *catalogue == "" {
 		log.Error("no catalogue: set --catalogue DIR")

@@ -339,7 +339,7 @@ func headOf(ctx context.Context, repo string) (string, error) {
 
 func rebuildCmd(g *globals) *cobra.Command {
 	var id string
-	var watch bool
+	var watch, force bool
 	c := &cobra.Command{
 		Use:   "rebuild MODULE...",
 		Short: "Rebuild modules and everything built on them",
@@ -348,7 +348,7 @@ func rebuildCmd(g *globals) *cobra.Command {
 			if id == "" {
 				id = newID()
 			}
-			r, err := cascade.Call(ctx, b.nc, controllerModule, cascade.ToolRebuild, cascade.Request{ID: id, Modules: args})
+			r, err := cascade.Call(ctx, b.nc, controllerModule, cascade.ToolRebuild, cascade.Request{ID: id, Modules: args, Force: force})
 			switch {
 			case errors.Is(err, cascade.ErrUnknownModule):
 				// The controller's message names the module and the
@@ -374,6 +374,7 @@ func rebuildCmd(g *globals) *cobra.Command {
 	}
 	c.Flags().StringVar(&id, "id", "", "request id: the same id twice is one plan (default: a new one)")
 	c.Flags().BoolVar(&watch, "watch", false, "watch the plan until it settles")
+	c.Flags().BoolVar(&force, "force", false, "build every module, even those whose inputs were built before (otherwise settled unchanged)")
 	return c
 }
 

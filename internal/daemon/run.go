@@ -62,6 +62,10 @@ type AgentOptions struct {
 	// BuildKit is the address of the machine's buildkitd
 	// (unix:///run/buildkit/buildkitd.sock, tcp://…).
 	BuildKit string
+	// BuildKitOptions configure the connection to it and the builds
+	// (BuildKitOptions.SourceDateEpoch); the zero value takes every
+	// default. Its Registry is RegistryClient.
+	BuildKitOptions agent.BuildKitOptions
 	// RegistryClient is how the agent verifies its pushes; nil is
 	// registry.NewClient() (credentials from the docker config).
 	RegistryClient *registry.Client
@@ -92,7 +96,9 @@ func RunAgent(ctx context.Context, o AgentOptions) error {
 	if o.Workspace == "" {
 		return fmt.Errorf("%w: no workspace: set --workspace DIR", agent.ErrConfig)
 	}
-	bk, err := agent.NewBuildKit(o.BuildKit, agent.BuildKitOptions{Registry: o.RegistryClient})
+	bko := o.BuildKitOptions
+	bko.Registry = o.RegistryClient
+	bk, err := agent.NewBuildKit(o.BuildKit, bko)
 	if err != nil {
 		return err
 	}

@@ -328,6 +328,8 @@ func (f *Farm) start(ctx context.Context) error {
 	// The controller.
 	cfg := cascade.DefaultConfig()
 	cfg.Registry, cfg.RegistryClient, cfg.Window = reg.Addr(), registry.NewClient(registry.WithInsecure(true)), o.Window
+	// The controller's own clones: input keys for every ask.
+	cfg.Sources, cfg.InsteadOf = filepath.Join(f.stateDir, "controller", "repos"), o.InsteadOf
 	ready := make(chan struct{})
 	f.controller = f.run("controller", func(cctx context.Context) error {
 		return daemon.RunController(cctx, daemon.ControllerOptions{

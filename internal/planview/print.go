@@ -106,7 +106,7 @@ type Count struct {
 // failed, blocked, building, queued, waiting, cancelled.
 func Tally(c cascade.Counts) []Count {
 	return []Count{
-		{c.Built, "built"}, {c.Failed, "failed"}, {c.Blocked, "blocked"}, {c.Building, "building"},
+		{c.Built, "built"}, {c.Unchanged, "unchanged"}, {c.Failed, "failed"}, {c.Blocked, "blocked"}, {c.Building, "building"},
 		{c.Queued, "queued"}, {Waiting(c), "waiting"}, {c.Cancelled, "cancelled"},
 	}
 }
@@ -143,6 +143,8 @@ func detail(m cascade.ModuleStatus) string {
 		return "blocked by " + m.BlockedBy
 	case m.State == cascade.Failed:
 		return Failure(m)
+	case m.State == cascade.Unchanged:
+		return ShortDigest(m.Digest) + "  reuses " + m.Reuses
 	default:
 		return ShortDigest(m.Digest)
 	}

@@ -1,0 +1,244 @@
+package cascade_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/meshbuild/meshbuild/agent"
+	"github.com/meshbuild/meshbuild/cascade"
+	"github.com/meshbuild/meshbuild/internal/natstest"
+	"github.com/meshbuild/meshbuild/internal/testenv"
+	"github.com/meshbuild/meshbuild/mesh"
+	"github.com/meshbuild/meshbuild/registry"
+)
+
+// TestUnchangedInputsAreNotDispatchedAndTheCascadeStops runs a controller
+// that keeps its own clones, and two agents on two buildkitd daemons (no
+// shared daemon), on base → app → tool (base on busybox, outside the plans)
+// against a real registry and git repository:
+//
+//   - the first rebuild builds all three, every ask carrying an input key;
+//   - a rebuild with nothing changed dispatches nothing: all three settle
+//     unchanged at once, reusing the first plan's digests;
+//   - a push touching base/README.md (a file base's Dockerfile never
+//     copies) rebuilds base, which comes out with the digest it had, and app
+//     and tool settle unchanged (early cutoff);
+//   - a push changing base/motd (copied) rebuilds base with a new digest,
+//     and everything downstream is built again;
+//   - rebuild --force dispatches every module whatever its key.
+func TestUnchangedInputsAreNotDispatchedAndTheCascadeStops(t *testing.T) {
+	testenv.RequireBuildkit(t)
+	reg := testenv.Registry(t)
+	bks := []string{testenv.Buildkitd(t, reg), testenv.Buildkitd(t, reg)}
+	testenv.Busybox(t, reg)
+	git, _ := testenv.GitRepo(t, map[string]string{
+		"base/Dockerfile": "FROM busybox\nCOPY motd /etc/motd\nRUN echo base > /base\n",
+		"base/motd":       "hello\n",
+		"base/README.md":  "the base image\n",
+		"app/Dockerfile":  "FROM base\nCOPY app.txt /app.txt\n",
+		"app/app.txt":     "app\n",
+		"tool/Dockerfile": "FROM app\nRUN cat /etc/motd /app.txt > /tool\n",
+	})
+	cat := testenv.Catalogue(t, map[string][]string{"busybox": nil, "base": {"busybox"}, "app": {"base"}, "tool": {"app"}})
+	s := natstest.Server(t, nil)
+	nc, js := natstest.Connect(t, s)
+	ctx, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	t.Cleanup(func() { stop(); wg.Wait() })
+
+	cfg := cascade.DefaultConfig()
+	cfg.Registry, cfg.RegistryClient = reg, registry.NewClient(registry.WithInsecure(true))
+	cfg.Sources, cfg.InsteadOf = t.TempDir(), map[string]string{testenv.FleetRepo: git}
+	startController := func() (stop func()) {
+		t.Helper()
+		c, err := cascade.New(cfg, js, cat, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cctx, cancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		wg.Go(func() {
+			defer close(done)
+			if err := c.Run(cctx); err != nil {
+				t.Errorf("controller: %v", err)
+			}
+		})
+		testenv.WaitFor(t, 10*time.Second, "the controller", func() bool {
+			_, err := cascade.Call(ctx, nc, "build-controller", cascade.ToolRetry, cascade.Request{Plan: "none"})
+			return errors.Is(err, cascade.ErrNoPlan)
+		})
+		return func() { cancel(); <-done }
+	}
+	stopController := startController()
+	for i, bk := range bks {
+		b, err := agent.NewBuildKit(bk, agent.BuildKitOptions{Registry: registry.NewClient(registry.WithInsecure(true))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { b.Close() })
+		w := &agent.BuildWorker{
+			Sources: &agent.Sources{Dir: t.TempDir(), InsteadOf: map[string]string{testenv.FleetRepo: git}},
+			Builder: b,
+		}
+		anc, err := nats.Connect(s.ClientURL())
+		if err != nil {
+			t.Fatal(err)
+		}
+		ajs, _ := jetstream.New(anc)
+		acfg := agent.DefaultConfig()
+		acfg.Machine, acfg.FetchWait = []string{"m1", "m2"}[i], 500*time.Millisecond
+		a, err := agent.New(acfg, ajs, w, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Go(func() { _ = a.Run(ctx); anc.Close() })
+	}
+
+	// Every ask published, by plan: what was dispatched.
+	var mu sync.Mutex
+	asks := map[string][]mesh.Ask{}
+	sub, err := nc.Subscribe(mesh.SeatAcceptSubject(mesh.BuildSeat, mesh.BuildVerb), func(m *nats.Msg) {
+		if a, err := mesh.DecodeAsk(m.Data); err == nil {
+			mu.Lock()
+			asks[a.Plan] = append(asks[a.Plan], a)
+			mu.Unlock()
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	dispatched := func(plan string) (mods []string, keys int) {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, a := range asks[plan] {
+			mods = append(mods, a.Module)
+			if len(a.Key) == 64 {
+				keys++
+			}
+		}
+		return mods, keys
+	}
+
+	store, err := cascade.OpenStore(ctx, js, "build-controller")
+	if err != nil {
+		t.Fatal(err)
+	}
+	settle := func(plan string) map[string]cascade.ModuleStatus {
+		t.Helper()
+		testenv.WaitFor(t, 3*time.Minute, "plan "+plan+" to settle", func() bool {
+			rec, err := store.Plan(ctx, plan)
+			return err == nil && rec.Outcome != cascade.OutcomeRunning
+		})
+		rec, _ := store.Plan(ctx, plan)
+		if rec.Outcome != cascade.OutcomeBuilt {
+			t.Fatalf("plan %s: %s %+v", plan, rec.Outcome, rec.Counts)
+		}
+		mods, err := store.Modules(ctx, plan)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return mods
+	}
+	rebuild := func(id string, force bool) map[string]cascade.ModuleStatus {
+		t.Helper()
+		r, err := cascade.Call(ctx, nc, "build-controller", cascade.ToolRebuild, cascade.Request{ID: id, Modules: []string{"base"}, Force: force})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return settle(r.Plan)
+	}
+	push := func(files map[string]string) (string, map[string]cascade.ModuleStatus) {
+		t.Helper()
+		commit := testenv.Commit(t, git, files)
+		var paths []string
+		for p := range files {
+			paths = append(paths, p)
+		}
+		id, _, err := cascade.Push(ctx, js, mesh.Pushed{Repo: testenv.FleetRepo, Commit: commit, Ref: "refs/heads/main", Paths: paths})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return id, settle(id)
+	}
+	wantStates := func(plan string, mods map[string]cascade.ModuleStatus, want map[string]cascade.ModuleState) {
+		t.Helper()
+		for m, st := range want {
+			if mods[m].State != st {
+				t.Errorf("plan %s: %s is %s, want %s", plan, m, mods[m].State, st)
+			}
+		}
+	}
+
+	// 1. Everything built, on two daemons; every ask keyed.
+	first := rebuild("first", false)
+	wantStates("r-first", first, map[string]cascade.ModuleState{"base": cascade.Built, "app": cascade.Built, "tool": cascade.Built})
+	if mods, keys := dispatched("r-first"); len(mods) != 3 || keys != 3 {
+		t.Fatalf("first plan dispatched %v with %d keys, want 3 asks each with a key", mods, keys)
+	}
+
+	// 2. Nothing changed: nothing dispatched, all unchanged, reusing.
+	again := rebuild("again", false)
+	wantStates("r-again", again, map[string]cascade.ModuleState{"base": cascade.Unchanged, "app": cascade.Unchanged, "tool": cascade.Unchanged})
+	for m, st := range again {
+		if st.Reuses != "r-first" || st.Digest != first[m].Digest {
+			t.Errorf("again: %s reuses %q at %s, want r-first's %s", m, st.Reuses, st.Digest, first[m].Digest)
+		}
+	}
+	if mods, _ := dispatched("r-again"); len(mods) != 0 {
+		t.Fatalf("nothing changed, dispatched %v", mods)
+	}
+	if rec, _ := store.Plan(ctx, "r-again"); rec.Counts.Unchanged != 3 || rec.Counts.Built != 0 {
+		t.Errorf("r-again counts %+v, want 3 unchanged", rec.Counts)
+	}
+
+	// 3. A README in base's context: base rebuilt to the same digest, the
+	// cascade stops there.
+	readme, mods := push(map[string]string{"base/README.md": "the base image, documented\n"})
+	wantStates(readme, mods, map[string]cascade.ModuleState{"base": cascade.Built, "app": cascade.Unchanged, "tool": cascade.Unchanged})
+	if mods["base"].Digest != first["base"].Digest {
+		t.Errorf("base rebuilt for a README: %s, want the digest it had, %s", mods["base"].Digest, first["base"].Digest)
+	}
+	if got, _ := dispatched(readme); len(got) != 1 || got[0] != "base" {
+		t.Errorf("a README dispatched %v, want base alone", got)
+	}
+
+	// 4. A change base's image carries: everything downstream rebuilds.
+	motd, mods := push(map[string]string{"base/motd": "hello again\n"})
+	wantStates(motd, mods, map[string]cascade.ModuleState{"base": cascade.Built, "app": cascade.Built, "tool": cascade.Built})
+	for _, m := range []string{"base", "app", "tool"} {
+		if mods[m].Digest == first[m].Digest {
+			t.Errorf("after base/motd changed, %s kept digest %s", m, mods[m].Digest)
+		}
+	}
+
+	// 5. Forced: every module dispatched, whatever its key.
+	forced := rebuild("forced", true)
+	wantStates("r-forced", forced, map[string]cascade.ModuleState{"base": cascade.Built, "app": cascade.Built, "tool": cascade.Built})
+	if got, _ := dispatched("r-forced"); len(got) != 3 {
+		t.Errorf("forced dispatched %v, want all three", got)
+	}
+	// Reproducible: built again on whichever daemon, the same digests.
+	for m, st := range forced {
+		if st.Digest != mods[m].Digest {
+			t.Errorf("forced %s: %s, the push before built %s", m, st.Digest, mods[m].Digest)
+		}
+	}
+
+	// 6. A restarted controller knows the keys from its bucket: nothing
+	// changed since the forced plan, so nothing is dispatched.
+	stopController()
+	stopController = startController()
+	defer stopController()
+	restarted := rebuild("restarted", false)
+	wantStates("r-restarted", restarted, map[string]cascade.ModuleState{"base": cascade.Unchanged, "app": cascade.Unchanged, "tool": cascade.Unchanged})
+	if got, _ := dispatched("r-restarted"); len(got) != 0 || restarted["tool"].Reuses != "r-forced" {
+		t.Errorf("after a restart: dispatched %v, tool reuses %q; want nothing, reusing r-forced", got, restarted["tool"].Reuses)
+	}
+}

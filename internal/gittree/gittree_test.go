@@ -1,0 +1,53 @@
+package gittree_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/meshbuild/meshbuild/internal/gittree"
+	"github.com/meshbuild/meshbuild/internal/testenv"
+)
+
+// A commit that leaves a path alone gives it the same tree id; one that
+// touches it, another. HEAD resolves to the newest commit, a hash to itself,
+// and a path that is not a directory to "".
+func TestTreeIdsFollowThePathNotTheCommit(t *testing.T) {
+	const remote = "https://git.example/fleet.git"
+	dir, c1 := testenv.GitRepo(t, map[string]string{"base/Dockerfile": "FROM scratch\n", "app/Dockerfile": "FROM base\n"})
+	c := &gittree.Cache{Dir: t.TempDir(), InsteadOf: map[string]string{remote: dir}}
+	ctx := context.Background()
+	paths := []string{"base", "app", "", "missing", "app/Dockerfile"}
+	r1, err := c.Resolve(ctx, remote, c1, paths)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r1.Commit != c1 || r1.Trees["base"] == "" || r1.Trees["app"] == "" || r1.Trees[""] == "" ||
+		r1.Trees["missing"] != "" || r1.Trees["app/Dockerfile"] != "" {
+		t.Fatalf("resolution %+v", r1)
+	}
+	c2 := testenv.Commit(t, dir, map[string]string{"base/README.md": "docs\n"})
+	r2, err := c.Resolve(ctx, remote, "HEAD", paths)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r2.Commit != c2 {
+		t.Fatalf("HEAD resolved to %s, want %s", r2.Commit, c2)
+	}
+	if r2.Trees["app"] != r1.Trees["app"] {
+		t.Errorf("app untouched, tree %s → %s", r1.Trees["app"], r2.Trees["app"])
+	}
+	if r2.Trees["base"] == r1.Trees["base"] || r2.Trees[""] == r1.Trees[""] {
+		t.Errorf("base touched, tree unchanged: %+v %+v", r1, r2)
+	}
+	// The first commit again, from the clone (already there).
+	if again, err := c.Resolve(ctx, remote, c1, []string{"base"}); err != nil || again.Trees["base"] != r1.Trees["base"] {
+		t.Fatalf("again %+v %v", again, err)
+	}
+	if _, err := c.Resolve(ctx, remote, "no-such-branch", nil); !errors.Is(err, gittree.ErrNotFound) {
+		t.Fatalf("a missing ref: %v, want ErrNotFound", err)
+	}
+	if _, err := c.Resolve(ctx, remote, "--upload-pack=x", nil); err == nil {
+		t.Fatal("an option as a commit was accepted")
+	}
+}
