@@ -284,6 +284,17 @@ func (c *Controller) resume(ctx context.Context) error {
 		}
 		st.Window = c.planWindow()
 		c.plans[r.ID] = st
+		// Level-triggered too: a crash mid-persist may have stored a
+		// module built without its current image, or every module
+		// finished without the plan's record; the record is written again
+		// (and the plan settled, if it is) and the current images made.
+		c.touch(st)
+		for _, m := range st.Modules {
+			if cur, ok := st.Current(m.Module); ok && Newer(cur, c.current[m.Module]) {
+				c.current[m.Module] = cur
+				c.dirty[CurrentKey(m.Module)] = cur
+			}
+		}
 		c.enqueue(st, st.Pending())
 		c.enqueue(st, st.Start(time.Now().UTC()))
 		if asks := st.Cancelling(); len(asks) > 0 {
@@ -575,16 +586,47 @@ func (c *Controller) flushOnce(ctx context.Context, asks []mesh.Ask) error {
 // record. It comes first: an ask is published only once the state that
 // says it is queued is stored, so a restart re-submits every queued ask
 // (deduplicated by id) and none is lost.
+//
+// The keys are written in parallel, so a crash can store any part of one
+// phase: the phases are ordered so that every part is a state a restart
+// resumes correctly. First what modules finished (built, failed, blocked,
+// cancelled), with the current images and estimates; then what the
+// finished ones released (queued, building, …): a dependent is never
+// stored queued, its ask pinned to a base's digest, before that base is
+// stored built. Last the plan records: a record that says the plan settled
+// is stored only after everything it settled, so a crash before it leaves
+// the plan running, to be resumed, and its events (unacknowledged)
+// delivered again.
 func (c *Controller) persist(ctx context.Context) error {
+	finished, released := map[string]any{}, map[string]any{}
+	for k, v := range c.dirty {
+		if ms, ok := v.(ModuleStatus); ok && !ms.State.finished() {
+			released[k] = v
+			continue
+		}
+		finished[k] = v
+	}
+	records := map[string]any{}
 	for id := range c.dirtyRun {
 		if st := c.plans[id]; st != nil {
-			c.dirty[PlanKey(id)] = Record(st)
+			records[PlanKey(id)] = Record(st)
 		}
 	}
-	if len(c.dirty) == 0 {
-		return nil
+	for _, phase := range []map[string]any{finished, released, records} {
+		if len(phase) == 0 {
+			continue
+		}
+		if err := c.store.Put(ctx, phase); err != nil {
+			return err
+		}
 	}
-	return c.store.Put(ctx, c.dirty)
+	return nil
+}
+
+// finished reports whether a module in state s has its result (built,
+// failed, blocked, cancelled): what persist stores before what it released.
+func (s ModuleState) finished() bool {
+	return s == Built || s == Failed || s == Blocked || s == Cancelled
 }
 
 // publish submits the asks to the build seat, each with its id as the

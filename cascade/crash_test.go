@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
+	"log/slog"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -121,6 +122,34 @@ func chaosConfig(t *testing.T) (seed uint64, plans int) {
 
 func TestCrashAnywhere(t *testing.T) {
 	seed, plans := chaosConfig(t)
+	crashAnywhere(t, seed, plans)
+}
+
+// TestCrashAnywhereRegressions replays the kill schedules of seeds that
+// found a bug (the goroutines' interleaving is not replayed, so each is
+// run a few times).
+func TestCrashAnywhereRegressions(t *testing.T) {
+	for _, c := range []struct {
+		seed  uint64
+		plans int
+		bug   string
+	}{
+		// A kill mid-persist stored a plan's record as built before the
+		// current image of its last module (current.d stayed the older
+		// plan's), or a dependent as queued before its base as built (the
+		// dependent was asked for again with no digest for its base, and
+		// failed{ask}): the store's keys are written in parallel.
+		{1796025977057929803, 2, "a partial persist"},
+	} {
+		t.Run(fmt.Sprint(c.seed), func(t *testing.T) {
+			for range 3 {
+				crashAnywhere(t, c.seed, c.plans)
+			}
+		})
+	}
+}
+
+func crashAnywhere(t *testing.T, seed uint64, plans int) {
 	t.Logf("seed %d, %d plans (replay: MESHBUILD_CHAOS_SEED=%d MESHBUILD_CHAOS=%d go test -race -run TestCrashAnywhere ./cascade/)", seed, plans, seed, plans)
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -267,6 +296,7 @@ func (sv *supervisor) incarnation(parent context.Context, ready func()) {
 	}
 	point, _ := tp.killedAt()
 	sv.f.kills.add(sv.name, point)
+	sv.f.t.Logf("killed %s at %s", sv.name, point)
 }
 
 // arm sets the kill targets of the running incarnation (the first) and the
@@ -292,7 +322,11 @@ func (f *chaosFarm) runController(ctx context.Context, nc *nats.Conn, _ *tap, re
 	cfg.Registry, cfg.RegistryInsecure = f.reg.host, true
 	cfg.KeepPlans = 3 // prune (almost) every time a plan settles
 	cfg.PruneEvery = time.Nanosecond
-	c, err := cascade.New(cfg, js, f.cat, nil, nil)
+	var log *slog.Logger
+	if os.Getenv("MESHBUILD_CHAOS_LOG") != "" {
+		log = slog.New(slog.NewTextHandler(testLog{f.t, ctx}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	c, err := cascade.New(cfg, js, f.cat, log, nil)
 	if err != nil {
 		return err
 	}
@@ -318,6 +352,20 @@ func (f *chaosFarm) runController(ctx context.Context, nc *nats.Conn, _ *tap, re
 	}
 	ready()
 	return <-errc
+}
+
+// testLog writes a controller's log to the test's (MESHBUILD_CHAOS_LOG=1),
+// until its incarnation ends.
+type testLog struct {
+	t   *testing.T
+	ctx context.Context
+}
+
+func (l testLog) Write(b []byte) (int, error) {
+	if l.ctx.Err() == nil {
+		l.t.Log(strings.TrimSpace(string(b)))
+	}
+	return len(b), nil
 }
 
 // shortenAckWaits sets the controller's and the holders' consumers' ack
@@ -690,7 +738,13 @@ func (f *chaosFarm) check(round int, ids []string) {
 			continue // reported above
 		}
 		if c := cur[m]; c.Plan != last || c.Digest != evs[0].Digest {
-			fail("current.%s is plan %s %s, want the newest plan %s %s", m, c.Plan, c.Digest, last, evs[0].Digest)
+			var seqs []string
+			for _, id := range ids {
+				r, _ := f.store.Plan(ctx, id)
+				seqs = append(seqs, fmt.Sprintf("%s seq %d created %s", id, r.Seq, r.Created.Format(time.StampMicro)))
+			}
+			fail("current.%s is plan %s (seq %d) %s, want the newest plan %s %s; the round's plans, in push order: %s",
+				m, c.Plan, c.Seq, c.Digest, last, evs[0].Digest, strings.Join(seqs, "; "))
 		}
 	}
 	if t.Failed() {
