@@ -346,7 +346,14 @@ func (c *Controller) event(ctx context.Context, m jetstream.Msg) {
 			return
 		}
 		t := planner.Trigger{Kind: planner.KindPush, Repo: ev.Repo, Commit: ev.Commit, Ref: ev.Ref, Paths: ev.Paths}
-		if _, _, err := c.createPlan(ctx, t, now); err != nil {
+		// A push's plan is as new as the push's place on the bus, not as
+		// the moment it is planned: a push delivered again after a crash,
+		// behind a newer push already planned, stays the older.
+		var at uint64
+		if md, err := m.Metadata(); err == nil {
+			at = md.Sequence.Stream
+		}
+		if _, _, err := c.createPlan(ctx, t, now, at); err != nil {
 			c.log.Warn("no plan for a push", "repo", ev.Repo, "commit", ev.Commit, "err", err)
 		}
 	case mesh.SeatEventSubject(mesh.BuildSeat, mesh.EventStarted):
@@ -413,7 +420,11 @@ func (c *Controller) event(ctx context.Context, m jetstream.Msg) {
 // base is built makes the plan. (Marking only the modules built on it
 // blocked would leave a plan that no retry can mend: the base is outside
 // it.)
-func (c *Controller) createPlan(ctx context.Context, t planner.Trigger, now time.Time) (PlanRecord, bool, error) {
+//
+// A plan's sequence number (State.Seq, what makes a plan newer) is at, the
+// trigger's place on the bus (a push's EVENTS sequence), when it has one;
+// else (a tool's request, at 0) the next after every plan made so far.
+func (c *Controller) createPlan(ctx context.Context, t planner.Trigger, now time.Time, at uint64) (PlanRecord, bool, error) {
 	p, err := c.ix.Plan(t)
 	if err != nil {
 		return PlanRecord{}, false, err
@@ -431,6 +442,9 @@ func (c *Controller) createPlan(ctx context.Context, t planner.Trigger, now time
 		return PlanRecord{}, false, fmt.Errorf("planning %s: %w", p.ID, err)
 	}
 	st.Seq = c.seq + 1
+	if at > 0 {
+		st.Seq = at
+	}
 	st.Window = c.planWindow()
 	if len(c.lastBuild) > 0 {
 		st.SetEstimates(c.lastBuild)
@@ -448,7 +462,7 @@ func (c *Controller) createPlan(ctx context.Context, t planner.Trigger, now time
 		old, err := c.store.Plan(ctx, p.ID)
 		return old, false, err
 	}
-	c.seq++
+	c.seq = max(c.seq, st.Seq)
 	c.log.Info("plan", "plan", p.ID, "trigger", st.Summary, "modules", len(p.Modules), "tiers", len(p.Tiers))
 	if p.Empty() {
 		return rec, true, nil

@@ -161,7 +161,7 @@ func (c *Controller) command(ctx context.Context, cmd command) Reply {
 		if cmd.req.ID == "" || len(cmd.req.Modules) == 0 {
 			return fail(fmt.Errorf("%w: a rebuild needs a request id and modules", ErrBadRequest))
 		}
-		rec, created, err := c.createPlan(ctx, planner.Trigger{Kind: planner.KindRebuild, ID: cmd.req.ID, Modules: cmd.req.Modules}, now)
+		rec, created, err := c.createPlan(ctx, planner.Trigger{Kind: planner.KindRebuild, ID: cmd.req.ID, Modules: cmd.req.Modules}, now, 0)
 		if err != nil {
 			return fail(err)
 		}
