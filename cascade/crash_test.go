@@ -166,7 +166,7 @@ func TestANewerPushWinsOverAnOlderRedelivered(t *testing.T) {
 	older := push("older")
 	testenv.WaitFor(t, 10*time.Second, "the controller to die making the older plan", func() bool { return f.kills.total() == 1 })
 	newer := push("newer")
-	testenv.WaitFor(t, chaosSettle, "both plans to settle", func() bool { return f.allSettled([]string{older, newer}) })
+	f.waitSettled("both plans", []string{older, newer})
 	testenv.WaitFor(t, chaosSettle, "the controller's events and the queue drained", f.drained)
 	f.check(1, []string{older, newer})
 }
@@ -640,9 +640,7 @@ func (f *chaosFarm) round(round, n int) {
 		}
 		ids = append(ids, id)
 	}
-	testenv.WaitFor(t, chaosSettle, fmt.Sprintf("round %d (%s killed): plans %v to settle", round, victim, ids), func() bool {
-		return f.allSettled(ids)
-	})
+	f.waitSettled(fmt.Sprintf("round %d (%s killed)", round, victim), ids)
 	// Stop killing, and let every event and ask be settled on the bus.
 	f.ctrl.arm(nil)
 	for _, a := range f.agents {
@@ -650,6 +648,24 @@ func (f *chaosFarm) round(round, n int) {
 	}
 	testenv.WaitFor(t, chaosSettle, fmt.Sprintf("round %d: the controller's events and the queue drained", round), f.drained)
 	f.check(round, ids)
+}
+
+// waitSettled waits for the plans to settle; after chaosSettle it fails,
+// saying where each plan is.
+func (f *chaosFarm) waitSettled(what string, ids []string) {
+	f.t.Helper()
+	deadline := time.Now().Add(chaosSettle)
+	for !f.allSettled(ids) {
+		if time.Now().After(deadline) {
+			var where []string
+			for _, id := range ids {
+				r, err := f.store.Plan(context.Background(), id)
+				where = append(where, fmt.Sprintf("%s: %s %+v %v", id, r.Outcome, r.Counts, err))
+			}
+			f.t.Fatalf("%s: the plans did not settle in %s: %s", what, chaosSettle, strings.Join(where, "; "))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 func (f *chaosFarm) allSettled(ids []string) bool {
