@@ -301,6 +301,17 @@ func (c *Controller) resume(ctx context.Context) error {
 		}
 		st.Window = c.planWindow()
 		c.plans[r.ID] = st
+		// Level-triggered too: a crash mid-persist may have stored a
+		// module built without its current image, or every module
+		// finished without the plan's record; the record is written again
+		// (and the plan settled, if it is) and the current images made.
+		c.touch(st)
+		for _, m := range st.Modules {
+			if cur, ok := st.Current(m.Module); ok && Newer(cur, c.current[m.Module]) {
+				c.current[m.Module] = cur
+				c.dirty[CurrentKey(m.Module)] = cur
+			}
+		}
 		c.enqueue(st, st.Pending())
 		c.enqueue(st, st.Start(time.Now().UTC()))
 		if asks := st.Cancelling(); len(asks) > 0 {
@@ -353,7 +364,14 @@ func (c *Controller) event(ctx context.Context, m jetstream.Msg) {
 			return
 		}
 		t := planner.Trigger{Kind: planner.KindPush, Repo: ev.Repo, Commit: ev.Commit, Ref: ev.Ref, Paths: ev.Paths}
-		if _, _, err := c.createPlan(ctx, t, now); err != nil {
+		// A push's plan is as new as the push's place on the bus, not as
+		// the moment it is planned: a push delivered again after a crash,
+		// behind a newer push already planned, stays the older.
+		var at uint64
+		if md, err := m.Metadata(); err == nil {
+			at = md.Sequence.Stream
+		}
+		if _, _, err := c.createPlan(ctx, t, now, at); err != nil {
 			c.log.Warn("no plan for a push", "repo", ev.Repo, "commit", ev.Commit, "err", err)
 		}
 	case mesh.SeatEventSubject(mesh.BuildSeat, mesh.EventStarted):
@@ -422,7 +440,11 @@ func (c *Controller) event(ctx context.Context, m jetstream.Msg) {
 // base is built makes the plan. (Marking only the modules built on it
 // blocked would leave a plan that no retry can mend: the base is outside
 // it.)
-func (c *Controller) createPlan(ctx context.Context, t planner.Trigger, now time.Time) (PlanRecord, bool, error) {
+//
+// A plan's sequence number (State.Seq, what makes a plan newer) is at, the
+// trigger's place on the bus (a push's EVENTS sequence), when it has one;
+// else (a tool's request, at 0) the next after every plan made so far.
+func (c *Controller) createPlan(ctx context.Context, t planner.Trigger, now time.Time, at uint64) (PlanRecord, bool, error) {
 	p, err := c.ix.Plan(t)
 	if err != nil {
 		return PlanRecord{}, false, err
@@ -442,6 +464,9 @@ func (c *Controller) createPlan(ctx context.Context, t planner.Trigger, now time
 	c.address(ctx, st)
 	st.SetKnown(c.known)
 	st.Seq = c.seq + 1
+	if at > 0 {
+		st.Seq = at
+	}
 	st.Window = c.planWindow()
 	if len(c.lastBuild) > 0 {
 		st.SetEstimates(c.lastBuild)
@@ -459,7 +484,7 @@ func (c *Controller) createPlan(ctx context.Context, t planner.Trigger, now time
 		old, err := c.store.Plan(ctx, p.ID)
 		return old, false, err
 	}
-	c.seq++
+	c.seq = max(c.seq, st.Seq)
 	c.log.Info("plan", "plan", p.ID, "trigger", st.Summary, "modules", len(p.Modules), "tiers", len(p.Tiers))
 	if p.Empty() {
 		return rec, true, nil
@@ -654,24 +679,47 @@ func (c *Controller) flushOnce(ctx context.Context, asks []mesh.Ask) error {
 // says it is queued is stored, so a restart re-submits every queued ask
 // (deduplicated by id) and none is lost.
 //
-// Plan records are written after everything else, so that a reader who
-// sees a plan settled finds its modules stored too.
+// The keys are written in parallel, so a crash can store any part of one
+// phase: the phases are ordered so that every part is a state a restart
+// resumes correctly. First what modules finished (built, failed, blocked,
+// cancelled), with the current images and estimates; then what the
+// finished ones released (queued, building, …): a dependent is never
+// stored queued, its ask pinned to a base's digest, before that base is
+// stored built. Last the plan records: a record that says the plan settled
+// is stored only after everything it settled, so a crash before it leaves
+// the plan running, to be resumed, and its events (unacknowledged)
+// delivered again.
 func (c *Controller) persist(ctx context.Context) error {
-	if len(c.dirty) > 0 {
-		if err := c.store.Put(ctx, c.dirty); err != nil {
+	finished, released := map[string]any{}, map[string]any{}
+	for k, v := range c.dirty {
+		if ms, ok := v.(ModuleStatus); ok && !ms.State.finished() {
+			released[k] = v
+			continue
+		}
+		finished[k] = v
+	}
+	records := map[string]any{}
+	for id := range c.dirtyRun {
+		if st := c.plans[id]; st != nil {
+			records[PlanKey(id)] = Record(st)
+		}
+	}
+	for _, phase := range []map[string]any{finished, released, records} {
+		if len(phase) == 0 {
+			continue
+		}
+		if err := c.store.Put(ctx, phase); err != nil {
 			return err
 		}
 	}
-	recs := map[string]any{}
-	for id := range c.dirtyRun {
-		if st := c.plans[id]; st != nil {
-			recs[PlanKey(id)] = Record(st)
-		}
-	}
-	if len(recs) == 0 {
-		return nil
-	}
-	return c.store.Put(ctx, recs)
+	return nil
+}
+
+// finished reports whether a module in state s has its result (built,
+// unchanged, failed, blocked, cancelled): what persist stores before what it
+// released.
+func (s ModuleState) finished() bool {
+	return s == Built || s == Unchanged || s == Failed || s == Blocked || s == Cancelled
 }
 
 // publish submits the asks to the build seat, each with its id as the

@@ -80,7 +80,10 @@
 // # Newer commit wins
 //
 // Each plan carries a sequence number the controller assigns at creation
-// ([State.Seq], monotonically increasing), and its creation time. A built
+// ([State.Seq]: a push's place on the bus, its EVENTS sequence, so that a
+// push delivered again after a crash is still older than a later push;
+// for a plan requested by tool, the next after every plan made), and its
+// creation time. A built
 // result may replace a module's current digest only if its plan is newer
 // than the plan that produced the current one ([Newer]): a higher sequence
 // wins; at equal sequence a later creation time wins; a tie replaces

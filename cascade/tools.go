@@ -164,7 +164,7 @@ func (c *Controller) command(ctx context.Context, cmd command) Reply {
 		if cmd.req.ID == "" || len(cmd.req.Modules) == 0 {
 			return fail(fmt.Errorf("%w: a rebuild needs a request id and modules", ErrBadRequest))
 		}
-		rec, created, err := c.createPlan(ctx, planner.Trigger{Kind: planner.KindRebuild, ID: cmd.req.ID, Modules: cmd.req.Modules, Force: cmd.req.Force}, now)
+		rec, created, err := c.createPlan(ctx, planner.Trigger{Kind: planner.KindRebuild, ID: cmd.req.ID, Modules: cmd.req.Modules, Force: cmd.req.Force}, now, 0)
 		if err != nil {
 			return fail(err)
 		}
