@@ -187,6 +187,9 @@ func RunController(ctx context.Context, o ControllerOptions) error {
 	if o.Controller.Registry == "" {
 		return fmt.Errorf("%w: no registry: set --registry HOST:PORT (MESHBUILD_REGISTRY)", cascade.ErrConfig)
 	}
+	// The fingerprint is taken before the catalogue is read, so a change
+	// made while the controller starts is seen at the first poll.
+	fp, _ := fingerprint(o.Catalogue)
 	cat, err := LoadCatalogue(o.Catalogue, o.Log)
 	if err != nil {
 		return err
@@ -224,7 +227,6 @@ func RunController(ctx context.Context, o ControllerOptions) error {
 	if o.Ready != nil {
 		close(o.Ready)
 	}
-	fp, _ := fingerprint(o.Catalogue)
 	t := time.NewTicker(o.Poll)
 	defer t.Stop()
 	for {
