@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"regexp"
 	"sync"
 	"time"
@@ -301,6 +302,21 @@ func (l *Lease) Err() error {
 	return l.err
 }
 
+// Context returns a copy of parent that is cancelled, with Err as its
+// cause, when the lease ends: the work of a holder runs under it, so losing
+// the seat stops the work.
+func (l *Lease) Context(parent context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancelCause(parent)
+	go func() {
+		select {
+		case <-l.lost:
+			cancel(l.Err())
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, func() { cancel(nil) }
+}
+
 func (l *Lease) end(err error) {
 	l.lostOnce.Do(func() {
 		l.mu.Lock()
@@ -502,14 +518,7 @@ func Hold(ctx context.Context, js jetstream.JetStream, seat string, scope Scope,
 			}
 			return err
 		}
-		hctx, cancel := context.WithCancel(ctx)
-		go func() {
-			select {
-			case <-l.Lost():
-				cancel()
-			case <-hctx.Done():
-			}
-		}()
+		hctx, cancel := l.Context(ctx)
 		err = fn(hctx)
 		cancel()
 		lost := l.Err()
@@ -524,4 +533,14 @@ func Hold(ctx context.Context, js jetstream.JetStream, seat string, scope Scope,
 		}
 		return err
 	}
+}
+
+// Process names this process as a holder, for people reading a refusal:
+// "NAME on HOST pid PID".
+func Process(name string) string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "unknown host"
+	}
+	return fmt.Sprintf("%s on %s pid %d", name, host, os.Getpid())
 }

@@ -22,6 +22,7 @@ import (
 
 	"github.com/meshbuild/meshbuild/agent"
 	"github.com/meshbuild/meshbuild/cascade"
+	"github.com/meshbuild/meshbuild/claim"
 	"github.com/meshbuild/meshbuild/mesh"
 )
 
@@ -68,6 +69,9 @@ type AgentOptions struct {
 	Catalogue string
 	// Observer receives the agent's metrics; nil for none.
 	Observer agent.Observer
+	// Lease is how long the agent's claim of its machine's seat outlives
+	// it. 0 is claim.DefaultLease.
+	Lease time.Duration
 	Log      *slog.Logger
 }
 
@@ -104,6 +108,26 @@ func RunAgent(ctx context.Context, o AgentOptions) error {
 		return err
 	}
 	defer nc.Close()
+	// One build agent per machine: it claims node-build-agent at its
+	// machine before it pulls, and stops if it loses the claim.
+	lease, err := claim.Claim(ctx, js, mesh.BuildSeat, claim.Node(o.Agent.Machine), claim.Process("build-agent"),
+		claim.WithLease(o.Lease), claim.WithLogger(o.Log))
+	if errors.Is(err, claim.ErrClaimed) {
+		return fmt.Errorf("machine %q already has a build agent: %w: stop that one, or start this one with another --machine", o.Agent.Machine, err)
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped while waiting for the claims bucket
+		}
+		return err
+	}
+	defer func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = lease.Release(rctx)
+	}()
+	ctx, cancelHeld := lease.Context(ctx)
+	defer cancelHeld()
 	if o.Catalogue != "" {
 		known, err := knownModules(o.Catalogue, o.Log)
 		if err != nil {
@@ -120,7 +144,10 @@ func RunAgent(ctx context.Context, o AgentOptions) error {
 	if err != nil {
 		return err
 	}
-	return a.Run(ctx)
+	if err := a.Run(ctx); err != nil {
+		return err
+	}
+	return lease.Err() // nil unless the claim was lost
 }
 
 // ControllerOptions configure the controller process.
@@ -134,8 +161,11 @@ type ControllerOptions struct {
 	Poll time.Duration
 	Log  *slog.Logger
 	// Ready, if set, is closed once the controller has raised the
-	// catalogue and serves its tools.
+	// catalogue and serves its tools: once it holds mesh-controller.
 	Ready chan<- struct{}
+	// Lease is how long the controller's claim of mesh-controller outlives
+	// it: the longest a standby waits after it died. 0 is claim.DefaultLease.
+	Lease time.Duration
 }
 
 // ErrCatalogue is returned when a catalogue has problems; they were logged.
@@ -182,6 +212,27 @@ func RunController(ctx context.Context, o ControllerOptions) error {
 		return err
 	}
 	defer nc.Close()
+	// One controller works at a time: it claims mesh-controller, a second
+	// stands by and takes over when the first's claim lapses, and one that
+	// loses its claim stops (its ctx is cancelled) and stands by again.
+	if err := mesh.RaiseClaims(ctx, js, o.Controller.Replicas); err != nil {
+		return err
+	}
+	ready := sync.OnceFunc(func() {
+		if o.Ready != nil {
+			close(o.Ready)
+		}
+	})
+	return claim.Hold(ctx, js, mesh.ControllerSeat, claim.Mesh(), claim.Process("build-controller"), func(ctx context.Context) error {
+		return runController(ctx, o, nc, js, cat, ready)
+	}, claim.WithLease(o.Lease), claim.WithLogger(o.Log))
+}
+
+// runController runs the controller while it holds mesh-controller.
+func runController(ctx context.Context, o ControllerOptions, nc *nats.Conn, js jetstream.JetStream, cat *mesh.Catalogue, ready func()) error {
+	if fresh, err := LoadCatalogue(o.Catalogue, o.Log); err == nil {
+		cat = fresh // taking over: the catalogue as it is now
+	}
 	c, err := cascade.New(o.Controller, js, cat, o.Log, o.Observer)
 	if err != nil {
 		return err
@@ -194,7 +245,7 @@ func RunController(ctx context.Context, o ControllerOptions) error {
 		if err := waitControllerReady(ctx, nc, c.Module(), errc); err != nil {
 			return err
 		}
-		close(o.Ready)
+		ready()
 	}
 	fp, _ := fingerprint(o.Catalogue)
 	t := time.NewTicker(o.Poll)
