@@ -1,6 +1,8 @@
 // Command build-agent holds the node-build-agent seat on this machine: it
 // pulls one build ask at a time per slot from the shared work queue, builds
 // it with the machine's buildkitd, pushes it by digest and announces it.
+// One agent holds a machine's seat: a second started with the same --machine
+// is refused, naming the first and since when.
 //
 // Every flag has an environment equivalent (MESHBUILD_*), see -h.
 package main
@@ -14,8 +16,10 @@ import (
 	"os/signal"
 	"strconv"
 	"syscall"
+	"time"
 
 	"github.com/meshbuild/meshbuild/agent"
+	"github.com/meshbuild/meshbuild/claim"
 	"github.com/meshbuild/meshbuild/internal/farm"
 )
 
@@ -43,6 +47,7 @@ func run() int {
 	catalogue := fs.String("catalogue", farm.Env("MESHBUILD_CATALOGUE", ""), "optional catalogue directory: asks for modules it does not build are refused (MESHBUILD_CATALOGUE)")
 	metricsAddr := fs.String("metrics", farm.Env("MESHBUILD_METRICS", ""), "serve /metrics on this address, e.g. :9464 (MESHBUILD_METRICS)")
 	fs.DurationVar(&cfg.Grace, "grace", cfg.Grace, "on SIGTERM, how long builds in hand may finish before their asks are handed back")
+	lease := fs.Duration("lease", envDuration("MESHBUILD_LEASE", claim.DefaultLease), "how long this agent's claim of its machine's seat outlives it (whole seconds; MESHBUILD_LEASE)")
 	var insteadOf listFlag
 	fs.Var(&insteadOf, "git-instead-of", "URL=PATH: fetch repositories starting with URL from PATH instead (repeatable)")
 	if err := fs.Parse(os.Args[1:]); err != nil {
@@ -64,7 +69,7 @@ func run() int {
 	}
 	err = farm.RunAgent(ctx, farm.AgentOptions{
 		NATS: *natsURL, Creds: *creds, Agent: cfg, BuildKit: *bk, RegistryInsecure: *insecure,
-		Workspace: *workspace, InsteadOf: io, Catalogue: *catalogue, Observer: obs, Log: log,
+		Workspace: *workspace, InsteadOf: io, Catalogue: *catalogue, Observer: obs, Log: log, Lease: *lease,
 	})
 	if err != nil {
 		log.Error("build-agent stopped", "err", err)
@@ -76,6 +81,13 @@ func run() int {
 func envInt(name string, def int) int {
 	if v, err := strconv.Atoi(farm.Env(name, "")); err == nil {
 		return v
+	}
+	return def
+}
+
+func envDuration(name string, def time.Duration) time.Duration {
+	if d, err := time.ParseDuration(farm.Env(name, "")); err == nil {
+		return d
 	}
 	return def
 }

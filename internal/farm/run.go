@@ -69,10 +69,11 @@ type AgentOptions struct {
 	Catalogue string
 	// Observer receives the agent's metrics; nil for none.
 	Observer agent.Observer
+	Log      *slog.Logger
+
 	// Lease is how long the agent's claim of its machine's seat outlives
 	// it. 0 is claim.DefaultLease.
 	Lease time.Duration
-	Log      *slog.Logger
 }
 
 // RunAgent runs a build agent until ctx is done.
@@ -223,16 +224,20 @@ func RunController(ctx context.Context, o ControllerOptions) error {
 			close(o.Ready)
 		}
 	})
+	loaded, _ := fingerprint(o.Catalogue)
 	return claim.Hold(ctx, js, mesh.ControllerSeat, claim.Mesh(), claim.Process("build-controller"), func(ctx context.Context) error {
+		// Taking the seat over: the catalogue as it is now.
+		if now, err := fingerprint(o.Catalogue); err == nil && now != loaded {
+			if fresh, err := LoadCatalogue(o.Catalogue, o.Log); err == nil {
+				cat, loaded = fresh, now
+			}
+		}
 		return runController(ctx, o, nc, js, cat, ready)
 	}, claim.WithLease(o.Lease), claim.WithLogger(o.Log))
 }
 
 // runController runs the controller while it holds mesh-controller.
 func runController(ctx context.Context, o ControllerOptions, nc *nats.Conn, js jetstream.JetStream, cat *mesh.Catalogue, ready func()) error {
-	if fresh, err := LoadCatalogue(o.Catalogue, o.Log); err == nil {
-		cat = fresh // taking over: the catalogue as it is now
-	}
 	c, err := cascade.New(o.Controller, js, cat, o.Log, o.Observer)
 	if err != nil {
 		return err
