@@ -349,8 +349,8 @@ func (l *Lease) Release(ctx context.Context) error {
 // renew renews the claim every o.renew, each renewal conditional on the last
 // revision and carrying the lease as the key's TTL. The server forgets the
 // claim one lease after it stored the last renewal, which is no earlier than
-// one lease after it was sent: so the holder gives up at sent+lease, before
-// anyone else can have the key.
+// one lease after it was sent: the holder gives up half a renewal before
+// that (giveUp), so it has stopped before anyone else can have the key.
 func (l *Lease) renew(sent time.Time) {
 	defer close(l.done)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -362,17 +362,21 @@ func (l *Lease) renew(sent time.Time) {
 		case <-ctx.Done():
 		}
 	}()
-	deadline := time.NewTimer(time.Until(sent.Add(l.o.lease)))
+	giveUp := sent.Add(l.giveUp())
+	deadline := time.NewTimer(time.Until(giveUp))
 	defer deadline.Stop()
 	tick := time.NewTicker(l.o.renew)
 	defer tick.Stop()
 	subject := mesh.KVKeySubject(mesh.ClaimsBucket(), l.key)
+	expired := func() {
+		l.lose(fmt.Errorf("%w: %s (%s): no renewal succeeded within the lease (%s)", ErrLost, l.rec.Seat, l.rec.scope(), l.o.lease))
+	}
 	for {
 		select {
 		case <-l.stop:
 			return
 		case <-deadline.C:
-			l.lose(fmt.Errorf("%w: %s (%s): no renewal succeeded for a whole lease (%s)", ErrLost, l.rec.Seat, l.rec.scope(), l.o.lease))
+			expired()
 			return
 		case <-tick.C:
 		}
@@ -383,7 +387,12 @@ func (l *Lease) renew(sent time.Time) {
 		rec := l.rec
 		rec.Renewed = at.UTC()
 		data, _ := json.Marshal(rec)
-		pctx, pcancel := context.WithTimeout(ctx, l.o.renew)
+		// A renewal in flight may not outlast the claim it renews.
+		end := at.Add(l.o.renew)
+		if giveUp.Before(end) {
+			end = giveUp
+		}
+		pctx, pcancel := context.WithDeadline(ctx, end)
 		ack, err := l.js.PublishMsg(pctx, &nats.Msg{Subject: subject, Data: data},
 			jetstream.WithExpectLastSequencePerSubject(rev), jetstream.WithMsgTTL(l.o.lease))
 		pcancel()
@@ -391,10 +400,15 @@ func (l *Lease) renew(sent time.Time) {
 			l.mu.Lock()
 			l.rev = ack.Sequence
 			l.mu.Unlock()
-			deadline.Reset(time.Until(at.Add(l.o.lease)))
+			giveUp = at.Add(l.giveUp())
+			deadline.Reset(time.Until(giveUp))
 			continue
 		}
 		if ctx.Err() != nil {
+			return
+		}
+		if !time.Now().Before(giveUp) {
+			expired()
 			return
 		}
 		var apiErr *jetstream.APIError
@@ -404,10 +418,15 @@ func (l *Lease) renew(sent time.Time) {
 		}
 		// The key moved on without us: maybe our own renewal whose
 		// acknowledgement was lost, else the claim lapsed or is another's.
-		cur, rerr := read(ctx, l.kv, l.key)
+		rctx, rcancel := context.WithDeadline(ctx, giveUp)
+		cur, rerr := read(rctx, l.kv, l.key)
+		rcancel()
 		switch {
 		case rerr == nil && cur.Token == l.rec.Token:
-			if e, gerr := l.kv.Get(ctx, l.key); gerr == nil {
+			gctx, gcancel := context.WithDeadline(ctx, giveUp)
+			e, gerr := l.kv.Get(gctx, l.key)
+			gcancel()
+			if gerr == nil {
 				l.mu.Lock()
 				l.rev = e.Revision()
 				l.mu.Unlock()
@@ -423,6 +442,10 @@ func (l *Lease) renew(sent time.Time) {
 		}
 	}
 }
+
+// giveUp is how long after sending its last successful renewal the holder
+// gives the claim up: half a renewal inside the lease.
+func (l *Lease) giveUp() time.Duration { return l.o.lease - l.o.renew/2 }
 
 func (l *Lease) lose(err error) {
 	l.o.log.Error("lost the seat: stop working as its holder", "seat", l.rec.Seat, "scope", l.rec.scope().String(), "err", err)

@@ -261,10 +261,9 @@ func TestAStandbyControllerTakesOverMidPlan(t *testing.T) {
 		t.Fatalf("A did not plan the push:\n%s", logA.String())
 	}
 
-	// A is cut off mid-plan; b finishes while no controller is live.
+	// A is cut off mid-plan, b still building.
 	cut := time.Now()
 	px.cut()
-	close(work.gates["b"])
 	select {
 	case <-readyB:
 	case err := <-doneB:
@@ -273,10 +272,18 @@ func TestAStandbyControllerTakesOverMidPlan(t *testing.T) {
 		t.Fatalf("the standby did not take over:\n%s", logB.String())
 	}
 	took := time.Since(cut)
+	// A gave the seat up before B could take it: never two holders.
+	if !strings.Contains(logA.String(), "lost the seat") {
+		t.Errorf("B took over before A gave the seat up:\n%s", logA.String())
+	}
 	t.Logf("standby took over %s after the holder was cut off (lease %s)", took, lease)
 	if took > 3*lease+time.Second {
 		t.Errorf("takeover took %s with a lease of %s", took, lease)
 	}
+	// b finishes now. (Had it finished while the server still kept A's
+	// pull requests, its built would have gone to A and come back to B
+	// after the consumer's ack wait: later, never lost.)
+	close(work.gates["b"])
 	store, err := cascade.OpenStore(context.Background(), js, "build-controller")
 	if err != nil {
 		t.Fatal(err)
@@ -285,7 +292,6 @@ func TestAStandbyControllerTakesOverMidPlan(t *testing.T) {
 		rec, err := store.Plan(context.Background(), plan)
 		return err == nil && rec.Outcome == cascade.OutcomeBuilt
 	})
-	t.Logf("plan finished %s after the cut", time.Since(cut))
 	if got := builtEvents(t, js); got["a"] != 1 || got["b"] != 1 || got["c"] != 1 || len(got) != 3 {
 		t.Fatalf("built events by module %v: want each of a, b, c exactly once", got)
 	}
@@ -298,18 +304,12 @@ func TestAStandbyControllerTakesOverMidPlan(t *testing.T) {
 	if now, _, _ := claim.Current(context.Background(), js, mesh.ControllerSeat, claim.Mesh()); now.Holder == holderA.Holder && now.Token == holderA.Token {
 		t.Fatal("the seat is still A's claim")
 	}
-	// A, cut off, stopped working: it lost the seat and is no holder.
-	if !strings.Contains(logA.String(), "lost the seat") {
-		t.Errorf("A never said it lost the seat:\n%s", logA.String())
-	}
 	stopA()
-	t.Logf("A stopping %s after the cut", time.Since(cut))
 	select {
 	case <-doneA:
 	case <-time.After(20 * time.Second):
 		t.Fatal("A did not stop")
 	}
-	t.Logf("A stopped %s after the cut", time.Since(cut))
 	stopB()
 	if err := <-doneB; err != nil {
 		t.Fatalf("controller B: %v", err)
