@@ -454,7 +454,8 @@ func (l *Lease) lose(err error) {
 
 // Standby claims seat at scope for holder, waiting while another holds it:
 // it says so (with a logger), and takes the seat as soon as the holder
-// releases it or its claim lapses. It returns the Lease, or ctx's error.
+// releases it or its claim lapses. While the bus cannot be reached it keeps
+// trying. It returns the Lease, or ctx's error.
 func Standby(ctx context.Context, js jetstream.JetStream, seat string, scope Scope, holder string, opts ...Option) (*Lease, error) {
 	o, err := makeOptions(opts)
 	if err != nil {
@@ -463,18 +464,21 @@ func Standby(ctx context.Context, js jetstream.JetStream, seat string, scope Sco
 	if err := checkArgs(seat, scope, holder); err != nil {
 		return nil, err
 	}
-	kv, err := bucket(ctx, js, o.log)
-	if err != nil {
-		return nil, err
-	}
 	var (
+		kv      jetstream.KeyValue
 		seen    string
 		updates <-chan jetstream.KeyValueEntry
 	)
 	tick := time.NewTicker(o.renew)
 	defer tick.Stop()
 	for {
-		l, err := claim(ctx, js, kv, seat, scope, holder, o)
+		var l *Lease
+		if kv == nil {
+			kv, err = bucket(ctx, js, o.log)
+		}
+		if kv != nil {
+			l, err = claim(ctx, js, kv, seat, scope, holder, o)
+		}
 		if err == nil {
 			if seen != "" {
 				o.log.Info("took the seat over", "seat", seat, "scope", scope.String(), "holder", holder)
@@ -482,8 +486,20 @@ func Standby(ctx context.Context, js jetstream.JetStream, seat string, scope Sco
 			return l, nil
 		}
 		var ce *ClaimedError
-		if !errors.As(err, &ce) {
-			return nil, err
+		switch {
+		case errors.As(err, &ce):
+		case ctx.Err() != nil:
+			return nil, ctx.Err()
+		default:
+			// The bus is away (a standby cut off, a server restarting):
+			// look again at the next renewal.
+			o.log.Warn("standby: claiming the seat failed; trying again", "seat", seat, "scope", scope.String(), "err", err)
+			select {
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-tick.C:
+			}
+			continue
 		}
 		if ce.Record.Token != seen {
 			seen = ce.Record.Token

@@ -304,6 +304,12 @@ func TestAStandbyControllerTakesOverMidPlan(t *testing.T) {
 	if now, _, _ := claim.Current(context.Background(), js, mesh.ControllerSeat, claim.Mesh()); now.Holder == holderA.Holder && now.Token == holderA.Token {
 		t.Fatal("the seat is still A's claim")
 	}
+	// A, cut off, stands by again rather than exiting or working.
+	select {
+	case err := <-doneA:
+		t.Fatalf("A stopped instead of standing by: %v", err)
+	default:
+	}
 	stopA()
 	select {
 	case <-doneA:
