@@ -339,7 +339,24 @@ func (l *Lease) Release(ctx context.Context) error {
 		return nil
 	}
 	l.end(ErrReleased)
-	if err := l.kv.Delete(ctx, l.key, jetstream.LastRevision(rev)); err != nil {
+	err := l.kv.Delete(ctx, l.key, jetstream.LastRevision(rev))
+	if wrongLastSequence(err) {
+		// A renewal cut short by the release may have been stored: delete
+		// at the key's revision if the claim there is still this one.
+		e, gerr := l.kv.Get(ctx, l.key)
+		var cur Record
+		switch {
+		case errors.Is(gerr, jetstream.ErrKeyNotFound) || errors.Is(gerr, jetstream.ErrKeyDeleted):
+			err = nil // lapsed: nothing to remove
+		case gerr != nil:
+			err = gerr
+		case json.Unmarshal(e.Value(), &cur) != nil || cur.Token != l.rec.Token:
+			err = nil // another's now: not ours to remove
+		default:
+			err = l.kv.Delete(ctx, l.key, jetstream.LastRevision(e.Revision()))
+		}
+	}
+	if err != nil {
 		return fmt.Errorf("releasing %s (%s): %w (the claim lapses within %s)", l.rec.Seat, l.rec.scope(), err, l.o.lease)
 	}
 	l.o.log.Info("released the seat", "seat", l.rec.Seat, "scope", l.rec.scope().String())
@@ -411,8 +428,7 @@ func (l *Lease) renew(sent time.Time) {
 			expired()
 			return
 		}
-		var apiErr *jetstream.APIError
-		if !errors.As(err, &apiErr) || apiErr.ErrorCode != jetstream.JSErrCodeStreamWrongLastSequence {
+		if !wrongLastSequence(err) {
 			l.o.log.Warn("renewing the seat's claim failed; retrying", "seat", l.rec.Seat, "scope", l.rec.scope().String(), "err", err)
 			continue
 		}
@@ -441,6 +457,13 @@ func (l *Lease) renew(sent time.Time) {
 			l.o.log.Warn("reading the seat's claim failed; retrying", "seat", l.rec.Seat, "err", rerr)
 		}
 	}
+}
+
+// wrongLastSequence reports whether a conditional write was refused because
+// the key has moved on from the revision it expected.
+func wrongLastSequence(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence
 }
 
 // giveUp is how long after sending its last successful renewal the holder

@@ -113,6 +113,37 @@ func TestAReleasedSeatIsTakenAtOnce(t *testing.T) {
 	release(t, b)
 }
 
+// A renewal stored while its acknowledgement was lost (or cut short by the
+// release) leaves the lease a revision behind: Release still removes the
+// claim, because the claim there is still this one.
+func TestReleaseRemovesAClaimARevisionAhead(t *testing.T) {
+	_, dial := bus(t)
+	ctx := context.Background()
+	_, js := dial()
+	a, err := claim.Claim(ctx, js, "mesh-controller", claim.Mesh(), "A")
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, err := js.KeyValue(ctx, mesh.ClaimsBucket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := mesh.ClaimKey("mesh-controller", "")
+	e, err := kv.Get(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Update(ctx, key, e.Value(), e.Revision()); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Release(ctx); err != nil {
+		t.Fatalf("release a revision behind: %v", err)
+	}
+	if rec, ok, _ := claim.Current(ctx, js, "mesh-controller", claim.Mesh()); ok {
+		t.Fatalf("released claim still there: %+v", rec)
+	}
+}
+
 // A holder that dies stops renewing: its claim lapses on the server and the
 // standby takes the seat within the lease, while the dead holder's Lost
 // fires.

@@ -125,7 +125,9 @@ func RunAgent(ctx context.Context, o AgentOptions) error {
 	defer func() {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
-		_ = lease.Release(rctx)
+		if err := lease.Release(rctx); err != nil {
+			o.Log.Warn("releasing the machine's seat", "err", err)
+		}
 	}()
 	ctx, cancelHeld := lease.Context(ctx)
 	defer cancelHeld()
