@@ -206,6 +206,9 @@ func RunController(ctx context.Context, o ControllerOptions) error {
 	if o.Controller.Registry == "" {
 		return fmt.Errorf("%w: no registry: set --registry HOST:PORT (MESHBUILD_REGISTRY)", cascade.ErrConfig)
 	}
+	// The fingerprint of the catalogue in use is taken before it is read:
+	// a change from then on is seen by the next poll.
+	loaded, _ := fingerprint(o.Catalogue)
 	cat, err := LoadCatalogue(o.Catalogue, o.Log)
 	if err != nil {
 		return err
@@ -226,7 +229,6 @@ func RunController(ctx context.Context, o ControllerOptions) error {
 			close(o.Ready)
 		}
 	})
-	loaded, _ := fingerprint(o.Catalogue)
 	return claim.Hold(ctx, js, mesh.ControllerSeat, claim.Mesh(), claim.Process("build-controller"), func(ctx context.Context) error {
 		// Taking the seat over: the catalogue as it is now.
 		if now, err := fingerprint(o.Catalogue); err == nil && now != loaded {
@@ -234,12 +236,12 @@ func RunController(ctx context.Context, o ControllerOptions) error {
 				cat, loaded = fresh, now
 			}
 		}
-		return runController(ctx, o, nc, js, cat, ready)
+		return runController(ctx, o, nc, js, cat, loaded, ready)
 	}, claim.WithLease(o.Lease), claim.WithLogger(o.Log))
 }
 
 // runController runs the controller while it holds mesh-controller.
-func runController(ctx context.Context, o ControllerOptions, nc *nats.Conn, js jetstream.JetStream, cat *mesh.Catalogue, ready func()) error {
+func runController(ctx context.Context, o ControllerOptions, nc *nats.Conn, js jetstream.JetStream, cat *mesh.Catalogue, fp string, ready func()) error {
 	c, err := cascade.New(o.Controller, js, cat, o.Log, o.Observer)
 	if err != nil {
 		return err
@@ -254,7 +256,6 @@ func runController(ctx context.Context, o ControllerOptions, nc *nats.Conn, js j
 		}
 		ready()
 	}
-	fp, _ := fingerprint(o.Catalogue)
 	t := time.NewTicker(o.Poll)
 	defer t.Stop()
 	for {
