@@ -193,7 +193,20 @@ func (c *Controller) Run(ctx context.Context) error {
 			events <- m
 		}
 	})
-	defer func() { it.Stop(); wg.Wait() }()
+	// On the way out, events fetched and not worked go back at once, so
+	// the next holder of mesh-controller has them without an ack wait (a
+	// drain needs the bus: cut off from it, just stop).
+	defer func() {
+		if c.nc.IsConnected() {
+			it.Drain()
+		} else {
+			it.Stop()
+		}
+		for m := range events {
+			_ = m.Nak()
+		}
+		wg.Wait()
+	}()
 	c.log.Info("controller running", "module", c.module, "plans", len(c.plans))
 
 	tick := time.NewTicker(c.cfg.ObserveEvery)
@@ -238,6 +251,11 @@ func (c *Controller) Run(ctx context.Context) error {
 		}
 		if err := c.flush(ctx); err != nil {
 			return err
+		}
+		if ctx.Err() != nil {
+			// Stopped (or lost mesh-controller) mid-batch: its state may be
+			// unwritten, so its events stay unacked for the next holder.
+			return nil
 		}
 		for _, m := range batch {
 			_ = m.Ack()

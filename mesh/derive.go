@@ -26,6 +26,12 @@ const (
 	HolderAckWait = 30 * time.Second
 	// ConsumerAckWait is the ack wait of a module's event consumer.
 	ConsumerAckWait = 30 * time.Second
+	// ClaimMarkerTTL is how long ClaimsBucket keeps the marker the server
+	// leaves where a claim lapsed (its holder stopped renewing). The marker
+	// is what tells a waiting claimant the seat is free.
+	ClaimMarkerTTL = time.Hour
+	// ClaimMaxValue bounds one claim's record.
+	ClaimMaxValue = 4 << 10
 )
 
 // StreamSpec is a stream the catalogue implies.
@@ -78,7 +84,22 @@ func (c *Catalogue) Derive(replicas int) Wire {
 			w.Buckets = append(w.Buckets, BucketSpecOf(m.Module, b, replicas))
 		}
 	}
+	w.Buckets = append(w.Buckets, ClaimsBucketSpec(replicas))
 	return w
+}
+
+// ClaimsBucketSpec derives the mesh's bucket of seat claims. Every claim
+// carries its own lease as a per-key TTL (LimitMarkerTTL turns those on), so
+// a claim whose holder stops renewing lapses on the server's clock.
+func ClaimsBucketSpec(replicas int) BucketSpec {
+	return BucketSpec{
+		Why: "one holder per seat and scope (design 29 §5)",
+		Config: jetstream.KeyValueConfig{
+			Bucket: ClaimsBucket(), History: 1, LimitMarkerTTL: ClaimMarkerTTL,
+			MaxValueSize: ClaimMaxValue, MaxBytes: BucketMaxBytes,
+			Storage: jetstream.FileStorage, Replicas: max(replicas, 1),
+		},
+	}
 }
 
 // eventStreams derives EVENTS and LOGS: each carries exactly the declared

@@ -45,12 +45,13 @@
 //	holders of seat s              one durable pull consumer, holders-<s>, on SEAT_<s>
 //	module m consumes …            durable consumer module-<m> on EVENTS (and on LOGS for log events)
 //	module m, state b              key-value bucket <m>_<b> (stream KV_<m>_<b>)
+//	a holder's claim of seat s     key <s>.mesh or <s>.node.<node> in bucket CLAIMS
 //	wildcards * and **             * and > on the wire
 //
 // The functions are ModuleEventSubject, ModuleToolSubject,
 // SeatAcceptSubject, SeatEventSubject, SeatToolSubject, EventStream,
-// SeatStream, SeatConsumer, ModuleConsumer, AckSubject, KVBucket and
-// WireName. Local names hold no dots where a token is expected and no "_",
+// SeatStream, SeatConsumer, ModuleConsumer, AckSubject, KVBucket,
+// ClaimsBucket, ClaimKey and WireName. Local names hold no dots where a token is expected and no "_",
 // so two declarations cannot derive the same name.
 //
 // # What is refused

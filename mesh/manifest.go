@@ -72,11 +72,16 @@ const DefaultPlatform = "linux/amd64"
 // DefaultDockerfile is a build's Dockerfile when the manifest names none.
 const DefaultDockerfile = "Dockerfile"
 
+// ControllerSeat is the mesh's own seat the controller holds: one holder in
+// the mesh, so a second controller is a standby. Nodes enrol with it and
+// report to it.
+const ControllerSeat = "mesh-controller"
+
 // MeshSeats are the mesh's own seats, declared by the mesh itself (ADR 0121):
 // a module is assigned one with holds, and never declares one.
 var MeshSeats = []Seat{
 	{Seat: "mesh-git", Scope: ScopeMesh, Emits: []string{"pushed"}},
-	{Seat: "mesh-controller", Scope: ScopeMesh, Accepts: []string{"report retain 7d", "enrol retain 7d"},
+	{Seat: ControllerSeat, Scope: ScopeMesh, Accepts: []string{"report retain 7d", "enrol retain 7d"},
 		Serves: []string{"nodes", "assign", "unassign", "seats"}},
 }
 

@@ -124,3 +124,25 @@ func KVStream(bucket string) string { return "KV_" + bucket }
 
 // KVSubjects is every key subject of a bucket.
 func KVSubjects(bucket string) string { return "$KV." + bucket + ".>" }
+
+// ClaimsBucket is the mesh's own bucket of seat claims: one key per seat and
+// scope, held by the one holder there (design 29 §5). Its name is upper
+// case, so no module's bucket (KVBucket: lower case) can ever derive it.
+func ClaimsBucket() string { return "CLAIMS" }
+
+// ClaimKey is the key of seat s's claim at a scope: "<seat>.mesh" for a
+// mesh-scoped seat (node empty), "<seat>.node.<node>" for a node-scoped one.
+// Every key of a seat is under ClaimSubjects(seat).
+func ClaimKey(seat, node string) string {
+	if node == "" {
+		return seat + "." + ScopeMesh
+	}
+	return seat + "." + ScopeNode + "." + node
+}
+
+// ClaimSubjects is every key subject of seat s's claims: what a holder of
+// the seat may write in ClaimsBucket.
+func ClaimSubjects(seat string) string { return KVKeySubject(ClaimsBucket(), seat+".>") }
+
+// KVKeySubject is the subject a bucket's key is written on.
+func KVKeySubject(bucket, key string) string { return "$KV." + bucket + "." + key }

@@ -13,9 +13,6 @@ import (
 // node, the last value only. Each node reads its own subject through a durable
 // consumer named after it, because its ack grant is derived from that name.
 const (
-	// ControllerSeat is the mesh's own seat the controller holds: nodes
-	// enrol with it and report to it.
-	ControllerSeat = "mesh-controller"
 	// EnrolVerb and ReportVerb are what ControllerSeat accepts from nodes.
 	EnrolVerb  = "enrol"
 	ReportVerb = "report"

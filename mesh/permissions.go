@@ -84,6 +84,12 @@ func (c *Catalogue) ModulePermissions(m *Manifest) Permissions {
 				p.pub[g] = true
 			}
 		}
+		// A holder claims its seat before it pulls: it writes the seat's
+		// claims and reads the bucket (who holds it, since when).
+		p.pub[ClaimSubjects(s.Seat)] = true
+		for _, g := range bucketReadGrants(ClaimsBucket()) {
+			p.pub[g] = true
+		}
 	}
 	for _, s := range m.Uses {
 		p.pub[SeatAcceptAll(s)] = true

@@ -165,6 +165,9 @@ func isMeshStream(name string) bool {
 	if _, ok := SeatFromStream(name); ok {
 		return true
 	}
+	if name == KVStream(ClaimsBucket()) {
+		return true
+	}
 	if b, ok := strings.CutPrefix(name, "KV_"); ok {
 		mod, bucket, ok := strings.Cut(b, "_")
 		return ok && ValidName(mod) && ValidName(bucket)
@@ -180,4 +183,15 @@ func isMeshConsumer(name string) bool {
 func MarshalIndent(v any) string {
 	b, _ := json.MarshalIndent(v, "", "  ")
 	return string(b)
+}
+
+// RaiseClaims asserts the claims bucket alone, idempotently. A controller
+// claims its seat before it raises the rest of the catalogue (only the
+// holder raises), so the bucket it claims in comes first.
+func RaiseClaims(ctx context.Context, js jetstream.JetStream, replicas int) error {
+	spec := ClaimsBucketSpec(replicas)
+	if _, err := js.CreateOrUpdateKeyValue(ctx, spec.Config); err != nil {
+		return fmt.Errorf("asserting bucket %s (%s): %w", spec.Config.Bucket, spec.Why, err)
+	}
+	return nil
 }

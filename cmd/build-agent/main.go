@@ -1,6 +1,8 @@
 // Command build-agent holds the node-build-agent seat on this machine: it
 // pulls one build ask at a time per slot from the shared work queue, builds
 // it with the machine's buildkitd, pushes it by digest and announces it.
+// One agent holds a machine's seat: a second started with the same --machine
+// is refused, naming the first and since when.
 //
 // Every flag has an environment equivalent (MESHBUILD_*), see -h.
 package main
@@ -14,8 +16,10 @@ import (
 	"os/signal"
 	"strconv"
 	"syscall"
+	"time"
 
 	"github.com/meshbuild/meshbuild/agent"
+	"github.com/meshbuild/meshbuild/claim"
 	"github.com/meshbuild/meshbuild/internal/daemon"
 	"github.com/meshbuild/meshbuild/registry"
 )
@@ -46,6 +50,7 @@ func run() int {
 	fs.DurationVar(&cfg.Grace, "grace", cfg.Grace, "on SIGTERM, how long builds in hand may finish before their asks are handed back")
 	var bkOpts agent.BuildKitOptions
 	fs.Int64Var(&bkOpts.SourceDateEpoch, "source-date-epoch", int64(envInt("MESHBUILD_SOURCE_DATE_EPOCH", 0)), "SOURCE_DATE_EPOCH every image is built reproducibly to, seconds since 1970 (MESHBUILD_SOURCE_DATE_EPOCH)")
+	lease := fs.Duration("lease", envDuration("MESHBUILD_LEASE", claim.DefaultLease), "how long this agent's claim of its machine's seat outlives it (whole seconds; MESHBUILD_LEASE)")
 	var insteadOf listFlag
 	fs.Var(&insteadOf, "git-instead-of", "URL=PATH: fetch repositories starting with URL from PATH instead (repeatable)")
 	if err := fs.Parse(os.Args[1:]); err != nil {
@@ -67,7 +72,7 @@ func run() int {
 	}
 	err = daemon.RunAgent(ctx, daemon.AgentOptions{
 		NATS: *natsURL, Creds: *creds, Agent: cfg, BuildKit: *bk, BuildKitOptions: bkOpts, RegistryClient: registry.NewClient(registry.WithInsecure(*insecure)),
-		Workspace: *workspace, InsteadOf: io, Catalogue: *catalogue, Observer: obs, Log: log,
+		Workspace: *workspace, InsteadOf: io, Catalogue: *catalogue, Observer: obs, Log: log, Lease: *lease,
 	})
 	if err != nil {
 		log.Error("build-agent stopped", "err", err)
@@ -79,6 +84,13 @@ func run() int {
 func envInt(name string, def int) int {
 	if v, err := strconv.Atoi(daemon.Env(name, "")); err == nil {
 		return v
+	}
+	return def
+}
+
+func envDuration(name string, def time.Duration) time.Duration {
+	if d, err := time.ParseDuration(daemon.Env(name, "")); err == nil {
+		return d
 	}
 	return def
 }

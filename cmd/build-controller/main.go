@@ -2,6 +2,10 @@
 // consumer and bucket it implies), turns pushes and operators' requests into
 // plans, and walks each plan's build.on graph: a module is asked for the
 // moment its last base is built, pinned to the digest just pushed.
+//
+// One controller works at a time: it claims the mesh-controller seat, and a
+// second one started on the same bus stands by (it logs who holds the seat,
+// since when) and takes over within the lease when the first stops or dies.
 package main
 
 import (
@@ -11,8 +15,10 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/meshbuild/meshbuild/cascade"
+	"github.com/meshbuild/meshbuild/claim"
 	"github.com/meshbuild/meshbuild/internal/daemon"
 	"github.com/meshbuild/meshbuild/registry"
 )
@@ -36,6 +42,7 @@ func run() int {
 		return nil
 	})
 	metricsAddr := fs.String("metrics", daemon.Env("MESHBUILD_METRICS", ""), "serve /metrics on this address, e.g. :9465 (MESHBUILD_METRICS)")
+	lease := fs.Duration("lease", envDuration("MESHBUILD_LEASE", claim.DefaultLease), "how long this controller's claim of mesh-controller outlives it: a standby controller takes over within it (whole seconds; MESHBUILD_LEASE)")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		return 2
 	}
@@ -58,11 +65,18 @@ func run() int {
 		return 1
 	}
 	err = daemon.RunController(ctx, daemon.ControllerOptions{
-		NATS: *natsURL, Creds: *creds, Catalogue: *catalogue, Controller: cfg, Observer: obs, Log: log,
+		NATS: *natsURL, Creds: *creds, Catalogue: *catalogue, Controller: cfg, Observer: obs, Log: log, Lease: *lease,
 	})
 	if err != nil {
 		log.Error("build-controller stopped", "err", err)
 		return 1
 	}
 	return 0
+}
+
+func envDuration(name string, def time.Duration) time.Duration {
+	if d, err := time.ParseDuration(daemon.Env(name, "")); err == nil {
+		return d
+	}
+	return def
 }

@@ -26,6 +26,7 @@ import (
 
 	"github.com/meshbuild/meshbuild/agent"
 	"github.com/meshbuild/meshbuild/cascade"
+	"github.com/meshbuild/meshbuild/claim"
 	"github.com/meshbuild/meshbuild/deploy"
 	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/registry"
@@ -80,6 +81,10 @@ type AgentOptions struct {
 	// Observer receives the agent's metrics; nil for none.
 	Observer agent.Observer
 	Log      *slog.Logger
+
+	// Lease is how long the agent's claim of its machine's seat outlives
+	// it. 0 is claim.DefaultLease.
+	Lease time.Duration
 }
 
 // RunAgent runs a build agent until ctx is done.
@@ -117,6 +122,28 @@ func RunAgent(ctx context.Context, o AgentOptions) error {
 		return err
 	}
 	defer nc.Close()
+	// One build agent per machine: it claims node-build-agent at its
+	// machine before it pulls, and stops if it loses the claim.
+	lease, err := claim.Claim(ctx, js, mesh.BuildSeat, claim.Node(o.Agent.Machine), claim.Process("build-agent"),
+		claim.WithLease(o.Lease), claim.WithLogger(o.Log))
+	if errors.Is(err, claim.ErrClaimed) {
+		return fmt.Errorf("machine %q already has a build agent: %w: stop that one, or start this one with another --machine", o.Agent.Machine, err)
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped while waiting for the claims bucket
+		}
+		return err
+	}
+	defer func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if err := lease.Release(rctx); err != nil {
+			o.Log.Warn("releasing the machine's seat", "err", err)
+		}
+	}()
+	ctx, cancelHeld := lease.Context(ctx)
+	defer cancelHeld()
 	if o.Catalogue != "" {
 		known, err := knownModules(o.Catalogue, o.Log)
 		if err != nil {
@@ -132,7 +159,10 @@ func RunAgent(ctx context.Context, o AgentOptions) error {
 	if err != nil {
 		return err
 	}
-	return a.Run(ctx)
+	if err := a.Run(ctx); err != nil {
+		return err
+	}
+	return lease.Err() // nil unless the claim was lost
 }
 
 // ControllerOptions configure the controller process.
@@ -148,8 +178,11 @@ type ControllerOptions struct {
 	Poll time.Duration
 	Log  *slog.Logger
 	// Ready, if set, is closed once the controller has raised the
-	// catalogue and serves its tools.
+	// catalogue and serves its tools: once it holds mesh-controller.
 	Ready chan<- struct{}
+	// Lease is how long the controller's claim of mesh-controller outlives
+	// it: the longest a standby waits after it died. 0 is claim.DefaultLease.
+	Lease time.Duration
 }
 
 // ErrCatalogue is returned when a catalogue has problems; they were logged.
@@ -187,9 +220,9 @@ func RunController(ctx context.Context, o ControllerOptions) error {
 	if o.Controller.Registry == "" {
 		return fmt.Errorf("%w: no registry: set --registry HOST:PORT (MESHBUILD_REGISTRY)", cascade.ErrConfig)
 	}
-	// The fingerprint is taken before the catalogue is read, so a change
-	// made while the controller starts is seen at the first poll.
-	fp, _ := fingerprint(o.Catalogue)
+	// The fingerprint of the catalogue in use is taken before it is read:
+	// a change from then on is seen by the next poll.
+	loaded, _ := fingerprint(o.Catalogue)
 	cat, err := LoadCatalogue(o.Catalogue, o.Log)
 	if err != nil {
 		return err
@@ -199,6 +232,30 @@ func RunController(ctx context.Context, o ControllerOptions) error {
 		return err
 	}
 	defer nc.Close()
+	// One controller works at a time: it claims mesh-controller, a second
+	// stands by and takes over when the first's claim lapses, and one that
+	// loses its claim stops (its ctx is cancelled) and stands by again.
+	if err := mesh.RaiseClaims(ctx, js, o.Controller.Replicas); err != nil {
+		return err
+	}
+	ready := sync.OnceFunc(func() {
+		if o.Ready != nil {
+			close(o.Ready)
+		}
+	})
+	return claim.Hold(ctx, js, mesh.ControllerSeat, claim.Mesh(), claim.Process("build-controller"), func(ctx context.Context) error {
+		// Taking the seat over: the catalogue as it is now.
+		if now, err := fingerprint(o.Catalogue); err == nil && now != loaded {
+			if fresh, err := LoadCatalogue(o.Catalogue, o.Log); err == nil {
+				cat, loaded = fresh, now
+			}
+		}
+		return runController(ctx, o, nc, js, cat, loaded, ready)
+	}, claim.WithLease(o.Lease), claim.WithLogger(o.Log))
+}
+
+// runController runs the controller while it holds mesh-controller.
+func runController(ctx context.Context, o ControllerOptions, nc *nats.Conn, js jetstream.JetStream, cat *mesh.Catalogue, fp string, ready func()) error {
 	c, err := cascade.New(o.Controller, js, cat, o.Log, o.Observer)
 	if err != nil {
 		return err
@@ -224,9 +281,7 @@ func RunController(ctx context.Context, o ControllerOptions) error {
 			errc <- fmt.Errorf("the fleet: %w", err)
 		}
 	}()
-	if o.Ready != nil {
-		close(o.Ready)
-	}
+	ready()
 	t := time.NewTicker(o.Poll)
 	defer t.Stop()
 	for {

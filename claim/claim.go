@@ -1,0 +1,608 @@
+package claim
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"regexp"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/meshbuild/meshbuild/mesh"
+)
+
+// Defaults of a claim's lease.
+const (
+	// DefaultLease is how long a claim outlives its holder's last renewal.
+	DefaultLease = 15 * time.Second
+)
+
+var (
+	// ErrClaimed is matched (errors.Is) by the refusal of a seat another
+	// holder has; the error is a *ClaimedError naming that holder.
+	ErrClaimed = errors.New("seat already claimed")
+	// ErrLost is matched by Lease.Err after the claim was lost: a renewal
+	// was refused, or none succeeded for a whole lease.
+	ErrLost = errors.New("claim lost")
+	// ErrReleased is Lease.Err after Release.
+	ErrReleased = errors.New("claim released")
+	// ErrOption is wrapped by every refusal of an option or argument.
+	ErrOption = errors.New("invalid claim")
+)
+
+// Scope is where a seat has one holder: the whole mesh, or one node.
+type Scope struct{ node string }
+
+// Mesh is the scope of a mesh-scoped seat: one holder in the mesh.
+func Mesh() Scope { return Scope{} }
+
+// Node is the scope of a node-scoped seat on node name: one holder there.
+func Node(name string) Scope { return Scope{node: name} }
+
+// Node is the scope's node; empty for Mesh.
+func (s Scope) Node() string { return s.node }
+
+// String is "mesh" or "node NAME".
+func (s Scope) String() string {
+	if s.node == "" {
+		return mesh.ScopeMesh
+	}
+	return mesh.ScopeNode + " " + s.node
+}
+
+// Record is the value of a claim.
+type Record struct {
+	Seat  string `json:"seat"`
+	Scope string `json:"scope"` // mesh or node
+	Node  string `json:"node,omitempty"`
+	// Holder says who holds the seat, for people: a process and a machine.
+	Holder string `json:"holder"`
+	// Since is when the holder claimed the seat; Renewed is its last
+	// renewal. Both are the holder's clock.
+	Since   time.Time `json:"since"`
+	Renewed time.Time `json:"renewed"`
+	// Lease is how long the claim outlives its last renewal.
+	Lease string `json:"lease"`
+	// Token tells this claim from an earlier one of the same holder.
+	Token string `json:"token"`
+}
+
+func (r Record) scope() Scope { return Scope{node: r.Node} }
+
+// ClaimedError refuses a claim: the seat has a holder at that scope.
+type ClaimedError struct {
+	Record Record
+}
+
+func (e *ClaimedError) Error() string {
+	return fmt.Sprintf("seat %s (%s) is held by %q since %s", e.Record.Seat, e.Record.scope(),
+		e.Record.Holder, e.Record.Since.Format(time.RFC3339))
+}
+
+// Is matches ErrClaimed.
+func (e *ClaimedError) Is(target error) bool { return target == ErrClaimed }
+
+// Option configures a claim.
+type Option func(*options) error
+
+type options struct {
+	lease, renew time.Duration
+	log          *slog.Logger
+}
+
+// WithLease sets how long a claim outlives its holder's last renewal: the
+// longest a seat stays held after its holder died. The server counts whole
+// seconds, so it must be a whole number of seconds, at least one.
+func WithLease(d time.Duration) Option {
+	return func(o *options) error { o.lease = d; return nil }
+}
+
+// WithRenew sets how often the holder renews, and how often a standby looks
+// again; the default is a third of the lease.
+func WithRenew(d time.Duration) Option {
+	return func(o *options) error { o.renew = d; return nil }
+}
+
+// WithLogger has the claim say what it does (standby, takeover, loss).
+func WithLogger(l *slog.Logger) Option {
+	return func(o *options) error { o.log = l; return nil }
+}
+
+// makeOptions applies opts over the defaults and refuses what cannot work.
+func makeOptions(opts []Option) (options, error) {
+	o := options{lease: DefaultLease}
+	for _, opt := range opts {
+		if err := opt(&o); err != nil {
+			return o, err
+		}
+	}
+	if o.lease == 0 {
+		o.lease = DefaultLease
+	}
+	if o.lease < time.Second || o.lease%time.Second != 0 {
+		return o, fmt.Errorf("%w: lease %s: the server counts a claim's lease in whole seconds; use 1s or more, e.g. %s", ErrOption, o.lease, DefaultLease)
+	}
+	if o.renew == 0 {
+		o.renew = o.lease / 3
+	}
+	if o.renew <= 0 || o.renew >= o.lease {
+		return o, fmt.Errorf("%w: renewing every %s with a lease of %s: renew well inside the lease (default a third of it)", ErrOption, o.renew, o.lease)
+	}
+	if o.log == nil {
+		o.log = slog.New(slog.DiscardHandler)
+	}
+	return o, nil
+}
+
+// nodeRE is what a node's name may be to name a claim's key.
+var nodeRE = regexp.MustCompile(`^[A-Za-z0-9_=-]+(\.[A-Za-z0-9_=-]+)*$`)
+
+func checkArgs(seat string, scope Scope, holder string) error {
+	if !mesh.ValidName(seat) {
+		return fmt.Errorf("%w: seat %q is not a seat's name ([a-z0-9-]+)", ErrOption, seat)
+	}
+	if scope.node != "" && !nodeRE.MatchString(scope.node) {
+		return fmt.Errorf("%w: node %q cannot name a claim: use letters, digits, '-', '_' and '.' between them", ErrOption, scope.node)
+	}
+	if holder == "" {
+		return fmt.Errorf("%w: no holder: say who claims %s (e.g. a process and its machine)", ErrOption, seat)
+	}
+	return nil
+}
+
+// bucket opens the claims bucket, waiting (ctx bounds it) while it is not
+// raised yet: the controller raises it.
+func bucket(ctx context.Context, js jetstream.JetStream, log *slog.Logger) (jetstream.KeyValue, error) {
+	delay := 250 * time.Millisecond
+	for {
+		kv, err := js.KeyValue(ctx, mesh.ClaimsBucket())
+		if err == nil {
+			return kv, nil
+		}
+		if !errors.Is(err, jetstream.ErrBucketNotFound) {
+			return nil, fmt.Errorf("opening the claims bucket %s: %w", mesh.ClaimsBucket(), err)
+		}
+		log.Warn("the claims bucket is not raised yet; waiting for the controller", "bucket", mesh.ClaimsBucket())
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("opening the claims bucket %s: %w (start build-controller: it raises it)", mesh.ClaimsBucket(), ctx.Err())
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, 5*time.Second)
+	}
+}
+
+// Claim claims seat at scope for holder, or refuses with a *ClaimedError
+// (errors.Is ErrClaimed) naming the holder it has. It waits, within ctx,
+// for the claims bucket to be raised. The returned Lease renews the claim
+// until Release, or until it is lost.
+func Claim(ctx context.Context, js jetstream.JetStream, seat string, scope Scope, holder string, opts ...Option) (*Lease, error) {
+	o, err := makeOptions(opts)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkArgs(seat, scope, holder); err != nil {
+		return nil, err
+	}
+	kv, err := bucket(ctx, js, o.log)
+	if err != nil {
+		return nil, err
+	}
+	return claim(ctx, js, kv, seat, scope, holder, o)
+}
+
+func claim(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, seat string, scope Scope, holder string, o options) (*Lease, error) {
+	key := mesh.ClaimKey(seat, scope.node)
+	kind := mesh.ScopeMesh
+	if scope.node != "" {
+		kind = mesh.ScopeNode
+	}
+	now := time.Now().UTC()
+	rec := Record{Seat: seat, Scope: kind, Node: scope.node, Holder: holder, Since: now, Renewed: now,
+		Lease: o.lease.String(), Token: rand.Text()}
+	data, _ := json.Marshal(rec)
+	// A claim that lapses between the refusal and the read is tried again.
+	for range 3 {
+		sent := time.Now()
+		rev, err := kv.Create(ctx, key, data, jetstream.KeyTTL(o.lease))
+		if err == nil {
+			return newLease(js, kv, key, rec, rev, sent, o), nil
+		}
+		if !errors.Is(err, jetstream.ErrKeyExists) {
+			return nil, fmt.Errorf("claiming %s (%s): %w", seat, scope, err)
+		}
+		cur, err := read(ctx, kv, key)
+		if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("reading the claim of %s (%s): %w", seat, scope, err)
+		}
+		return nil, &ClaimedError{Record: cur}
+	}
+	return nil, fmt.Errorf("claiming %s (%s): the claim changed hands three times while it was read; try again", seat, scope)
+}
+
+func read(ctx context.Context, kv jetstream.KeyValue, key string) (Record, error) {
+	e, err := kv.Get(ctx, key)
+	if err != nil {
+		return Record{}, err
+	}
+	var r Record
+	if err := json.Unmarshal(e.Value(), &r); err != nil {
+		return Record{}, fmt.Errorf("claim %s is not a claim record: %w", key, err)
+	}
+	return r, nil
+}
+
+// Current reads who holds seat at scope; ok is false while nobody does.
+func Current(ctx context.Context, js jetstream.JetStream, seat string, scope Scope) (rec Record, ok bool, err error) {
+	kv, err := js.KeyValue(ctx, mesh.ClaimsBucket())
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		return Record{}, false, nil
+	}
+	if err != nil {
+		return Record{}, false, fmt.Errorf("opening the claims bucket %s: %w", mesh.ClaimsBucket(), err)
+	}
+	rec, err = read(ctx, kv, mesh.ClaimKey(seat, scope.node))
+	if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
+		return Record{}, false, nil
+	}
+	return rec, err == nil, err
+}
+
+// Lease is a held claim. It renews itself until Release, or until it is
+// lost; then Lost is closed and the holder must stop working as the seat's
+// holder.
+type Lease struct {
+	js  jetstream.JetStream
+	kv  jetstream.KeyValue
+	key string
+	rec Record
+	o   options
+
+	mu  sync.Mutex
+	rev uint64
+	err error
+
+	lost     chan struct{}
+	lostOnce sync.Once
+	stop     chan struct{}
+	stopOnce sync.Once
+	done     chan struct{}
+}
+
+func newLease(js jetstream.JetStream, kv jetstream.KeyValue, key string, rec Record, rev uint64, sent time.Time, o options) *Lease {
+	l := &Lease{js: js, kv: kv, key: key, rec: rec, o: o, rev: rev,
+		lost: make(chan struct{}), stop: make(chan struct{}), done: make(chan struct{})}
+	go l.renew(sent)
+	return l
+}
+
+// Record is what the claim says: holder, since, lease.
+func (l *Lease) Record() Record { return l.rec }
+
+// Lost is closed when the claim is lost — a renewal was refused because
+// another holder has the key now, or no renewal succeeded for a whole lease
+// — and when it is released. Err says which.
+func (l *Lease) Lost() <-chan struct{} { return l.lost }
+
+// Err is nil while the claim is held; after, it matches ErrLost (with the
+// reason) or ErrReleased.
+func (l *Lease) Err() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.err
+}
+
+// Context returns a copy of parent that is cancelled, with Err as its
+// cause, when the lease ends: the work of a holder runs under it, so losing
+// the seat stops the work.
+func (l *Lease) Context(parent context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancelCause(parent)
+	go func() {
+		select {
+		case <-l.lost:
+			cancel(l.Err())
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, func() { cancel(nil) }
+}
+
+func (l *Lease) end(err error) {
+	l.lostOnce.Do(func() {
+		l.mu.Lock()
+		l.err = err
+		l.mu.Unlock()
+		close(l.lost)
+	})
+}
+
+// Release stops renewing and gives the seat up at once, so a standby takes
+// it without waiting for the lease. Releasing a lost claim removes nothing:
+// the key is another holder's now, or gone.
+func (l *Lease) Release(ctx context.Context) error {
+	l.stopOnce.Do(func() { close(l.stop) })
+	<-l.done
+	l.mu.Lock()
+	held, rev := l.err == nil, l.rev
+	l.mu.Unlock()
+	if !held {
+		return nil
+	}
+	l.end(ErrReleased)
+	err := l.kv.Delete(ctx, l.key, jetstream.LastRevision(rev))
+	if wrongLastSequence(err) {
+		// A renewal cut short by the release may have been stored: delete
+		// at the key's revision if the claim there is still this one.
+		e, gerr := l.kv.Get(ctx, l.key)
+		var cur Record
+		switch {
+		case errors.Is(gerr, jetstream.ErrKeyNotFound) || errors.Is(gerr, jetstream.ErrKeyDeleted):
+			err = nil // lapsed: nothing to remove
+		case gerr != nil:
+			err = gerr
+		case json.Unmarshal(e.Value(), &cur) != nil || cur.Token != l.rec.Token:
+			err = nil // another's now: not ours to remove
+		default:
+			err = l.kv.Delete(ctx, l.key, jetstream.LastRevision(e.Revision()))
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("releasing %s (%s): %w (the claim lapses within %s)", l.rec.Seat, l.rec.scope(), err, l.o.lease)
+	}
+	l.o.log.Info("released the seat", "seat", l.rec.Seat, "scope", l.rec.scope().String())
+	return nil
+}
+
+// renew renews the claim every o.renew, each renewal conditional on the last
+// revision and carrying the lease as the key's TTL. The server forgets the
+// claim one lease after it stored the last renewal, which is no earlier than
+// one lease after it was sent: the holder gives up half a renewal before
+// that (giveUp), so it has stopped before anyone else can have the key.
+func (l *Lease) renew(sent time.Time) {
+	defer close(l.done)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-l.stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	giveUp := sent.Add(l.giveUp())
+	deadline := time.NewTimer(time.Until(giveUp))
+	defer deadline.Stop()
+	tick := time.NewTicker(l.o.renew)
+	defer tick.Stop()
+	subject := mesh.KVKeySubject(mesh.ClaimsBucket(), l.key)
+	expired := func() {
+		l.lose(fmt.Errorf("%w: %s (%s): no renewal succeeded within the lease (%s)", ErrLost, l.rec.Seat, l.rec.scope(), l.o.lease))
+	}
+	for {
+		select {
+		case <-l.stop:
+			return
+		case <-deadline.C:
+			expired()
+			return
+		case <-tick.C:
+		}
+		at := time.Now()
+		l.mu.Lock()
+		rev := l.rev
+		l.mu.Unlock()
+		rec := l.rec
+		rec.Renewed = at.UTC()
+		data, _ := json.Marshal(rec)
+		// A renewal in flight may not outlast the claim it renews.
+		end := at.Add(l.o.renew)
+		if giveUp.Before(end) {
+			end = giveUp
+		}
+		pctx, pcancel := context.WithDeadline(ctx, end)
+		ack, err := l.js.PublishMsg(pctx, &nats.Msg{Subject: subject, Data: data},
+			jetstream.WithExpectLastSequencePerSubject(rev), jetstream.WithMsgTTL(l.o.lease))
+		pcancel()
+		if err == nil {
+			l.mu.Lock()
+			l.rev = ack.Sequence
+			l.mu.Unlock()
+			giveUp = at.Add(l.giveUp())
+			deadline.Reset(time.Until(giveUp))
+			continue
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		if !time.Now().Before(giveUp) {
+			expired()
+			return
+		}
+		if !wrongLastSequence(err) {
+			l.o.log.Warn("renewing the seat's claim failed; retrying", "seat", l.rec.Seat, "scope", l.rec.scope().String(), "err", err)
+			continue
+		}
+		// The key moved on without us: maybe our own renewal whose
+		// acknowledgement was lost, else the claim lapsed or is another's.
+		rctx, rcancel := context.WithDeadline(ctx, giveUp)
+		cur, rerr := read(rctx, l.kv, l.key)
+		rcancel()
+		switch {
+		case rerr == nil && cur.Token == l.rec.Token:
+			gctx, gcancel := context.WithDeadline(ctx, giveUp)
+			e, gerr := l.kv.Get(gctx, l.key)
+			gcancel()
+			if gerr == nil {
+				l.mu.Lock()
+				l.rev = e.Revision()
+				l.mu.Unlock()
+			}
+		case rerr == nil:
+			l.lose(fmt.Errorf("%w: %w", ErrLost, &ClaimedError{Record: cur}))
+			return
+		case errors.Is(rerr, jetstream.ErrKeyNotFound) || errors.Is(rerr, jetstream.ErrKeyDeleted):
+			l.lose(fmt.Errorf("%w: %s (%s): the claim lapsed on the server", ErrLost, l.rec.Seat, l.rec.scope()))
+			return
+		default:
+			l.o.log.Warn("reading the seat's claim failed; retrying", "seat", l.rec.Seat, "err", rerr)
+		}
+	}
+}
+
+// wrongLastSequence reports whether a conditional write was refused because
+// the key has moved on from the revision it expected.
+func wrongLastSequence(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence
+}
+
+// giveUp is how long after sending its last successful renewal the holder
+// gives the claim up: half a renewal inside the lease.
+func (l *Lease) giveUp() time.Duration { return l.o.lease - l.o.renew/2 }
+
+func (l *Lease) lose(err error) {
+	l.o.log.Error("lost the seat: stop working as its holder", "seat", l.rec.Seat, "scope", l.rec.scope().String(), "err", err)
+	l.end(err)
+}
+
+// Standby claims seat at scope for holder, waiting while another holds it:
+// it says so (with a logger), and takes the seat as soon as the holder
+// releases it or its claim lapses. While the bus cannot be reached it keeps
+// trying. It returns the Lease, or ctx's error.
+func Standby(ctx context.Context, js jetstream.JetStream, seat string, scope Scope, holder string, opts ...Option) (*Lease, error) {
+	o, err := makeOptions(opts)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkArgs(seat, scope, holder); err != nil {
+		return nil, err
+	}
+	var (
+		kv      jetstream.KeyValue
+		seen    string
+		updates <-chan jetstream.KeyValueEntry
+	)
+	tick := time.NewTicker(o.renew)
+	defer tick.Stop()
+	for {
+		var l *Lease
+		if kv == nil {
+			kv, err = bucket(ctx, js, o.log)
+		}
+		if kv != nil {
+			l, err = claim(ctx, js, kv, seat, scope, holder, o)
+		}
+		if err == nil {
+			if seen != "" {
+				o.log.Info("took the seat over", "seat", seat, "scope", scope.String(), "holder", holder)
+			}
+			return l, nil
+		}
+		var ce *ClaimedError
+		switch {
+		case errors.As(err, &ce):
+		case ctx.Err() != nil:
+			return nil, ctx.Err()
+		default:
+			// The bus is away (a standby cut off, a server restarting):
+			// look again at the next renewal.
+			o.log.Warn("standby: claiming the seat failed; trying again", "seat", seat, "scope", scope.String(), "err", err)
+			select {
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-tick.C:
+			}
+			continue
+		}
+		if ce.Record.Token != seen {
+			seen = ce.Record.Token
+			o.log.Info("standby: the seat is held by another; taking it when that holder stops",
+				"seat", seat, "scope", scope.String(), "holder", ce.Record.Holder, "since", ce.Record.Since.Format(time.RFC3339),
+				"lease", ce.Record.Lease)
+		}
+		if updates == nil {
+			// The server leaves a marker where a claim lapses: watching the
+			// key takes the seat the moment it is free. The tick is the
+			// fallback.
+			if w, err := kv.Watch(ctx, mesh.ClaimKey(seat, scope.node), jetstream.UpdatesOnly()); err == nil {
+				defer func() { _ = w.Stop() }()
+				updates = w.Updates()
+			} else {
+				o.log.Warn("watching the seat's claim; looking again every renewal instead", "err", err)
+			}
+		}
+	wait:
+		for {
+			select {
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-tick.C:
+				break wait
+			case e, ok := <-updates:
+				if !ok {
+					updates = nil
+					break wait
+				}
+				if e != nil && e.Operation() != jetstream.KeyValuePut {
+					break wait
+				}
+			}
+		}
+	}
+}
+
+// Hold runs fn as the holder of seat at scope: it stands by while another
+// holds the seat, runs fn with a context that is cancelled the moment the
+// claim is lost, and after a loss stands by again (fn runs anew once the
+// seat is this holder's again). It returns when ctx is done (nil) or fn
+// returns while the claim is still held (fn's error); the claim is released
+// either way.
+func Hold(ctx context.Context, js jetstream.JetStream, seat string, scope Scope, holder string, fn func(context.Context) error, opts ...Option) error {
+	o, err := makeOptions(opts)
+	if err != nil {
+		return err
+	}
+	for {
+		l, err := Standby(ctx, js, seat, scope, holder, opts...)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		hctx, cancel := l.Context(ctx)
+		err = fn(hctx)
+		cancel()
+		lost := l.Err()
+		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), o.renew)
+		if rerr := l.Release(rctx); rerr != nil {
+			o.log.Warn("releasing the seat", "err", rerr)
+		}
+		rcancel()
+		if errors.Is(lost, ErrLost) && ctx.Err() == nil {
+			o.log.Error("stopped working after losing the seat; standing by", "seat", seat, "scope", scope.String(), "fn_err", err)
+			continue
+		}
+		return err
+	}
+}
+
+// Process names this process as a holder, for people reading a refusal:
+// "NAME on HOST pid PID".
+func Process(name string) string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "unknown host"
+	}
+	return fmt.Sprintf("%s on %s pid %d", name, host, os.Getpid())
+}

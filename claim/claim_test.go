@@ -1,0 +1,437 @@
+package claim_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/meshbuild/meshbuild/claim"
+	"github.com/meshbuild/meshbuild/internal/natstest"
+	"github.com/meshbuild/meshbuild/internal/testenv"
+	"github.com/meshbuild/meshbuild/mesh"
+)
+
+// lease is short so that a lapse is seen in a test; the server counts whole
+// seconds.
+var short = []claim.Option{claim.WithLease(time.Second)}
+
+// bus starts a server with the claims bucket raised, and returns a dialer:
+// each call is a process of its own, with its own connection.
+func bus(t *testing.T) (*server.Server, func() (*nats.Conn, jetstream.JetStream)) {
+	t.Helper()
+	s := natstest.Server(t, nil)
+	_, js := natstest.Connect(t, s)
+	if err := mesh.RaiseClaims(context.Background(), js, 1); err != nil {
+		t.Fatal(err)
+	}
+	return s, func() (*nats.Conn, jetstream.JetStream) { return natstest.Connect(t, s) }
+}
+
+func release(t *testing.T, l *claim.Lease) {
+	t.Cleanup(func() { _ = l.Release(context.Background()) })
+}
+
+func TestOneHolderASecondClaimIsRefusedNamingIt(t *testing.T) {
+	_, dial := bus(t)
+	ctx := context.Background()
+	_, js1 := dial()
+	_, js2 := dial()
+	a, err := claim.Claim(ctx, js1, "mesh-controller", claim.Mesh(), "controller A", short...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	release(t, a)
+
+	_, err = claim.Claim(ctx, js2, "mesh-controller", claim.Mesh(), "controller B")
+	if !errors.Is(err, claim.ErrClaimed) {
+		t.Fatalf("second claim: %v, want ErrClaimed", err)
+	}
+	var ce *claim.ClaimedError
+	if !errors.As(err, &ce) || ce.Record.Holder != "controller A" || !ce.Record.Since.Equal(a.Record().Since) {
+		t.Fatalf("refusal names %+v, want controller A since %s", ce, a.Record().Since)
+	}
+	if !strings.Contains(err.Error(), `"controller A"`) || !strings.Contains(err.Error(), a.Record().Since.Format(time.RFC3339)) {
+		t.Fatalf("refusal %q does not say who holds the seat since when", err)
+	}
+	if rec, ok, err := claim.Current(ctx, js2, "mesh-controller", claim.Mesh()); err != nil || !ok || rec.Holder != "controller A" {
+		t.Fatalf("current holder: %+v %v %v", rec, ok, err)
+	}
+
+	// A node-scoped seat has one holder per node: m1 and m2 both hold it,
+	// a second on m1 is refused.
+	m1, err := claim.Claim(ctx, js1, mesh.BuildSeat, claim.Node("m1"), "agent 1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	release(t, m1)
+	m2, err := claim.Claim(ctx, js2, mesh.BuildSeat, claim.Node("m2"), "agent 2")
+	if err != nil {
+		t.Fatalf("another node's claim of the same seat: %v", err)
+	}
+	release(t, m2)
+	if _, err := claim.Claim(ctx, js2, mesh.BuildSeat, claim.Node("m1"), "agent 3"); !errors.As(err, &ce) || ce.Record.Holder != "agent 1" {
+		t.Fatalf("second holder on m1: %v", err)
+	}
+	// The holder keeps the seat across renewals.
+	var renewed *claim.ClaimedError
+	testenv.WaitFor(t, 10*time.Second, "a renewal", func() bool {
+		_, err := claim.Claim(ctx, js2, "mesh-controller", claim.Mesh(), "controller B")
+		return errors.As(err, &renewed) && renewed.Record.Renewed.After(renewed.Record.Since)
+	})
+	if a.Err() != nil {
+		t.Fatalf("holder lost its claim while renewing: %v", a.Err())
+	}
+}
+
+func TestAReleasedSeatIsTakenAtOnce(t *testing.T) {
+	_, dial := bus(t)
+	ctx := context.Background()
+	_, js1 := dial()
+	_, js2 := dial()
+	a, err := claim.Claim(ctx, js1, "mesh-controller", claim.Mesh(), "A")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !errors.Is(a.Err(), claim.ErrReleased) {
+		t.Fatalf("Err after release: %v", a.Err())
+	}
+	<-a.Lost()
+	b, err := claim.Claim(ctx, js2, "mesh-controller", claim.Mesh(), "B")
+	if err != nil {
+		t.Fatalf("claim after release: %v", err)
+	}
+	release(t, b)
+}
+
+// A renewal stored while its acknowledgement was lost (or cut short by the
+// release) leaves the lease a revision behind: Release still removes the
+// claim, because the claim there is still this one.
+func TestReleaseRemovesAClaimARevisionAhead(t *testing.T) {
+	_, dial := bus(t)
+	ctx := context.Background()
+	_, js := dial()
+	a, err := claim.Claim(ctx, js, "mesh-controller", claim.Mesh(), "A")
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, err := js.KeyValue(ctx, mesh.ClaimsBucket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := mesh.ClaimKey("mesh-controller", "")
+	e, err := kv.Get(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Update(ctx, key, e.Value(), e.Revision()); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Release(ctx); err != nil {
+		t.Fatalf("release a revision behind: %v", err)
+	}
+	if rec, ok, _ := claim.Current(ctx, js, "mesh-controller", claim.Mesh()); ok {
+		t.Fatalf("released claim still there: %+v", rec)
+	}
+}
+
+// A holder that dies stops renewing: its claim lapses on the server and the
+// standby takes the seat within the lease, while the dead holder's Lost
+// fires.
+func TestAClaimLapsesWhenItsHolderDies(t *testing.T) {
+	_, dial := bus(t)
+	ctx := context.Background()
+	nc1, js1 := dial()
+	_, js2 := dial()
+	a, err := claim.Claim(ctx, js1, "mesh-controller", claim.Mesh(), "A", short...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan *claim.Lease, 1)
+	errc := make(chan error, 1)
+	go func() {
+		b, err := claim.Standby(ctx, js2, "mesh-controller", claim.Mesh(), "B", short...)
+		if err != nil {
+			errc <- err
+			return
+		}
+		got <- b
+	}()
+	// The standby is waiting while A lives.
+	var ce *claim.ClaimedError
+	if _, err := claim.Claim(ctx, js2, "mesh-controller", claim.Mesh(), "C", short...); !errors.As(err, &ce) || ce.Record.Holder != "A" {
+		t.Fatalf("claim while A holds: %v", err)
+	}
+	select {
+	case <-got:
+		t.Fatal("the standby took a live holder's seat")
+	case err := <-errc:
+		t.Fatal(err)
+	default:
+	}
+
+	died := time.Now()
+	nc1.Close() // A dies: no more renewals.
+	var b *claim.Lease
+	select {
+	case b = <-got:
+	case err := <-errc:
+		t.Fatal(err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the standby never took the seat")
+	}
+	release(t, b)
+	took := time.Since(died)
+	if rec := b.Record(); rec.Holder != "B" {
+		t.Fatalf("holder %q", rec.Holder)
+	}
+	// Within the lease after the last renewal, plus the server's one-second
+	// expiry tick.
+	if took > 3*time.Second {
+		t.Errorf("takeover took %s with a 1s lease", took)
+	}
+	select {
+	case <-a.Lost():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the dead holder's Lost never fired")
+	}
+	if !errors.Is(a.Err(), claim.ErrLost) {
+		t.Fatalf("dead holder's Err: %v", a.Err())
+	}
+	t.Logf("took over %s after the holder died", took)
+}
+
+// A holder whose claim is now another's notices at its next renewal: the
+// renewal is refused, Lost fires, and Err names the holder it has now.
+func TestARenewalAfterLossIsNoticed(t *testing.T) {
+	_, dial := bus(t)
+	ctx := context.Background()
+	_, js1 := dial()
+	_, js2 := dial()
+	a, err := claim.Claim(ctx, js1, "mesh-controller", claim.Mesh(), "A", short...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// An operator (or a partition that outlasted the lease) took the seat
+	// away: the key is removed and B claims it.
+	kv, err := js2.KeyValue(ctx, mesh.ClaimsBucket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := kv.Purge(ctx, mesh.ClaimKey("mesh-controller", "")); err != nil {
+		t.Fatal(err)
+	}
+	b, err := claim.Claim(ctx, js2, "mesh-controller", claim.Mesh(), "B", short...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	release(t, b)
+	select {
+	case <-a.Lost():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the holder never noticed its claim was another's")
+	}
+	var ce *claim.ClaimedError
+	if !errors.Is(a.Err(), claim.ErrLost) || !errors.As(a.Err(), &ce) || ce.Record.Holder != "B" {
+		t.Fatalf("Err after loss: %v", a.Err())
+	}
+	// Releasing a lost claim leaves the new holder's alone.
+	if err := a.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if rec, ok, _ := claim.Current(ctx, js2, "mesh-controller", claim.Mesh()); !ok || rec.Holder != "B" {
+		t.Fatalf("after the loser released: %+v %v", rec, ok)
+	}
+	if b.Err() != nil {
+		t.Fatalf("the new holder lost its claim: %v", b.Err())
+	}
+}
+
+// Hold runs the work only while the claim is held: a second Hold stands by,
+// and runs when the first stops. A loss stops the work and stands by again.
+func TestHoldRunsOneHolderAtATime(t *testing.T) {
+	_, dial := bus(t)
+	var running atomic.Int32
+	var most atomic.Int32
+	started := make(chan string, 4)
+	work := func(name string) func(context.Context) error {
+		return func(ctx context.Context) error {
+			n := running.Add(1)
+			defer running.Add(-1)
+			if n > most.Load() {
+				most.Store(n)
+			}
+			started <- name
+			<-ctx.Done()
+			return nil
+		}
+	}
+	ctx1, stop1 := context.WithCancel(context.Background())
+	defer stop1()
+	ctx2, stop2 := context.WithCancel(context.Background())
+	defer stop2()
+	_, js1 := dial()
+	_, js2 := dial()
+	done1 := make(chan error, 1)
+	done2 := make(chan error, 1)
+	go func() { done1 <- claim.Hold(ctx1, js1, "mesh-controller", claim.Mesh(), "A", work("A"), short...) }()
+	if who := <-started; who != "A" {
+		t.Fatalf("%s started first", who)
+	}
+	go func() { done2 <- claim.Hold(ctx2, js2, "mesh-controller", claim.Mesh(), "B", work("B"), short...) }()
+	testenv.WaitFor(t, 5*time.Second, "B to stand by", func() bool {
+		_, err := claim.Claim(context.Background(), js2, "mesh-controller", claim.Mesh(), "probe", short...)
+		return errors.Is(err, claim.ErrClaimed)
+	})
+	select {
+	case who := <-started:
+		t.Fatalf("%s started while A holds the seat", who)
+	default:
+	}
+	stop1()
+	if err := <-done1; err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case who := <-started:
+		if who != "B" {
+			t.Fatalf("%s started", who)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("B never took over after A stopped")
+	}
+
+	// B loses the seat (its key taken away, C claims it): B's work stops,
+	// and B stands by instead of running as a second holder.
+	kv, _ := js1.KeyValue(context.Background(), mesh.ClaimsBucket())
+	if err := kv.Purge(context.Background(), mesh.ClaimKey("mesh-controller", "")); err != nil {
+		t.Fatal(err)
+	}
+	c, err := claim.Claim(context.Background(), js1, "mesh-controller", claim.Mesh(), "C", short...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 5*time.Second, "B's work to stop", func() bool { return running.Load() == 0 })
+	if err := c.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case who := <-started:
+		if who != "B" {
+			t.Fatalf("%s started", who)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("B never took the seat back")
+	}
+	stop2()
+	if err := <-done2; err != nil {
+		t.Fatal(err)
+	}
+	if most.Load() != 1 {
+		t.Fatalf("%d holders worked at once", most.Load())
+	}
+}
+
+func TestBadClaimsAreRefusedWithTheFix(t *testing.T) {
+	_, dial := bus(t)
+	_, js := dial()
+	ctx := context.Background()
+	for name, c := range map[string]struct {
+		seat   string
+		scope  claim.Scope
+		holder string
+		opts   []claim.Option
+		want   string
+	}{
+		"lease in parts of a second": {"mesh-controller", claim.Mesh(), "A", []claim.Option{claim.WithLease(1500 * time.Millisecond)}, "whole seconds"},
+		"renew outside the lease":    {"mesh-controller", claim.Mesh(), "A", []claim.Option{claim.WithLease(time.Second), claim.WithRenew(2 * time.Second)}, "inside the lease"},
+		"node with a space":          {mesh.BuildSeat, claim.Node("my box"), "A", nil, "letters, digits"},
+		"no holder":                  {"mesh-controller", claim.Mesh(), "", nil, "say who claims"},
+		"not a seat":                 {"Mesh.Controller", claim.Mesh(), "A", nil, "not a seat's name"},
+	} {
+		_, err := claim.Claim(ctx, js, c.seat, c.scope, c.holder, c.opts...)
+		if !errors.Is(err, claim.ErrOption) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want ErrOption saying %q", name, err, c.want)
+		}
+	}
+}
+
+// Every principal holding a seat claims it under its derived permissions,
+// and cannot write the claim of a seat it does not hold.
+func TestHoldersClaimUnderTheirDerivedPermissions(t *testing.T) {
+	cat := testenv.Catalogue(t, map[string][]string{"a": nil})
+	agentModule, _ := cat.Module("build-agent")
+	var users []*server.User
+	for _, p := range []mesh.Permissions{cat.ControllerPermissions("controller"), cat.ModulePermissions(agentModule)} {
+		users = append(users, &server.User{Username: p.Principal, Password: "pw", Permissions: p.ServerPermissions()})
+	}
+	s := natstest.Server(t, &server.Options{Users: users})
+	violations := make(chan error, 16)
+	connect := func(user string) jetstream.JetStream {
+		_, js := natstest.Connect(t, s, nats.UserInfo(user, "pw"), nats.CustomInboxPrefix(mesh.InboxPrefix(user)),
+			nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+				select {
+				case violations <- err:
+				default:
+				}
+			}))
+		return js
+	}
+	ctx := context.Background()
+	cjs := connect("controller")
+	if _, err := mesh.Raise(ctx, cjs, cat, 1); err != nil {
+		t.Fatalf("raising, claims bucket included: %v", err)
+	}
+	c, err := claim.Claim(ctx, cjs, "mesh-controller", claim.Mesh(), "controller", short...)
+	if err != nil {
+		t.Fatalf("controller claiming under its grant: %v", err)
+	}
+	release(t, c)
+	ajs := connect("build-agent")
+	a, err := claim.Claim(ctx, ajs, mesh.BuildSeat, claim.Node("m1"), "agent", short...)
+	if err != nil {
+		t.Fatalf("agent claiming under its grant: %v", err)
+	}
+	if _, err := claim.Claim(ctx, ajs, mesh.BuildSeat, claim.Node("m1"), "agent 2", short...); !errors.Is(err, claim.ErrClaimed) {
+		t.Fatalf("agent reading who holds its seat: %v", err)
+	}
+	// Two renewals under the grant, then a release.
+	testenv.WaitFor(t, 5*time.Second, "a renewal under the agent's grant", func() bool {
+		rec, ok, _ := claim.Current(ctx, ajs, mesh.BuildSeat, claim.Node("m1"))
+		return ok && rec.Renewed.After(rec.Since)
+	})
+	if err := a.Release(ctx); err != nil {
+		t.Fatalf("agent releasing under its grant: %v", err)
+	}
+	select {
+	case err := <-violations:
+		t.Fatalf("a holder was refused: %v", err)
+	default:
+	}
+	// The agent holds no mesh seat: it cannot claim mesh-controller.
+	short, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if _, err := claim.Claim(short, ajs, "mesh-controller", claim.Mesh(), "agent", claim.WithLease(time.Second)); err == nil {
+		t.Fatal("the agent claimed a seat it does not hold")
+	}
+	want := mesh.KVKeySubject(mesh.ClaimsBucket(), mesh.ClaimKey("mesh-controller", ""))
+	for {
+		select {
+		case err := <-violations:
+			if errors.Is(err, nats.ErrPermissionViolation) && strings.Contains(err.Error(), want) {
+				return
+			}
+		case <-time.After(3 * time.Second):
+			t.Fatalf("no permissions violation for %s", want)
+		}
+	}
+}
