@@ -42,8 +42,9 @@ type Agent struct {
 }
 
 // New returns an agent from a validated config and its dependencies. A nil
-// logger discards; a nil observer observes nothing. The config's platforms
-// must be set (RunAgent takes them from BuildKit); each is normalised.
+// logger discards; a nil observer observes nothing. Its platforms are
+// normalised; with none it builds mesh.DefaultPlatform (RunAgent sets them
+// from BuildKit).
 func New(cfg Config, js jetstream.JetStream, worker Worker, log *slog.Logger, obs Observer) (*Agent, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -52,7 +53,7 @@ func New(cfg Config, js jetstream.JetStream, worker Worker, log *slog.Logger, ob
 		return nil, fmt.Errorf("%w: a JetStream handle and a worker are required", ErrConfig)
 	}
 	if len(cfg.Platforms) == 0 {
-		return nil, fmt.Errorf("%w: no platforms: set --platforms (e.g. linux/amd64), or let RunAgent take them from BuildKit", ErrConfig)
+		cfg.Platforms = []string{mesh.DefaultPlatform}
 	}
 	var ps []string
 	for _, p := range cfg.Platforms {

@@ -24,8 +24,8 @@ type Config struct {
 	// Platforms the agent builds: it binds the build seat's holders'
 	// consumer of each, so it only ever receives asks for them. Empty means
 	// every platform its BuildKit worker builds (BuildKit.Platforms, emulated
-	// ones included); RunAgent fills it, and narrows the worker's to these
-	// when set. New refuses an empty list.
+	// ones included): RunAgent fills it, and narrows the worker's to these
+	// when set. An agent made by New with none builds mesh.DefaultPlatform.
 	Platforms []string
 	// Heartbeat is how often a slot tells the server it is still working on
 	// its ask (InProgress). Zero derives it from the consumer's ack wait.
