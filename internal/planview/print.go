@@ -143,6 +143,8 @@ func detail(m cascade.ModuleStatus) string {
 		return "blocked by " + m.BlockedBy
 	case m.State == cascade.Failed:
 		return Failure(m)
+	case m.Waiting != "":
+		return "waiting: " + m.Waiting
 	default:
 		return ShortDigest(m.Digest)
 	}
