@@ -46,7 +46,7 @@ func busAckWait(t *testing.T, ackWait time.Duration) (*server.Server, jetstream.
 	if _, err := mesh.Raise(ctx, js, testenv.Catalogue(t, nil), 1); err != nil {
 		t.Fatal(err)
 	}
-	spec := mesh.SeatConsumerSpecs(mesh.Seat{Seat: mesh.BuildSeat}, []string{mesh.DefaultPlatform}, 1)[0]
+	spec := mesh.SeatConsumerSpecs(mesh.Seat{Seat: mesh.BuildSeat, Accepts: []string{mesh.BuildVerb}}, []string{mesh.DefaultPlatform}, 1)[0]
 	spec.Config.AckWait = ackWait
 	if _, err := js.UpdateConsumer(ctx, spec.Stream, spec.Config); err != nil {
 		t.Fatal(err)
