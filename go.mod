@@ -4,6 +4,7 @@ go 1.26.8
 
 require (
 	github.com/distribution/distribution/v3 v3.1.2
+	github.com/containerd/platforms v1.0.0-rc.2
 	github.com/distribution/reference v0.6.0
 	github.com/docker/cli v29.7.2+incompatible
 	github.com/goccy/go-yaml v1.19.2
@@ -71,7 +72,6 @@ require (
 	github.com/containerd/go-runc v1.1.0 // indirect
 	github.com/containerd/log v0.1.0 // indirect
 	github.com/containerd/nydus-snapshotter v0.15.4 // indirect
-	github.com/containerd/platforms v1.0.0-rc.2 // indirect
 	github.com/containerd/plugin v1.0.0 // indirect
 	github.com/containerd/stargz-snapshotter v0.17.0 // indirect
 	github.com/containerd/stargz-snapshotter/estargz v0.17.0 // indirect

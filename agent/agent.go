@@ -42,7 +42,9 @@ type Agent struct {
 }
 
 // New returns an agent from a validated config and its dependencies. A nil
-// logger discards; a nil observer observes nothing.
+// logger discards; a nil observer observes nothing. Its platforms are
+// normalised; with none it builds mesh.DefaultPlatform (RunAgent sets them
+// from BuildKit).
 func New(cfg Config, js jetstream.JetStream, worker Worker, log *slog.Logger, obs Observer) (*Agent, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -50,6 +52,17 @@ func New(cfg Config, js jetstream.JetStream, worker Worker, log *slog.Logger, ob
 	if js == nil || worker == nil {
 		return nil, fmt.Errorf("%w: a JetStream handle and a worker are required", ErrConfig)
 	}
+	if len(cfg.Platforms) == 0 {
+		cfg.Platforms = []string{mesh.DefaultPlatform}
+	}
+	var ps []string
+	for _, p := range cfg.Platforms {
+		n, _ := mesh.NormalizePlatform(p) // Validate checked it
+		if !slices.Contains(ps, n) {
+			ps = append(ps, n)
+		}
+	}
+	cfg.Platforms = ps
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -67,7 +80,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	a.beat = heartbeatEvery(a.cfg.Heartbeat, cons.CachedInfo().Config.AckWait)
+	a.beat = heartbeatEvery(a.cfg.Heartbeat, cons.first().CachedInfo().Config.AckWait)
 	status, err := a.serveStatus()
 	if err != nil {
 		return err
@@ -79,7 +92,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	defer cancelSub.Unsubscribe()
 	a.log.Info("holding the build seat", "machine", a.cfg.Machine, "slots", a.cfg.Slots, "heartbeat", a.beat,
-		"consumer", mesh.SeatStream(mesh.BuildSeat)+"/"+mesh.SeatConsumer(mesh.BuildSeat))
+		"platforms", a.cfg.Platforms, "consumers", cons.names())
 
 	// work outlives ctx by the grace period.
 	work, cancelWork := context.WithCancelCause(context.WithoutCancel(ctx))
@@ -107,37 +120,109 @@ func (a *Agent) Run(ctx context.Context) error {
 // bindRetry is how bind waits for the controller to raise the seat's queue.
 var bindRetry = backoff.Policy{First: 250 * time.Millisecond, Max: 5 * time.Second}
 
-// bind looks up the seat's consumer, waiting for the controller's raise if
-// it is not there yet.
-func (a *Agent) bind(ctx context.Context) (jetstream.Consumer, error) {
-	stream, name := mesh.SeatStream(mesh.BuildSeat), mesh.SeatConsumer(mesh.BuildSeat)
+// bound are the holders' consumers of the agent's platforms that it has
+// bound; a platform whose consumer is not raised yet joins when it is.
+type bound struct {
+	mu   sync.Mutex
+	cons []jetstream.Consumer
+}
+
+func (b *bound) add(c jetstream.Consumer) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.cons = append(b.cons, c)
+}
+
+func (b *bound) all() []jetstream.Consumer {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return slices.Clone(b.cons)
+}
+
+func (b *bound) first() jetstream.Consumer { return b.all()[0] }
+
+func (b *bound) names() []string {
+	var out []string
+	for _, c := range b.all() {
+		out = append(out, c.CachedInfo().Name)
+	}
+	return out
+}
+
+// bind binds the build seat's holders' consumer of each of the agent's
+// platforms (mesh.BuildConsumer), and only those: an ask for another
+// platform is never delivered here. It returns once one is bound, waiting
+// for the controller's raise if none is there yet; a platform whose
+// consumer is not raised (no module of the catalogue is built for it) is
+// bound in the background when it appears.
+func (a *Agent) bind(ctx context.Context) (*bound, error) {
+	b := &bound{}
+	stream := mesh.SeatStream(mesh.BuildSeat)
 	notRaised := func(err error) bool {
 		return errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrStreamNotFound)
 	}
-	var cons jetstream.Consumer
-	err := bindRetry.Retry(ctx, 0, notRaised, func() error {
-		var err error
-		cons, err = a.js.Consumer(ctx, stream, name)
-		if notRaised(err) {
-			a.log.Warn("the seat's queue is not raised yet; waiting for the controller", "consumer", stream+"/"+name)
+	var missing []string
+	for _, p := range a.cfg.Platforms {
+		cons, err := a.js.Consumer(ctx, stream, mesh.BuildConsumer(p))
+		switch {
+		case err == nil:
+			b.add(cons)
+		case notRaised(err):
+			missing = append(missing, p)
+		case ctx.Err() != nil:
+			return nil, ctx.Err()
+		default:
+			return nil, fmt.Errorf("binding consumer %s/%s: %w", stream, mesh.BuildConsumer(p), err)
 		}
-		return err
-	})
-	switch {
-	case err == nil:
-		return cons, nil
-	case ctx.Err() != nil:
+	}
+	if len(missing) > 0 {
+		a.log.Info("no ask is queued for these platforms yet; waiting for the controller to raise their queues", "platforms", missing)
+	}
+	ready := make(chan struct{})
+	var once sync.Once
+	if len(b.all()) > 0 {
+		once.Do(func() { close(ready) })
+	}
+	for _, p := range missing {
+		go func() {
+			name := mesh.BuildConsumer(p)
+			var cons jetstream.Consumer
+			err := bindRetry.Retry(ctx, 0, notRaised, func() error {
+				var err error
+				cons, err = a.js.Consumer(ctx, stream, name)
+				return err
+			})
+			if err != nil {
+				if ctx.Err() == nil {
+					a.log.Warn("binding a platform's consumer", "platform", p, "consumer", stream+"/"+name, "err", err)
+				}
+				return
+			}
+			b.add(cons)
+			a.log.Info("bound a platform's consumer", "platform", p, "consumer", stream+"/"+name)
+			once.Do(func() { close(ready) })
+		}()
+	}
+	select {
+	case <-ready:
+		return b, nil
+	case <-ctx.Done():
 		return nil, ctx.Err()
-	default:
-		return nil, fmt.Errorf("binding consumer %s/%s: %w", stream, name, err)
 	}
 }
 
-// slot pulls one ask at a time until ctx is done.
-func (a *Agent) slot(ctx, work context.Context, cons jetstream.Consumer, slot int) {
+// slot pulls one ask at a time until ctx is done, from the consumers of
+// the agent's platforms in turn: one pull at a time, so that the slot never
+// holds two asks and never hands one back for being busy. With one
+// platform each pull waits FetchWait; with several, FetchWait shared among
+// them, so an idle slot asks every platform within FetchWait.
+func (a *Agent) slot(ctx, work context.Context, b *bound, slot int) {
 	idle := time.Now() // since the slot last settled an ask
-	for ctx.Err() == nil {
-		batch, err := cons.Fetch(1, jetstream.FetchMaxWait(a.cfg.FetchWait))
+	for turn := 0; ctx.Err() == nil; turn++ {
+		all := b.all()
+		cons := all[turn%len(all)]
+		wait := max(a.cfg.FetchWait/time.Duration(len(all)), minFetchWait)
+		batch, err := cons.Fetch(1, jetstream.FetchMaxWait(wait))
 		if err != nil {
 			a.log.Warn("fetch failed", "slot", slot, "err", err)
 			_ = backoff.Wait(ctx, time.Second)
@@ -152,6 +237,7 @@ func (a *Agent) slot(ctx, work context.Context, cons jetstream.Consumer, slot in
 			a.obs.IdleWaited(time.Since(idle))
 			a.handle(work, msg)
 			idle = time.Now()
+			turn-- // the same platform again: it may have more
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, context.DeadlineExceeded) {
 			a.log.Warn("fetch ended", "slot", slot, "err", err)
@@ -159,6 +245,9 @@ func (a *Agent) slot(ctx, work context.Context, cons jetstream.Consumer, slot in
 		}
 	}
 }
+
+// minFetchWait is the shortest pull a slot waits on one platform.
+const minFetchWait = 100 * time.Millisecond
 
 // Status is what an agent answers to the seat's status tool.
 type Status struct {

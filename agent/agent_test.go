@@ -46,7 +46,7 @@ func busAckWait(t *testing.T, ackWait time.Duration) (*server.Server, jetstream.
 	if _, err := mesh.Raise(ctx, js, testenv.Catalogue(t, nil), 1); err != nil {
 		t.Fatal(err)
 	}
-	spec := mesh.SeatConsumerSpec(mesh.Seat{Seat: mesh.BuildSeat}, 1)
+	spec := mesh.SeatConsumerSpecs(mesh.Seat{Seat: mesh.BuildSeat, Accepts: []string{mesh.BuildVerb}}, []string{mesh.DefaultPlatform}, 1)[0]
 	spec.Config.AckWait = ackWait
 	if _, err := js.UpdateConsumer(ctx, spec.Stream, spec.Config); err != nil {
 		t.Fatal(err)
@@ -152,7 +152,7 @@ func ask(id string) mesh.Ask {
 func submit(t *testing.T, js jetstream.JetStream, a mesh.Ask) {
 	t.Helper()
 	data, _ := json.Marshal(a)
-	if _, err := js.Publish(context.Background(), mesh.SeatAcceptSubject(mesh.BuildSeat, mesh.BuildVerb), data, jetstream.WithMsgID(a.ID)); err != nil {
+	if _, err := js.Publish(context.Background(), mesh.BuildSubject(mesh.DefaultPlatform), data, jetstream.WithMsgID(a.ID)); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -207,7 +207,7 @@ func events(t *testing.T, js jetstream.JetStream) record {
 
 func consumerInfo(t *testing.T, js jetstream.JetStream) *jetstream.ConsumerInfo {
 	t.Helper()
-	c, err := js.Consumer(context.Background(), mesh.SeatStream(mesh.BuildSeat), mesh.SeatConsumer(mesh.BuildSeat))
+	c, err := js.Consumer(context.Background(), mesh.SeatStream(mesh.BuildSeat), mesh.BuildConsumer(mesh.DefaultPlatform))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -337,7 +337,7 @@ func TestABuildLongerThanTheAckWaitIsNotRedelivered(t *testing.T) {
 func TestAMalformedAskIsRefusedOnce(t *testing.T) {
 	s, js := bus(t)
 	startAgent(t, s, "m1", newGate().on("m1"), nil)
-	subj := mesh.SeatAcceptSubject(mesh.BuildSeat, mesh.BuildVerb)
+	subj := mesh.BuildSubject(mesh.DefaultPlatform)
 	bad := map[string][]byte{
 		"garbage":  []byte("{not json"),
 		"garbage2": []byte("[1, 2]"),

@@ -86,7 +86,7 @@ func benchAgents(tb testing.TB, s *server.Server, js jetstream.JetStream, n int,
 	ctx := context.Background()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		c, err := js.Consumer(ctx, mesh.SeatStream(mesh.BuildSeat), mesh.SeatConsumer(mesh.BuildSeat))
+		c, err := js.Consumer(ctx, mesh.SeatStream(mesh.BuildSeat), mesh.BuildConsumer(mesh.DefaultPlatform))
 		if err == nil {
 			if info, err := c.Info(ctx); err == nil && info.NumWaiting >= n {
 				return
@@ -220,7 +220,7 @@ func stepCached(lines []string, step string) (cached, found bool) {
 func publishAsk(tb testing.TB, js jetstream.JetStream, a mesh.Ask) {
 	tb.Helper()
 	data, _ := json.Marshal(a)
-	if _, err := js.Publish(context.Background(), mesh.SeatAcceptSubject(mesh.BuildSeat, mesh.BuildVerb), data, jetstream.WithMsgID(a.ID)); err != nil {
+	if _, err := js.Publish(context.Background(), mesh.BuildSubject(mesh.DefaultPlatform), data, jetstream.WithMsgID(a.ID)); err != nil {
 		tb.Fatal(err)
 	}
 }

@@ -4,10 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"runtime"
 	"time"
 
 	"github.com/meshbuild/meshbuild/internal/backoff"
+	"github.com/meshbuild/meshbuild/mesh"
 )
 
 // ErrConfig is wrapped by every refusal of a Config.
@@ -21,8 +21,11 @@ type Config struct {
 	// Slots is how many asks the agent works at once; each slot pulls one
 	// ask at a time.
 	Slots int
-	// Platforms the agent builds; an ask for another is left for an agent
-	// that can.
+	// Platforms the agent builds: it binds the build seat's holders'
+	// consumer of each, so it only ever receives asks for them. Empty means
+	// every platform its BuildKit worker builds (BuildKit.Platforms, emulated
+	// ones included): RunAgent fills it, and narrows the worker's to these
+	// when set. An agent made by New with none builds mesh.DefaultPlatform.
 	Platforms []string
 	// Heartbeat is how often a slot tells the server it is still working on
 	// its ask (InProgress). Zero derives it from the consumer's ack wait.
@@ -56,7 +59,6 @@ func DefaultConfig() Config {
 	return Config{
 		Machine:        host,
 		Slots:          1,
-		Platforms:      []string{runtime.GOOS + "/" + runtime.GOARCH},
 		Grace:          30 * time.Second,
 		MaxAttempts:    5,
 		RetryDelay:     2 * time.Second,
@@ -75,8 +77,6 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: machine is empty: set --machine", ErrConfig)
 	case c.Slots < 1:
 		return fmt.Errorf("%w: slots %d: want 1 or more", ErrConfig, c.Slots)
-	case len(c.Platforms) == 0:
-		return fmt.Errorf("%w: no platforms: set --platforms (e.g. linux/amd64)", ErrConfig)
 	case c.MaxAttempts < 1:
 		return fmt.Errorf("%w: max attempts %d: want 1 or more", ErrConfig, c.MaxAttempts)
 	case c.RetryDelay <= 0 || c.MaxRetryDelay < c.RetryDelay:
@@ -87,6 +87,11 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: grace %s is negative", ErrConfig, c.Grace)
 	case c.LogBatchLines < 1 || c.LogFlush <= 0:
 		return fmt.Errorf("%w: log batching needs lines >= 1 and a flush interval > 0", ErrConfig)
+	}
+	for _, p := range c.Platforms {
+		if _, err := mesh.NormalizePlatform(p); err != nil {
+			return fmt.Errorf("%w: --platforms: %v", ErrConfig, err)
+		}
 	}
 	return nil
 }

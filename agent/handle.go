@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -24,9 +23,6 @@ func (a *Agent) handle(work context.Context, msg jetstream.Msg) {
 	switch {
 	case err != nil:
 		out = a.refuse(msg, ask, attempt, err)
-	case ask.Platform != "" && !slices.Contains(a.cfg.Platforms, ask.Platform):
-		// Not ours to build: give it back for a machine that can.
-		out = handedBack(0, a.cfg.RetryDelay, fmt.Errorf("platform %s is not built here", ask.Platform))
 	default:
 		log = log.With("ask", ask.ID, "module", ask.Module, "plan", ask.Plan)
 		out = a.work(work, msg, ask, attempt, log)

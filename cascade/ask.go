@@ -17,16 +17,20 @@ import (
 // Image is module m's image repository in a registry: registry/m.
 func Image(registry, module string) string { return registry + "/" + module }
 
-// Ask is the build ask of a submit, for images in registry: a pure
-// function of the two. Every base is pinned to the digest the submit
-// carries (in-plan bases at the digests the plan built them at, the others
-// at the digests resolved when the plan was made), sorted by module; an
-// empty commit (a module of another repository than the push's) asks for
-// the repository's HEAD; the platform is the module's first.
+// Asks are the build asks of a submit, for images in registry: a pure
+// function of the two, one per platform of the module, in the order of
+// build.platforms. Every base is pinned to the digest the submit carries
+// (in-plan bases at the digests the plan built them at, the others at the
+// digests resolved when the plan was made), sorted by module; an empty
+// commit (a module of another repository than the push's) asks for the
+// repository's HEAD. A module built for one platform has one ask, the
+// submit's id; one built for several has one per platform
+// (PlatformAskID), each with its own build cache. Each is published on its
+// platform's subject (mesh.BuildSubject).
 //
 // The ask path is one way: planner.Plan → State (pinned when the plan is
-// made) → Submit → Ask, published by the controller.
-func Ask(registry string, s Submit) mesh.Ask {
+// made) → Submit → Asks, published by the controller.
+func Asks(registry string, s Submit) []mesh.Ask {
 	a := mesh.Ask{
 		Version: mesh.AskVersion, ID: s.AskID, Plan: s.Plan, Module: s.Module,
 		Source: s.Source.Mesh(),
@@ -36,13 +40,26 @@ func Ask(registry string, s Submit) mesh.Ask {
 	if a.Source.Commit == "" {
 		a.Source.Commit = "HEAD"
 	}
-	if len(s.Source.Platforms) > 0 {
-		a.Platform = s.Source.Platforms[0]
-	}
 	for _, b := range slices.Sorted(maps.Keys(s.Bases)) {
 		a.Bases = append(a.Bases, mesh.Base{Module: b, Image: Image(registry, b), Digest: s.Bases[b]})
 	}
-	return a
+	platforms := s.Source.Platforms
+	if len(platforms) == 0 {
+		platforms = []string{mesh.DefaultPlatform}
+	}
+	if len(platforms) == 1 {
+		a.Platform = platforms[0]
+		return []mesh.Ask{a}
+	}
+	out := make([]mesh.Ask, len(platforms))
+	for i, p := range platforms {
+		out[i] = a
+		out[i].Bases = slices.Clone(a.Bases)
+		out[i].ID = PlatformAskID(s.Plan, s.Module, p, s.Attempt)
+		out[i].Platform = p
+		out[i].Cache = a.Cache + "-" + mesh.PlatformToken(p)
+	}
+	return out
 }
 
 // Push announces a push as mesh-git does, and returns the id of the plan

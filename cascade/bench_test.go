@@ -195,7 +195,7 @@ func (f *benchFarm) waitIdle() {
 	ctx := context.Background()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		c, err := f.js.Consumer(ctx, mesh.SeatStream(mesh.BuildSeat), mesh.SeatConsumer(mesh.BuildSeat))
+		c, err := f.js.Consumer(ctx, mesh.SeatStream(mesh.BuildSeat), mesh.BuildConsumer(mesh.DefaultPlatform))
 		if err == nil {
 			info, err := c.Info(ctx)
 			if err == nil && info.NumWaiting >= f.slots && info.NumPending == 0 && info.NumAckPending == 0 {

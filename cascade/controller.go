@@ -74,8 +74,13 @@ type Controller struct {
 
 	lastPrune time.Time
 	// held is set when asks are held for idle holders (WindowIdle).
-	held         bool
-	seatConsumer jetstream.Consumer
+	held bool
+	// seatConsumers are the build seat's holders' consumers, by platform.
+	seatConsumers map[string]jetstream.Consumer
+	// askPlatform is the platform of each ask published (with askSeq).
+	askPlatform map[string]string
+	// platforms is what the controller saw of each platform's holders.
+	platforms platformWatch
 	// lastBuild is each module's last build duration, the estimate that
 	// ranks a new plan's asks.
 	lastBuild map[string]time.Duration
@@ -109,6 +114,8 @@ func New(cfg Config, js jetstream.JetStream, cat *mesh.Catalogue, log *slog.Logg
 		plans: map[string]*State{}, current: map[string]Current{}, askSeq: map[string]uint64{},
 		cmds: make(chan command, 64), lastBuild: map[string]time.Duration{},
 		keys: map[string]KeyRecord{}, trees: treeCache(cfg),
+		seatConsumers: map[string]jetstream.Consumer{}, askPlatform: map[string]string{},
+		platforms: platformWatch{since: time.Now(), seen: map[string]time.Time{}},
 	}, nil
 }
 
@@ -245,7 +252,10 @@ func (c *Controller) Run(ctx context.Context) error {
 			cmd.reply <- c.command(ctx, cmd)
 		case <-tick.C:
 			c.observe()
-			if !c.expireCancels(time.Now().UTC()) {
+			expired := c.expireCancels(time.Now().UTC())
+			noted := c.watchPlatforms(ctx)
+			indexed := c.assemble(ctx, true)
+			if !expired && !noted && !indexed {
 				continue
 			}
 		}
@@ -419,19 +429,7 @@ func (c *Controller) event(ctx context.Context, m jetstream.Msg) {
 		if _, ok := st.Module(ev.Module); !ok {
 			return
 		}
-		next := st.Built(ev, now)
-		c.touch(st, ev.Module)
-		if ev.Duration > 0 {
-			c.lastBuild[ev.Module] = ev.Duration
-			c.dirty[EstimateKey(ev.Module)] = ev.Duration
-		}
-		if ms, _ := st.Module(ev.Module); ms.State == Built && ms.Key != "" {
-			rec := KeyRecord{Digest: ms.Digest, Image: ms.Image, Module: ms.Module, Plan: st.Plan, Commit: ms.Commit}
-			c.keys[ms.Key] = rec
-			c.dirty[InputKeyKey(ms.Key)] = rec
-		}
-		c.setCurrent(st, ev.Module)
-		c.enqueue(st, next)
+		c.built(st, ev, now)
 	case mesh.SeatEventSubject(mesh.BuildSeat, mesh.EventFailed):
 		ev, err := mesh.DecodeEvent[mesh.Failed](m.Data())
 		if err != nil {
@@ -444,6 +442,60 @@ func (c *Controller) event(ctx context.Context, m jetstream.Msg) {
 			c.touch(st, blocked...)
 		}
 	}
+}
+
+// built applies a built event (a holder's, or an index the controller
+// pushed): the module's state, its estimate, its current image and the asks
+// it releases.
+func (c *Controller) built(st *State, ev mesh.Built, now time.Time) {
+	next := st.Built(ev, now)
+	c.touch(st, ev.Module)
+	if ev.Duration > 0 {
+		c.lastBuild[ev.Module] = ev.Duration
+		c.dirty[EstimateKey(ev.Module)] = ev.Duration
+	}
+	if ms, _ := st.Module(ev.Module); ms.State == Built && ms.Key != "" && ms.Digest == ev.Digest {
+		rec := KeyRecord{Digest: ms.Digest, Image: ms.Image, Module: ms.Module, Plan: st.Plan, Commit: ms.Commit}
+		c.keys[ms.Key] = rec
+		c.dirty[InputKeyKey(ms.Key)] = rec
+	}
+	if cur, ok := st.Current(ev.Module); ok && cur.Digest == ev.Digest {
+		c.setCurrent(st, ev.Module)
+	}
+	c.enqueue(st, next)
+}
+
+// assemble pushes the image index of every module whose platforms are all
+// built (State.Unindexed) and records it as the module's built: the index
+// digest is its digest, its current image and what its dependents are
+// pinned to. It looks at the plans the batch changed, or at every plan
+// (all: on the tick, to retry an index the registry refused). It reports
+// whether any module was built so.
+func (c *Controller) assemble(ctx context.Context, all bool) bool {
+	some := false
+	for id, st := range c.plans {
+		if !all && !c.dirtyRun[id] {
+			continue
+		}
+		for _, u := range st.Unindexed() {
+			begun := time.Now()
+			rctx, cancel := context.WithTimeout(ctx, c.cfg.ResolveTimeout)
+			dg, err := c.cfg.RegistryClient.PushIndex(rctx, c.Image(u.Module), u.Manifests)
+			cancel()
+			if err != nil {
+				c.log.Warn("pushing a module's image index; retrying on the next tick", "plan", id, "module", u.Module, "err", err)
+				continue
+			}
+			ms, _ := st.Module(u.Module)
+			c.log.Info("pushed an image index", "plan", id, "module", u.Module, "digest", dg, "platforms", len(u.Manifests), "took", time.Since(begun))
+			c.built(st, mesh.Built{
+				Version: mesh.AskVersion, Ask: u.Ask, Plan: id, Module: u.Module, Commit: ms.Commit,
+				Digest: dg, Image: c.Image(u.Module) + "@" + dg, On: ms.On, At: time.Now().UTC(),
+			}, time.Now().UTC())
+			some = true
+		}
+	}
+	return some
 }
 
 // createPlan plans a trigger and starts it; a plan that exists already is
@@ -640,10 +692,11 @@ func (c *Controller) currentDigest(ctx context.Context, module string) (string, 
 // in order: persist the state, publish the asks, settle what settled (the
 // hand-over to deployment), prune old plans.
 func (c *Controller) flush(ctx context.Context) error {
+	c.assemble(ctx, false)
 	c.fillWindows(ctx)
-	asks := make([]mesh.Ask, len(c.submits))
-	for i, s := range c.submits {
-		asks[i] = Ask(c.cfg.Registry, s)
+	asks := make([]mesh.Ask, 0, len(c.submits))
+	for _, s := range c.submits {
+		asks = append(asks, Asks(c.cfg.Registry, s)...)
 	}
 	retry := backoff.Policy{First: 100 * time.Millisecond, Max: 10 * time.Second}
 	for attempt := 1; ; attempt++ {
@@ -747,10 +800,9 @@ func (c *Controller) publish(ctx context.Context, asks []mesh.Ask) error {
 		return nil
 	}
 	futures := make([]jetstream.PubAckFuture, 0, len(asks))
-	subj := mesh.SeatAcceptSubject(mesh.BuildSeat, mesh.BuildVerb)
 	for _, a := range asks {
 		data, _ := json.Marshal(a)
-		f, err := c.js.PublishAsync(subj, data, jetstream.WithMsgID(a.ID))
+		f, err := c.js.PublishAsync(mesh.BuildSubject(a.Platform), data, jetstream.WithMsgID(a.ID))
 		if err != nil {
 			return fmt.Errorf("submitting %s: %w", a.ID, err)
 		}
@@ -767,6 +819,7 @@ func (c *Controller) publish(ctx context.Context, asks []mesh.Ask) error {
 		select {
 		case ack := <-f.Ok():
 			c.askSeq[asks[i].ID] = ack.Sequence
+			c.askPlatform[asks[i].ID] = asks[i].Platform
 		case err := <-f.Err():
 			return fmt.Errorf("submitting %s: %w", asks[i].ID, err)
 		}
@@ -888,20 +941,31 @@ func (c *Controller) fillIdle(ctx context.Context) bool {
 }
 
 // idleHolders is how many holders of the build seat wait for an ask now,
-// less the asks already queued for them.
+// less the asks already queued for them: summed over the holders'
+// consumers of every platform.
 func (c *Controller) idleHolders(ctx context.Context) (int, error) {
-	if c.seatConsumer == nil {
-		cons, err := c.js.Consumer(ctx, mesh.SeatStream(mesh.BuildSeat), mesh.SeatConsumer(mesh.BuildSeat))
+	idle := 0
+	for _, p := range c.cat.Platforms() {
+		info, err := c.platformInfo(ctx, p)
 		if err != nil {
 			return 0, err
 		}
-		c.seatConsumer = cons
+		idle += max(0, info.NumWaiting-int(info.NumPending))
+	}
+	return idle, nil
+}
+
+// platformInfo reads the build seat's holders' consumer of a platform.
+func (c *Controller) platformInfo(ctx context.Context, platform string) (*jetstream.ConsumerInfo, error) {
+	cons := c.seatConsumers[platform]
+	if cons == nil {
+		var err error
+		if cons, err = c.js.Consumer(ctx, mesh.SeatStream(mesh.BuildSeat), mesh.BuildConsumer(platform)); err != nil {
+			return nil, err
+		}
+		c.seatConsumers[platform] = cons
 	}
 	ictx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	info, err := c.seatConsumer.Info(ictx)
-	if err != nil {
-		return 0, err
-	}
-	return max(0, info.NumWaiting-int(info.NumPending)), nil
+	return cons.Info(ictx)
 }

@@ -265,6 +265,12 @@ type ModuleStatus struct {
 	Log     []string `json:"log,omitempty"`
 	// BlockedBy is the failed module a blocked module waits on.
 	BlockedBy string `json:"blocked_by,omitempty"`
+	// Platforms are the asks of a module built for several platforms, one
+	// per platform (see PlatformStatus); empty for one platform.
+	Platforms []PlatformStatus `json:"platforms,omitempty"`
+	// Waiting says why a queued ask is not taken, when it waits for a
+	// platform no online holder builds ("no linux/arm64 machine online").
+	Waiting string `json:"waiting,omitempty"`
 }
 
 // Submit is an ask the caller must publish (with Nats-Msg-Id = AskID).
@@ -567,6 +573,9 @@ func (s *State) Fill(now time.Time) []Submit {
 // building module (the ask redelivered to another machine) records the new
 // machine.
 func (s *State) Started(ev mesh.Started) bool {
+	if i, k, ok := s.platformAsk(ev.Plan, ev.Module, ev.Ask); ok {
+		return s.platformStarted(i, k, ev)
+	}
 	i, ok := s.current(ev.Plan, ev.Module, ev.Ask)
 	if !ok {
 		return false
@@ -593,11 +602,20 @@ func (s *State) Started(ev mesh.Started) bool {
 // attempt, another plan) or a duplicate changes nothing and returns
 // nothing.
 func (s *State) Built(ev mesh.Built, now time.Time) []Submit {
+	if i, k, ok := s.platformAsk(ev.Plan, ev.Module, ev.Ask); ok {
+		s.platformBuilt(i, k, ev, now)
+		return nil
+	}
 	i, ok := s.current(ev.Plan, ev.Module, ev.Ask)
 	if !ok {
 		return nil
 	}
 	m := &s.Modules[i]
+	if len(m.Platforms) > 0 && m.State != Cancelling && !allBuilt(m.Platforms) {
+		// A module built for several platforms is built by its index,
+		// once every platform is.
+		return nil
+	}
 	if m.State == Cancelling {
 		// The holder finished before it heard of the cancel: the image
 		// is not the plan's (the plan was cancelled), so it is neither
@@ -628,6 +646,9 @@ func (s *State) Built(ev mesh.Built, now time.Time) []Submit {
 // of a cancelling module (failed{cancelled}: its holder stopped) makes it
 // cancelled and blocks nothing.
 func (s *State) Failed(ev mesh.Failed, now time.Time) []string {
+	if i, k, ok := s.platformAsk(ev.Plan, ev.Module, ev.Ask); ok {
+		return s.platformFailed(i, k, ev, now)
+	}
 	i, ok := s.current(ev.Plan, ev.Module, ev.Ask)
 	if !ok {
 		return nil
@@ -747,7 +768,7 @@ func (s *State) Cancel(now time.Time) (cancelAsks []string) {
 		m := &s.Modules[i]
 		switch m.State {
 		case Queued, Building:
-			cancelAsks = append(cancelAsks, m.Ask)
+			cancelAsks = append(cancelAsks, inFlightAsks(*m)...)
 			m.State = Cancelling
 		case Waiting, Ready:
 			m.State, m.Finished = Cancelled, now
@@ -763,7 +784,7 @@ func (s *State) Cancelling() []string {
 	var out []string
 	for _, m := range s.Modules {
 		if m.State == Cancelling {
-			out = append(out, m.Ask)
+			out = append(out, inFlightAsks(m)...)
 		}
 	}
 	slices.Sort(out)
@@ -778,6 +799,13 @@ func (s *State) Withdrawn(ask string, now time.Time) bool {
 	s.ensure()
 	for i := range s.Modules {
 		m := &s.Modules[i]
+		for k := range m.Platforms {
+			if p := &m.Platforms[k]; p.Ask == ask && m.State == Cancelling && p.State == Queued {
+				p.State = Cancelled
+				s.platformStopped(m, "", "", "withdrawn from the queue before any holder took it", now)
+				return true
+			}
+		}
 		if m.Ask == ask && m.State == Cancelling && m.Started.IsZero() {
 			s.stopped(m, "", "", "withdrawn from the queue before any holder took it", now)
 			return true
@@ -919,7 +947,8 @@ func (s *State) submit(ready []int, now time.Time) []Submit {
 		m.State, m.Queued = Queued, now
 		m.Started, m.Finished, m.Duration = time.Time{}, time.Time{}, 0
 		m.On, m.Reason, m.Message, m.Log, m.BlockedBy = "", "", "", nil, ""
-		m.Commit, m.Digest, m.Image, m.Reuses = "", "", "", ""
+		m.Commit, m.Digest, m.Image, m.Reuses, m.Waiting = "", "", "", "", ""
+		s.askPlatforms(m)
 		out[k] = s.submitOf(i)
 	}
 	s.touch(now)
@@ -1117,10 +1146,9 @@ func (s *State) keyOf(i int) string {
 	for _, b := range m.External {
 		bases[b] = s.External[b]
 	}
-	platform := ""
-	if len(m.Source.Platforms) > 0 {
-		platform = m.Source.Platforms[0]
-	}
+	// A module of several platforms is one output, its index: its key
+	// names every platform (one platform's key is that platform's).
+	platform := strings.Join(m.Source.Platforms, ",")
 	return InputKey(m.Module, platform, m.Tree, m.Source.Path, m.Source.Dockerfile, bases)
 }
 

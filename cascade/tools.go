@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/planner"
@@ -240,18 +241,20 @@ func (c *Controller) withdraw(ctx context.Context, st *State, asks []string, now
 	if len(deleted) == 0 {
 		return
 	}
-	cons, err := c.js.Consumer(ctx, mesh.SeatStream(mesh.BuildSeat), mesh.SeatConsumer(mesh.BuildSeat))
-	if err != nil {
-		return
-	}
-	// Read after the deletes: a message deleted beyond the last delivered
-	// sequence can no longer be delivered.
-	info, err := cons.Info(ctx)
-	if err != nil {
-		return
-	}
+	// Read after the deletes: a message deleted beyond the last sequence
+	// its platform's consumer delivered can no longer be delivered.
+	infos := map[string]*jetstream.ConsumerInfo{}
 	for a, seq := range deleted {
-		if seq > info.Delivered.Stream {
+		p := c.askPlatform[a]
+		if p == "" {
+			continue
+		}
+		info, ok := infos[p]
+		if !ok {
+			info, _ = c.platformInfo(ctx, p)
+			infos[p] = info
+		}
+		if info != nil && seq > info.Delivered.Stream {
 			st.Withdrawn(a, now)
 		}
 	}

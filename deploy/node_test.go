@@ -371,7 +371,7 @@ func TestUnassignedBuildAgentHandsBack(t *testing.T) {
 	ask := mesh.Ask{Version: mesh.AskVersion, ID: "ask-1", Plan: "p", Module: "app", Image: "reg.example/app",
 		Source: mesh.Source{Repo: testenv.FleetRepo, Commit: "c1", Path: "app"}, Platform: mesh.DefaultPlatform}
 	data, _ := json.Marshal(ask)
-	if _, err := b.ajs.Publish(b.ctx, mesh.SeatAcceptSubject(mesh.BuildSeat, mesh.BuildVerb), data, jetstream.WithMsgID(ask.ID)); err != nil {
+	if _, err := b.ajs.Publish(b.ctx, mesh.BuildSubject(mesh.DefaultPlatform), data, jetstream.WithMsgID(ask.ID)); err != nil {
 		t.Fatal(err)
 	}
 	select {

@@ -75,7 +75,7 @@ func (c *Catalogue) Derive(replicas int) Wire {
 	for _, s := range c.Seats() {
 		if spec, ok := SeatStreamSpec(s, replicas); ok {
 			w.Streams = append(w.Streams, spec)
-			w.Consumers = append(w.Consumers, SeatConsumerSpec(s, replicas))
+			w.Consumers = append(w.Consumers, SeatConsumerSpecs(s, c.Platforms(), replicas)...)
 		}
 	}
 	for _, m := range c.Modules {
@@ -178,6 +178,12 @@ func SeatStreamSpec(s Seat, replicas int) (StreamSpec, bool) {
 	}, true
 }
 
+// HolderMaxWaiting is the most pull requests a holders' consumer keeps
+// waiting: at least 1.25 × machines × slots of the holders that bind it
+// (SCALE.md: pulls beyond it are dropped without an error to a Consume), so
+// 4096 serves some 3,000 machine slots per platform.
+const HolderMaxWaiting = 4096
+
 // SeatConsumerSpec derives the one durable pull consumer every holder of
 // seat s shares. No max-deliver: a holder bounds its own retries by the
 // delivery count and settles with Term.
@@ -185,13 +191,64 @@ func SeatConsumerSpec(s Seat, replicas int) ConsumerSpec {
 	return ConsumerSpec{
 		Stream: SeatStream(s.Seat),
 		Why:    "the holders of " + s.Seat + " pull from it",
-		Config: jetstream.ConsumerConfig{
-			Durable: SeatConsumer(s.Seat), FilterSubject: SeatAcceptAll(s.Seat),
-			AckPolicy: jetstream.AckExplicitPolicy, AckWait: HolderAckWait,
-			DeliverPolicy: jetstream.DeliverAllPolicy, MaxDeliver: -1,
-			MaxAckPending: 100_000, MaxWaiting: 4096, Replicas: replicas,
-		},
+		Config: holderConsumer(SeatConsumer(s.Seat), replicas, SeatAcceptAll(s.Seat)),
 	}
+}
+
+// SeatConsumerSpecs derives the holders' consumers of seat s: the one
+// SeatConsumerSpec for a seat that does not split by platform; for one that
+// does (SplitsByPlatform), one per platform, filtering that platform's
+// subject of every verb the seat accepts, so that a holder bound to the
+// consumers of its platforms only ever receives asks it can build.
+func SeatConsumerSpecs(s Seat, platforms []string, replicas int) []ConsumerSpec {
+	if !SplitsByPlatform(s.Seat) {
+		return []ConsumerSpec{SeatConsumerSpec(s, replicas)}
+	}
+	var verbs []string
+	for _, a := range s.Accepts {
+		if acc, err := ParseAccept(a); err == nil {
+			verbs = append(verbs, acc.Verb)
+		}
+	}
+	sort.Strings(verbs)
+	out := make([]ConsumerSpec, 0, len(platforms))
+	for _, p := range platforms {
+		filters := make([]string, len(verbs))
+		for i, v := range verbs {
+			filters[i] = SeatPlatformSubject(s.Seat, v, p)
+		}
+		out = append(out, ConsumerSpec{
+			Stream: SeatStream(s.Seat),
+			Why:    "the holders of " + s.Seat + " that build " + p + " pull from it",
+			Config: holderConsumer(SeatPlatformConsumer(s.Seat, p), replicas, filters...),
+		})
+	}
+	return out
+}
+
+// HolderConsumers are the names of seat s's holders' consumers in the
+// catalogue: one, or one per platform for a seat that splits by platform.
+func (c *Catalogue) HolderConsumers(s Seat) []string {
+	var out []string
+	for _, spec := range SeatConsumerSpecs(s, c.Platforms(), 1) {
+		out = append(out, spec.Config.Durable)
+	}
+	return out
+}
+
+func holderConsumer(name string, replicas int, filters ...string) jetstream.ConsumerConfig {
+	cfg := jetstream.ConsumerConfig{
+		Durable:   name,
+		AckPolicy: jetstream.AckExplicitPolicy, AckWait: HolderAckWait,
+		DeliverPolicy: jetstream.DeliverAllPolicy, MaxDeliver: -1,
+		MaxAckPending: 100_000, MaxWaiting: HolderMaxWaiting, Replicas: replicas,
+	}
+	if len(filters) == 1 {
+		cfg.FilterSubject = filters[0]
+	} else {
+		cfg.FilterSubjects = filters
+	}
+	return cfg
 }
 
 // ModuleConsumerSpecs derives module m's durable consumers: one on EVENTS

@@ -80,8 +80,10 @@ func (c *Catalogue) ModulePermissions(m *Manifest) Permissions {
 			p.sub[SeatToolSubject(s.Seat, t)] = true
 		}
 		if len(s.Accepts) > 0 {
-			for _, g := range consumerGrants(SeatStream(s.Seat), SeatConsumer(s.Seat)) {
-				p.pub[g] = true
+			for _, cons := range c.HolderConsumers(s) {
+				for _, g := range consumerGrants(SeatStream(s.Seat), cons) {
+					p.pub[g] = true
+				}
 			}
 		}
 		// A holder claims its seat before it pulls: it writes the seat's

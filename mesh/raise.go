@@ -69,6 +69,17 @@ func Raise(ctx context.Context, js jetstream.JetStream, c *Catalogue, replicas i
 		}
 		note("bucket", b.Config.Bucket, before, after, existed)
 	}
+	for _, s := range w.Streams {
+		if seat, ok := SeatFromStream(s.Config.Name); ok && SplitsByPlatform(seat) {
+			replaced, err := dropSeatWide(ctx, js, seat)
+			if err != nil {
+				return r, err
+			}
+			if replaced {
+				r.Updated = append(r.Updated, "consumer "+s.Config.Name+"/"+SeatConsumer(seat)+" (split by platform)")
+			}
+		}
+	}
 	for _, cs := range w.Consumers {
 		var before jetstream.ConsumerConfig
 		existed := false
@@ -89,6 +100,23 @@ func Raise(ctx context.Context, js jetstream.JetStream, c *Catalogue, replicas i
 	}
 	r.Orphans = orphans
 	return r, nil
+}
+
+// dropSeatWide deletes the one seat-wide holders' consumer a seat that now
+// splits by platform had: on a work queue, its filter (every accept) would
+// overlap each platform's and the server would refuse them. A consumer keeps
+// no data (the asks stay in the stream), so this deletes nothing declared.
+func dropSeatWide(ctx context.Context, js jetstream.JetStream, seat string) (bool, error) {
+	stream, name := SeatStream(seat), SeatConsumer(seat)
+	err := js.DeleteConsumer(ctx, stream, name)
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, jetstream.ErrConsumerNotFound):
+		return false, nil
+	default:
+		return false, fmt.Errorf("replacing consumer %s/%s by one per platform: %w", stream, name, err)
+	}
 }
 
 func streamConfig(ctx context.Context, js jetstream.JetStream, name string) (jetstream.StreamConfig, bool, error) {

@@ -137,7 +137,7 @@ func TestAsksQueueUntilAHolderAppears(t *testing.T) {
 	if _, err := mesh.Raise(ctx(t), js, c, 1); err != nil {
 		t.Fatal(err)
 	}
-	subj := mesh.SeatAcceptSubject(mesh.BuildSeat, mesh.BuildVerb)
+	subj := mesh.BuildSubject(mesh.DefaultPlatform)
 	const n = 5
 	for i := range n {
 		if _, err := js.Publish(ctx(t), subj, fmt.Appendf(nil, "ask-%d", i), jetstream.WithMsgID(fmt.Sprintf("ask-%d", i))); err != nil {
@@ -149,7 +149,7 @@ func TestAsksQueueUntilAHolderAppears(t *testing.T) {
 		t.Fatalf("re-submit: ack %+v err %v, want a duplicate", ack, err)
 	}
 	// The holder arrives later: it binds the derived consumer by name.
-	cons, err := js.Consumer(ctx(t), mesh.SeatStream(mesh.BuildSeat), mesh.SeatConsumer(mesh.BuildSeat))
+	cons, err := js.Consumer(ctx(t), mesh.SeatStream(mesh.BuildSeat), mesh.BuildConsumer(mesh.DefaultPlatform))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -225,7 +225,7 @@ func TestDerivedPermissionsOnARealServer(t *testing.T) {
 		t.Fatalf("controller raising under its grant: %v", err)
 	}
 
-	ask := mesh.SeatAcceptSubject(mesh.BuildSeat, mesh.BuildVerb)
+	ask := mesh.BuildSubject(mesh.DefaultPlatform)
 	t.Run("a user of a seat publishes asks and nothing else of it", func(t *testing.T) {
 		nc, js, errs := connect("shop")
 		if _, err := js.Publish(ctx(t), ask, []byte("{}")); err != nil {
@@ -251,7 +251,7 @@ func TestDerivedPermissionsOnARealServer(t *testing.T) {
 
 	t.Run("a holder fetches and acks under exactly its grant", func(t *testing.T) {
 		_, js, _ := connect("build-agent")
-		cons, err := js.Consumer(ctx(t), mesh.SeatStream(mesh.BuildSeat), mesh.SeatConsumer(mesh.BuildSeat))
+		cons, err := js.Consumer(ctx(t), mesh.SeatStream(mesh.BuildSeat), mesh.BuildConsumer(mesh.DefaultPlatform))
 		if err != nil {
 			t.Fatalf("holder binding its consumer: %v", err)
 		}

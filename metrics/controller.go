@@ -20,9 +20,12 @@ type Controller struct {
 	settled  *prometheus.CounterVec   // outcome
 	duration *prometheus.HistogramVec // outcome
 	blocked  prometheus.Gauge
+	// unserved counts asks waiting for a platform no machine online builds.
+	unserved *prometheus.GaugeVec // platform
 
-	mu   sync.Mutex
-	seen map[string]bool // states ever reported, set to 0 when they go
+	mu       sync.Mutex
+	seen     map[string]bool // states ever reported, set to 0 when they go
+	seenPlat map[string]bool // platforms ever reported unserved
 }
 
 // NewController registers the controller's metrics with reg and returns
@@ -47,9 +50,13 @@ func NewController(reg prometheus.Registerer) *Controller {
 			Name: "meshbuild_controller_modules_blocked",
 			Help: "Modules of the plans held that are blocked: a module they are built on failed.",
 		}),
-		seen: map[string]bool{},
+		unserved: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "meshbuild_controller_asks_without_machine",
+			Help: "Asks queued for a platform that no online build machine builds, by platform: they wait until a machine of it arrives.",
+		}, []string{"platform"}),
+		seen: map[string]bool{}, seenPlat: map[string]bool{},
 	}
-	reg.MustRegister(c.plans, c.settled, c.duration, c.blocked)
+	reg.MustRegister(c.plans, c.settled, c.duration, c.blocked, c.unserved)
 	for _, s := range planStates {
 		c.plans.WithLabelValues(s)
 		c.seen[s] = true
@@ -82,4 +89,20 @@ func (c *Controller) Plans(byOutcome map[string]int, blocked int) {
 		c.seen[s] = true
 	}
 	c.blocked.Set(float64(blocked))
+}
+
+// AsksWithoutMachine records the asks waiting for a platform no online
+// machine builds (cascade.PlatformObserver). A platform missing is 0.
+func (c *Controller) AsksWithoutMachine(byPlatform map[string]int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for p := range c.seenPlat {
+		if _, ok := byPlatform[p]; !ok {
+			c.unserved.WithLabelValues(p).Set(0)
+		}
+	}
+	for p, n := range byPlatform {
+		c.unserved.WithLabelValues(p).Set(float64(n))
+		c.seenPlat[p] = true
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -75,35 +76,53 @@ type queueState struct {
 	oldest   time.Duration
 }
 
-// readQueue reads a seat's work queue: the consumer's pending and ack
-// pending counts and, if asks wait, the age of the first one after the
-// last delivered.
+// readQueue reads a seat's work queue: its holders' consumers' pending and
+// ack pending counts (summed over a seat's consumer per platform) and, if
+// asks wait, the age of the oldest one after the last each delivered.
 func readQueue(ctx context.Context, js jetstream.JetStream, seat string) (queueState, error) {
-	name, consumer := mesh.SeatStream(seat), mesh.SeatConsumer(seat)
+	name := mesh.SeatStream(seat)
 	stream, err := js.Stream(ctx, name)
 	if err != nil {
 		return queueState{}, fmt.Errorf("reading stream %s: %w", name, err)
 	}
-	cons, err := stream.Consumer(ctx, consumer)
-	if err != nil {
-		return queueState{}, fmt.Errorf("reading consumer %s/%s: %w", name, consumer, err)
+	var st queueState
+	found := false
+	infos := stream.ListConsumers(ctx)
+	for info := range infos.Info() {
+		if !strings.HasPrefix(info.Name, mesh.SeatConsumer(seat)) {
+			continue
+		}
+		found = true
+		st.depth += info.NumPending
+		st.inFlight += info.NumAckPending
+		if info.NumPending == 0 {
+			continue
+		}
+		// The next ask this consumer delivers is the first one of its
+		// subjects stored after the last it delivered; asked for by
+		// subject, so one deleted (cancelled) is skipped over.
+		filter := info.Config.FilterSubject
+		if filter == "" && len(info.Config.FilterSubjects) > 0 {
+			filter = info.Config.FilterSubjects[0]
+		}
+		if filter == "" {
+			filter = mesh.SeatAcceptAll(seat)
+		}
+		msg, err := stream.GetMsg(ctx, info.Delivered.Stream+1, jetstream.WithGetMsgSubject(filter))
+		switch {
+		case errors.Is(err, jetstream.ErrMsgNotFound):
+			// Delivered in the meantime.
+		case err != nil:
+			return queueState{}, fmt.Errorf("reading the oldest ask of %s/%s: %w", name, info.Name, err)
+		default:
+			st.oldest = max(st.oldest, time.Since(msg.Time))
+		}
 	}
-	info := cons.CachedInfo()
-	st := queueState{depth: info.NumPending, inFlight: info.NumAckPending}
-	if info.NumPending == 0 {
-		return st, nil
+	if err := infos.Err(); err != nil {
+		return queueState{}, fmt.Errorf("listing the consumers of %s: %w", name, err)
 	}
-	// The next ask to be delivered is the first one stored after the last
-	// delivered; asked for by subject, so one deleted (cancelled) is
-	// skipped over.
-	msg, err := stream.GetMsg(ctx, info.Delivered.Stream+1, jetstream.WithGetMsgSubject(mesh.SeatAcceptAll(seat)))
-	switch {
-	case errors.Is(err, jetstream.ErrMsgNotFound):
-		// Delivered in the meantime.
-	case err != nil:
-		return queueState{}, fmt.Errorf("reading the oldest ask of %s: %w", name, err)
-	default:
-		st.oldest = max(0, time.Since(msg.Time))
+	if !found {
+		return queueState{}, fmt.Errorf("reading %s: no holders' consumer", name)
 	}
 	return st, nil
 }

@@ -66,7 +66,7 @@ func TestQueueCollectorReadsTheSeatsWorkQueue(t *testing.T) {
 	// publish returns the ask's sequence and the time the server stored
 	// it, which is what the collector measures an age from.
 	publish := func(id string) (uint64, time.Time) {
-		ack, err := js.Publish(ctx, mesh.SeatAcceptSubject(mesh.BuildSeat, mesh.BuildVerb), []byte(`{"id":"`+id+`"}`), jetstream.WithMsgID(id))
+		ack, err := js.Publish(ctx, mesh.BuildSubject(mesh.DefaultPlatform), []byte(`{"id":"`+id+`"}`), jetstream.WithMsgID(id))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -111,7 +111,7 @@ func TestQueueCollectorReadsTheSeatsWorkQueue(t *testing.T) {
 	}
 
 	// A holder takes the first ask: the second is now the oldest waiting.
-	cons, err := js.Consumer(ctx, mesh.SeatStream(mesh.BuildSeat), mesh.SeatConsumer(mesh.BuildSeat))
+	cons, err := js.Consumer(ctx, mesh.SeatStream(mesh.BuildSeat), mesh.BuildConsumer(mesh.DefaultPlatform))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -43,7 +43,7 @@ func run() int {
 	fs.String("registry", daemon.Env("MESHBUILD_REGISTRY", ""), "the mesh's registry HOST:PORT (informational: asks name their images) (MESHBUILD_REGISTRY)")
 	insecure := fs.Bool("registry-insecure", daemon.Env("MESHBUILD_REGISTRY_INSECURE", "") == "true", "plain http to the registry, for a local one (MESHBUILD_REGISTRY_INSECURE=true)")
 	workspace := fs.String("workspace", daemon.Env("MESHBUILD_WORKSPACE", "/var/lib/meshbuild/workspace"), "clones and checkouts (MESHBUILD_WORKSPACE)")
-	platforms := fs.String("platforms", daemon.Env("MESHBUILD_PLATFORMS", cfg.Platforms[0]), "platforms this machine builds, comma separated (MESHBUILD_PLATFORMS)")
+	platforms := fs.String("platforms", daemon.Env("MESHBUILD_PLATFORMS", ""), "platforms this machine builds, comma separated; default every one its BuildKit worker builds (emulated ones included), and each named must be one of those (MESHBUILD_PLATFORMS)")
 	slots := fs.Int("slots", envInt("MESHBUILD_SLOTS", 1), "asks worked at once; each slot pulls one at a time (MESHBUILD_SLOTS)")
 	catalogue := fs.String("catalogue", daemon.Env("MESHBUILD_CATALOGUE", ""), "optional catalogue directory: asks for modules it does not build are refused (MESHBUILD_CATALOGUE)")
 	metricsAddr := fs.String("metrics", daemon.Env("MESHBUILD_METRICS", ""), "serve /metrics on this address, e.g. :9464 (MESHBUILD_METRICS)")

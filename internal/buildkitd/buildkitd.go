@@ -58,6 +58,11 @@ type Options struct {
 	// RegistryHosts ("127.0.0.1:5000") are registries spoken to over plain
 	// HTTP.
 	RegistryHosts []string
+	// Platforms, when set, are the platforms the OCI worker says it builds
+	// (buildkitd's --oci-worker-platform), instead of the native one and
+	// those QEMU's binfmt handlers emulate. A Dockerfile that runs nothing
+	// (FROM scratch, COPY) builds for any platform without emulation.
+	Platforms []string
 	// MaxParallelism bounds the steps the worker runs at once; 0 is
 	// BuildKit's default (the number of CPUs).
 	MaxParallelism int
@@ -220,6 +225,13 @@ func config(o Options, addr, otel string) string {
 	fmt.Fprintf(&c, "[worker.oci]\n  enabled = true\n  snapshotter = %q\n  gc = false\n", o.Snapshotter)
 	if o.MaxParallelism > 0 {
 		fmt.Fprintf(&c, "  max-parallelism = %d\n", o.MaxParallelism)
+	}
+	if len(o.Platforms) > 0 {
+		q := make([]string, len(o.Platforms))
+		for i, p := range o.Platforms {
+			q[i] = strconv.Quote(p)
+		}
+		fmt.Fprintf(&c, "  platforms = [%s]\n", strings.Join(q, ", "))
 	}
 	c.WriteString("\n[worker.containerd]\n  enabled = false\n")
 	for _, h := range o.RegistryHosts {

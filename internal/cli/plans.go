@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"sort"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -79,8 +80,11 @@ type PlanView struct {
 func machinesOf(mods map[string]cascade.ModuleStatus) []string {
 	seen := map[string]bool{}
 	for _, m := range mods {
-		if m.On != "" {
-			seen[m.On] = true
+		// A module built for several platforms names each one's machine.
+		for on := range strings.SplitSeq(m.On, ",") {
+			if on != "" {
+				seen[on] = true
+			}
 		}
 	}
 	out := make([]string, 0, len(seen))

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -158,6 +159,9 @@ type Machine struct {
 	Built    int64     `json:"built"`
 	Failed   int64     `json:"failed"`
 	LastSeen time.Time `json:"last_seen"`
+	// Platforms are those the machine builds (its BuildKit worker's, or
+	// those its --platforms narrowed them to); known while it is online.
+	Platforms []string `json:"platforms,omitempty"`
 }
 
 func machinesCmd(g *globals) *cobra.Command {
@@ -174,7 +178,7 @@ func machinesCmd(g *globals) *cobra.Command {
 			rows := map[string]*Machine{}
 			for _, s := range live {
 				rows[s.Machine] = &Machine{Machine: s.Machine, Online: true, Slots: s.Slots, InFlight: s.InFlight,
-					Built: s.Built, Failed: s.Failed, LastSeen: s.At}
+					Built: s.Built, Failed: s.Failed, LastSeen: s.At, Platforms: s.Platforms}
 			}
 			// Machines seen in recent plans but not answering now.
 			recs, _ := b.store.Plans(ctx)
@@ -184,27 +188,31 @@ func machinesCmd(g *globals) *cobra.Command {
 				}
 				mods, _ := b.store.Modules(ctx, r.ID)
 				for _, m := range mods {
-					if m.On == "" {
-						continue
-					}
-					row := rows[m.On]
-					if row == nil {
-						row = &Machine{Machine: m.On}
-						rows[m.On] = row
-					}
-					if !row.Online {
-						switch m.State {
-						case cascade.Built:
-							row.Built++
-						case cascade.Failed:
-							row.Failed++
+					// A module built for several platforms names each
+					// platform's machine.
+					for on := range strings.SplitSeq(m.On, ",") {
+						if on == "" {
+							continue
 						}
-						seen := m.Finished
-						if seen.IsZero() {
-							seen = m.Started
+						row := rows[on]
+						if row == nil {
+							row = &Machine{Machine: on}
+							rows[on] = row
 						}
-						if seen.After(row.LastSeen) {
-							row.LastSeen = seen
+						if !row.Online {
+							switch m.State {
+							case cascade.Built:
+								row.Built++
+							case cascade.Failed:
+								row.Failed++
+							}
+							seen := m.Finished
+							if seen.IsZero() {
+								seen = m.Started
+							}
+							if seen.After(row.LastSeen) {
+								row.LastSeen = seen
+							}
 						}
 					}
 				}
@@ -221,13 +229,13 @@ func machinesCmd(g *globals) *cobra.Command {
 				return nil
 			}
 			tw := tabwriter.NewWriter(g.out, 2, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "MACHINE\tONLINE\tSLOTS\tIN FLIGHT\tBUILT\tFAILED\tLAST SEEN")
+			fmt.Fprintln(tw, "MACHINE\tONLINE\tPLATFORMS\tSLOTS\tIN FLIGHT\tBUILT\tFAILED\tLAST SEEN")
 			for _, m := range out {
 				online := "no"
 				if m.Online {
 					online = "yes"
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%s ago\n", m.Machine, online, m.Slots, m.InFlight, m.Built, m.Failed, age(m.LastSeen))
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s ago\n", m.Machine, online, cmp.Or(strings.Join(m.Platforms, ","), "-"), m.Slots, m.InFlight, m.Built, m.Failed, age(m.LastSeen))
 			}
 			return tw.Flush()
 		}),

@@ -117,6 +117,17 @@ func RunAgent(ctx context.Context, o AgentOptions) error {
 	if err != nil {
 		return fmt.Errorf("buildkitd at %s: %w (start it, or point --buildkit at the one this machine runs)", o.BuildKit, err)
 	}
+	// The machine's platforms are its worker's, unless --platforms narrows
+	// them to some it builds.
+	pctx, cancel = context.WithTimeout(ctx, 15*time.Second)
+	worker, err := bk.Platforms(pctx)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("buildkitd at %s: %w", o.BuildKit, err)
+	}
+	if o.Agent.Platforms, err = agent.ChoosePlatforms(worker, o.Agent.Platforms); err != nil {
+		return err
+	}
 	nc, js, err := Connect(o.NATS, o.Creds, "build-agent", "build-agent "+o.Agent.Machine)
 	if err != nil {
 		return err

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"runtime"
 	"slices"
 	"strings"
 	"time"
@@ -25,6 +26,11 @@ func runNode(ctx context.Context, natsURL, name, stateDir string, ao daemon.Agen
 	defer nc.Close()
 	cfg := deploy.DefaultNodeConfig()
 	cfg.Name, cfg.StateDir, cfg.Platforms, cfg.Registry = name, stateDir, ao.Agent.Platforms, ao.RegistryClient
+	if len(cfg.Platforms) == 0 {
+		// The agent builds what its BuildKit worker builds; the node runs
+		// this machine's own platform.
+		cfg.Platforms = []string{runtime.GOOS + "/" + runtime.GOARCH}
+	}
 	cfg.Carried = map[string]deploy.RunFunc{"build-agent": func(actx context.Context) error { return daemon.RunAgent(actx, ao) }}
 	n, err := deploy.NewNode(cfg, js, log.With("component", "node", "node", name), nil)
 	if err != nil {

@@ -143,6 +143,8 @@ func detail(m cascade.ModuleStatus) string {
 		return "blocked by " + m.BlockedBy
 	case m.State == cascade.Failed:
 		return Failure(m)
+	case m.Waiting != "":
+		return "waiting: " + m.Waiting
 	case m.State == cascade.Unchanged:
 		return ShortDigest(m.Digest) + "  reuses " + m.Reuses
 	default:

@@ -1,0 +1,139 @@
+package cascade
+
+import (
+	"encoding/json"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/meshbuild/meshbuild/mesh"
+	"github.com/meshbuild/meshbuild/planner"
+)
+
+// twoPlatforms is "base" built for amd64 and arm64, and "app" on it for
+// amd64 only.
+func twoPlatforms(t *testing.T) *State {
+	t.Helper()
+	ms := []*mesh.Manifest{
+		{Module: "base", Build: &mesh.Build{Repo: "https://git.example/fleet.git", Path: "base", Platforms: []string{"linux/amd64", "linux/arm64"}}},
+		{Module: "app", Build: &mesh.Build{Repo: "https://git.example/fleet.git", Path: "app", On: []string{"base"}}},
+	}
+	p, err := planner.New(mesh.NewCatalogue(ms), planner.Trigger{Kind: planner.KindPush, Repo: "https://git.example/fleet.git", Commit: "c0ffee"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return NewState(p, t0)
+}
+
+func platformEvent(sub Submit, platform string) (id string) {
+	return PlatformAskID(sub.Plan, sub.Module, platform, sub.Attempt)
+}
+
+// A module of two platforms is built when both are and its index is: the
+// platforms' builts release nothing, Unindexed names the module with both
+// manifests, and the index's built (the module's own ask id) makes it
+// built at the index digest, which its dependent is pinned to.
+func TestAModuleOfTwoPlatformsIsBuiltByItsIndex(t *testing.T) {
+	s := twoPlatforms(t)
+	subs := s.Start(at(0))
+	base := byModule(t, subs, "base")
+	asks := Asks("reg", base)
+	if len(asks) != 2 || asks[0].Platform != "linux/amd64" || asks[1].Platform != "linux/arm64" {
+		t.Fatalf("asks %+v, want one for each platform", asks)
+	}
+	ms := stateOf(t, s, "base")
+	if len(ms.Platforms) != 2 || ms.Platforms[1].Ask != asks[1].ID || ms.Platforms[1].State != Queued {
+		t.Fatalf("platforms %+v, want both queued under the asks' ids", ms.Platforms)
+	}
+
+	amd, arm := platformEvent(base, "linux/amd64"), platformEvent(base, "linux/arm64")
+	if !s.Started(mesh.Started{Ask: arm, Plan: base.Plan, Module: "base", On: "pi", At: at(1)}) {
+		t.Fatal("the arm64 started changed nothing")
+	}
+	ev := built(base, 2)
+	ev.Ask, ev.Digest, ev.On = amd, "sha256:"+strings.Repeat("a", 64), "x86"
+	if next := s.Built(ev, at(2)); len(next) != 0 || len(s.Unindexed()) != 0 {
+		t.Fatalf("one platform built released %v and unindexed %v, want nothing", next, s.Unindexed())
+	}
+	wantStates(t, s, map[string]ModuleState{"base": Building, "app": Waiting})
+	ev.Ask, ev.Digest, ev.On = arm, "sha256:"+strings.Repeat("b", 64), "pi"
+	if next := s.Built(ev, at(3)); len(next) != 0 {
+		t.Fatalf("the last platform released %v before the index", next)
+	}
+	// A restart in between: the state says the same.
+	data, _ := json.Marshal(s)
+	var re State
+	if err := json.Unmarshal(data, &re); err != nil {
+		t.Fatal(err)
+	}
+	un := re.Unindexed()
+	if len(un) != 1 || un[0].Module != "base" || un[0].Ask != base.AskID ||
+		!slices.Equal(un[0].Manifests, []Manifest{{Platform: "linux/amd64", Digest: "sha256:" + strings.Repeat("a", 64)}, {Platform: "linux/arm64", Digest: "sha256:" + strings.Repeat("b", 64)}}) {
+		t.Fatalf("unindexed %+v", un)
+	}
+	index := "sha256:" + strings.Repeat("c", 64)
+	next := re.Built(mesh.Built{Ask: un[0].Ask, Plan: base.Plan, Module: "base", Digest: index, Image: "reg/base@" + index}, at(4))
+	if len(next) != 1 || next[0].Module != "app" || next[0].Bases["base"] != index {
+		t.Fatalf("the index released %+v, want app pinned to the index %s", next, index)
+	}
+	if m := stateOf(t, &re, "base"); m.State != Built || m.Digest != index || m.On != "pi,x86" {
+		t.Fatalf("base %+v, want built at the index on both machines", m)
+	}
+	if len(re.Unindexed()) != 0 {
+		t.Fatal("still unindexed after the index")
+	}
+	// A one-platform module has one ask, its own id.
+	if a := Asks("reg", next[0]); len(a) != 1 || a[0].ID != next[0].AskID || a[0].Platform != mesh.DefaultPlatform {
+		t.Fatalf("app's asks %+v", a)
+	}
+}
+
+// A platform that fails fails the module (with the platform named) and
+// blocks its dependents; a cancel withdraws every platform's ask.
+func TestAPlatformFailsItsModuleAndCancelReachesEveryPlatform(t *testing.T) {
+	s := twoPlatforms(t)
+	base := byModule(t, s.Start(at(0)), "base")
+	f := failed(base, 1)
+	f.Ask = platformEvent(base, "linux/arm64")
+	if blocked := s.Failed(f, at(1)); !slices.Equal(blocked, []string{"app"}) {
+		t.Fatalf("blocked %v, want app", blocked)
+	}
+	m := stateOf(t, s, "base")
+	if m.State != Failed || !strings.HasPrefix(m.Message, "linux/arm64: ") {
+		t.Fatalf("base %+v, want failed naming the platform", m)
+	}
+	retry, err := s.Retry("base", at(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cancel := s.Cancel(at(3))
+	want := []string{PlatformAskID(retry.Plan, "base", "linux/amd64", 2), PlatformAskID(retry.Plan, "base", "linux/arm64", 2)}
+	if !slices.Equal(cancel, want) {
+		t.Fatalf("cancel %v, want both platforms' asks %v", cancel, want)
+	}
+	if !s.Withdrawn(want[0], at(4)) || stateOf(t, s, "base").State != Cancelling {
+		t.Fatal("one platform withdrawn should leave the module cancelling")
+	}
+	if !s.Withdrawn(want[1], at(4)) || stateOf(t, s, "base").State != Cancelled {
+		t.Fatalf("both withdrawn: %+v, want cancelled", stateOf(t, s, "base"))
+	}
+}
+
+// An ask waiting for a platform no holder builds says so, and stops saying
+// so when one is back or the platform's ask is taken.
+func TestUnservedAsksSayWhichPlatformTheyWaitFor(t *testing.T) {
+	s := twoPlatforms(t)
+	base := byModule(t, s.Start(at(0)), "base")
+	noArm := func(p string) bool { return p != "linux/arm64" }
+	changed, n := s.Unserved(noArm)
+	if !slices.Equal(changed, []string{"base"}) || n != 1 || stateOf(t, s, "base").Waiting != "no linux/arm64 machine online" {
+		t.Fatalf("changed %v, %d asks, note %q", changed, n, stateOf(t, s, "base").Waiting)
+	}
+	if changed, _ := s.Unserved(noArm); len(changed) != 0 {
+		t.Fatalf("the same note again changed %v", changed)
+	}
+	s.Started(mesh.Started{Ask: platformEvent(base, "linux/arm64"), Plan: base.Plan, Module: "base", On: "pi", At: at(1)})
+	if changed, n := s.Unserved(noArm); !slices.Equal(changed, []string{"base"}) || n != 0 || stateOf(t, s, "base").Waiting != "" {
+		t.Fatalf("taken: changed %v, %d asks, note %q", changed, n, stateOf(t, s, "base").Waiting)
+	}
+}

@@ -1,0 +1,77 @@
+package cascade
+
+import (
+	"context"
+	"time"
+)
+
+// PlatformObserver is told, on every observation, how many asks wait for a
+// platform no online holder builds, by platform (metrics). An Observer that
+// implements it is told.
+type PlatformObserver interface {
+	AsksWithoutMachine(byPlatform map[string]int)
+}
+
+// platformWatch is what the controller saw of each platform's holders:
+// when a holder of it last waited for an ask or held one.
+type platformWatch struct {
+	since time.Time
+	seen  map[string]time.Time
+}
+
+// servedWithin is how long a platform counts as served after a holder of
+// it was last seen waiting or working: a holder between two pulls (or
+// pulling another of its platforms) is not waiting at that instant.
+func (c *Controller) servedWithin() time.Duration {
+	return max(3*c.cfg.ObserveEvery, 15*time.Second)
+}
+
+// served reports whether a holder of the platform was seen lately; until
+// the controller has watched for servedWithin, every platform is.
+func (w platformWatch) served(platform string, now time.Time, within time.Duration) bool {
+	if now.Sub(w.since) < within {
+		return true
+	}
+	return now.Sub(w.seen[platform]) < within
+}
+
+// watchPlatforms reads each platform's holders' consumer — a holder
+// waiting on it (NumWaiting) or holding an ask from it (NumAckPending) is a
+// machine of the platform online — and notes, on every queued ask waiting
+// for a platform with none, "no linux/arm64 machine online"
+// (State.Unserved); an Observer that is a PlatformObserver counts them. It
+// reports whether a note changed.
+func (c *Controller) watchPlatforms(ctx context.Context) bool {
+	now := time.Now()
+	for _, p := range c.cat.Platforms() {
+		info, err := c.platformInfo(ctx, p)
+		if err != nil {
+			c.log.Warn("reading a platform's holders", "platform", p, "err", err)
+			c.platforms.seen[p] = now // unknown is not absent
+			continue
+		}
+		if info.NumWaiting > 0 || info.NumAckPending > 0 {
+			c.platforms.seen[p] = now
+		}
+	}
+	within := c.servedWithin()
+	byPlatform := map[string]int{}
+	changed := false
+	for _, st := range c.plans {
+		mods, _ := st.Unserved(func(p string) bool {
+			if c.platforms.served(p, now, within) {
+				return true
+			}
+			byPlatform[p]++
+			return false
+		})
+		if len(mods) > 0 {
+			c.touch(st, mods...)
+			changed = true
+		}
+	}
+	if po, ok := c.obs.(PlatformObserver); ok {
+		po.AsksWithoutMachine(byPlatform)
+	}
+	return changed
+}
