@@ -396,7 +396,7 @@ func (f *chaosFarm) shortenAckWaits() error {
 	ctx := context.Background()
 	for _, c := range [][2]string{
 		{mesh.EventsStream, mesh.ModuleConsumer("build-controller")},
-		{mesh.SeatStream(mesh.BuildSeat), mesh.SeatConsumer(mesh.BuildSeat)},
+		{mesh.SeatStream(mesh.BuildSeat), mesh.BuildConsumer(mesh.DefaultPlatform)},
 	} {
 		cons, err := f.js.Consumer(ctx, c[0], c[1])
 		if err != nil {
@@ -693,7 +693,7 @@ func (f *chaosFarm) drained() bool {
 	if ci.NumPending != 0 || ci.NumAckPending != 0 {
 		return false
 	}
-	seat, err := f.js.Consumer(ctx, mesh.SeatStream(mesh.BuildSeat), mesh.SeatConsumer(mesh.BuildSeat))
+	seat, err := f.js.Consumer(ctx, mesh.SeatStream(mesh.BuildSeat), mesh.BuildConsumer(mesh.DefaultPlatform))
 	if err != nil {
 		return false
 	}

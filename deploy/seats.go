@@ -58,9 +58,15 @@ func (c *Controller) seats(ctx context.Context) []SeatView {
 					v.Queued = info.State.Msgs
 				}
 			}
-			if cons, err := c.js.Consumer(ctx, mesh.SeatStream(s.Seat), mesh.SeatConsumer(s.Seat)); err == nil {
+			// The holders' consumers: one, or one per platform.
+			for _, name := range c.cat.HolderConsumers(s) {
+				cons, err := c.js.Consumer(ctx, mesh.SeatStream(s.Seat), name)
+				if err != nil {
+					continue
+				}
 				if info, err := cons.Info(ctx); err == nil {
-					v.InFlight, v.Waiting = info.NumAckPending, info.NumWaiting
+					v.InFlight += info.NumAckPending
+					v.Waiting += info.NumWaiting
 					v.Queued -= min(v.Queued, uint64(info.NumAckPending))
 				}
 			}

@@ -98,15 +98,17 @@ type ModuleView struct {
 
 // SeatView is one seat's derived wire.
 type SeatView struct {
-	Seat     string   `json:"seat"`
-	Owner    string   `json:"owner"`
-	Holders  []string `json:"holders"`
-	Accepts  []string `json:"accepts"`
-	Events   []string `json:"events"`
-	Tools    []string `json:"tools"`
-	Stream   string   `json:"stream,omitempty"`
-	Consumer string   `json:"consumer,omitempty"`
-	AckGrant string   `json:"ack_grant,omitempty"`
+	Seat    string   `json:"seat"`
+	Owner   string   `json:"owner"`
+	Holders []string `json:"holders"`
+	Accepts []string `json:"accepts"`
+	Events  []string `json:"events"`
+	Tools   []string `json:"tools"`
+	Stream  string   `json:"stream,omitempty"`
+	// Consumers are the holders' consumers: one, or one per platform
+	// where the seat splits by platform; AckGrants their ack grants.
+	Consumers []string `json:"consumers,omitempty"`
+	AckGrants []string `json:"ack_grants,omitempty"`
 }
 
 // StreamView is one stream the catalogue implies.
@@ -161,8 +163,10 @@ func DeriveView(c *mesh.Catalogue) WireView {
 		}
 		if len(s.Accepts) > 0 {
 			sv.Stream = mesh.SeatStream(s.Seat)
-			sv.Consumer = mesh.SeatConsumer(s.Seat)
-			sv.AckGrant = mesh.AckSubject(sv.Stream, sv.Consumer)
+			for _, name := range c.HolderConsumers(s) {
+				sv.Consumers = append(sv.Consumers, name)
+				sv.AckGrants = append(sv.AckGrants, mesh.AckSubject(sv.Stream, name))
+			}
 		}
 		v.Seats = append(v.Seats, sv)
 	}
@@ -184,7 +188,7 @@ func printView(g *globals, v WireView) {
 		line(g, "emits", s.Events)
 		line(g, "serves", s.Tools)
 		if s.Stream != "" {
-			fmt.Fprintf(g.out, "  queue      %s, consumer %s, ack grant %s\n", s.Stream, s.Consumer, s.AckGrant)
+			fmt.Fprintf(g.out, "  queue      %s, consumers %s, ack grants %s\n", s.Stream, strings.Join(s.Consumers, ", "), strings.Join(s.AckGrants, ", "))
 		}
 	}
 	for _, p := range v.Principals {

@@ -55,7 +55,7 @@ func TestCatalogueShowJSON(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errw)
 	}
-	for _, want := range []string{`"SEAT_node-build-agent"`, `"holders-node-build-agent"`, `"$JS.ACK.SEAT_node-build-agent.holders-node-build-agent.\u003e"`, `"build-controller_plans"`} {
+	for _, want := range []string{`"SEAT_node-build-agent"`, `"holders-node-build-agent-linux-amd64"`, `"$JS.ACK.SEAT_node-build-agent.holders-node-build-agent-linux-amd64.\u003e"`, `"build-controller_plans"`} {
 		if !strings.Contains(out, want) {
 			t.Errorf("show --json lacks %s", want)
 		}
