@@ -426,8 +426,8 @@ func testLongestFirst(t *testing.T, window int) {
 	cfg.Window = window
 	f := newBenchFarm(t, benchCatalogue(t, d), cfg, 1, 1)
 	// The unit is long enough that scheduling noise on a loaded machine
-	// (a few ms, at worst tens) cannot reorder durations one unit apart.
-	const unit = 40 * time.Millisecond
+	// (tens of ms under -race on two busy cores) cannot reorder durations one unit apart.
+	const unit = 80 * time.Millisecond
 	f.run(d, unit, time.Minute)
 	r := f.run(d, unit, time.Minute)
 	st, err := cascade.OpenStore(context.Background(), f.js, "build-controller")
