@@ -242,6 +242,37 @@ func read(ctx context.Context, kv jetstream.KeyValue, key string) (Record, error
 	return r, nil
 }
 
+// List reads every live claim of seat, at every scope: the holder of a
+// mesh-scoped seat, or one per node of a node-scoped one.
+func List(ctx context.Context, js jetstream.JetStream, seat string) ([]Record, error) {
+	kv, err := js.KeyValue(ctx, mesh.ClaimsBucket())
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("opening the claims bucket %s: %w", mesh.ClaimsBucket(), err)
+	}
+	lister, err := kv.ListKeysFiltered(ctx, mesh.ClaimKeys(seat))
+	if errors.Is(err, jetstream.ErrNoKeysFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("listing the claims of %s: %w", seat, err)
+	}
+	var out []Record
+	for key := range lister.Keys() {
+		rec, err := read(ctx, kv, key)
+		if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
+			continue // lapsed while listing
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, rec)
+	}
+	return out, nil
+}
+
 // Current reads who holds seat at scope; ok is false while nobody does.
 func Current(ctx context.Context, js jetstream.JetStream, seat string, scope Scope) (rec Record, ok bool, err error) {
 	kv, err := js.KeyValue(ctx, mesh.ClaimsBucket())

@@ -5,6 +5,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/meshbuild/meshbuild/claim"
 	"github.com/meshbuild/meshbuild/mesh"
 )
 
@@ -22,10 +23,13 @@ type SeatView struct {
 	// yet taken;
 	// InFlight how many a holder has taken and not settled; Waiting how
 	// many holders wait for work.
-	Queued   uint64 `json:"queued"`
-	InFlight int    `json:"in_flight"`
-	Waiting  int    `json:"waiting"`
-	Accepts  bool   `json:"accepts"`
+	// Claims are who holds the seat now, by their claims in KV (package
+	// claim): the process, since when, at which scope.
+	Claims   []claim.Record `json:"claims"`
+	Queued   uint64         `json:"queued"`
+	InFlight int            `json:"in_flight"`
+	Waiting  int            `json:"waiting"`
+	Accepts  bool           `json:"accepts"`
 }
 
 // Holder is one node holding a seat, through a module, since its assignment.
@@ -52,6 +56,12 @@ func (c *Controller) seats(ctx context.Context) []SeatView {
 			}
 		}
 		sort.Slice(v.Holders, func(i, j int) bool { return v.Holders[i].Node < v.Holders[j].Node })
+		v.Claims = []claim.Record{}
+		if recs, err := claim.List(ctx, c.js, s.Seat); err == nil {
+			v.Claims = append(v.Claims, recs...)
+		} else {
+			c.log.Warn("reading the seat's claims", "seat", s.Seat, "err", err)
+		}
 		if v.Accepts {
 			if st, err := c.js.Stream(ctx, mesh.SeatStream(s.Seat)); err == nil {
 				if info, err := st.Info(ctx); err == nil {

@@ -142,7 +142,10 @@ func ClaimKey(seat, node string) string {
 
 // ClaimSubjects is every key subject of seat s's claims: what a holder of
 // the seat may write in ClaimsBucket.
-func ClaimSubjects(seat string) string { return KVKeySubject(ClaimsBucket(), seat+".>") }
+func ClaimSubjects(seat string) string { return KVKeySubject(ClaimsBucket(), ClaimKeys(seat)) }
+
+// ClaimKeys is the key filter matching every claim of seat, at any scope.
+func ClaimKeys(seat string) string { return seat + ".>" }
 
 // KVKeySubject is the subject a bucket's key is written on.
 func KVKeySubject(bucket, key string) string { return "$KV." + bucket + "." + key }

@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/meshbuild/meshbuild/deploy"
+	"github.com/meshbuild/meshbuild/internal/planview"
 	"github.com/meshbuild/meshbuild/mesh"
 )
 
@@ -28,25 +29,7 @@ func seatsCmd(g *globals) *cobra.Command {
 			if g.json {
 				return writeJSON(g.out, nonNil(r.Seats))
 			}
-			tw := tabwriter.NewWriter(g.out, 2, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "SEAT\tSCOPE\tMODULES\tHOLDERS\tQUEUED\tIN FLIGHT\tWAITING")
-			for _, s := range r.Seats {
-				var holders []string
-				for _, h := range s.Holders {
-					state := "offline"
-					if h.Online {
-						state = "online"
-					}
-					holders = append(holders, fmt.Sprintf("%s (%s, since %s)", h.Node, state, h.Since.Local().Format("2006-01-02 15:04")))
-				}
-				queued, inFlight, waiting := "-", "-", "-"
-				if s.Accepts {
-					queued, inFlight, waiting = fmt.Sprint(s.Queued), fmt.Sprint(s.InFlight), fmt.Sprint(s.Waiting)
-				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.Seat, s.Scope, dash(strings.Join(s.Modules, ",")),
-					dash(strings.Join(holders, " ")), queued, inFlight, waiting)
-			}
-			return tw.Flush()
+			return planview.PrintSeats(g.out, r.Seats)
 		}),
 	}
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/meshbuild/meshbuild/deploy"
 	"github.com/meshbuild/meshbuild/internal/farm"
+	"github.com/meshbuild/meshbuild/internal/planview"
 	"github.com/meshbuild/meshbuild/mesh"
 )
 
@@ -70,7 +71,15 @@ func showDeployed(ctx context.Context, nc *nats.Conn, module, node, digest strin
 		}
 		fmt.Fprintf(tw, "%s\t%v\t%d/%d\t%s\n", n.Node, n.Online, n.Applied, n.Declared, strings.Join(mods, " "))
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	r, err := deploy.Call(ctx, nc, mesh.SeatsTool, deploy.Request{})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "\nwho holds each seat (`builds seats`):\n")
+	return planview.PrintSeats(out, r.Seats)
 }
 
 func appliedOn(nodes []deploy.NodeView, module, node, digest string) bool {
