@@ -131,7 +131,7 @@ func TestBenchCatalogueIsClean(t *testing.T) {
 	const onDisk = 1500
 	dir := t.TempDir()
 	writeCatalogue(t, dir, ms[:onDisk])
-	c, ps, err := Load(dir)
+	c, ps, err := loadOwn(t, dir)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -65,7 +65,7 @@ func Load(dir string) (*Catalogue, []Problem, error) {
 	if len(files) == 0 {
 		return nil, nil, fmt.Errorf("loading catalogue %s: %w: write one <module>.yaml per module", dir, ErrNoManifests)
 	}
-	c, problems := loadFiles(files)
+	c, problems := loadFiles(files, true)
 	c.Dir = dir
 	return c, problems, nil
 }
@@ -77,7 +77,7 @@ func LoadFiles(files []string) (*Catalogue, []Problem, error) {
 	if len(files) == 0 {
 		return nil, nil, fmt.Errorf("loading catalogue: %w", ErrNoManifests)
 	}
-	c, problems := loadFiles(files)
+	c, problems := loadFiles(files, false)
 	return c, problems, nil
 }
 
@@ -98,7 +98,7 @@ func isManifestName(name string) bool {
 	return ext == ".yaml" || ext == ".yml"
 }
 
-func loadFiles(files []string) (*Catalogue, []Problem) {
+func loadFiles(files []string, withFarm bool) (*Catalogue, []Problem) {
 	results := parseAll(files)
 	var (
 		manifests = make([]*Manifest, 0, len(results))
@@ -118,6 +118,11 @@ func loadFiles(files []string) (*Catalogue, []Problem) {
 				broken[r.module] = files[i]
 			}
 		}
+	}
+	if withFarm {
+		var added []Problem
+		manifests, added = addFarm(manifests, pos, broken)
+		problems = append(problems, added...)
 	}
 	problems = append(problems, check(manifests, pos, broken)...)
 	sortProblems(problems)

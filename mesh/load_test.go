@@ -179,9 +179,12 @@ func TestLoadClean(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, p := range ps {
+		if p.Warning && strings.HasPrefix(p.File, "(farm)/") {
+			continue // the farm's own modules, added (TestLoadAddsTheFarmsOwnModules)
+		}
 		t.Errorf("problem: %s", p)
 	}
-	if c.Dir != dir || len(c.Modules) != 2 || c.Modules[0].Module != "billing" {
+	if c.Dir != dir || len(c.Modules) != 2+3 || c.Modules[0].Module != "billing" {
 		t.Errorf("catalogue %+v", c)
 	}
 }
@@ -315,4 +318,41 @@ func checkDecodeAgrees(t *testing.T, src string) bool {
 		t.Errorf("decoders disagree on:\n%s\ndecodePlain: %#v\ngoccy:       %#v", src, fast, slow)
 	}
 	return true
+}
+
+// A catalogue of image modules works as it is: the farm's own modules (the
+// build agent, the controller, the git bridge) are added, each with a
+// warning that names it; a catalogue that declares its own keeps it.
+func TestLoadAddsTheFarmsOwnModules(t *testing.T) {
+	c, ps, err := Load("testdata/clean")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if HasErrors(ps) {
+		t.Fatalf("problems: %v", ps)
+	}
+	added := map[string]bool{}
+	for _, p := range ps {
+		if p.Warning && strings.HasPrefix(p.File, "(farm)/") {
+			added[strings.TrimSuffix(strings.TrimPrefix(p.File, "(farm)/"), ".yaml")] = true
+		}
+	}
+	for _, m := range []string{"build-agent", "build-controller", "git"} {
+		if _, in := c.Module(m); !added[m] || !in {
+			t.Errorf("%s: added %v, in the catalogue %v; want it added and said so", m, added[m], in)
+		}
+	}
+	if len(c.Holders(ControllerSeat)) != 1 || len(c.Holders(BuildSeat)) != 1 {
+		t.Errorf("the farm's roles are not filled: controller %d, agent %d", len(c.Holders(ControllerSeat)), len(c.Holders(BuildSeat)))
+	}
+	// The example fleet declares its own: nothing is added.
+	_, ps, err = Load("../examples/fleet/catalogue")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range ps {
+		if strings.HasPrefix(p.File, "(farm)/") {
+			t.Errorf("added to a catalogue that has its own: %s", p)
+		}
+	}
 }

@@ -2,7 +2,13 @@ package cli
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -46,7 +52,45 @@ func catalogueCmd(g *globals) *cobra.Command {
 			return nil
 		},
 	})
+	c.AddCommand(&cobra.Command{
+		Use:   "init DIR",
+		Short: "Write the farm's own modules (build-agent, build-controller, git) into DIR, to change them; a file already there is kept",
+		Args:  exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return initCatalogue(g, args[0])
+		},
+	})
 	return c
+}
+
+// initCatalogue writes the farm's own manifests into dir (created if
+// missing), keeping any file already there.
+func initCatalogue(g *globals, dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("catalogue directory %s: %w", dir, err)
+	}
+	files := mesh.FarmManifests()
+	for _, name := range slices.Sorted(maps.Keys(files)) {
+		path := filepath.Join(dir, name)
+		f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+		if errors.Is(err, fs.ErrExist) {
+			fmt.Fprintf(g.out, "%s: kept (already there)\n", path)
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("writing %s: %w", path, err)
+		}
+		_, werr := f.Write(files[name])
+		if cerr := f.Close(); werr == nil {
+			werr = cerr
+		}
+		if werr != nil {
+			return fmt.Errorf("writing %s: %w", path, werr)
+		}
+		fmt.Fprintf(g.out, "%s: written\n", path)
+	}
+	fmt.Fprintf(g.out, "check it: builds catalogue check %s\n", dir)
+	return nil
 }
 
 // loadCatalogue loads and checks a catalogue: warnings go to stderr; any

@@ -14,6 +14,7 @@ import (
 	"github.com/meshbuild/meshbuild/internal/daemon"
 	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/internal/testenv"
+	"github.com/meshbuild/meshbuild/mesh"
 )
 
 func run(t *testing.T, args ...string) (int, string, string) {
@@ -193,5 +194,39 @@ func TestOperatorMessages(t *testing.T) {
 	code, _, errw = run(t, "--nats", url, "rebuild")
 	if code != 1 || !strings.Contains(errw, "builds rebuild takes at least 1 argument, got none; usage: builds rebuild MODULE...") {
 		t.Errorf("rebuild with no module: exit %d, %q", code, errw)
+	}
+}
+
+// A catalogue of image modules alone is a catalogue: the check says which
+// of the farm's own modules it added; `catalogue init` writes them, after
+// which nothing is added, and a file already there is kept.
+func TestCatalogueOfImageModulesAndInit(t *testing.T) {
+	dir := t.TempDir()
+	img := "module: app\nbuild:\n  repo: https://git.example/app.git\n"
+	if err := os.WriteFile(filepath.Join(dir, "app.yaml"), []byte(img), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errw := run(t, "catalogue", "check", dir)
+	if code != 0 || !strings.Contains(out, "clean") {
+		t.Fatalf("check of image modules alone: exit %d\n%s%s", code, out, errw)
+	}
+	for _, m := range []string{"build-agent", "build-controller", "git"} {
+		if !strings.Contains(errw, "added the farm's own module "+m) {
+			t.Errorf("the check does not say it added %s:\n%s", m, errw)
+		}
+	}
+	mine := "# mine\n" + string(mesh.FarmManifests()["git.yaml"])
+	if err := os.WriteFile(filepath.Join(dir, "git.yaml"), []byte(mine), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if code, out, errw := run(t, "catalogue", "init", dir); code != 0 || !strings.Contains(out, "git.yaml: kept") {
+		t.Fatalf("init: exit %d\n%s%s", code, out, errw)
+	}
+	if data, _ := os.ReadFile(filepath.Join(dir, "git.yaml")); string(data) != mine {
+		t.Errorf("init overwrote git.yaml")
+	}
+	code, out, errw = run(t, "catalogue", "check", dir)
+	if code != 0 || strings.Contains(errw, "added the farm's own") {
+		t.Errorf("after init: exit %d, still adding:\n%s%s", code, out, errw)
 	}
 }
