@@ -48,7 +48,7 @@ func TestUpRunsBuildMachinesAsNodes(t *testing.T) {
 	}
 	t.Logf("demo output:\n%s", out.String())
 
-	nc, js, err := daemon.Connect(f.NATSURL(), "", "operator", "test")
+	nc, js, err := daemon.Connect(f.NATSURL(), f.OperatorCreds(), mesh.OperatorPrincipal, "test")
 	if err != nil {
 		t.Fatal(err)
 	}
