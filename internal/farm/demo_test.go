@@ -131,6 +131,10 @@ func TestUpDemo(t *testing.T) {
 	if !strings.Contains(logs.String(), "component=agent") {
 		t.Errorf("no agent logged to the farm's log")
 	}
+	// NATS enforced every component's credentials, and refused none of them.
+	if v := testenv.GrepLines(logs.String(), "Violation"); v != "" {
+		t.Errorf("NATS refused a component something its derived set lacks:\n%s", v)
+	}
 
 	// Every process's /metrics: the controller's on the base port, agent i
 	// on the port i above it, each printed in the banner.
