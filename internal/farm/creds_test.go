@@ -127,4 +127,9 @@ func TestUpEnforcesEachComponentsCredentials(t *testing.T) {
 		t.Errorf("the agent subscribing to the build queue: %v, want a permissions violation", err)
 	}
 	wantRefused("the agent subscribing to the build queue")
+	// The server's log says so too: what TestUpDemo reads to find that no
+	// component was refused anything.
+	testenv.WaitFor(t, 10*time.Second, "the refusals in the farm's log", func() bool {
+		return strings.Contains(testenv.GrepLines(logs.String(), "Violation"), `"`+mesh.SeatAcceptAll(mesh.BuildSeat)+`"`)
+	})
 }
