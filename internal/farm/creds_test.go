@@ -130,6 +130,6 @@ func TestUpEnforcesEachComponentsCredentials(t *testing.T) {
 	// The server's log says so too: what TestUpDemo reads to find that no
 	// component was refused anything.
 	testenv.WaitFor(t, 10*time.Second, "the refusals in the farm's log", func() bool {
-		return strings.Contains(testenv.GrepLines(logs.String(), "Violation"), `"`+mesh.SeatAcceptAll(mesh.BuildSeat)+`"`)
+		return strings.Contains(testenv.GrepLines(logs.String(), "Subscription Violation"), mesh.SeatAcceptAll(mesh.BuildSeat))
 	})
 }
