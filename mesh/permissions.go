@@ -133,6 +133,9 @@ func (c *Catalogue) ControllerPermissions(principal string) Permissions {
 			p.sub[s] = true
 		}
 		responses = responses || mp.Responses
+		// The controller calls its own tools to learn it is serving them
+		// (its readiness probe).
+		p.pub[ModuleToolSubject(m.Module, "*")] = true
 	}
 	p.sub[InboxPrefix(principal)+".>"] = true
 	p.pub[ControllerJetStream] = true

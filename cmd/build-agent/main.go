@@ -37,7 +37,8 @@ func run() int {
 	cfg := agent.DefaultConfig()
 	fs := flag.NewFlagSet("build-agent", flag.ContinueOnError)
 	natsURL := fs.String("nats", daemon.Env("MESHBUILD_NATS", "nats://127.0.0.1:4222"), "NATS server URL(s), comma separated (MESHBUILD_NATS)")
-	creds := fs.String("creds", daemon.Env("MESHBUILD_CREDS", ""), "NATS credentials file (MESHBUILD_CREDS)")
+	creds := fs.String("creds", daemon.Env("MESHBUILD_CREDS", ""), "NATS credentials file: `builds creds issue --principal agent` (MESHBUILD_CREDS)")
+	tls := daemon.TLSFlags(fs)
 	machine := fs.String("machine", daemon.Env("MESHBUILD_MACHINE", cfg.Machine), "this machine's name in every outcome (MESHBUILD_MACHINE)")
 	bk := fs.String("buildkit", daemon.Env("MESHBUILD_BUILDKIT_ADDR", "unix:///run/buildkit/buildkitd.sock"), "address of this machine's buildkitd (MESHBUILD_BUILDKIT_ADDR)")
 	fs.String("registry", daemon.Env("MESHBUILD_REGISTRY", ""), "the mesh's registry HOST:PORT (informational: asks name their images) (MESHBUILD_REGISTRY)")
@@ -71,7 +72,7 @@ func run() int {
 		return 1
 	}
 	err = daemon.RunAgent(ctx, daemon.AgentOptions{
-		NATS: *natsURL, Creds: *creds, Agent: cfg, BuildKit: *bk, BuildKitOptions: bkOpts, RegistryClient: registry.NewClient(registry.WithInsecure(*insecure)),
+		NATS: *natsURL, Creds: *creds, TLS: *tls, Agent: cfg, BuildKit: *bk, BuildKitOptions: bkOpts, RegistryClient: registry.NewClient(registry.WithInsecure(*insecure)),
 		Workspace: *workspace, InsteadOf: io, Catalogue: *catalogue, Observer: obs, Log: log, Lease: *lease,
 	})
 	if err != nil {

@@ -29,7 +29,8 @@ func run() int {
 	cfg := cascade.DefaultConfig()
 	fs := flag.NewFlagSet("build-controller", flag.ContinueOnError)
 	natsURL := fs.String("nats", daemon.Env("MESHBUILD_NATS", "nats://127.0.0.1:4222"), "NATS server URL(s), comma separated (MESHBUILD_NATS)")
-	creds := fs.String("creds", daemon.Env("MESHBUILD_CREDS", ""), "NATS credentials file (MESHBUILD_CREDS)")
+	creds := fs.String("creds", daemon.Env("MESHBUILD_CREDS", ""), "NATS credentials file: `builds creds issue --principal controller` (MESHBUILD_CREDS)")
+	tls := daemon.TLSFlags(fs)
 	catalogue := fs.String("catalogue", daemon.Env("MESHBUILD_CATALOGUE", ""), "catalogue directory, watched for changes (MESHBUILD_CATALOGUE)")
 	fs.StringVar(&cfg.Registry, "registry", daemon.Env("MESHBUILD_REGISTRY", ""), "registry HOST:PORT[/PREFIX] images are pushed to (MESHBUILD_REGISTRY)")
 	insecure := fs.Bool("registry-insecure", daemon.Env("MESHBUILD_REGISTRY_INSECURE", "") == "true", "plain http to the registry (MESHBUILD_REGISTRY_INSECURE=true)")
@@ -59,13 +60,18 @@ func run() int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	obs, err := daemon.ControllerMetrics(ctx, *metricsAddr, *natsURL, *creds, log)
+	topts, err := tls.Options()
+	if err != nil {
+		log.Error("bad flag", "err", err)
+		return 2
+	}
+	obs, err := daemon.ControllerMetrics(ctx, *metricsAddr, *natsURL, *creds, log, topts...)
 	if err != nil {
 		log.Error("metrics", "err", err)
 		return 1
 	}
 	err = daemon.RunController(ctx, daemon.ControllerOptions{
-		NATS: *natsURL, Creds: *creds, Catalogue: *catalogue, Controller: cfg, Observer: obs, Log: log, Lease: *lease,
+		NATS: *natsURL, Creds: *creds, TLS: *tls, Catalogue: *catalogue, Controller: cfg, Observer: obs, Log: log, Lease: *lease,
 	})
 	if err != nil {
 		log.Error("build-controller stopped", "err", err)

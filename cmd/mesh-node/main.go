@@ -48,7 +48,8 @@ func run() int {
 	cfg := deploy.DefaultNodeConfig()
 	fs := flag.NewFlagSet("mesh-node", flag.ContinueOnError)
 	natsURL := fs.String("nats", daemon.Env("MESHBUILD_NATS", "nats://127.0.0.1:4222"), "NATS server URL(s), comma separated (MESHBUILD_NATS)")
-	creds := fs.String("creds", daemon.Env("MESHBUILD_CREDS", ""), "the node's NATS credentials file (MESHBUILD_CREDS)")
+	creds := fs.String("creds", daemon.Env("MESHBUILD_CREDS", ""), "the node's NATS credentials file: `builds creds issue --principal node --name NAME` (MESHBUILD_CREDS)")
+	tls := daemon.TLSFlags(fs)
 	fs.StringVar(&cfg.Name, "name", daemon.Env("MESHBUILD_NODE", hostName()), "this node's name: lowercase letters, digits and '-' (MESHBUILD_NODE)")
 	fs.StringVar(&cfg.StateDir, "state", daemon.Env("MESHBUILD_NODE_STATE", "/var/lib/meshbuild/node"), "state directory: applied revision, identity, image layout (MESHBUILD_NODE_STATE)")
 	platforms := fs.String("platforms", daemon.Env("MESHBUILD_PLATFORMS", mesh.DefaultPlatform), "platforms this node runs and builds, comma separated (MESHBUILD_PLATFORMS)")
@@ -57,7 +58,7 @@ func run() int {
 	fs.DurationVar(&cfg.Heartbeat, "heartbeat", cfg.Heartbeat, "how often the node tells the controller it is alive")
 	metricsAddr := fs.String("metrics", daemon.Env("MESHBUILD_METRICS", ""), "serve /metrics on this address (MESHBUILD_METRICS)")
 	// The build agent this node carries when build-agent is assigned to it.
-	agentCreds := fs.String("agent-creds", daemon.Env("MESHBUILD_AGENT_CREDS", ""), "NATS credentials of the build agent this node runs (default: --creds) (MESHBUILD_AGENT_CREDS)")
+	agentCreds := fs.String("agent-creds", daemon.Env("MESHBUILD_AGENT_CREDS", ""), "NATS credentials of the build agent this node runs: `builds creds issue --principal agent` (default: --creds) (MESHBUILD_AGENT_CREDS)")
 	bk := fs.String("buildkit", daemon.Env("MESHBUILD_BUILDKIT_ADDR", "unix:///run/buildkit/buildkitd.sock"), "address of this machine's buildkitd (MESHBUILD_BUILDKIT_ADDR)")
 	workspace := fs.String("workspace", daemon.Env("MESHBUILD_WORKSPACE", ""), "the build agent's clones and checkouts (default: STATE/workspace) (MESHBUILD_WORKSPACE)")
 	slots := fs.Int("slots", 1, "asks the build agent works at once")
@@ -89,7 +90,7 @@ func run() int {
 	ac := agentConfig(cfg.Name, cfg.Platforms, *slots)
 	ac.Grace = *grace
 	cfg.Carried = map[string]deploy.RunFunc{"build-agent": buildAgent(daemon.AgentOptions{
-		NATS: *natsURL, Creds: *agentCreds, Agent: ac, BuildKit: *bk, RegistryClient: cfg.Registry,
+		NATS: *natsURL, Creds: *agentCreds, TLS: *tls, Agent: ac, BuildKit: *bk, RegistryClient: cfg.Registry,
 		Workspace: *workspace, InsteadOf: io, Catalogue: *catalogue, Log: log.With("module", "build-agent"),
 	})}
 
@@ -106,7 +107,12 @@ func run() int {
 		}()
 		defer srv.Close()
 	}
-	nc, js, err := daemon.Connect(*natsURL, *creds, cfg.Name, "mesh-node "+cfg.Name)
+	topts, err := tls.Options()
+	if err != nil {
+		log.Error("bad flag", "err", err)
+		return 2
+	}
+	nc, js, err := daemon.Connect(*natsURL, *creds, cfg.Name, "mesh-node "+cfg.Name, topts...)
 	if err != nil {
 		log.Error("connecting", "err", err)
 		return 1

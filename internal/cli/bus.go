@@ -13,6 +13,7 @@ import (
 
 	"github.com/meshbuild/meshbuild/cascade"
 	"github.com/meshbuild/meshbuild/internal/daemon"
+	"github.com/meshbuild/meshbuild/mesh"
 )
 
 // controllerModule is the catalogue module the controller runs as; its
@@ -27,7 +28,11 @@ type bus struct {
 }
 
 func (g *globals) connect(ctx context.Context) (*bus, error) {
-	nc, js, err := daemon.Connect(g.nats, g.creds, "operator", "builds")
+	topts, err := g.tls.Options()
+	if err != nil {
+		return nil, err
+	}
+	nc, js, err := daemon.Connect(g.nats, g.creds, mesh.OperatorPrincipal, "builds", topts...)
 	if err != nil {
 		return nil, err
 	}

@@ -11,6 +11,9 @@ import (
 	"os"
 
 	"github.com/spf13/cobra"
+
+	"github.com/meshbuild/meshbuild/internal/daemon"
+	"github.com/meshbuild/meshbuild/internal/farm"
 )
 
 // ErrFailed is returned when a command has already printed why it failed and
@@ -21,6 +24,7 @@ var ErrFailed = errors.New("failed")
 type globals struct {
 	nats  string
 	creds string
+	tls   daemon.TLS
 	json  bool
 	out   io.Writer
 	errw  io.Writer
@@ -42,7 +46,10 @@ func NewRoot(stdout, stderr io.Writer) *cobra.Command {
 		def = "nats://127.0.0.1:4222"
 	}
 	root.PersistentFlags().StringVar(&g.nats, "nats", def, "NATS server URL(s), comma separated (env MESHBUILD_NATS)")
-	root.PersistentFlags().StringVar(&g.creds, "creds", os.Getenv("MESHBUILD_CREDS"), "NATS credentials file (env MESHBUILD_CREDS)")
+	root.PersistentFlags().StringVar(&g.creds, "creds", defaultCreds(), "NATS credentials file (env MESHBUILD_CREDS; default the operator's in $MESHBUILD_STATE, as `builds up --state` keeps them)")
+	root.PersistentFlags().StringVar(&g.tls.CA, "tls-ca", os.Getenv("MESHBUILD_TLS_CA"), "CA certificate (PEM) that signed the NATS server's, for a TLS server (env MESHBUILD_TLS_CA)")
+	root.PersistentFlags().StringVar(&g.tls.Cert, "tls-cert", os.Getenv("MESHBUILD_TLS_CERT"), "client certificate (PEM) for a NATS server that verifies clients; with --tls-key (env MESHBUILD_TLS_CERT)")
+	root.PersistentFlags().StringVar(&g.tls.Key, "tls-key", os.Getenv("MESHBUILD_TLS_KEY"), "the client certificate's key (PEM) (env MESHBUILD_TLS_KEY)")
 	root.PersistentFlags().BoolVar(&g.json, "json", false, "print JSON (stable field names, see README)")
 	root.AddCommand(catalogueCmd(g))
 	for _, add := range extraCommands {
@@ -50,6 +57,23 @@ func NewRoot(stdout, stderr io.Writer) *cobra.Command {
 	}
 	return root
 }
+
+// defaultCreds is MESHBUILD_CREDS, else the operator's credentials in the
+// state directory MESHBUILD_STATE names (`builds up` issues them there),
+// else none.
+func defaultCreds() string {
+	if c := os.Getenv("MESHBUILD_CREDS"); c != "" {
+		return c
+	}
+	if st := os.Getenv("MESHBUILD_STATE"); st != "" {
+		if p := farm.OperatorCredsIn(st); fileExists(p) {
+			return p
+		}
+	}
+	return ""
+}
+
+func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
 
 // extraCommands are registered by the files that define them.
 var extraCommands []func(*globals) *cobra.Command

@@ -55,7 +55,7 @@ prints it tier by tier; it exits 0 when every module was built, 1 otherwise
 	f := c.Flags()
 	f.StringVar(&fl.catalogue, "catalogue", "", "catalogue directory (default with --demo: DIR/catalogue)")
 	f.IntVar(&fl.agents, "agents", 3, "build agents to run; they share one buildkitd")
-	f.StringVar(&fl.state, "state", "", "state directory, kept and reused (default: a temporary one, removed on exit)")
+	f.StringVar(&fl.state, "state", os.Getenv("MESHBUILD_STATE"), "state directory, kept and reused; builds finds the operator's credentials in it (env MESHBUILD_STATE; default: a temporary one, removed on exit)")
 	f.BoolVar(&fl.stay, "stay", false, "with --demo: keep the farm running after the demo")
 	f.StringVar(&fl.listenNATS, "listen-nats", farm.DefaultListenNATS, "address NATS listens on (port 0: any free port)")
 	f.StringVar(&fl.listenRegistry, "listen-registry", farm.DefaultListenRegistry, "address the registry listens on (port 0: any free port)")

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"flag"
 	"fmt"
 	"os"
 	"strings"
@@ -41,3 +42,14 @@ func SplitList(s string) []string {
 // WindowUsage explains the controller's --window.
 const WindowUsage = "how released asks are published: -1 (default) as many as holders are idle, longest remaining path first; " +
 	"0 every ask the moment it is released (the most throughput); N at most N queued per plan"
+
+// TLSFlags adds --tls-ca, --tls-cert and --tls-key (MESHBUILD_TLS_CA,
+// MESHBUILD_TLS_CERT, MESHBUILD_TLS_KEY) to fs: how to reach a NATS server
+// that speaks TLS.
+func TLSFlags(fs *flag.FlagSet) *TLS {
+	t := &TLS{}
+	fs.StringVar(&t.CA, "tls-ca", Env("MESHBUILD_TLS_CA", ""), "CA certificate (PEM) that signed the NATS server's, for a TLS server (MESHBUILD_TLS_CA)")
+	fs.StringVar(&t.Cert, "tls-cert", Env("MESHBUILD_TLS_CERT", ""), "client certificate (PEM), for a NATS server that verifies clients; with --tls-key (MESHBUILD_TLS_CERT)")
+	fs.StringVar(&t.Key, "tls-key", Env("MESHBUILD_TLS_KEY", ""), "the client certificate's key (PEM) (MESHBUILD_TLS_KEY)")
+	return t
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 
+	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
@@ -55,11 +56,11 @@ func AgentMetrics(ctx context.Context, addr, machine string, log *slog.Logger) (
 // ctx ends — its plans, and the build seat's work queue read on every
 // scrape over a connection of its own — and returns the controller's
 // observer; an empty addr serves none and returns a nil observer.
-func ControllerMetrics(ctx context.Context, addr, natsURL, creds string, log *slog.Logger) (cascade.Observer, error) {
+func ControllerMetrics(ctx context.Context, addr, natsURL, creds string, log *slog.Logger, opts ...nats.Option) (cascade.Observer, error) {
 	if addr == "" {
 		return nil, nil
 	}
-	nc, js, err := Connect(natsURL, creds, "controller", "build-controller metrics")
+	nc, js, err := Connect(natsURL, creds, mesh.ControllerPrincipal, "build-controller metrics", opts...)
 	if err != nil {
 		return nil, err
 	}

@@ -33,19 +33,30 @@ import (
 )
 
 // Connect dials NATS as a principal: its inbox prefix is the one its
-// derived permissions allow. urls is a comma-separated list.
-func Connect(urls, creds, principal, name string) (*nats.Conn, jetstream.JetStream, error) {
-	opts := []nats.Option{
+// derived permissions allow. urls is a comma-separated list; creds, when
+// set, is the principal's credentials file (`builds creds issue`); opts
+// add to the connection's options (TLS.Options).
+func Connect(urls, creds, principal, name string, opts ...nats.Option) (*nats.Conn, jetstream.JetStream, error) {
+	all := []nats.Option{
 		nats.Name(name),
 		nats.CustomInboxPrefix(mesh.InboxPrefix(principal)),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(time.Second),
 	}
 	if creds != "" {
-		opts = append(opts, nats.UserCredentials(creds))
+		if _, err := os.Stat(creds); err != nil {
+			return nil, nil, fmt.Errorf("NATS credentials of %s: %w (set --creds or MESHBUILD_CREDS to a file `builds creds issue` wrote)", principal, err)
+		}
+		all = append(all, nats.UserCredentials(creds))
 	}
-	nc, err := nats.Connect(urls, opts...)
-	if err != nil {
+	nc, err := nats.Connect(urls, append(all, opts...)...)
+	switch {
+	case err != nil && (errors.Is(err, nats.ErrAuthorization) || errors.Is(err, nats.ErrAuthExpired) || errors.Is(err, nats.ErrAuthRevoked)):
+		if creds == "" {
+			return nil, nil, fmt.Errorf("NATS at %s wants credentials: %w (set --creds or MESHBUILD_CREDS; `builds up` prints the operator's)", urls, err)
+		}
+		return nil, nil, fmt.Errorf("NATS at %s refused the credentials in %s: %w (were they issued from the keys this server trusts?)", urls, creds, err)
+	case err != nil:
 		return nil, nil, fmt.Errorf("connecting to NATS at %s: %w (is the server running? set --nats or MESHBUILD_NATS)", urls, err)
 	}
 	js, err := jetstream.New(nc)
@@ -56,9 +67,39 @@ func Connect(urls, creds, principal, name string) (*nats.Conn, jetstream.JetStre
 	return nc, js, nil
 }
 
+// TLS names the files of a TLS connection to NATS: the CA that signed the
+// server's certificate and, for a server that verifies clients, this
+// client's certificate and key. The zero value is a plain connection.
+type TLS struct{ CA, Cert, Key string }
+
+// Options are TLS's connection options, or an error naming the flag that
+// is missing or the file that cannot be read.
+func (t TLS) Options() ([]nats.Option, error) {
+	var opts []nats.Option
+	for _, f := range []struct{ flag, path string }{{"--tls-ca", t.CA}, {"--tls-cert", t.Cert}, {"--tls-key", t.Key}} {
+		if f.path == "" {
+			continue
+		}
+		if _, err := os.Stat(f.path); err != nil {
+			return nil, fmt.Errorf("%s: %w", f.flag, err)
+		}
+	}
+	if (t.Cert == "") != (t.Key == "") {
+		return nil, errors.New("--tls-cert and --tls-key go together: give both, or neither")
+	}
+	if t.CA != "" {
+		opts = append(opts, nats.RootCAs(t.CA))
+	}
+	if t.Cert != "" {
+		opts = append(opts, nats.ClientCert(t.Cert, t.Key))
+	}
+	return opts, nil
+}
+
 // AgentOptions configure one build agent process.
 type AgentOptions struct {
 	NATS, Creds string
+	TLS         TLS
 	Agent       agent.Config
 	// BuildKit is the address of the machine's buildkitd
 	// (unix:///run/buildkit/buildkitd.sock, tcp://…).
@@ -128,7 +169,11 @@ func RunAgent(ctx context.Context, o AgentOptions) error {
 	if o.Agent.Platforms, err = agent.ChoosePlatforms(worker, o.Agent.Platforms); err != nil {
 		return err
 	}
-	nc, js, err := Connect(o.NATS, o.Creds, "build-agent", "build-agent "+o.Agent.Machine)
+	topts, err := o.TLS.Options()
+	if err != nil {
+		return fmt.Errorf("%w: %w", agent.ErrConfig, err)
+	}
+	nc, js, err := Connect(o.NATS, o.Creds, mesh.AgentModule, "build-agent "+o.Agent.Machine, topts...)
 	if err != nil {
 		return err
 	}
@@ -179,6 +224,7 @@ func RunAgent(ctx context.Context, o AgentOptions) error {
 // ControllerOptions configure the controller process.
 type ControllerOptions struct {
 	NATS, Creds string
+	TLS         TLS
 	// Catalogue is the catalogue directory; it is watched for changes.
 	Catalogue  string
 	Controller cascade.Config
@@ -238,7 +284,11 @@ func RunController(ctx context.Context, o ControllerOptions) error {
 	if err != nil {
 		return err
 	}
-	nc, js, err := Connect(o.NATS, o.Creds, "controller", "build-controller")
+	topts, err := o.TLS.Options()
+	if err != nil {
+		return fmt.Errorf("%w: %w", cascade.ErrConfig, err)
+	}
+	nc, js, err := Connect(o.NATS, o.Creds, mesh.ControllerPrincipal, "build-controller", topts...)
 	if err != nil {
 		return err
 	}

@@ -77,7 +77,9 @@ func Run(ctx context.Context, f *farm.Farm, srcDir string, out io.Writer) error 
 	trig := planner.Trigger{Kind: planner.KindPush, Repo: Remote, Ref: "refs/heads/main", Commit: commit, Paths: paths}
 	plan := planner.PlanID(trig)
 
-	nc, js, err := daemon.Connect(f.NATSURL(), "", "git", "builds up --demo")
+	// The demo announces the push as the operator, whose set includes
+	// mesh-git's announcement.
+	nc, js, err := daemon.Connect(f.NATSURL(), f.OperatorCreds(), mesh.OperatorPrincipal, "builds up --demo")
 	if err != nil {
 		return err
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/meshbuild/meshbuild/internal/farm"
 	"github.com/meshbuild/meshbuild/internal/sim"
 	"github.com/meshbuild/meshbuild/internal/testenv"
+	"github.com/meshbuild/meshbuild/mesh"
 )
 
 // The fleet against one machine: examples/fleet built by the embedded
@@ -181,7 +182,7 @@ func runFleet(b *testing.B, catalogue, src string, machines, modules int) fleetR
 	if err := Run(ctx, f, src, &out); err != nil {
 		b.Fatalf("Run on %d machines: %v\n%s", machines, err, out.String())
 	}
-	nc, js, err := daemon.Connect(f.NATSURL(), "", "builds", "BenchmarkFleetSpeedup")
+	nc, js, err := daemon.Connect(f.NATSURL(), f.OperatorCreds(), mesh.OperatorPrincipal, "BenchmarkFleetSpeedup")
 	if err != nil {
 		b.Fatal(err)
 	}

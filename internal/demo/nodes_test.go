@@ -48,7 +48,7 @@ func TestUpRunsBuildMachinesAsNodes(t *testing.T) {
 	}
 	t.Logf("demo output:\n%s", out.String())
 
-	nc, js, err := daemon.Connect(f.NATSURL(), "", "operator", "test")
+	nc, js, err := daemon.Connect(f.NATSURL(), f.OperatorCreds(), mesh.OperatorPrincipal, "test")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,5 +91,10 @@ func TestUpRunsBuildMachinesAsNodes(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), machines[0]+" applied "+DemoService+"@"+cur[DemoService].Digest) {
 		t.Errorf("the demo does not show the node applying the new digest:\n%s", out.String())
+	}
+	// Every node, agent, the controller and the operator ran under their
+	// own credentials, and NATS refused none of them anything.
+	if v := testenv.GrepLines(logs.String(), "Violation"); v != "" {
+		t.Errorf("NATS refused a component something its derived set lacks:\n%s", v)
 	}
 }

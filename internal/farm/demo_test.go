@@ -25,6 +25,7 @@ import (
 	"github.com/meshbuild/meshbuild/internal/farm"
 	"github.com/meshbuild/meshbuild/internal/planview"
 	"github.com/meshbuild/meshbuild/internal/testenv"
+	"github.com/meshbuild/meshbuild/mesh"
 )
 
 // The embedded default end to end: Up on free ports with two agents, and
@@ -83,7 +84,7 @@ func TestUpDemo(t *testing.T) {
 	}
 	t.Logf("demo output:\n%s", out.String())
 
-	nc, js, err := daemon.Connect(f.NATSURL(), "", "builds", "test")
+	nc, js, err := daemon.Connect(f.NATSURL(), f.OperatorCreds(), mesh.OperatorPrincipal, "test")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,6 +130,10 @@ func TestUpDemo(t *testing.T) {
 	}
 	if !strings.Contains(logs.String(), "component=agent") {
 		t.Errorf("no agent logged to the farm's log")
+	}
+	// NATS enforced every component's credentials, and refused none of them.
+	if v := testenv.GrepLines(logs.String(), "Violation"); v != "" {
+		t.Errorf("NATS refused a component something its derived set lacks:\n%s", v)
 	}
 
 	// Every process's /metrics: the controller's on the base port, agent i

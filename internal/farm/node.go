@@ -18,8 +18,8 @@ import (
 
 // runNode runs one build machine of the embedded farm as a node: it enrols,
 // and runs the build agent in-process while build-agent is assigned to it.
-func runNode(ctx context.Context, natsURL, name, stateDir string, ao daemon.AgentOptions, log *slog.Logger) error {
-	nc, js, err := daemon.Connect(natsURL, "", name, "mesh-node "+name)
+func runNode(ctx context.Context, natsURL, creds, name, stateDir string, ao daemon.AgentOptions, log *slog.Logger) error {
+	nc, js, err := daemon.Connect(natsURL, creds, name, "mesh-node "+name)
 	if err != nil {
 		return err
 	}
@@ -41,8 +41,8 @@ func runNode(ctx context.Context, natsURL, name, stateDir string, ao daemon.Agen
 
 // assignBuildAgents waits until every machine has enrolled and assigns
 // build-agent to those that do not run it yet.
-func assignBuildAgents(ctx context.Context, natsURL string, machines []string) error {
-	nc, _, err := daemon.Connect(natsURL, "", "operator", "builds up")
+func assignBuildAgents(ctx context.Context, natsURL, creds string, machines []string) error {
+	nc, _, err := daemon.Connect(natsURL, creds, mesh.OperatorPrincipal, "builds up")
 	if err != nil {
 		return err
 	}

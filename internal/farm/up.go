@@ -28,6 +28,7 @@ import (
 	"github.com/meshbuild/meshbuild/agent"
 	"github.com/meshbuild/meshbuild/cascade"
 	"github.com/meshbuild/meshbuild/internal/buildkitd"
+	"github.com/meshbuild/meshbuild/internal/creds"
 	"github.com/meshbuild/meshbuild/internal/daemon"
 	"github.com/meshbuild/meshbuild/registry"
 )
@@ -284,8 +285,16 @@ func (f *Farm) start(ctx context.Context) error {
 		f.machines = append(f.machines, fmt.Sprintf("%s-a%d", host, i))
 	}
 
-	// NATS.
-	ns, err := startNATS(o.ListenNATS, filepath.Join(f.stateDir, "nats"), log.With("component", "nats"))
+	// Every component's credentials, then NATS, which admits only them.
+	cat, err := daemon.LoadCatalogue(o.Catalogue, log.With("component", "controller"))
+	if err != nil {
+		return err
+	}
+	keys, err := f.issueCreds(cat)
+	if err != nil {
+		return err
+	}
+	ns, err := startNATS(o.ListenNATS, filepath.Join(f.stateDir, "nats"), keys, log.With("component", "nats"))
 	if err != nil {
 		return err
 	}
@@ -333,7 +342,7 @@ func (f *Farm) start(ctx context.Context) error {
 	ready := make(chan struct{})
 	f.controller = f.run("controller", func(cctx context.Context) error {
 		return daemon.RunController(cctx, daemon.ControllerOptions{
-			NATS: f.natsURL, Catalogue: o.Catalogue, Controller: cfg, Observer: f.ctrlObs,
+			NATS: f.natsURL, Creds: f.ControllerCreds(), Catalogue: o.Catalogue, Controller: cfg, Observer: f.ctrlObs,
 			Log: log.With("component", "controller"), Ready: ready,
 		})
 	})
@@ -355,7 +364,7 @@ func (f *Farm) start(ctx context.Context) error {
 		// them for the next Up.
 		cfg.Grace = 5 * time.Second
 		ao := daemon.AgentOptions{
-			NATS: f.natsURL, Agent: cfg, BuildKit: f.bkAddrs[i], RegistryClient: registry.NewClient(registry.WithInsecure(true)),
+			NATS: f.natsURL, Creds: f.AgentCreds(machine), Agent: cfg, BuildKit: f.bkAddrs[i], RegistryClient: registry.NewClient(registry.WithInsecure(true)),
 			Workspace: daemon.Workspace(f.stateDir, cfg.Machine), InsteadOf: o.InsteadOf, Catalogue: o.Catalogue,
 			Log: log.With("component", "agent", "machine", cfg.Machine),
 		}
@@ -363,18 +372,21 @@ func (f *Farm) start(ctx context.Context) error {
 			ao.Observer = f.agentObs[i]
 		}
 		f.agents = append(f.agents, f.run("node "+machine, func(nctx context.Context) error {
-			return runNode(nctx, f.natsURL, machine, filepath.Join(f.stateDir, "nodes", machine), ao, log)
+			return runNode(nctx, f.natsURL, f.NodeCreds(machine), machine, filepath.Join(f.stateDir, "nodes", machine), ao, log)
 		}))
 	}
-	if err := assignBuildAgents(ctx, f.natsURL, f.machines); err != nil {
+	if err := assignBuildAgents(ctx, f.natsURL, f.OperatorCreds(), f.machines); err != nil {
 		return err
 	}
 	log.Info("agents running", "machines", strings.Join(f.machines, ","))
 	return nil
 }
 
-// startNATS starts an embedded NATS server with JetStream, its store in dir.
-func startNATS(addr, dir string, log *slog.Logger) (*server.Server, error) {
+// startNATS starts an embedded NATS server with JetStream, its store in
+// dir, with authorization on: it trusts keys' operator and admits the
+// credentials issued from its account, each to its derived set — the same
+// server.conf an operator includes in a server of their own.
+func startNATS(addr, dir string, keys *creds.Keys, log *slog.Logger) (*server.Server, error) {
 	host, port, err := splitAddr(addr)
 	if err != nil {
 		return nil, err
@@ -395,14 +407,13 @@ func startNATS(addr, dir string, log *slog.Logger) (*server.Server, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("NATS store: %w", err)
 	}
-	ns, err := server.NewServer(&server.Options{
-		ServerName: "meshbuild",
-		Host:       host,
-		Port:       port,
-		JetStream:  true,
-		StoreDir:   dir,
-		NoSigs:     true,
-	})
+	opts, err := keys.ServerOptions()
+	if err != nil {
+		return nil, err
+	}
+	opts.ServerName, opts.Host, opts.Port = "meshbuild", host, port
+	opts.JetStream, opts.StoreDir, opts.NoSigs = true, dir, true
+	ns, err := server.NewServer(opts)
 	if err != nil {
 		return nil, fmt.Errorf("NATS: %w", err)
 	}
@@ -722,7 +733,7 @@ func (f *Farm) Stop() error {
 func (f *Farm) printBanner() {
 	w := f.opts.Out
 	fmt.Fprintf(w, "meshbuild farm up: %d agent(s), state in %s\n", len(f.machines), f.stateDir)
-	fmt.Fprintf(w, "  NATS        %s (JetStream)\n", f.natsURL)
+	fmt.Fprintf(w, "  NATS        %s (JetStream; authorization on, keys and credentials in %s)\n", f.natsURL, CredsDir(f.stateDir))
 	fmt.Fprintf(w, "  registry    %s (plain http)\n", f.reg.Addr())
 	par := ""
 	if n := f.opts.MaxParallelism; n > 0 {
@@ -746,7 +757,7 @@ func (f *Farm) printBanner() {
 // PrintWhere tells the operator where to point builds, Prometheus and
 // Grafana.
 func (f *Farm) PrintWhere(w io.Writer) {
-	fmt.Fprintf(w, "Point builds at it:  export MESHBUILD_NATS=%s   (then: builds plans, builds machines)\n", f.natsURL)
+	fmt.Fprintf(w, "Point builds at it:  export MESHBUILD_NATS=%s MESHBUILD_CREDS=%s   (then: builds plans, builds machines)\n", f.natsURL, f.OperatorCreds())
 	if len(f.metrics) > 0 {
 		fmt.Fprintf(w, "Prometheus: scrape %s\n", strings.Join(f.metrics, " "))
 		fmt.Fprintf(w, "Grafana: add that Prometheus as a data source; the dashboards are in metrics/dashboards\n")
@@ -775,7 +786,7 @@ func (f *Farm) serveMetrics() error {
 		f.metrics = append(f.metrics, "http://"+addr+"/metrics")
 		return nil
 	}
-	obs, err := daemon.ControllerMetrics(ctx, f.opts.MetricsBase, f.natsURL, "", log)
+	obs, err := daemon.ControllerMetrics(ctx, f.opts.MetricsBase, f.natsURL, f.ControllerCreds(), log)
 	if err := serving(0, "the controller", err); err != nil {
 		return err
 	}

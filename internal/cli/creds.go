@@ -1,0 +1,110 @@
+package cli
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/meshbuild/meshbuild/internal/creds"
+	"github.com/meshbuild/meshbuild/mesh"
+)
+
+func init() { extraCommands = append(extraCommands, credsCmd) }
+
+func credsCmd(g *globals) *cobra.Command {
+	c := &cobra.Command{
+		Use:   "creds",
+		Short: "Keep the mesh's NATS keys and issue credentials whose permissions are a principal's derived set",
+		Long: `Keep the mesh's NATS keys and issue each principal its credentials.
+
+init makes a key directory: an operator, the mesh's account (JetStream on) and
+a system account, and server.conf, which a NATS server (every server of a
+cluster) includes to trust them. issue writes a .creds file for one principal
+whose permissions are exactly the set its declaration derives (see
+` + "`builds catalogue show`" + `), signed with the account's key.`,
+		Example: `  builds creds init /etc/meshbuild/nats
+  # in nats-server.conf: include /etc/meshbuild/nats/server.conf
+  builds creds issue /etc/meshbuild/nats --catalogue catalogue --principal controller --out controller.creds
+  builds creds issue /etc/meshbuild/nats --catalogue catalogue --principal node m1 --out m1.creds
+  builds creds issue /etc/meshbuild/nats --catalogue catalogue --principal agent --out agent.creds`,
+	}
+	c.AddCommand(&cobra.Command{
+		Use:   "init DIR",
+		Short: "Make the operator, account and system keys in DIR, and DIR/server.conf",
+		Args:  exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			k, err := creds.Init(args[0])
+			if err != nil {
+				return err
+			}
+			conf := filepath.Join(k.Dir, creds.ServerConf)
+			fmt.Fprintf(g.out, "Keys made in %s (the .nk files are secret: keep them there, mode 0600).\n", k.Dir)
+			fmt.Fprintf(g.out, "Server configuration: %s\n  include it in every NATS server's configuration (include %s), beside jetstream {…}\n", conf, conf)
+			fmt.Fprintf(g.out, "Then issue each principal its credentials: builds creds issue %s --catalogue DIR --principal KIND [NAME] --out FILE\n", k.Dir)
+			return nil
+		},
+	})
+	var kind, name, catalogue, out string
+	issue := &cobra.Command{
+		Use:   "issue DIR --principal KIND [NAME] --out FILE",
+		Short: "Write the credentials of one principal (controller, operator, agent, node NAME, module NAME)",
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 1 || len(args) == 2 {
+				return nil
+			}
+			return argsError(cmd, args, "the key directory, and the principal's name for node and module")
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 2 {
+				if name != "" && name != args[1] {
+					return fmt.Errorf("two names, --name %s and %s: give one", name, args[1])
+				}
+				name = args[1]
+			}
+			if out == "" {
+				return fmt.Errorf("no --out FILE: say where to write the credentials (e.g. %s.creds)", kind)
+			}
+			if (kind == mesh.KindNode || kind == mesh.KindModule) && name == "" {
+				return fmt.Errorf("--principal %s needs its name: --principal %s NAME", kind, kind)
+			}
+			if (kind != mesh.KindNode && kind != mesh.KindModule) && name != "" {
+				return fmt.Errorf("--principal %s takes no name (%q): only node and module do", kind, name)
+			}
+			k, err := creds.Open(args[0])
+			if err != nil {
+				return err
+			}
+			cat := &mesh.Catalogue{}
+			if kind != mesh.KindNode {
+				if catalogue == "" {
+					return fmt.Errorf("no catalogue: --principal %s's permissions are derived from it; pass --catalogue DIR (MESHBUILD_CATALOGUE)", kind)
+				}
+				if cat, err = loadCatalogue(g, catalogue); err != nil {
+					return err
+				}
+			}
+			perms, err := cat.PrincipalPermissions(kind, name)
+			if err != nil {
+				return err
+			}
+			who := strings.TrimSpace(kind + " " + name)
+			if err := k.IssueFile(perms, who, out); err != nil {
+				return err
+			}
+			fmt.Fprintf(g.out, "%s: credentials of %s (account %s): may publish %d subject(s), subscribe %d\n",
+				out, who, k.Account(), len(perms.Publish), len(perms.Subscribe))
+			return nil
+		},
+	}
+	f := issue.Flags()
+	f.StringVar(&kind, "principal", "", "who the credentials speak for: "+strings.Join(mesh.PrincipalKinds, ", "))
+	f.StringVar(&name, "name", "", "the node's or module's name (or give it after --principal KIND)")
+	f.StringVar(&catalogue, "catalogue", os.Getenv("MESHBUILD_CATALOGUE"), "catalogue directory the permissions are derived from (env MESHBUILD_CATALOGUE; not needed for a node)")
+	f.StringVar(&out, "out", "", "file to write the credentials to (mode 0600)")
+	_ = issue.MarkFlagRequired("principal")
+	c.AddCommand(issue)
+	return c
+}

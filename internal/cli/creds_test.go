@@ -1,0 +1,108 @@
+package cli_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/meshbuild/meshbuild/cascade"
+	"github.com/meshbuild/meshbuild/internal/creds"
+	"github.com/meshbuild/meshbuild/internal/daemon"
+	"github.com/meshbuild/meshbuild/internal/farm"
+	"github.com/meshbuild/meshbuild/internal/natstest"
+)
+
+// `builds creds init` and `issue` make what an operator points a server
+// at and what each component connects with: a server configured from
+// server.conf admits the controller under its issued credentials and
+// `builds` under the operator's, found through MESHBUILD_STATE where
+// `builds up` keeps them; without credentials `builds` is told what to
+// set. Bad requests get a clear error.
+func TestCredsInitIssue(t *testing.T) {
+	keys := filepath.Join(t.TempDir(), "keys")
+	code, out, errw := run(t, "creds", "init", keys)
+	if code != 0 || !strings.Contains(out, filepath.Join(keys, creds.ServerConf)) {
+		t.Fatalf("creds init: exit %d\n%s\n%s", code, out, errw)
+	}
+	if code, _, errw := run(t, "creds", "init", keys); code != 1 || !strings.Contains(errw, "already exist") {
+		t.Errorf("creds init twice: exit %d, %q", code, errw)
+	}
+
+	dir := t.TempDir()
+	state := t.TempDir()
+	issued := map[string][]string{
+		filepath.Join(dir, "controller.creds"): {"--principal", "controller"},
+		farm.OperatorCredsIn(state):            {"--principal", "operator"},
+		filepath.Join(dir, "m1.creds"):         {"--principal", "node", "m1"},
+		filepath.Join(dir, "agent.creds"):      {"--principal", "agent"},
+		filepath.Join(dir, "git.creds"):        {"--principal", "module", "--name", "git"},
+	}
+	for file, args := range issued {
+		args = append([]string{"creds", "issue", keys, "--catalogue", fleet(t), "--out", file}, args...)
+		if code, out, errw := run(t, args...); code != 0 || !strings.Contains(out, "may publish") {
+			t.Errorf("%v: exit %d\n%s\n%s", args, code, out, errw)
+			continue
+		}
+		if fi, err := os.Stat(file); err != nil || fi.Mode().Perm() != 0o600 {
+			t.Errorf("%s: %v %v; want mode 0600", file, fi, err)
+		}
+	}
+	for _, bad := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"creds", "issue", keys, "--principal", "node", "--out", "x.creds"}, "needs its name"},
+		{[]string{"creds", "issue", keys, "--principal", "controller", "c1", "--catalogue", fleet(t), "--out", "x.creds"}, "takes no name"},
+		{[]string{"creds", "issue", keys, "--principal", "wizard", "--catalogue", fleet(t), "--out", "x.creds"}, `unknown principal "wizard"`},
+		{[]string{"creds", "issue", keys, "--principal", "module", "nosuch", "--catalogue", fleet(t), "--out", "x.creds"}, `no module "nosuch"`},
+		{[]string{"creds", "issue", keys, "--principal", "operator", "--catalogue", ""}, "no --out"},
+		{[]string{"creds", "issue", keys, "--principal", "operator", "--catalogue", "", "--out", "x.creds"}, "no catalogue"},
+		{[]string{"creds", "issue", t.TempDir(), "--principal", "node", "m1", "--out", "x.creds"}, "builds creds init"},
+		{[]string{"creds", "issue", keys, "--principal", "node", "M.1", "--out", "x.creds"}, "node name"},
+	} {
+		if code, _, errw := run(t, bad.args...); code != 1 || !strings.Contains(errw, bad.want) {
+			t.Errorf("%v: exit %d, %q; want %q", bad.args, code, errw, bad.want)
+		}
+	}
+
+	k, err := creds.Open(keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts, err := k.ServerOptions()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := natstest.Server(t, opts)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ready := make(chan struct{})
+	errs := make(chan error, 1)
+	go func() {
+		errs <- daemon.RunController(ctx, daemon.ControllerOptions{NATS: s.ClientURL(), Creds: filepath.Join(dir, "controller.creds"),
+			Catalogue: fleet(t), Controller: cascade.Config{Registry: "127.0.0.1:1"}, Ready: ready})
+	}()
+	select {
+	case <-ready:
+	case err := <-errs:
+		t.Fatalf("the controller under its issued credentials: %v", err)
+	case <-time.After(time.Minute):
+		t.Fatal("the controller did not become ready under its issued credentials")
+	}
+
+	t.Setenv("MESHBUILD_CREDS", "")
+	t.Setenv("MESHBUILD_STATE", "")
+	if code, _, errw := run(t, "--nats", s.ClientURL(), "plans"); code != 1 || !strings.Contains(errw, "wants credentials") {
+		t.Errorf("builds plans without credentials: exit %d, %q", code, errw)
+	}
+	t.Setenv("MESHBUILD_STATE", state)
+	if code, out, errw := run(t, "--nats", s.ClientURL(), "plans"); code != 0 {
+		t.Errorf("builds plans with the operator's credentials from MESHBUILD_STATE: exit %d\n%s\n%s", code, out, errw)
+	}
+	if code, _, errw := run(t, "--nats", s.ClientURL(), "--tls-cert", filepath.Join(dir, "m1.creds"), "plans"); code != 1 || !strings.Contains(errw, "--tls-key") {
+		t.Errorf("--tls-cert without --tls-key: exit %d, %q", code, errw)
+	}
+}
