@@ -76,7 +76,7 @@ func TestNodeAwayGetsOnlyTheCurrentDeclaration(t *testing.T) {
 		t.Fatalf("the stream keeps %d declarations for n1, want the last one only", info.State.Msgs)
 	}
 	run(b.ctx, n.Run)
-	testenv.WaitFor(t, 10*time.Second, "n1 to apply revision 3", func() bool { return n.Applied() == 3 })
+	testenv.WaitFor(t, 10*time.Second, "n1 to apply revision 3 and count it", func() bool { return n.Applied() == 3 && count(nm.Applies(deploy.Applied)) >= 1 })
 	if a, r := count(nm.Applies(deploy.Applied)), count(nm.Applies(deploy.Refused)); a != 1 || r != 0 {
 		t.Fatalf("n1 applied %v and refused %v declarations, want exactly the current one", a, r)
 	}
