@@ -37,7 +37,7 @@ func Single(tb testing.TB) *TestCluster {
 	tb.Helper()
 	c := &TestCluster{tb: tb, srv: make([]*server.Server, 1)}
 	c.opts = []*server.Options{{
-		ServerName: "n1", Host: "127.0.0.1", Port: freePorts(tb, 1)[0],
+		ServerName: "n1", Host: "127.0.0.1", Port: FreePorts(tb, 1)[0],
 		JetStream: true, StoreDir: tb.TempDir(), SyncAlways: true, NoLog: true, NoSigs: true,
 	}}
 	tb.Cleanup(c.shutdown)
@@ -54,7 +54,7 @@ func Cluster(tb testing.TB, n int) *TestCluster {
 	if n < 1 {
 		tb.Fatalf("natstest.Cluster: %d servers: want 1 or more", n)
 	}
-	clients, routes := freePorts(tb, n), freePorts(tb, n)
+	clients, routes := FreePorts(tb, n), FreePorts(tb, n)
 	var rs []string
 	for _, p := range routes {
 		rs = append(rs, fmt.Sprintf("nats://127.0.0.1:%d", p))
@@ -86,8 +86,8 @@ func Cluster(tb testing.TB, n int) *TestCluster {
 	return c
 }
 
-// freePorts reserves n distinct loopback ports and releases them.
-func freePorts(tb testing.TB, n int) []int {
+// FreePorts reserves n distinct loopback ports and releases them.
+func FreePorts(tb testing.TB, n int) []int {
 	tb.Helper()
 	var lns []net.Listener
 	var ports []int
