@@ -83,9 +83,6 @@ func BenchmarkFleet1000(b *testing.B) {
 // TestFleet1000Tiny keeps BenchmarkFleet1000 from rotting: the same path,
 // 20 agents on one server and on a cluster of three, a small plan.
 func TestFleet1000Tiny(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts nats-server processes")
-	}
 	for _, nodes := range []int{1, 3} {
 		t.Run(fmt.Sprintf("nodes=%d", nodes), func(t *testing.T) {
 			m := fleetRun(t, fleetSize{nodes: nodes, agents: 20, asks: 20, modules: 200, plans: 1, makespan: true, unit: 50 * time.Millisecond})
