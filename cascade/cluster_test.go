@@ -291,6 +291,12 @@ func (f *faultFarm) builtEvents(id string) map[string][]mesh.Built {
 			if errors.Is(err, nats.ErrTimeout) || errors.Is(err, jetstream.ErrNoMessages) {
 				return out
 			}
+			if errors.Is(err, nats.ErrNoResponders) && ctx.Err() == nil {
+				// A node just restarted is not answering the JetStream
+				// API yet; the ordered consumer starts over.
+				time.Sleep(100 * time.Millisecond)
+				continue
+			}
 			f.t.Fatalf("reading built events: %v", err)
 		}
 		var ev mesh.Built
