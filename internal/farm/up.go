@@ -120,7 +120,7 @@ func (o UpOptions) withDefaults() (UpOptions, error) {
 		return o, bad("agents %d: want 1 or more", o.Agents)
 	}
 	if o.Cluster < 0 || o.Cluster == 2 {
-		return o, bad("cluster %d: want 3 or more servers (a JetStream cluster needs a majority to survive one lost), or 0 for one server", o.Cluster)
+		return o, bad("--cluster %d: want 3 or more servers (a JetStream cluster needs a majority to survive one lost), or 0 for one server", o.Cluster)
 	}
 	if o.MaxParallelism < 0 {
 		return o, bad("max parallelism %d: want 1 or more, or 0 for BuildKit's default", o.MaxParallelism)
