@@ -30,6 +30,7 @@ type upFlags struct {
 	metrics        string
 	demo           string
 	window         int
+	cluster        int
 }
 
 func upCmd(g *globals) *cobra.Command {
@@ -58,6 +59,7 @@ prints it tier by tier; it exits 0 when every module was built, 1 otherwise
 	f.StringVar(&fl.state, "state", os.Getenv("MESHBUILD_STATE"), "state directory, kept and reused; builds finds the operator's credentials in it (env MESHBUILD_STATE; default: a temporary one, removed on exit)")
 	f.BoolVar(&fl.stay, "stay", false, "with --demo: keep the farm running after the demo")
 	f.StringVar(&fl.listenNATS, "listen-nats", farm.DefaultListenNATS, "address NATS listens on (port 0: any free port)")
+	f.IntVar(&fl.cluster, "cluster", 0, "run N NATS servers joined by routes (a JetStream cluster on this machine, streams and buckets R3; N >= 3) instead of one")
 	f.StringVar(&fl.listenRegistry, "listen-registry", farm.DefaultListenRegistry, "address the registry listens on (port 0: any free port)")
 	f.StringVar(&fl.buildkit, "buildkit", "", "address of a running buildkitd to use instead of starting bin/buildkitd")
 	f.StringVar(&fl.metrics, "metrics", "", "serve /metrics: the controller on this address, agent i on the port i above it (e.g. 127.0.0.1:9464)")
@@ -125,7 +127,7 @@ func runUp(ctx context.Context, g *globals, fl upFlags) (err error) {
 	opts := farm.UpOptions{
 		Catalogue: fl.catalogue, Agents: fl.agents, StateDir: state,
 		ListenNATS: fl.listenNATS, ListenRegistry: fl.listenRegistry,
-		BuildKit: fl.buildkit, MetricsBase: fl.metrics, Window: window,
+		BuildKit: fl.buildkit, MetricsBase: fl.metrics, Window: window, Cluster: fl.cluster,
 		Log: slog.New(slog.NewTextHandler(logFile, nil)),
 		Out: g.out,
 	}

@@ -83,6 +83,11 @@ type UpOptions struct {
 	// `builds up` run it: WindowIdle); WindowEvery asks for its window 0,
 	// every released ask published at once.
 	Window int
+	// Cluster, when 3 or more, runs that many NATS servers joined by routes
+	// instead of one (the first on ListenNATS, the others on free ports),
+	// every stream and bucket at ClusterReplicas replicas: a JetStream
+	// cluster on one machine, for trying one. 0 or 1 runs one server.
+	Cluster int
 	// Log receives every component's log (NATS, buildkitd, controller,
 	// agents); nil discards it.
 	Log *slog.Logger
@@ -114,6 +119,9 @@ func (o UpOptions) withDefaults() (UpOptions, error) {
 	}
 	if o.Agents < 0 {
 		return o, bad("agents %d: want 1 or more", o.Agents)
+	}
+	if o.Cluster < 0 || o.Cluster == 2 {
+		return o, bad("--cluster %d: want 3 or more servers (a JetStream cluster needs a majority to survive one lost), or 0 for one server", o.Cluster)
 	}
 	if o.MaxParallelism < 0 {
 		return o, bad("max parallelism %d: want 1 or more, or 0 for BuildKit's default", o.MaxParallelism)
@@ -200,7 +208,9 @@ type Farm struct {
 	removeState bool
 
 	ns      *server.Server
-	natsURL string
+	natsURL string // comma-separated on a cluster
+	// cluster are the servers of UpOptions.Cluster (ns is nil then).
+	cluster []*server.Server
 	reg     *registry.Server
 	// bks are the buildkitds started here: one, one per agent (in the
 	// agents' order), or none when BuildKit names one. bkAddrs[i] is the
@@ -294,11 +304,19 @@ func (f *Farm) start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	ns, err := startNATS(o.ListenNATS, filepath.Join(f.stateDir, "nats"), keys, log.With("component", "nats"))
-	if err != nil {
-		return err
+	if o.Cluster > 1 {
+		servers, urls, err := startNATSCluster(o.ListenNATS, o.Cluster, filepath.Join(f.stateDir, "nats-cluster"), keys, log.With("component", "nats"))
+		if err != nil {
+			return err
+		}
+		f.cluster, f.natsURL = servers, urls
+	} else {
+		ns, err := startNATS(o.ListenNATS, filepath.Join(f.stateDir, "nats"), keys, log.With("component", "nats"))
+		if err != nil {
+			return err
+		}
+		f.ns, f.natsURL = ns, ns.ClientURL()
 	}
-	f.ns, f.natsURL = ns, ns.ClientURL()
 	log.Info("NATS running", "url", f.natsURL)
 
 	// The registry.
@@ -339,6 +357,9 @@ func (f *Farm) start(ctx context.Context) error {
 	cfg.Registry, cfg.RegistryClient, cfg.Window = reg.Addr(), registry.NewClient(registry.WithInsecure(true)), o.Window
 	// The controller's own clones: input keys for every ask.
 	cfg.Sources, cfg.InsteadOf = filepath.Join(f.stateDir, "controller", "repos"), o.InsteadOf
+	if o.Cluster > 1 {
+		cfg.Replicas = ClusterReplicas
+	}
 	ready := make(chan struct{})
 	f.controller = f.run("controller", func(cctx context.Context) error {
 		return daemon.RunController(cctx, daemon.ControllerOptions{
@@ -718,6 +739,10 @@ func (f *Farm) Stop() error {
 			f.ns.Shutdown()
 			f.ns.WaitForShutdown()
 		}
+		for _, s := range f.cluster {
+			s.Shutdown()
+			s.WaitForShutdown()
+		}
 		if f.removeState {
 			if err := os.RemoveAll(f.stateDir); err != nil {
 				errs = append(errs, fmt.Errorf("removing %s: %w", f.stateDir, err))
@@ -733,7 +758,11 @@ func (f *Farm) Stop() error {
 func (f *Farm) printBanner() {
 	w := f.opts.Out
 	fmt.Fprintf(w, "meshbuild farm up: %d agent(s), state in %s\n", len(f.machines), f.stateDir)
-	fmt.Fprintf(w, "  NATS        %s (JetStream; authorization on, keys and credentials in %s)\n", f.natsURL, CredsDir(f.stateDir))
+	if len(f.cluster) > 0 {
+		fmt.Fprintf(w, "  NATS        %s (JetStream cluster of %d, streams and buckets R%d; authorization on, keys and credentials in %s)\n", f.natsURL, len(f.cluster), ClusterReplicas, CredsDir(f.stateDir))
+	} else {
+		fmt.Fprintf(w, "  NATS        %s (JetStream; authorization on, keys and credentials in %s)\n", f.natsURL, CredsDir(f.stateDir))
+	}
 	fmt.Fprintf(w, "  registry    %s (plain http)\n", f.reg.Addr())
 	par := ""
 	if n := f.opts.MaxParallelism; n > 0 {

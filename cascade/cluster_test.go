@@ -1,0 +1,487 @@
+package cascade_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/meshbuild/meshbuild/agent"
+	"github.com/meshbuild/meshbuild/cascade"
+	"github.com/meshbuild/meshbuild/internal/natstest"
+	"github.com/meshbuild/meshbuild/internal/testenv"
+	"github.com/meshbuild/meshbuild/mesh"
+	"github.com/meshbuild/meshbuild/registry"
+)
+
+// The bus losing servers under a running plan: a three-node JetStream
+// cluster (natstest.Cluster: routes, file storage, sync always) with every
+// stream and bucket at three replicas, and the embedded single server of
+// the default setup restarted. The controller (cascade.New) and two real
+// agents (agent.New) are given every server's URL and reconnect; their
+// builder is fast and fake (it pushes a small image to an in-process
+// registry, as TestCrashAnywhere's) and can be held, so that a node goes
+// away while a build is in hand. After each fault the invariants are read
+// from the server: one built event per (plan, module) in EVENTS, the
+// stored plan agreeing with it, the registry holding the announced image.
+
+// faultGraph: a diamond with a tail and a fan, six modules a plan.
+var faultGraph = chaosGraph
+
+// faultSettle bounds a plan after the bus came back.
+const faultSettle = 90 * time.Second
+
+// gatedBuilds is the agents' builder: each build waits while the gate is
+// shut, then pushes chaosImage(ask) to the registry.
+type gatedBuilds struct {
+	reg *countingRegistry
+
+	mu       sync.Mutex
+	gate     chan struct{} // closed: open
+	entered  int           // builds begun
+	finished int           // builds returned
+	calls    map[string]int
+	changed  chan struct{}
+}
+
+func newGatedBuilds(reg *countingRegistry) *gatedBuilds {
+	g := &gatedBuilds{reg: reg, gate: make(chan struct{}), calls: map[string]int{}, changed: make(chan struct{}, 1)}
+	close(g.gate)
+	return g
+}
+
+// shut makes the builds begun from now on wait until open.
+func (g *gatedBuilds) shut() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	select {
+	case <-g.gate:
+		g.gate = make(chan struct{})
+	default:
+	}
+}
+
+func (g *gatedBuilds) open() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	select {
+	case <-g.gate:
+	default:
+		close(g.gate)
+	}
+}
+
+func (g *gatedBuilds) counts() (entered, finished int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.entered, g.finished
+}
+
+func (g *gatedBuilds) callsOf(ask string) int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.calls[ask]
+}
+
+func (g *gatedBuilds) Work(ctx context.Context, a mesh.Ask, _ func(string)) (agent.Result, error) {
+	g.mu.Lock()
+	g.entered++
+	g.calls[a.ID]++
+	gate := g.gate
+	g.mu.Unlock()
+	defer func() {
+		g.mu.Lock()
+		g.finished++
+		g.mu.Unlock()
+	}()
+	select {
+	case <-gate:
+	case <-ctx.Done():
+		return agent.Result{}, context.Cause(ctx)
+	}
+	img, err := chaosImage(a)
+	if err != nil {
+		return agent.Result{}, err
+	}
+	dg, err := img.Digest()
+	if err != nil {
+		return agent.Result{}, err
+	}
+	ref, err := name.NewDigest(a.Image+"@"+dg.String(), name.Insecure)
+	if err != nil {
+		return agent.Result{}, err
+	}
+	if err := remote.Write(ref, img, remote.WithContext(ctx)); err != nil {
+		return agent.Result{}, fmt.Errorf("%w: pushing %s: %v", agent.ErrPush, ref, err)
+	}
+	return agent.Result{Digest: dg.String(), Ref: ref.String()}, nil
+}
+
+// faultFarm is a controller and two agents on a bus that loses servers.
+type faultFarm struct {
+	t      *testing.T
+	bus    *natstest.TestCluster
+	nc     *nats.Conn
+	js     jetstream.JetStream
+	reg    *countingRegistry
+	builds *gatedBuilds
+	store  *cascade.Store
+	// ctrlErr receives the controller's Run error should it stop.
+	ctrlErr chan error
+}
+
+func newFaultFarm(t *testing.T, bus *natstest.TestCluster, replicas int) *faultFarm {
+	reg := newCountingRegistry(t)
+	f := &faultFarm{t: t, bus: bus, reg: reg, builds: newGatedBuilds(reg), ctrlErr: make(chan error, 1)}
+	f.nc, f.js = bus.Connect(t, nats.Name("test"))
+
+	cnc, cjs := bus.Connect(t, nats.Name("build-controller"))
+	cfg := cascade.DefaultConfig()
+	cfg.Replicas = replicas
+	cfg.Registry, cfg.RegistryClient = reg.host, registry.NewClient(registry.WithInsecure(true))
+	c, err := cascade.New(cfg, cjs, testenv.Catalogue(t, faultGraph), nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := c.Run(ctx); err != nil {
+			f.ctrlErr <- err
+		}
+	}()
+	t.Cleanup(func() { cancel(); <-done; cnc.Close() })
+	testenv.WaitFor(t, 30*time.Second, "the controller serving its tools", func() bool {
+		_, err := cascade.Call(context.Background(), f.nc, c.Module(), cascade.ToolRetry, cascade.Request{Plan: "none"})
+		return errors.Is(err, cascade.ErrNoPlan)
+	})
+	if f.store, err = cascade.OpenStore(context.Background(), f.js, c.Module()); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range []string{"m1", "m2"} {
+		anc, ajs := bus.Connect(t, nats.Name(m))
+		acfg := agent.DefaultConfig()
+		acfg.Machine = m
+		acfg.FetchWait = 250 * time.Millisecond
+		acfg.Grace = 0
+		acfg.RetryDelay = 100 * time.Millisecond
+		a, err := agent.New(acfg, ajs, f.builds, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		actx, acancel := context.WithCancel(context.Background())
+		adone := make(chan struct{})
+		go func() { defer close(adone); _ = a.Run(actx) }()
+		t.Cleanup(func() { acancel(); <-adone; anc.Close() })
+	}
+	return f
+}
+
+// push starts a plan rebuilding every module.
+func (f *faultFarm) push(commit string) string {
+	f.t.Helper()
+	id, _, err := cascade.Push(context.Background(), f.js, mesh.Pushed{Repo: testenv.FleetRepo, Ref: "refs/heads/main", Commit: commit})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return id
+}
+
+// waitBuilds waits until at least n builds have begun (and, with finished,
+// returned).
+func (f *faultFarm) waitBuilds(what string, n int, finished bool) {
+	f.t.Helper()
+	testenv.WaitFor(f.t, faultSettle, what, func() bool {
+		e, d := f.builds.counts()
+		if finished {
+			return d >= n
+		}
+		return e >= n
+	})
+}
+
+// waitSettled waits for the plan to settle, failing with where it is.
+func (f *faultFarm) waitSettled(id string) cascade.PlanRecord {
+	f.t.Helper()
+	var rec cascade.PlanRecord
+	deadline := time.Now().Add(faultSettle)
+	for {
+		select {
+		case err := <-f.ctrlErr:
+			f.t.Fatalf("the controller stopped: %v", err)
+		default:
+		}
+		r, err := f.store.Plan(context.Background(), id)
+		if err == nil && r.Outcome != cascade.OutcomeRunning && r.Outcome != "" {
+			return r
+		}
+		rec = r
+		if time.Now().After(deadline) {
+			f.t.Fatalf("plan %s did not settle in %s after the bus came back: %s %+v (%v)", id, faultSettle, rec.Outcome, rec.Counts, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// check verifies a settled plan against EVENTS, the store and the registry.
+func (f *faultFarm) check(id string) {
+	t := f.t
+	t.Helper()
+	rec := f.waitSettled(id)
+	if rec.Outcome != cascade.OutcomeBuilt || rec.Counts.Built != len(faultGraph) {
+		t.Fatalf("plan %s settled %s %+v, want built with %d modules", id, rec.Outcome, rec.Counts, len(faultGraph))
+	}
+	built := f.builtEvents(id)
+	mods, err := f.store.Modules(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for m := range faultGraph {
+		evs := built[m]
+		if len(evs) != 1 {
+			t.Errorf("plan %s module %s: %d built events in %s, want exactly 1: %+v", id, m, len(evs), mesh.EventsStream, evs)
+			continue
+		}
+		ev := evs[0]
+		if want := cascade.AskID(id, m, 1); ev.Ask != want {
+			t.Errorf("plan %s module %s built by ask %s, want %s (asked once)", id, m, ev.Ask, want)
+		}
+		if ms := mods[m]; ms.State != cascade.Built || ms.Digest != ev.Digest {
+			t.Errorf("plan %s module %s stored as %s %s, but %s says built %s", id, m, ms.State, ms.Digest, mesh.EventsStream, ev.Digest)
+		}
+		if n := f.builds.callsOf(ev.Ask); n != 1 {
+			t.Errorf("plan %s module %s: ask %s was built %d times, want once", id, m, ev.Ask, n)
+		}
+		if _, ok := f.reg.manifests(m)[ev.Digest]; !ok {
+			t.Errorf("plan %s module %s: the registry has no %s", id, m, ev.Digest)
+		}
+	}
+}
+
+// builtEvents reads every built event of plan id from EVENTS, by module.
+func (f *faultFarm) builtEvents(id string) map[string][]mesh.Built {
+	f.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var cons jetstream.Consumer
+	var err error
+	// A node just restarted may not answer the JetStream API yet.
+	testenv.WaitFor(f.t, 30*time.Second, "an ordered consumer on "+mesh.EventsStream, func() bool {
+		cons, err = f.js.OrderedConsumer(ctx, mesh.EventsStream, jetstream.OrderedConsumerConfig{
+			FilterSubjects: []string{mesh.SeatEventSubject(mesh.BuildSeat, mesh.EventBuilt)},
+		})
+		if err != nil && !errors.Is(err, nats.ErrNoResponders) && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, nats.ErrTimeout) {
+			f.t.Fatal(err)
+		}
+		return err == nil
+	})
+	out := map[string][]mesh.Built{}
+	for {
+		msg, err := cons.Next(jetstream.FetchMaxWait(2 * time.Second))
+		if err != nil {
+			if errors.Is(err, nats.ErrTimeout) || errors.Is(err, jetstream.ErrNoMessages) {
+				return out
+			}
+			if errors.Is(err, nats.ErrNoResponders) && ctx.Err() == nil {
+				// A node just restarted is not answering the JetStream
+				// API yet; the ordered consumer starts over.
+				time.Sleep(100 * time.Millisecond)
+				continue
+			}
+			f.t.Fatalf("reading built events: %v", err)
+		}
+		var ev mesh.Built
+		if err := json.Unmarshal(msg.Data(), &ev); err != nil {
+			f.t.Fatalf("a built event: %v", err)
+		}
+		if ev.Plan == id {
+			out[ev.Module] = append(out[ev.Module], ev)
+		}
+		if md, err := msg.Metadata(); err == nil && md.NumPending == 0 {
+			return out
+		}
+	}
+}
+
+// leaderOf is the index of the server leading stream, -1 if none.
+func (f *faultFarm) leaderOf(stream string) int {
+	f.t.Helper()
+	st, err := f.js.Stream(context.Background(), stream)
+	if err != nil {
+		f.t.Fatalf("stream %s: %v", stream, err)
+	}
+	ci := st.CachedInfo().Cluster
+	if ci == nil {
+		return -1
+	}
+	for i := range f.bus.Len() {
+		if s := f.bus.Server(i); s != nil && s.Name() == ci.Leader {
+			return i
+		}
+	}
+	return -1
+}
+
+// TestClusterPlanSurvivesANodeRestart: on a three-node cluster at R3, the
+// node leading the build queue is stopped while a plan's first build is in
+// hand; the plan goes on on the other two, the node comes back and the
+// plan completes: every module built once, every built in EVENTS and in
+// the plan's state.
+func TestClusterPlanSurvivesANodeRestart(t *testing.T) {
+	bus := natstest.Cluster(t, 3)
+	f := newFaultFarm(t, bus, 3)
+	for _, s := range []string{mesh.EventsStream, mesh.SeatStream(mesh.BuildSeat)} {
+		info, err := f.js.Stream(context.Background(), s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r := info.CachedInfo().Config.Replicas; r != 3 {
+			t.Fatalf("stream %s has %d replicas, want 3 (the controller's Replicas)", s, r)
+		}
+	}
+	f.builds.shut()
+	id := f.push("one-down")
+	f.waitBuilds("the plan's first build in hand", 1, false)
+	victim := f.leaderOf(mesh.SeatStream(mesh.BuildSeat))
+	if victim < 0 {
+		t.Fatal("the build queue has no leader")
+	}
+	t.Logf("stopping %s, the build queue's leader", bus.Server(victim).Name())
+	bus.Stop(victim)
+	f.builds.open()
+	// The plan goes on on two nodes: builds after the first are asked,
+	// taken and finished while the node is away.
+	f.waitBuilds("three builds finished with a node stopped", 3, true)
+	bus.Restart(victim)
+	bus.WaitReady(3)
+	f.check(id)
+	// And the restarted node is a full member again: a second plan.
+	bus.WaitReady(3)
+	f.check(f.push("after"))
+}
+
+// TestClusterWithoutQuorumRefusesAndResumes: with two of three nodes
+// stopped mid-plan, an ask published to the build queue is never
+// acknowledged; when the nodes return, the plan resumes and completes. What
+// became of the unacknowledged ask depends on which node survived:
+//
+//   - a follower of the build queue: nobody leads the stream, the publish is
+//     refused at once (jetstream.ErrNoStreamResponse) and the ask was not
+//     stored — published again with its id, it is new;
+//   - the queue's leader: it keeps proposing for a while after it lost its
+//     peers (nats-server's lost-quorum interval, 10 s), so the publish times
+//     out, and the proposal may be committed when the peers return. A timed
+//     out publish is an unknown outcome, not a refusal; published again with
+//     its id (as the controller does with its asks) the ask is in the queue
+//     exactly once either way, and built exactly once.
+func TestClusterWithoutQuorumRefusesAndResumes(t *testing.T) {
+	for _, survivor := range []string{"follower", "leader"} {
+		t.Run(survivor+" survives", func(t *testing.T) { testWithoutQuorum(t, survivor == "leader") })
+	}
+}
+
+func testWithoutQuorum(t *testing.T, leaderSurvives bool) {
+	bus := natstest.Cluster(t, 3)
+	f := newFaultFarm(t, bus, 3)
+	f.builds.shut()
+	id := f.push("two-down")
+	f.waitBuilds("the plan's first build in hand", 1, false)
+	leader := f.leaderOf(mesh.SeatStream(mesh.BuildSeat))
+	if leader < 0 {
+		t.Fatal("the build queue has no leader")
+	}
+	survivor := leader
+	if !leaderSurvives {
+		survivor = (leader + 1) % bus.Len()
+	}
+	var stopped []int
+	for i := range bus.Len() {
+		if i != survivor {
+			bus.Stop(i)
+			stopped = append(stopped, i)
+		}
+	}
+	testenv.WaitFor(t, 10*time.Second, "the test's connection on the survivor", func() bool {
+		return f.nc.IsConnected() && f.nc.ConnectedUrl() == bus.Server(survivor).ClientURL()
+	})
+	phantom := mesh.Ask{Version: mesh.AskVersion, ID: "phantom-" + id, Plan: "phantom", Module: "a",
+		Source: mesh.Source{Repo: testenv.FleetRepo, Commit: "none", Path: "a"}, Image: f.reg.host + "/a"}
+	data, _ := json.Marshal(phantom)
+	subj := mesh.SeatAcceptSubject(mesh.BuildSeat, mesh.BuildVerb)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ack, err := f.js.Publish(ctx, subj, data, jetstream.WithMsgID(phantom.ID))
+	cancel()
+	if err == nil {
+		t.Fatalf("publishing an ask with two of three nodes stopped was acknowledged (%+v), want an error", ack)
+	}
+	t.Logf("with two of three nodes stopped (the queue's %s left), publishing an ask: %v", map[bool]string{true: "leader", false: "follower"}[leaderSurvives], err)
+	if !leaderSurvives && !errors.Is(err, jetstream.ErrNoStreamResponse) {
+		t.Errorf("publishing with no leader: %v, want %v (the stream has no leader to store it)", err, jetstream.ErrNoStreamResponse)
+	}
+	// The build in hand finishes; its agent cannot announce it yet.
+	f.builds.open()
+	f.waitBuilds("the build in hand returned", 1, true)
+	for _, i := range stopped {
+		bus.Restart(i)
+	}
+	bus.WaitReady(3)
+	f.check(id)
+	// Published again with its id, the unacknowledged ask is in the queue
+	// once, and built once.
+	ctx, cancel = context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ack, err = f.js.Publish(ctx, subj, data, jetstream.WithMsgID(phantom.ID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !leaderSurvives && ack.Duplicate {
+		t.Errorf("the ask refused with no leader was in the build queue after all (published again, it is a duplicate)")
+	}
+	t.Logf("published again after recovery: duplicate=%v (the unacknowledged publish was %s)", ack.Duplicate, map[bool]string{true: "committed when the peers returned", false: "not stored"}[ack.Duplicate])
+	testenv.WaitFor(t, faultSettle, "the re-published ask built", func() bool { return f.builds.callsOf(phantom.ID) >= 1 })
+	f.waitQueueEmpty()
+	if n := f.builds.callsOf(phantom.ID); n != 1 {
+		t.Fatalf("the ask published without quorum and again after was built %d times, want once", n)
+	}
+}
+
+// waitQueueEmpty waits until no ask is queued or in a holder's hands.
+func (f *faultFarm) waitQueueEmpty() {
+	f.t.Helper()
+	testenv.WaitFor(f.t, faultSettle, "the build queue empty", func() bool {
+		c, err := f.js.Consumer(context.Background(), mesh.SeatStream(mesh.BuildSeat), mesh.SeatConsumer(mesh.BuildSeat))
+		if err != nil {
+			return false
+		}
+		ci := c.CachedInfo()
+		return ci.NumPending == 0 && ci.NumAckPending == 0
+	})
+}
+
+// TestNATSRestartMidPlan: the embedded single server of the default setup
+// is stopped while a build is in hand and started again on the same port
+// and store; the controller and the agents reconnect and the plan
+// completes, every module built once.
+func TestNATSRestartMidPlan(t *testing.T) {
+	bus := natstest.Single(t)
+	f := newFaultFarm(t, bus, 1)
+	f.builds.shut()
+	id := f.push("restart")
+	f.waitBuilds("the plan's first build in hand", 1, false)
+	bus.Stop(0)
+	f.builds.open()
+	f.waitBuilds("the build in hand returned", 1, true)
+	bus.Restart(0)
+	f.check(id)
+	f.waitQueueEmpty()
+	f.check(f.push("after"))
+}

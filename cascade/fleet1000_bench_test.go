@@ -1,0 +1,548 @@
+package cascade_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/meshbuild/meshbuild/agent"
+	"github.com/meshbuild/meshbuild/cascade"
+	"github.com/meshbuild/meshbuild/internal/natstest"
+	"github.com/meshbuild/meshbuild/internal/sim"
+	"github.com/meshbuild/meshbuild/mesh"
+)
+
+// A thousand machines on one seat. The NATS server runs in its own process
+// (nats-server of the module's nats-server version, built with go build),
+// so that its memory and CPU are its own, as SCALE.md measured them: one
+// server with the default setup's settings, or three joined by routes
+// (streams and buckets at three replicas, sync_interval: always). The real
+// controller (cascade.New) raises the catalogue and runs plans; every
+// simulated machine is a real agent (agent.New, the holder loop with the
+// default config: Fetch(1) renewed every 5 s, one slot) on its own
+// connection, given every server's URL. Their worker sleeps the module's
+// simulated duration and pushes nothing (sleeper, as the other controller
+// benchmarks).
+//
+// Each sub-benchmark reports:
+//   - dispatch p50/p99/max: 200 asks published one at a time (a JetStream
+//     publish, as the controller's) to idle agents, until the started
+//     arrives on a core subscription (as agent.BenchmarkDispatch);
+//   - modules/s: a 10,000-module plan with zero-length builds through the
+//     controller, median of 3 plans (1 on the cluster), as
+//     BenchmarkControllerThroughput10000;
+//   - makespan/lb at 1,000 agents: the same 10,000 modules with lognormal
+//     durations (1 unit = 400 ms), the plan run once unmeasured so the
+//     controller knows every duration, then measured against the bound
+//     max(critical path, work ÷ machines);
+//   - the server's resident memory (peak, per node) and its CPU per
+//     module, and the fetch errors the agents logged (a 409 Exceeded
+//     MaxWaiting among them) — any is a failure.
+//
+//	go test -run XXX -bench BenchmarkFleet1000 -benchtime 1x -timeout 30m ./cascade
+//
+// TestFleet1000Tiny runs the same at 20 agents under `make test`.
+
+// fleetUnit is the real time of one unit of simulated duration.
+const fleetUnit = 400 * time.Millisecond
+
+func BenchmarkFleet1000(b *testing.B) {
+	for _, bus := range []int{1, 3} {
+		for _, agents := range []int{50, 1000} {
+			name := fmt.Sprintf("single/agents=%d", agents)
+			if bus == 3 {
+				name = fmt.Sprintf("cluster3/agents=%d", agents)
+			}
+			// sync_interval: always makes the cluster's writes slow: one
+			// throughput plan there.
+			plans := map[int]int{1: 3, 3: 1}[bus]
+			b.Run(name, func(b *testing.B) {
+				fleetBench(b, fleetSize{nodes: bus, agents: agents, asks: 200, modules: 10000, plans: plans, makespan: agents >= 1000})
+			})
+		}
+	}
+}
+
+// TestFleet1000Tiny keeps BenchmarkFleet1000 from rotting: the same path,
+// 20 agents on one server and on a cluster of three, a small plan.
+func TestFleet1000Tiny(t *testing.T) {
+	for _, nodes := range []int{1, 3} {
+		t.Run(fmt.Sprintf("nodes=%d", nodes), func(t *testing.T) {
+			m := fleetRun(t, fleetSize{nodes: nodes, agents: 20, asks: 20, modules: 200, plans: 1, makespan: true, unit: 50 * time.Millisecond})
+			for _, k := range []string{"p50-ms", "p99-ms", "modules/s", "makespan/lb", "server-rss-MiB"} {
+				if m[k] <= 0 {
+					t.Errorf("%s = %v, want a measurement", k, m[k])
+				}
+			}
+			t.Logf("%v", m)
+		})
+	}
+}
+
+type fleetSize struct {
+	nodes, agents, asks, modules, plans int
+	makespan                            bool
+	unit                                time.Duration // default fleetUnit
+}
+
+func fleetBench(b *testing.B, sz fleetSize) {
+	var m map[string]float64
+	for b.Loop() {
+		m = fleetRun(b, sz)
+	}
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		b.ReportMetric(m[k], k)
+	}
+}
+
+// fleetRun measures one fleet and returns its figures by unit.
+func fleetRun(tb testing.TB, sz fleetSize) map[string]float64 {
+	if sz.unit == 0 {
+		sz.unit = fleetUnit
+	}
+	raiseNoFile(tb, sz.agents)
+	out := map[string]float64{}
+	bus := startNATSProcs(tb, sz.nodes)
+	d := sim.RandomLayeredDAG(sz.modules, 10, 1)
+	cfg := cascade.DefaultConfig()
+	cfg.Replicas = sz.nodes
+	f, warns := newFleetFarm(tb, bus, benchCatalogue(tb, d), cfg, sz.agents)
+
+	// MaxWaiting covers every slot with a quarter to spare (SCALE.md).
+	cons, err := f.js.Consumer(context.Background(), mesh.SeatStream(mesh.BuildSeat), mesh.SeatConsumer(mesh.BuildSeat))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if mw := cons.CachedInfo().Config.MaxWaiting; float64(mw) < 1.25*float64(sz.agents) {
+		tb.Fatalf("the seat's consumer has MaxWaiting %d, want at least 1.25 × %d slots", mw, sz.agents)
+	}
+
+	// Dispatch to idle agents.
+	nc, _ := f.connect()
+	defer nc.Close()
+	lat := fleetDispatch(tb, f, nc, sz.asks)
+	out["p50-ms"] = msOf(quantileOf(lat, 0.50))
+	out["p99-ms"] = msOf(quantileOf(lat, 0.99))
+	out["max-ms"] = msOf(lat[len(lat)-1])
+
+	// Throughput: zero-length builds.
+	zero := d
+	zero.Dur = make([]float64, d.Len())
+	cpu0 := bus.cpu()
+	var rates []float64
+	var first time.Duration
+	f.firstStart = true
+	for range sz.plans {
+		r := f.run(zero, 0, 10*time.Minute)
+		rates = append(rates, float64(d.Len())/r.Makespan.Seconds())
+		first += r.FirstStart
+	}
+	slices.Sort(rates)
+	out["modules/s"] = rates[len(rates)/2]
+	out["slowest-modules/s"] = rates[0]
+	out["first-start-ms"] = msOf(first / time.Duration(len(rates)))
+	out["server-cpu-ms/module"] = 1000 * (bus.cpu() - cpu0).Seconds() / float64(sz.plans*d.Len())
+
+	// Makespan once the durations are known.
+	if sz.makespan {
+		lb := sim.LowerBound(d, sz.agents)
+		timeout := time.Duration(10*lb*float64(sz.unit)) + 5*time.Minute
+		f.firstStart = false
+		f.run(d, sz.unit, timeout) // learn
+		r := f.run(d, sz.unit, timeout)
+		out["makespan/lb"] = r.Makespan.Seconds() / (lb * sz.unit.Seconds())
+		out["makespan-s"] = r.Makespan.Seconds()
+		out["lb-s"] = lb * sz.unit.Seconds()
+	}
+	f.waitIdle()
+	out["server-rss-MiB"] = bus.peakRSS() / (1 << 20)
+	out["agents"] = float64(sz.agents)
+	n, sample := warns.fetchErrors()
+	out["fetch-errors"] = float64(n)
+	if n > 0 {
+		tb.Errorf("the agents logged %d fetch errors (a pull dropped or refused), e.g. %s", n, sample)
+	}
+	return out
+}
+
+func msOf(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+func quantileOf(sorted []time.Duration, q float64) time.Duration {
+	i := int(q*float64(len(sorted))+0.5) - 1
+	return sorted[min(max(i, 0), len(sorted)-1)]
+}
+
+// raiseNoFile raises the soft limit of open files to the hard limit: every
+// agent's connection is a descriptor here (and in the server, which
+// inherits the limit). A hard limit too low for the fleet is a failure.
+func raiseNoFile(tb testing.TB, agents int) {
+	var l syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &l); err != nil {
+		tb.Fatal(err)
+	}
+	need := uint64(2*agents + 512)
+	if l.Cur < need && l.Cur < l.Max {
+		l.Cur = l.Max
+		if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &l); err != nil {
+			tb.Fatalf("raising the open files limit to %d: %v", l.Max, err)
+		}
+	}
+	if l.Cur < need {
+		tb.Fatalf("open files limit %d (hard %d): %d agents need about %d (raise it: ulimit -n, LimitNOFILE)", l.Cur, l.Max, agents, need)
+	}
+}
+
+// --- the server processes ---------------------------------------------------
+
+var (
+	natsBinOnce sync.Once
+	natsBin     string
+	natsBinErr  error
+)
+
+// natsServerBinary builds nats-server from the module's version of it.
+func natsServerBinary(tb testing.TB) string {
+	natsBinOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "meshbuild-nats-server-")
+		if err != nil {
+			natsBinErr = err
+			return
+		}
+		natsBin = filepath.Join(dir, "nats-server")
+		out, err := exec.Command("go", "build", "-o", natsBin, "github.com/nats-io/nats-server/v2").CombinedOutput()
+		if err != nil {
+			natsBinErr = fmt.Errorf("go build nats-server: %v\n%s", err, out)
+		}
+	})
+	if natsBinErr != nil {
+		tb.Fatal(natsBinErr)
+	}
+	return natsBin
+}
+
+// natsProcs are nats-server processes: one, or a cluster.
+type natsProcs struct {
+	urls string
+	pids []int
+}
+
+func startNATSProcs(tb testing.TB, nodes int) *natsProcs {
+	tb.Helper()
+	bin := natsServerBinary(tb)
+	clients, routes := natstest.FreePorts(tb, nodes), natstest.FreePorts(tb, nodes)
+	var rs, us []string
+	for i := range nodes {
+		rs = append(rs, fmt.Sprintf("nats://127.0.0.1:%d", routes[i]))
+		us = append(us, fmt.Sprintf("nats://127.0.0.1:%d", clients[i]))
+	}
+	p := &natsProcs{urls: strings.Join(us, ",")}
+	for i := range nodes {
+		dir := tb.TempDir()
+		conf := fmt.Sprintf("server_name: n%d\nlisten: 127.0.0.1:%d\n", i+1, clients[i])
+		if nodes == 1 {
+			conf += fmt.Sprintf("jetstream { store_dir: %q }\n", filepath.Join(dir, "js"))
+		} else {
+			conf += fmt.Sprintf("jetstream { store_dir: %q, sync_interval: always }\n", filepath.Join(dir, "js"))
+			conf += fmt.Sprintf("cluster { name: %s, listen: 127.0.0.1:%d, routes: [%s] }\n", natstest.ClusterName, routes[i], strings.Join(rs, ", "))
+		}
+		cf := filepath.Join(dir, "nats.conf")
+		if err := os.WriteFile(cf, []byte(conf), 0o644); err != nil {
+			tb.Fatal(err)
+		}
+		logf, err := os.Create(filepath.Join(dir, "nats.log"))
+		if err != nil {
+			tb.Fatal(err)
+		}
+		cmd := exec.Command(bin, "-c", cf)
+		cmd.Stdout, cmd.Stderr = logf, logf
+		if err := cmd.Start(); err != nil {
+			tb.Fatal(err)
+		}
+		p.pids = append(p.pids, cmd.Process.Pid)
+		tb.Cleanup(func() {
+			_ = cmd.Process.Signal(syscall.SIGTERM)
+			done := make(chan struct{})
+			go func() { _ = cmd.Wait(); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(10 * time.Second):
+				_ = cmd.Process.Kill()
+				<-done
+			}
+			logf.Close()
+		})
+	}
+	// Ready: JetStream answers (on a cluster, once a meta leader is elected).
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		nc, err := nats.Connect(p.urls)
+		if err == nil {
+			js, _ := jetstream.New(nc)
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			_, err = js.AccountInfo(ctx)
+			cancel()
+			nc.Close()
+			if err == nil {
+				return p
+			}
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("nats-server (%d nodes) not ready in 60s: %v", nodes, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// peakRSS is the largest peak resident set of the nodes, in bytes.
+func (p *natsProcs) peakRSS() float64 {
+	var peak float64
+	for _, pid := range p.pids {
+		if v := procStatus(pid, "VmHWM:"); v > peak {
+			peak = v
+		}
+	}
+	return peak
+}
+
+// procStatus reads a "kB" field of /proc/pid/status, in bytes.
+func procStatus(pid int, field string) float64 {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), field); ok {
+			kb, _ := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 64)
+			return kb * 1024
+		}
+	}
+	return 0
+}
+
+// cpu is the nodes' CPU time so far (user + system).
+func (p *natsProcs) cpu() time.Duration {
+	var total time.Duration
+	for _, pid := range p.pids {
+		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue
+		}
+		// The fields after the command name (which may hold spaces).
+		s := string(data)
+		fs := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+		if len(fs) < 13 {
+			continue
+		}
+		ut, _ := strconv.ParseInt(fs[11], 10, 64)
+		st, _ := strconv.ParseInt(fs[12], 10, 64)
+		total += time.Duration(ut+st) * time.Second / 100 // USER_HZ
+	}
+	return total
+}
+
+// --- the farm ---------------------------------------------------------------
+
+// fleetFarm is a benchFarm whose server is elsewhere: its connections dial
+// every URL and reconnect.
+type fleetFarm struct {
+	*benchFarm
+	urls string
+}
+
+func (f *fleetFarm) connect() (*nats.Conn, jetstream.JetStream) {
+	nc, err := nats.Connect(f.urls, nats.MaxReconnects(-1))
+	if err != nil {
+		f.tb.Fatal(err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		f.tb.Fatal(err)
+	}
+	return nc, js
+}
+
+// newFleetFarm starts the controller and agents real agents of one slot
+// with the default config, each on its own connection.
+func newFleetFarm(tb testing.TB, bus *natsProcs, cat *mesh.Catalogue, cfg cascade.Config, agents int) (*fleetFarm, *fetchWarnings) {
+	tb.Helper()
+	f := &fleetFarm{benchFarm: &benchFarm{tb: tb, work: &sleeper{}, slots: agents}, urls: bus.urls}
+	f.work.dur.Store(&map[string]time.Duration{})
+	tb.Cleanup(f.Close)
+	var tnc *nats.Conn
+	tnc, f.js = f.connect()
+	f.stops = append(f.stops, tnc.Close)
+
+	nc, cjs := f.connect()
+	if cfg.Registry == "" {
+		cfg.Registry = "127.0.0.1:1"
+	}
+	c, err := cascade.New(cfg, cjs, cat, nil, nil)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := c.Run(ctx); err != nil {
+			tb.Errorf("controller: %v", err)
+		}
+	}()
+	f.stops = append(f.stops, func() { cancel(); <-done; nc.Close() })
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		_, err := cascade.Call(context.Background(), nc, c.Module(), cascade.ToolRetry, cascade.Request{Plan: "none"})
+		if errors.Is(err, cascade.ErrNoPlan) {
+			break
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("the controller does not answer after 60s: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if f.kv, err = f.js.KeyValue(context.Background(), mesh.KVBucket(c.Module(), cascade.StateBucket)); err != nil {
+		tb.Fatal(err)
+	}
+
+	warns := &fetchWarnings{}
+	log := slog.New(warns)
+	var cancels []context.CancelFunc
+	var dones []chan struct{}
+	for i := range agents {
+		nc, ajs := f.connect()
+		acfg := agent.DefaultConfig()
+		acfg.Machine = fmt.Sprintf("sim-%04d", i+1)
+		acfg.Grace = time.Second
+		a, err := agent.New(acfg, ajs, f.work, log, nil)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); _ = a.Run(ctx); nc.Close() }()
+		cancels, dones = append(cancels, cancel), append(dones, done)
+	}
+	f.stops = append(f.stops, func() {
+		for _, cancel := range cancels {
+			cancel()
+		}
+		for _, done := range dones {
+			<-done
+		}
+	})
+	f.waitIdle()
+	return f, warns
+}
+
+// fleetDispatch publishes n asks one at a time to idle agents and returns
+// the publish → started latencies, sorted.
+func fleetDispatch(tb testing.TB, f *fleetFarm, nc *nats.Conn, n int) []time.Duration {
+	tb.Helper()
+	started := make(chan string, 1)
+	builtc := make(chan string, 1)
+	var want atomic.Pointer[string]
+	for ev, ch := range map[string]chan string{mesh.EventStarted: started, mesh.EventBuilt: builtc} {
+		sub, err := nc.Subscribe(mesh.SeatEventSubject(mesh.BuildSeat, ev), func(m *nats.Msg) {
+			if w := want.Load(); w != nil && strings.Contains(string(m.Data), `"`+*w+`"`) {
+				select {
+				case ch <- *w:
+				default:
+				}
+			}
+		})
+		if err != nil {
+			tb.Fatal(err)
+		}
+		defer sub.Unsubscribe()
+	}
+	if err := nc.Flush(); err != nil {
+		tb.Fatal(err)
+	}
+	f.work.dur.Store(&map[string]time.Duration{})
+	var lat []time.Duration
+	for i := range n {
+		id := fmt.Sprintf("dispatch-%d", i)
+		want.Store(&id)
+		a := mesh.Ask{Version: mesh.AskVersion, ID: id, Plan: "p-dispatch", Module: "dispatch",
+			Source: mesh.Source{Repo: "https://git.example/x.git", Commit: "abc"}, Image: "127.0.0.1:1/dispatch"}
+		data, err := json.Marshal(a)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		t0 := time.Now()
+		if _, err := f.js.Publish(context.Background(), mesh.SeatAcceptSubject(mesh.BuildSeat, mesh.BuildVerb), data, jetstream.WithMsgID(id)); err != nil {
+			tb.Fatal(err)
+		}
+		for _, ch := range []chan string{started, builtc} {
+			select {
+			case <-ch:
+			case <-time.After(30 * time.Second):
+				tb.Fatalf("ask %s: no event within 30s", id)
+			}
+			if ch == started {
+				lat = append(lat, time.Since(t0))
+			}
+		}
+	}
+	slices.Sort(lat)
+	return lat
+}
+
+// fetchWarnings is the agents' logger: it counts what they log about a
+// pull that failed or ended in an error (a 409 Exceeded MaxWaiting among
+// them).
+type fetchWarnings struct {
+	mu     sync.Mutex
+	n      int
+	sample string
+}
+
+func (w *fetchWarnings) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
+func (w *fetchWarnings) Handle(_ context.Context, r slog.Record) error {
+	if !strings.HasPrefix(r.Message, "fetch") {
+		return nil
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.n++
+	if w.sample == "" {
+		w.sample = r.Message
+		r.Attrs(func(a slog.Attr) bool {
+			w.sample += " " + a.String()
+			return true
+		})
+	}
+	return nil
+}
+func (w *fetchWarnings) WithAttrs([]slog.Attr) slog.Handler { return w }
+func (w *fetchWarnings) WithGroup(string) slog.Handler      { return w }
+
+func (w *fetchWarnings) fetchErrors() (int, string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.n, w.sample
+}
