@@ -39,6 +39,9 @@ type Agent struct {
 	failedN  atomic.Int64
 	started  time.Time
 	running  running
+	health   health
+	// claims is the seat's ask claims bucket; nil when it is not raised.
+	claims jetstream.KeyValue
 }
 
 // New returns an agent from a validated config and its dependencies. A nil
@@ -68,6 +71,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		return err
 	}
 	a.beat = heartbeatEvery(a.cfg.Heartbeat, cons.CachedInfo().Config.AckWait)
+	a.claims = a.askClaims(ctx)
 	status, err := a.serveStatus()
 	if err != nil {
 		return err
@@ -137,6 +141,9 @@ func (a *Agent) bind(ctx context.Context) (jetstream.Consumer, error) {
 func (a *Agent) slot(ctx, work context.Context, cons jetstream.Consumer, slot int) {
 	idle := time.Now() // since the slot last settled an ask
 	for ctx.Err() == nil {
+		if !a.awaitHealthy(ctx) {
+			continue // stopping
+		}
 		batch, err := cons.Fetch(1, jetstream.FetchMaxWait(a.cfg.FetchWait))
 		if err != nil {
 			a.log.Warn("fetch failed", "slot", slot, "err", err)
@@ -162,23 +169,39 @@ func (a *Agent) slot(ctx, work context.Context, cons jetstream.Consumer, slot in
 
 // Status is what an agent answers to the seat's status tool.
 type Status struct {
-	Machine   string    `json:"machine"`
-	Slots     int       `json:"slots"`
-	InFlight  int64     `json:"in_flight"`
-	Built     int64     `json:"built"`
-	Failed    int64     `json:"failed"`
-	Platforms []string  `json:"platforms"`
-	Since     time.Time `json:"since"`
-	At        time.Time `json:"at"`
+	Machine   string   `json:"machine"`
+	Slots     int      `json:"slots"`
+	InFlight  int64    `json:"in_flight"`
+	Built     int64    `json:"built"`
+	Failed    int64    `json:"failed"`
+	Platforms []string `json:"platforms"`
+	// Health is HealthHealthy, or HealthUnhealthy while the machine cannot
+	// build (its BuildKit does not answer): it takes no asks then. Why
+	// says what its probe found, since when.
+	Health      string    `json:"health"`
+	Why         string    `json:"why,omitempty"`
+	HealthSince time.Time `json:"health_since,omitzero"`
+	Since       time.Time `json:"since"`
+	At          time.Time `json:"at"`
 }
+
+// The health of a machine, as Status says it.
+const (
+	HealthHealthy   = "healthy"
+	HealthUnhealthy = "unhealthy"
+)
 
 // Status reports the agent's counters now.
 func (a *Agent) Status() Status {
-	return Status{
+	st := Status{
 		Machine: a.cfg.Machine, Slots: a.cfg.Slots, InFlight: a.inFlight.Load(),
 		Built: a.builtN.Load(), Failed: a.failedN.Load(), Platforms: a.cfg.Platforms,
-		Since: a.started.UTC(), At: time.Now().UTC(),
+		Health: HealthHealthy, Since: a.started.UTC(), At: time.Now().UTC(),
 	}
+	if why, since := a.health.state(); why != "" {
+		st.Health, st.Why, st.HealthSince = HealthUnhealthy, why, since.UTC()
+	}
+	return st
 }
 
 // StatusTool is the tool every holder of the build seat serves: a request

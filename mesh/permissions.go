@@ -83,6 +83,12 @@ func (c *Catalogue) ModulePermissions(m *Manifest) Permissions {
 			for _, g := range consumerGrants(SeatStream(s.Seat), SeatConsumer(s.Seat)) {
 				p.pub[g] = true
 			}
+			// Before it builds, a holder claims the ask in the bucket
+			// the seat's holders share.
+			p.pub[KVSubjects(AskClaimsBucket(s.Seat))] = true
+			for _, g := range bucketReadGrants(AskClaimsBucket(s.Seat)) {
+				p.pub[g] = true
+			}
 		}
 	}
 	for _, s := range m.Uses {

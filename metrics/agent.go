@@ -30,6 +30,7 @@ type Agent struct {
 	builds    *prometheus.CounterVec   // outcome, reason
 	duration  *prometheus.HistogramVec // outcome
 	inFlight  prometheus.Gauge
+	healthy   prometheus.Gauge
 	idle      prometheus.Histogram
 	pushed    prometheus.Counter
 	cacheHits prometheus.Counter
@@ -59,6 +60,11 @@ func NewAgent(reg prometheus.Registerer, machine string) *Agent {
 			Help:        "Asks an agent is working on now (at most its slots).",
 			ConstLabels: machineLabel,
 		}),
+		healthy: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name:        "meshbuild_agent_healthy",
+			Help:        "1 while an agent's machine can build, 0 while its BuildKit does not answer (it takes no asks then; builds machines says why).",
+			ConstLabels: machineLabel,
+		}),
 		idle: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:        "meshbuild_agent_idle_wait_seconds",
 			Help:        "How long an idle slot of an agent waited for its next ask.",
@@ -76,7 +82,8 @@ func NewAgent(reg prometheus.Registerer, machine string) *Agent {
 			ConstLabels: machineLabel,
 		}),
 	}
-	reg.MustRegister(a.builds, a.duration, a.inFlight, a.idle, a.pushed, a.cacheHits)
+	reg.MustRegister(a.builds, a.duration, a.inFlight, a.healthy, a.idle, a.pushed, a.cacheHits)
+	a.healthy.Set(1)
 
 	a.builds.WithLabelValues(string(agent.OutcomeBuilt), "")
 	a.builds.WithLabelValues(string(agent.OutcomeHandedBack), "")
@@ -88,6 +95,15 @@ func NewAgent(reg prometheus.Registerer, machine string) *Agent {
 		a.duration.WithLabelValues(string(o))
 	}
 	return a
+}
+
+// Healthy records whether the machine can build (agent.HealthObserver).
+func (a *Agent) Healthy(ok bool) {
+	if ok {
+		a.healthy.Set(1)
+	} else {
+		a.healthy.Set(0)
+	}
 }
 
 // IdleWaited records how long an idle slot waited for an ask.
