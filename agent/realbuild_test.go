@@ -107,7 +107,9 @@ func TestARegistryOutageIsRetriedThenReported(t *testing.T) {
 	s, js := bus(t)
 	ended := make(ends, 100)
 	startObserved(t, s, "m1", realWorker(t, bk, git), func(c *agent.Config) {
-		c.MaxAttempts, c.RetryDelay, c.MaxRetryDelay = 4, time.Second, 2*time.Second
+		// Attempts at 0, 1s, 3s and 5s after the first failure: the
+		// fourth is past the budget.
+		c.RetryFor, c.RetryDelay, c.MaxRetryDelay = 4500*time.Millisecond, time.Second, 2*time.Second
 	}, ended)
 	// The registry is down when the push comes, and back once the first
 	// attempt has failed on it and been given back to be retried.
