@@ -112,11 +112,7 @@ func RunAgent(ctx context.Context, o AgentOptions) error {
 	}
 	defer nc.Close()
 	if o.Catalogue != "" {
-		known, err := knownModules(o.Catalogue, o.Log)
-		if err != nil {
-			return err
-		}
-		o.Agent.Known = known
+		o.Agent.Known = knownModules(o.Catalogue, o.Log)
 	}
 	w := &agent.BuildWorker{
 		Sources: &agent.Sources{Dir: o.Workspace, InsteadOf: o.InsteadOf},
@@ -291,12 +287,17 @@ func fingerprint(dir string) (string, error) {
 // Workspace returns a default workspace directory for a machine.
 func Workspace(base, machine string) string { return filepath.Join(base, "agents", machine) }
 
-// knownModules answers whether a catalogue directory builds a module,
-// reading the directory again before it says no.
-func knownModules(dir string, log *slog.Logger) (func(string) bool, error) {
+// knownModules says whether the catalogue in dir builds a module. A
+// catalogue with problems does not stop the agent (under systemd that is a
+// crash loop): the problems are logged and the last good catalogue kept,
+// or, before any was good, every module accepted, until the directory is
+// fixed. The directory is read again before a module is refused, so a
+// module added since is accepted.
+func knownModules(dir string, log *slog.Logger) func(string) bool {
 	cat, err := LoadCatalogue(dir, log)
 	if err != nil {
-		return nil, err
+		log.Error("the catalogue has problems: running without one (every module accepted) until it is fixed", "dir", dir, "err", err)
+		cat = nil
 	}
 	var mu sync.Mutex
 	builds := func(c *mesh.Catalogue, m string) bool {
@@ -306,12 +307,19 @@ func knownModules(dir string, log *slog.Logger) (func(string) bool, error) {
 	return func(m string) bool {
 		mu.Lock()
 		defer mu.Unlock()
-		if builds(cat, m) {
+		if cat != nil && builds(cat, m) {
 			return true
 		}
-		if fresh, err := LoadCatalogue(dir, log); err == nil {
+		fresh, err := LoadCatalogue(dir, log)
+		switch {
+		case err == nil:
 			cat = fresh
+		case cat == nil:
+			log.Warn("the catalogue still has problems: accepting the ask", "dir", dir, "module", m, "err", err)
+			return true
+		default:
+			log.Warn("the catalogue has problems: keeping the last good one", "dir", dir, "err", err)
 		}
 		return builds(cat, m)
-	}, nil
+	}
 }
