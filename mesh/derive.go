@@ -161,7 +161,8 @@ func SeatStreamSpec(s Seat, replicas int) (StreamSpec, bool) {
 			Name: SeatStream(s.Seat), Subjects: []string{SeatAcceptAll(s.Seat)},
 			Retention: jetstream.WorkQueuePolicy, MaxAge: SeatRetain(s),
 			Storage: jetstream.FileStorage, Replicas: replicas,
-			Duplicates: DuplicateWindow, Discard: jetstream.DiscardOld,
+			// The server refuses a window longer than the max age.
+			Duplicates: min(DuplicateWindow, SeatRetain(s)), Discard: jetstream.DiscardOld,
 		},
 	}, true
 }
