@@ -29,6 +29,7 @@ func run() int {
 	insecure := fs.Bool("registry-insecure", daemon.Env("MESHBUILD_REGISTRY_INSECURE", "") == "true", "plain http to the registry (MESHBUILD_REGISTRY_INSECURE=true)")
 	fs.IntVar(&cfg.Replicas, "replicas", cfg.Replicas, "replicas of every stream and bucket (3 on a cluster)")
 	fs.IntVar(&cfg.Window, "window", cfg.Window, daemon.WindowUsage)
+	fs.DurationVar(&cfg.StoreRetryFor, "store-retry-for", cfg.StoreRetryFor, "how long one flush retries plan state the store refuses before it reports the plans and goes on")
 	metricsAddr := fs.String("metrics", daemon.Env("MESHBUILD_METRICS", ""), "serve /metrics on this address, e.g. :9465 (MESHBUILD_METRICS)")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		return 2
