@@ -100,7 +100,8 @@ func (a *Agent) claim(ctx context.Context, id string) (*claim, claimVerdict, err
 		case old.Done != "":
 			c.v = old
 			return c, claimDone, nil
-		case old.Holder != "" && old.Holder != a.cfg.Machine && now.Before(old.Until):
+		case old.Holder != "" && now.Before(old.Until) && (old.Holder != a.cfg.Machine || a.running.has(id)):
+			// Alive, and another machine's, or another slot's here.
 			c.v = old
 			return c, claimHeld, nil
 		}

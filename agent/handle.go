@@ -123,6 +123,11 @@ func (a *Agent) work(ctx context.Context, msg jetstream.Msg, ask mesh.Ask, attem
 		}
 		if c.v.InfraSince.IsZero() {
 			c.v.InfraSince = begun // kept in the claim when it is released
+			if md, merr := msg.Metadata(); c.kv == nil && merr == nil {
+				// No claims to keep it across deliveries: count from
+				// when the ask was queued.
+				c.v.InfraSince = md.Timestamp
+			}
 		}
 		if spent := time.Since(c.v.InfraSince); spent < a.cfg.RetryFor {
 			return outcome{End: End{Outcome: OutcomeRetried, Reason: reason, Took: took}, how: nak, delay: a.cfg.retryDelay(attempt), err: err}

@@ -46,7 +46,7 @@ func NewAgent(reg prometheus.Registerer, machine string) *Agent {
 	a := &Agent{
 		builds: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name:        "meshbuild_agent_builds_total",
-			Help:        "Asks an agent finished, by outcome (built, failed, retried, handed-back) and failure reason (source, build, push, infra, ask, cancelled; empty unless failed or retried).",
+			Help:        "Asks an agent finished, by outcome (built, failed, retried, handed-back, already-done) and failure reason (source, build, push, infra, ask, cancelled; empty unless failed or retried).",
 			ConstLabels: machineLabel,
 		}, []string{"outcome", "reason"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
@@ -87,6 +87,7 @@ func NewAgent(reg prometheus.Registerer, machine string) *Agent {
 
 	a.builds.WithLabelValues(string(agent.OutcomeBuilt), "")
 	a.builds.WithLabelValues(string(agent.OutcomeHandedBack), "")
+	a.builds.WithLabelValues(string(agent.OutcomeDone), "")
 	a.builds.WithLabelValues(string(agent.OutcomeRetried), mesh.ReasonInfra)
 	for _, r := range reasons {
 		a.builds.WithLabelValues(string(agent.OutcomeFailed), r)

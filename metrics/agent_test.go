@@ -101,9 +101,10 @@ func TestAgentSeriesExistFromTheStart(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	metrics.NewAgent(reg, "m1")
 	for name, want := range map[string]int{
-		"meshbuild_agent_builds_total":           9, // built, handed-back, retried{infra}, failed × 6 reasons
-		"meshbuild_agent_build_duration_seconds": 4, // one per outcome
+		"meshbuild_agent_builds_total":           10, // built, handed-back, already-done, retried{infra}, failed × 6 reasons
+		"meshbuild_agent_build_duration_seconds": 5,  // one per outcome
 		"meshbuild_agent_asks_in_flight":         1,
+		"meshbuild_agent_healthy":                1,
 		"meshbuild_agent_idle_wait_seconds":      1,
 		"meshbuild_agent_pushed_bytes_total":     1,
 		"meshbuild_agent_cache_hits_total":       1,
@@ -136,8 +137,8 @@ meshbuild_agent_asks_in_flight{machine="m2"} 1
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "meshbuild_agent_asks_in_flight"); err != nil {
 		t.Error(err)
 	}
-	if n, _ := testutil.GatherAndCount(reg, "meshbuild_agent_builds_total"); n != 18 {
-		t.Errorf("%d builds_total series for two machines, want 18", n)
+	if n, _ := testutil.GatherAndCount(reg, "meshbuild_agent_builds_total"); n != 20 {
+		t.Errorf("%d builds_total series for two machines, want 20", n)
 	}
 	defer func() {
 		if recover() == nil {
