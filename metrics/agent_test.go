@@ -42,8 +42,9 @@ meshbuild_agent_asks_in_flight{machine="m1"} 1
 # HELP meshbuild_agent_asks_in_flight Asks an agent is working on now (at most its slots).
 # TYPE meshbuild_agent_asks_in_flight gauge
 meshbuild_agent_asks_in_flight{machine="m1"} 0
-# HELP meshbuild_agent_builds_total Asks an agent finished, by outcome (built, failed, retried, handed-back) and failure reason (source, build, push, infra, ask, cancelled; empty unless failed or retried).
+# HELP meshbuild_agent_builds_total Asks an agent finished, by outcome (built, failed, retried, handed-back, already-done) and failure reason (source, build, push, infra, ask, cancelled; empty unless failed or retried).
 # TYPE meshbuild_agent_builds_total counter
+meshbuild_agent_builds_total{machine="m1",outcome="already-done",reason=""} 0
 meshbuild_agent_builds_total{machine="m1",outcome="built",reason=""} 1
 meshbuild_agent_builds_total{machine="m1",outcome="failed",reason="ask"} 1
 meshbuild_agent_builds_total{machine="m1",outcome="failed",reason="build"} 1
