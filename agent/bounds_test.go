@@ -5,13 +5,17 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/meshbuild/meshbuild/agent"
+	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
 )
@@ -172,4 +176,57 @@ func status(t *testing.T, js jetstream.JetStream, machine string) agent.Status {
 	}
 	t.Fatalf("%s did not answer: %+v", machine, sts)
 	return agent.Status{}
+}
+
+// The operator's trial: the bus is killed during a build for longer than
+// the ack wait. On its return the server redelivers the ask to another
+// agent while the first still builds; the second leaves it to the first,
+// whose claim is alive, and the module is built once.
+func TestAnAskIsBuiltOnceAcrossABusOutage(t *testing.T) {
+	port, err := strconv.Atoi(strings.Split(freeAddr(t), ":")[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := &server.Options{Port: port, StoreDir: t.TempDir()}
+	s := natstest.Server(t, opts)
+	_, js := natstest.Connect(t, s)
+	ctx := context.Background()
+	if _, err := mesh.Raise(ctx, js, testenv.Catalogue(t, nil), 1); err != nil {
+		t.Fatal(err)
+	}
+	spec := mesh.SeatConsumerSpec(mesh.Seat{Seat: mesh.BuildSeat}, 1)
+	spec.Config.AckWait = testAckWait
+	if _, err := js.UpdateConsumer(ctx, spec.Stream, spec.Config); err != nil {
+		t.Fatal(err)
+	}
+	g := newGate()
+	// m1's heartbeats would not reach a server that is away; with none at
+	// all, the redelivery after the outage is certain.
+	startAgent(t, s, "m1", g.on("m1"), func(c *agent.Config) { c.Heartbeat, c.ClaimLease = time.Hour, time.Minute })
+	ended := make(ends, 10)
+	startObserved(t, s, "m2", g.on("m2"), nil, ended)
+	submit(t, js, ask("outage"))
+	first := recv(t, g.began, 5*time.Second)
+	s.Shutdown()
+	s.WaitForShutdown()
+	time.Sleep(testAckWait + 500*time.Millisecond) // the outage: longer than the ack wait
+	s = natstest.Server(t, opts)
+	_, js = natstest.Connect(t, s)
+	if e := ended.next(t, agent.OutcomeHandedBack, 30*time.Second); e.Took != 0 {
+		t.Fatalf("the redelivered ask was worked on (%s), want it left to its holder", e.Took)
+	}
+	g.ch("outage") <- nil
+	testenv.WaitFor(t, 30*time.Second, "built and acknowledged", func() bool {
+		info := consumerInfo(t, js)
+		return len(events(t, js).Built) == 1 && info.NumAckPending == 0 && info.NumPending == 0
+	})
+	r := events(t, js)
+	if len(r.Built) != 1 || len(r.Started) != 1 || first != "outage" {
+		t.Fatalf("started %+v built %+v: want the ask started and built once", r.Started, r.Built)
+	}
+	select {
+	case id := <-g.began:
+		t.Fatalf("%s was worked on a second time", id)
+	default:
+	}
 }
