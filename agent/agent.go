@@ -72,6 +72,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	a.beat = heartbeatEvery(a.cfg.Heartbeat, cons.CachedInfo().Config.AckWait)
 	a.claims = a.askClaims(ctx)
+	a.health.probed = time.Now() // bind found the bus; the first probe comes after ProbeEvery
 	status, err := a.serveStatus()
 	if err != nil {
 		return err

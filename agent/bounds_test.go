@@ -230,3 +230,27 @@ func TestAnAskIsBuiltOnceAcrossABusOutage(t *testing.T) {
 	default:
 	}
 }
+
+// An idle machine whose BuildKit goes away says so before it takes an ask.
+func TestAnIdleMachineIsProbed(t *testing.T) {
+	s, js := bus(t)
+	w := &sickWorker{}
+	health := make(healthSeen, 10)
+	startObserved(t, s, "idle", w, func(c *agent.Config) { c.ProbeEvery = 200 * time.Millisecond }, health)
+	w.sick.Store(true)
+	if ok := <-health; ok {
+		t.Fatal("told healthy, want unhealthy")
+	}
+	if st := status(t, js, "idle"); st.Health != agent.HealthUnhealthy {
+		t.Fatalf("status %+v: want unhealthy", st)
+	}
+	submit(t, js, ask("i1"))
+	w.sick.Store(false)
+	if ok := <-health; !ok {
+		t.Fatal("told unhealthy again, want healthy")
+	}
+	testenv.WaitFor(t, 10*time.Second, "i1 built", func() bool { return len(events(t, js).Built) == 1 })
+	if n := w.worked.Load(); n != 1 {
+		t.Fatalf("worked %d asks, want only i1, once it was healthy", n)
+	}
+}

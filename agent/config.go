@@ -46,6 +46,10 @@ type Config struct {
 	ClaimLease time.Duration
 	// ProbeTimeout bounds one probe of the machine (its BuildKit answers).
 	ProbeTimeout time.Duration
+	// ProbeEvery is how often an idle, healthy machine is probed before it
+	// pulls; 0 probes only after an infrastructure failure. A sick machine
+	// probes with backoff (1s doubling to 30s) until it answers.
+	ProbeEvery time.Duration
 	// FetchWait is how long one idle pull waits before it is renewed.
 	FetchWait time.Duration
 	// LogFlush and LogBatchLines bound how long and how many lines build
@@ -73,6 +77,7 @@ func DefaultConfig() Config {
 		MaxRetryDelay:  time.Minute,
 		ClaimLease:     2 * time.Minute,
 		ProbeTimeout:   10 * time.Second,
+		ProbeEvery:     30 * time.Second,
 		FetchWait:      5 * time.Second,
 		LogFlush:       250 * time.Millisecond,
 		LogBatchLines:  200,
@@ -93,6 +98,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: retry for %s is negative: want 0 (fail at the first infrastructure failure) or more", ErrConfig, c.RetryFor)
 	case c.ClaimLease < time.Second:
 		return fmt.Errorf("%w: claim lease %s: want at least 1s (longer than a bus outage should last)", ErrConfig, c.ClaimLease)
+	case c.ProbeEvery < 0:
+		return fmt.Errorf("%w: probe every %s is negative: want 0 (only after a failure) or more", ErrConfig, c.ProbeEvery)
 	case c.ProbeTimeout <= 0:
 		return fmt.Errorf("%w: probe timeout %s: want more than 0", ErrConfig, c.ProbeTimeout)
 	case c.RetryDelay <= 0 || c.MaxRetryDelay < c.RetryDelay:

@@ -32,10 +32,23 @@ func (w *BuildWorker) Probe(ctx context.Context) error {
 // health is whether the machine can build: a sick machine stops pulling,
 // probes with backoff and resumes when the probe answers.
 type health struct {
-	mu    sync.Mutex
-	why   string // "" while healthy
-	since time.Time
-	probe sync.Mutex // one prober at a time
+	mu     sync.Mutex
+	why    string // "" while healthy
+	since  time.Time
+	probed time.Time  // the last probe of a healthy machine
+	probe  sync.Mutex // one prober at a time
+}
+
+// due reports whether a healthy machine is due a probe (every), and if so
+// counts it as probed now.
+func (h *health) due(every time.Duration) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if every <= 0 || time.Since(h.probed) < every {
+		return false
+	}
+	h.probed = time.Now()
+	return true
 }
 
 func (h *health) state() (why string, since time.Time) {
@@ -84,9 +97,20 @@ func (a *Agent) sick(err error) {
 // awaitHealthy returns at once on a healthy machine; on a sick one it
 // probes with backoff (one slot probes, the others wait for it) until the
 // probe answers or ctx is done, and reports whether the machine is healthy.
+//
+// A healthy machine is probed every Config.ProbeEvery before it pulls, so
+// that a machine whose BuildKit went away while it was idle says so, and
+// takes no ask it cannot build.
 func (a *Agent) awaitHealthy(ctx context.Context) bool {
 	if why, _ := a.health.state(); why == "" {
-		return true
+		if !a.health.due(a.cfg.ProbeEvery) {
+			return true
+		}
+		err := a.probe(ctx)
+		if err == nil || ctx.Err() != nil {
+			return true
+		}
+		a.sick(err)
 	}
 	a.health.probe.Lock()
 	defer a.health.probe.Unlock()
