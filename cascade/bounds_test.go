@@ -18,6 +18,7 @@ import (
 	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
+	"github.com/meshbuild/meshbuild/registry"
 )
 
 // killer is a worker that kills its agent (its connection goes: no ack, no
@@ -298,4 +299,93 @@ func TestAFailureWhoseLineIsMegabytesIsStored(t *testing.T) {
 	if !strings.Contains(string(e.Value()), "xxxx") {
 		t.Fatalf("loud's record keeps nothing of its line: %.200s", e.Value())
 	}
+}
+
+// The real build of the trial: a RUN that prints one line of megabytes and
+// fails. The agent announces it failed{build}, and the controller stores
+// the module's record, its log trimmed, far inside the bucket's limit.
+func TestARealBuildWhoseLineIsMegabytesIsStored(t *testing.T) {
+	testenv.RequireBuildkit(t)
+	reg := testenv.Registry(t)
+	bk := testenv.Buildkitd(t, reg)
+	testenv.Busybox(t, reg) // reg/busybox:latest: the module's base, outside the plan
+	git, _ := testenv.GitRepo(t, map[string]string{
+		"busybox/Dockerfile": "FROM scratch\n",
+		"loud/Dockerfile":    "FROM busybox\nRUN head -c 3000000 /dev/zero | tr '\\0' x && exit 3\n",
+	})
+	cat := testenv.Catalogue(t, map[string][]string{"busybox": nil, "loud": {"busybox"}})
+	s := natstest.Server(t, nil)
+	nc, js := natstest.Connect(t, s)
+	ctx, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	t.Cleanup(func() { stop(); wg.Wait() })
+	cfg := cascade.DefaultConfig()
+	cfg.Registry = reg
+	c, err := cascade.New(cfg, js, cat, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wg.Go(func() {
+		if err := c.Run(ctx); err != nil {
+			t.Errorf("controller: %v", err)
+		}
+	})
+	testenv.WaitFor(t, 10*time.Second, "the controller", func() bool {
+		_, err := cascade.Call(ctx, nc, "build-controller", cascade.ToolRetry, cascade.Request{Plan: "none"})
+		return errors.Is(err, cascade.ErrNoPlan)
+	})
+	b, err := agent.NewBuildKit(bk, agent.BuildKitOptions{Registry: registry.NewClient(registry.WithInsecure(true))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	w := &agent.BuildWorker{
+		Sources: &agent.Sources{Dir: t.TempDir(), InsteadOf: map[string]string{testenv.FleetRepo: git}},
+		Builder: b,
+	}
+	anc, err := nats.Connect(s.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ajs, _ := jetstream.New(anc)
+	acfg := agent.DefaultConfig()
+	acfg.Machine, acfg.FetchWait = "m1", 500*time.Millisecond
+	a, err := agent.New(acfg, ajs, w, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wg.Go(func() { _ = a.Run(ctx); anc.Close() })
+
+	r, err := cascade.Call(ctx, nc, "build-controller", cascade.ToolRebuild, cascade.Request{ID: "loud-1", Modules: []string{"loud"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := cascade.OpenStore(ctx, js, "build-controller")
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 120*time.Second, "loud to fail", func() bool {
+		rec, err := store.Plan(ctx, r.Plan)
+		return err == nil && rec.Counts.Failed == 1
+	})
+	e, err := store.KV().Get(ctx, cascade.ModuleKey(r.Plan, "loud"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mods, err := store.Modules(ctx, r.Plan)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := mods["loud"]
+	if l.Reason != mesh.ReasonBuild || len(e.Value()) > mesh.BucketMaxValue/8 || !strings.Contains(strings.Join(l.Log, ""), "xxxx") {
+		t.Fatalf("loud: %s %q, record %d bytes, log %d lines: want failed{build} with its line trimmed, the record under %d bytes",
+			l.Reason, cut(l.Message), len(e.Value()), len(l.Log), mesh.BucketMaxValue/8)
+	}
+}
+
+func cut(s string) string {
+	if len(s) > 200 {
+		return s[:200] + "…"
+	}
+	return s
 }
