@@ -56,12 +56,14 @@ func (s *State) Expire(now time.Time, retain time.Duration) []string {
 }
 
 // The limits on what a failed module keeps, so that its record is always
-// far inside the bucket's value limit (mesh.BucketMaxValue), however long
-// the lines its build printed: maxLog lines of at most maxLogLine bytes,
-// and a message of at most maxMessage bytes.
+// inside the bucket's value limit (mesh.BucketMaxValue, 256 KiB), however
+// long the lines its build printed: maxLog lines of at most maxLogLine
+// bytes, and a message of at most maxMessage bytes. Even a build that
+// printed nothing but control characters (six bytes each in JSON) makes a
+// record of 20×6 KiB + 12 KiB, about half the limit.
 const (
-	maxLogLine = 2 << 10
-	maxMessage = 4 << 10
+	maxLogLine = 1 << 10
+	maxMessage = 2 << 10
 )
 
 // trimLog keeps the last maxLog lines, each cut to maxLogLine bytes.
