@@ -72,7 +72,6 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	a.beat = heartbeatEvery(a.cfg.Heartbeat, cons.CachedInfo().Config.AckWait)
 	a.claims = a.askClaims(ctx)
-	a.health.probed = time.Now() // bind found the bus; the first probe comes after ProbeEvery
 	status, err := a.serveStatus()
 	if err != nil {
 		return err
@@ -83,6 +82,11 @@ func (a *Agent) Run(ctx context.Context) error {
 		return err
 	}
 	defer cancelSub.Unsubscribe()
+	// The tools are served (the server has the subscriptions) before the
+	// first probe or pull, so that what they do can be asked about.
+	if err := a.nc.Flush(); err != nil {
+		return fmt.Errorf("serving the seat's tools: %w", err)
+	}
 	a.log.Info("holding the build seat", "machine", a.cfg.Machine, "slots", a.cfg.Slots, "heartbeat", a.beat,
 		"consumer", mesh.SeatStream(mesh.BuildSeat)+"/"+mesh.SeatConsumer(mesh.BuildSeat))
 

@@ -98,9 +98,10 @@ func (a *Agent) sick(err error) {
 // probes with backoff (one slot probes, the others wait for it) until the
 // probe answers or ctx is done, and reports whether the machine is healthy.
 //
-// A healthy machine is probed every Config.ProbeEvery before it pulls, so
-// that a machine whose BuildKit went away while it was idle says so, and
-// takes no ask it cannot build.
+// A healthy machine is probed before its first pull and every
+// Config.ProbeEvery after, so that a machine whose BuildKit is not there
+// when it starts, or went away while it was idle, says so and takes no ask
+// it cannot build.
 func (a *Agent) awaitHealthy(ctx context.Context) bool {
 	if why, _ := a.health.state(); why == "" {
 		if !a.health.due(a.cfg.ProbeEvery) {

@@ -104,7 +104,10 @@ func RunAgent(ctx context.Context, o AgentOptions) error {
 		return nil // stopped while starting: not a failure
 	}
 	if err != nil {
-		return fmt.Errorf("buildkitd at %s: %w (start it, or point --buildkit at the one this machine runs)", o.BuildKit, err)
+		// Not a reason to stop (under systemd, a crash loop): the agent
+		// shows unhealthy and takes no ask until the daemon answers.
+		o.Log.Error("buildkitd does not answer: start it, or point --buildkit at the one this machine runs; no asks are taken until it answers",
+			"buildkit", o.BuildKit, "err", err)
 	}
 	nc, js, err := Connect(o.NATS, o.Creds, "build-agent", "build-agent "+o.Agent.Machine)
 	if err != nil {
