@@ -39,6 +39,9 @@ type Agent struct {
 	failedN  atomic.Int64
 	started  time.Time
 	running  running
+	health   health
+	// claims is the seat's ask claims bucket; nil when it is not raised.
+	claims jetstream.KeyValue
 }
 
 // New returns an agent from a validated config and its dependencies. A nil
@@ -81,6 +84,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		return err
 	}
 	a.beat = heartbeatEvery(a.cfg.Heartbeat, cons.first().CachedInfo().Config.AckWait)
+	a.claims = a.askClaims(ctx)
 	status, err := a.serveStatus()
 	if err != nil {
 		return err
@@ -91,6 +95,11 @@ func (a *Agent) Run(ctx context.Context) error {
 		return err
 	}
 	defer cancelSub.Unsubscribe()
+	// The tools are served (the server has the subscriptions) before the
+	// first probe or pull, so that what they do can be asked about.
+	if err := a.nc.Flush(); err != nil {
+		return fmt.Errorf("serving the seat's tools: %w", err)
+	}
 	a.log.Info("holding the build seat", "machine", a.cfg.Machine, "slots", a.cfg.Slots, "heartbeat", a.beat,
 		"platforms", a.cfg.Platforms, "consumers", cons.names())
 
@@ -161,7 +170,7 @@ func (a *Agent) bind(ctx context.Context) (*bound, error) {
 	notRaised := func(err error) bool {
 		return errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrStreamNotFound)
 	}
-	var missing []string
+	var missing, failed []string
 	for _, p := range a.cfg.Platforms {
 		cons, err := a.js.Consumer(ctx, stream, mesh.BuildConsumer(p))
 		switch {
@@ -171,9 +180,19 @@ func (a *Agent) bind(ctx context.Context) (*bound, error) {
 			missing = append(missing, p)
 		case ctx.Err() != nil:
 			return nil, ctx.Err()
+		case len(a.cfg.Platforms) > 1:
+			// One platform's queue this principal may not reach (no
+			// grant: no module of the catalogue is built for it) does not
+			// stop the others; this machine takes no asks for it.
+			a.log.Warn("cannot bind a platform's consumer; taking no asks for it", "platform", p,
+				"consumer", stream+"/"+mesh.BuildConsumer(p), "err", err)
+			failed = append(failed, p)
 		default:
 			return nil, fmt.Errorf("binding consumer %s/%s: %w", stream, mesh.BuildConsumer(p), err)
 		}
+	}
+	if len(failed) == len(a.cfg.Platforms) {
+		return nil, fmt.Errorf("binding the build seat's consumers of %v: none could be bound (see the log)", failed)
 	}
 	if len(missing) > 0 {
 		a.log.Info("no ask is queued for these platforms yet; waiting for the controller to raise their queues", "platforms", missing)
@@ -219,6 +238,9 @@ func (a *Agent) bind(ctx context.Context) (*bound, error) {
 func (a *Agent) slot(ctx, work context.Context, b *bound, slot int) {
 	idle := time.Now() // since the slot last settled an ask
 	for turn := 0; ctx.Err() == nil; turn++ {
+		if !a.awaitHealthy(ctx) {
+			continue // stopping
+		}
 		all := b.all()
 		cons := all[turn%len(all)]
 		wait := max(a.cfg.FetchWait/time.Duration(len(all)), minFetchWait)
@@ -251,23 +273,39 @@ const minFetchWait = 100 * time.Millisecond
 
 // Status is what an agent answers to the seat's status tool.
 type Status struct {
-	Machine   string    `json:"machine"`
-	Slots     int       `json:"slots"`
-	InFlight  int64     `json:"in_flight"`
-	Built     int64     `json:"built"`
-	Failed    int64     `json:"failed"`
-	Platforms []string  `json:"platforms"`
-	Since     time.Time `json:"since"`
-	At        time.Time `json:"at"`
+	Machine   string   `json:"machine"`
+	Slots     int      `json:"slots"`
+	InFlight  int64    `json:"in_flight"`
+	Built     int64    `json:"built"`
+	Failed    int64    `json:"failed"`
+	Platforms []string `json:"platforms"`
+	// Health is HealthHealthy, or HealthUnhealthy while the machine cannot
+	// build (its BuildKit does not answer): it takes no asks then. Why
+	// says what its probe found, since when.
+	Health      string    `json:"health"`
+	Why         string    `json:"why,omitempty"`
+	HealthSince time.Time `json:"health_since,omitzero"`
+	Since       time.Time `json:"since"`
+	At          time.Time `json:"at"`
 }
+
+// The health of a machine, as Status says it.
+const (
+	HealthHealthy   = "healthy"
+	HealthUnhealthy = "unhealthy"
+)
 
 // Status reports the agent's counters now.
 func (a *Agent) Status() Status {
-	return Status{
+	st := Status{
 		Machine: a.cfg.Machine, Slots: a.cfg.Slots, InFlight: a.inFlight.Load(),
 		Built: a.builtN.Load(), Failed: a.failedN.Load(), Platforms: a.cfg.Platforms,
-		Since: a.started.UTC(), At: time.Now().UTC(),
+		Health: HealthHealthy, Since: a.started.UTC(), At: time.Now().UTC(),
 	}
+	if why, since := a.health.state(); why != "" {
+		st.Health, st.Why, st.HealthSince = HealthUnhealthy, why, since.UTC()
+	}
+	return st
 }
 
 // StatusTool is the tool every holder of the build seat serves: a request

@@ -130,6 +130,9 @@ func startObserved(t *testing.T, s *server.Server, machine string, w agent.Worke
 	cfg.Heartbeat = testAckWait / 4
 	cfg.FetchWait = 500 * time.Millisecond
 	cfg.RetryDelay, cfg.MaxRetryDelay = 100*time.Millisecond, 200*time.Millisecond
+	// A killed agent's claim lapses within the ack wait, so that the tests
+	// of redelivery see it taken by another holder at once.
+	cfg.ClaimLease = testAckWait
 	if tweak != nil {
 		tweak(&cfg)
 	}
@@ -411,9 +414,11 @@ func TestInfrastructureFailuresAreRetriedThenReported(t *testing.T) {
 		return agent.Result{Digest: "sha256:" + fmt.Sprintf("%064d", 1)}, nil
 	})
 	// Delays long enough that the gaps between attempts show them: each
-	// gap is at least the delay asked for, and the delay doubles.
+	// gap is at least the delay asked for, and the delay doubles. The
+	// budget is time: attempt 2 comes ~400ms after the first failure,
+	// inside it; attempt 3 at least 1.2s after, past it.
 	startAgent(t, s, "m1", flaky, func(c *agent.Config) {
-		c.MaxAttempts, c.RetryDelay, c.MaxRetryDelay = 3, 400*time.Millisecond, 2*time.Second
+		c.RetryFor, c.RetryDelay, c.MaxRetryDelay = 1100*time.Millisecond, 400*time.Millisecond, 2*time.Second
 	})
 	submit(t, js, ask("flaky"))
 	testenv.WaitFor(t, 10*time.Second, "flaky built", func() bool { return len(events(t, js).Built) == 1 })

@@ -33,12 +33,26 @@ type Config struct {
 	// Grace is how long a stopping agent lets the builds in hand finish
 	// before it gives their asks back.
 	Grace time.Duration
-	// MaxAttempts bounds infrastructure retries, counted from the delivery
-	// count; then the ask is failed{infra} and settled.
-	MaxAttempts int
+	// RetryFor bounds infrastructure retries by time: an ask whose first
+	// infrastructure failure (on any machine, kept in its claim) is longer
+	// ago than RetryFor is failed{infra} and settled at its next failure.
+	// A failure that is the machine's (its probe fails too) spends none of
+	// it: the ask goes back at once and the machine stops pulling.
+	RetryFor time.Duration
 	// RetryDelay is the first retry's delay; it doubles per attempt up to
-	// MaxRetryDelay.
+	// MaxRetryDelay (a minute by default).
 	RetryDelay, MaxRetryDelay time.Duration
+	// ClaimLease is how long an ask's claim stays alive without renewal:
+	// a redelivered ask whose claim is alive is left to its holder. The
+	// holder renews it with every heartbeat; it must outlast a bus outage
+	// for the ask to be built once across it.
+	ClaimLease time.Duration
+	// ProbeTimeout bounds one probe of the machine (its BuildKit answers).
+	ProbeTimeout time.Duration
+	// ProbeEvery is how often an idle, healthy machine is probed before it
+	// pulls; 0 probes only after an infrastructure failure. A sick machine
+	// probes with backoff (1s doubling to 30s) until it answers.
+	ProbeEvery time.Duration
 	// FetchWait is how long one idle pull waits before it is renewed.
 	FetchWait time.Duration
 	// LogFlush and LogBatchLines bound how long and how many lines build
@@ -60,9 +74,12 @@ func DefaultConfig() Config {
 		Machine:        host,
 		Slots:          1,
 		Grace:          30 * time.Second,
-		MaxAttempts:    5,
+		RetryFor:       5 * time.Minute,
 		RetryDelay:     2 * time.Second,
 		MaxRetryDelay:  time.Minute,
+		ClaimLease:     2 * time.Minute,
+		ProbeTimeout:   10 * time.Second,
+		ProbeEvery:     30 * time.Second,
 		FetchWait:      5 * time.Second,
 		LogFlush:       250 * time.Millisecond,
 		LogBatchLines:  200,
@@ -77,8 +94,14 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: machine is empty: set --machine", ErrConfig)
 	case c.Slots < 1:
 		return fmt.Errorf("%w: slots %d: want 1 or more", ErrConfig, c.Slots)
-	case c.MaxAttempts < 1:
-		return fmt.Errorf("%w: max attempts %d: want 1 or more", ErrConfig, c.MaxAttempts)
+	case c.RetryFor < 0:
+		return fmt.Errorf("%w: retry for %s is negative: want 0 (fail at the first infrastructure failure) or more", ErrConfig, c.RetryFor)
+	case c.ClaimLease < time.Second:
+		return fmt.Errorf("%w: claim lease %s: want at least 1s (longer than a bus outage should last)", ErrConfig, c.ClaimLease)
+	case c.ProbeEvery < 0:
+		return fmt.Errorf("%w: probe every %s is negative: want 0 (only after a failure) or more", ErrConfig, c.ProbeEvery)
+	case c.ProbeTimeout <= 0:
+		return fmt.Errorf("%w: probe timeout %s: want more than 0", ErrConfig, c.ProbeTimeout)
 	case c.RetryDelay <= 0 || c.MaxRetryDelay < c.RetryDelay:
 		return fmt.Errorf("%w: retry delay %s, max %s: want 0 < delay <= max", ErrConfig, c.RetryDelay, c.MaxRetryDelay)
 	case c.FetchWait < 100*time.Millisecond:

@@ -29,12 +29,23 @@
 //	outcome       announced              the ask                 when
 //	built         built{digest, image}   acknowledged            pushed and verified
 //	failed        failed{reason, log}    terminated              source, build, push, ask, cancelled;
-//	                                                             infra after MaxAttempts
-//	retried       nothing                redelivered after a     infra before MaxAttempts
+//	                                                             infra past Config.RetryFor
+//	retried       nothing                redelivered after a     infra within Config.RetryFor
 //	                                     growing delay
 //	handed-back   nothing                redelivered at once     the agent is stopping, the platform
-//	                                     (or after RetryDelay)   is not built here, or an outcome
-//	                                                             could not be announced
+//	                                     (or after a delay)      is not built here, the machine is
+//	                                                             sick, another holder's claim is
+//	                                                             alive, or an outcome could not be
+//	                                                             announced
+//	already-done  nothing                acknowledged            its claim says its outcome was
+//	                                                             announced
+//
+// Before it builds, a slot claims the ask in the seat's ask claims bucket
+// (mesh.AskClaimsBucket): created if absent, renewed with every heartbeat,
+// marked done once the outcome is announced. An ask redelivered while its
+// claim is alive (its holder lost the bus for longer than the ack wait) is
+// left to its holder, and one whose outcome was announced is settled
+// without building: an ask is built once, also across a bus outage.
 //
 // An outcome is announced before its ask is settled, and one that cannot
 // be announced is not settled: nothing acknowledged is ever unannounced.
@@ -47,8 +58,12 @@
 // ErrPush or ErrInfra — and Classify names the reason a failed carries.
 // The first three are deterministic and reported once; an infrastructure
 // failure is retried with a delay that doubles from Config.RetryDelay up to
-// Config.MaxRetryDelay, and reported once Config.MaxAttempts deliveries
-// have failed.
+// Config.MaxRetryDelay, and reported at the first failure more than
+// Config.RetryFor after the ask's first (kept in its claim, on whatever
+// machine). A failure that is the machine's — its BuildKit does not answer
+// (Prober) — is not the ask's: the ask goes back at once, spending nothing,
+// and the machine stops pulling, probing with backoff until it answers
+// (Status.Health says unhealthy, and why).
 //
 // A cancelled plan's asks are cut short through the seat's cancel tool
 // (mesh.CancelTool; Agent.Cancel): the build's context is cancelled, the

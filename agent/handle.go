@@ -25,9 +25,25 @@ func (a *Agent) handle(work context.Context, msg jetstream.Msg) {
 		out = a.refuse(msg, ask, attempt, err)
 	default:
 		log = log.With("ask", ask.ID, "module", ask.Module, "plan", ask.Plan)
-		out = a.work(work, msg, ask, attempt, log)
+		c, verdict, err := a.claim(work, ask.ID)
+		switch verdict {
+		case claimDone:
+			// Its outcome was announced (its holder lost the ack to a bus
+			// outage): settled, not built again.
+			out = outcome{End: End{Outcome: OutcomeDone}, how: ack, err: fmt.Errorf("its outcome, %s, was announced", c.v.Done)}
+		case claimHeld:
+			// Redelivered while its holder still works on it: left to it.
+			wait := max(time.Until(c.v.Until), a.cfg.RetryDelay)
+			out = handedBack(0, wait, fmt.Errorf("claimed by %s until %s", c.v.Holder, c.v.Until.Format(time.RFC3339)))
+		case claimFailed:
+			out = handedBack(0, a.cfg.RetryDelay, err)
+		default:
+			out = a.work(work, msg, ask, attempt, c, log)
+			a.settle(work, msg, log, out, c)
+			return
+		}
 	}
-	a.settle(work, msg, log, out)
+	a.settle(work, msg, log, out, nil)
 }
 
 // attemptOf is the ask's delivery count: 1 the first time.
@@ -62,7 +78,7 @@ func (a *Agent) refuse(msg jetstream.Msg, ask mesh.Ask, attempt int, err error) 
 
 // work builds one ask, announcing started and heartbeating while it works,
 // and returns its outcome.
-func (a *Agent) work(ctx context.Context, msg jetstream.Msg, ask mesh.Ask, attempt int, log *slog.Logger) outcome {
+func (a *Agent) work(ctx context.Context, msg jetstream.Msg, ask mesh.Ask, attempt int, c *claim, log *slog.Logger) outcome {
 	a.inFlight.Add(1)
 	defer a.inFlight.Add(-1)
 	begun := time.Now()
@@ -72,7 +88,7 @@ func (a *Agent) work(ctx context.Context, msg jetstream.Msg, ask mesh.Ask, attem
 	})
 
 	buildCtx, stop := a.running.start(ctx, ask.ID)
-	beating := a.heartbeat(msg, log)
+	beating := a.heartbeat(ctx, msg, c, log)
 	logs := newLogBatcher(a.publishLog, ask.ID, a.cfg.LogBatchLines, a.cfg.LogFlush, a.cfg.FailedLogLines)
 	res, err := a.worker.Work(buildCtx, ask, logs.Line)
 	cause := stop() // from here a cancel no longer reaches this build
@@ -94,15 +110,33 @@ func (a *Agent) work(ctx context.Context, msg jetstream.Msg, ask mesh.Ask, attem
 		return a.built(ask, res, took)
 	}
 	reason := Classify(err)
-	if reason == mesh.ReasonInfra && attempt < a.cfg.MaxAttempts {
-		return outcome{End: End{Outcome: OutcomeRetried, Reason: reason, Took: took}, how: nak, delay: a.cfg.retryDelay(attempt), err: err}
+	if reason == mesh.ReasonInfra {
+		if perr := a.probe(ctx); perr != nil {
+			// The machine's failure, not the ask's: it goes back at once,
+			// spending none of its budget, and this machine stops pulling.
+			a.sick(perr)
+			return handedBack(took, 0, fmt.Errorf("this machine cannot build (%s): %w", oneLine(perr), err))
+		}
+		if c.v.InfraSince.IsZero() {
+			c.v.InfraSince = begun // kept in the claim when it is released
+			if md, merr := msg.Metadata(); c.kv == nil && merr == nil {
+				// No claims to keep it across deliveries: count from
+				// when the ask was queued.
+				c.v.InfraSince = md.Timestamp
+			}
+		}
+		if spent := time.Since(c.v.InfraSince); spent < a.cfg.RetryFor {
+			return outcome{End: End{Outcome: OutcomeRetried, Reason: reason, Took: took}, how: nak, delay: a.cfg.retryDelay(attempt), err: err}
+		}
+		err = fmt.Errorf("%w (failing on infrastructure since %s, more than --retry-for %s)", err, c.v.InfraSince.UTC().Format(time.RFC3339), a.cfg.RetryFor)
 	}
 	return a.failed(ask, attempt, reason, ask.ID+"-failed", took, err, logs.Tail())
 }
 
 // heartbeat tells the server every a.beat that the ask is still being
-// worked on (InProgress), until the returned func is called.
-func (a *Agent) heartbeat(msg jetstream.Msg, log *slog.Logger) (stop func()) {
+// worked on (InProgress), and renews its claim, until the returned func is
+// called.
+func (a *Agent) heartbeat(ctx context.Context, msg jetstream.Msg, c *claim, log *slog.Logger) (stop func()) {
 	done := make(chan struct{})
 	finished := make(chan struct{})
 	go func() {
@@ -116,6 +150,9 @@ func (a *Agent) heartbeat(msg jetstream.Msg, log *slog.Logger) (stop func()) {
 			case <-t.C:
 				if err := msg.InProgress(); err != nil {
 					log.Warn("heartbeat failed", "err", err)
+				}
+				if err := c.renew(ctx, a.cfg.ClaimLease); err != nil {
+					log.Warn("renewing the ask's claim failed", "err", err)
 				}
 			}
 		}

@@ -30,10 +30,13 @@ const (
 	// unfinished — the agent is stopping, cannot build the ask's platform,
 	// or could not announce what it did.
 	OutcomeHandedBack Outcome = "handed-back"
+	// OutcomeDone: the ask came again after its outcome was announced
+	// (its claim says so) and was acknowledged without building.
+	OutcomeDone Outcome = "already-done"
 )
 
 // Outcomes are every Outcome, in the order above.
-var Outcomes = []Outcome{OutcomeBuilt, OutcomeFailed, OutcomeRetried, OutcomeHandedBack}
+var Outcomes = []Outcome{OutcomeBuilt, OutcomeFailed, OutcomeRetried, OutcomeHandedBack, OutcomeDone}
 
 // End is how one ask ended, as an Observer is told.
 type End struct {
@@ -127,14 +130,27 @@ func (a *Agent) failed(ask mesh.Ask, attempt int, reason, dedupe string, took ti
 	}
 }
 
-// settle carries an outcome out: announce, then settle the ask, then count
-// and log. An outcome that could not be announced is not settled — the ask
-// is handed back instead — so nothing acknowledged is ever unannounced.
-func (a *Agent) settle(ctx context.Context, msg jetstream.Msg, log *slog.Logger, out outcome) {
+// settle carries an outcome out: announce, then mark or release the ask's
+// claim (c, nil for an ask not claimed here), then settle the ask, then
+// count and log. An outcome that could not be announced is not settled —
+// the ask is handed back instead — so nothing acknowledged is ever
+// unannounced.
+func (a *Agent) settle(ctx context.Context, msg jetstream.Msg, log *slog.Logger, out outcome, c *claim) {
 	if out.event != "" {
 		if err := a.report(ctx, out.event, out.id, out.body); err != nil {
 			log.Error(string(out.Outcome)+" but not announced: giving the ask back", "err", err)
 			out = handedBack(out.Took, a.cfg.RetryDelay, err)
+		}
+	}
+	if c != nil {
+		var err error
+		if out.how == nak {
+			err = c.release(ctx)
+		} else {
+			err = c.done(ctx, out.event)
+		}
+		if err != nil {
+			log.Warn("writing the ask's claim", "err", err)
 		}
 	}
 	var err error
@@ -169,9 +185,11 @@ func (a *Agent) settle(ctx context.Context, msg jetstream.Msg, log *slog.Logger,
 		a.failedN.Add(1)
 		log.Warn("failed", "reason", out.Reason, "err", out.err)
 	case OutcomeRetried:
-		log.Warn("infrastructure failure; retrying later", "err", out.err, "delay", out.delay, "of", a.cfg.MaxAttempts)
+		log.Warn("infrastructure failure; retrying later", "err", out.err, "delay", out.delay, "for at most", a.cfg.RetryFor)
 	case OutcomeHandedBack:
 		log.Info("handed the ask back", "after", out.Took.Round(time.Millisecond), "why", out.err)
+	case OutcomeDone:
+		log.Info("settled without building", "why", out.err)
 	}
 	a.obs.Ended(out.End)
 }

@@ -3,7 +3,10 @@ package agent_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -15,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/meshbuild/meshbuild/agent"
+	"github.com/meshbuild/meshbuild/internal/buildkitd"
 	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
@@ -107,7 +111,9 @@ func TestARegistryOutageIsRetriedThenReported(t *testing.T) {
 	s, js := bus(t)
 	ended := make(ends, 100)
 	startObserved(t, s, "m1", realWorker(t, bk, git), func(c *agent.Config) {
-		c.MaxAttempts, c.RetryDelay, c.MaxRetryDelay = 4, time.Second, 2*time.Second
+		// Attempts at 0, 1s, 3s and 5s after the first failure: the
+		// fourth is past the budget.
+		c.RetryFor, c.RetryDelay, c.MaxRetryDelay = 4500*time.Millisecond, time.Second, 2*time.Second
 	}, ended)
 	// The registry is down when the push comes, and back once the first
 	// attempt has failed on it and been given back to be retried.
@@ -324,5 +330,58 @@ func TestTheDefaultHeartbeatKeepsABuildLongerThanTheAckWait(t *testing.T) {
 	}
 	if info := consumerInfo(t, js); info.NumRedelivered != 0 || info.NumPending+uint64(info.NumAckPending) != 0 {
 		t.Fatalf("queue %+v: want nothing redelivered and the ask settled", info)
+	}
+}
+
+// The operator's trial: two agents on their own buildkitds, one daemon
+// killed. The sick agent stops taking asks and says why; the asks are all
+// built by the healthy one, none failed, though no ask may spend any retry
+// budget; and when its daemon is back the sick agent takes asks again.
+func TestAMachineWhoseBuildKitIsKilledStopsTakingAsks(t *testing.T) {
+	testenv.RequireBuildkit(t)
+	reg := testenv.Registry(t)
+	sockDir, err := os.MkdirTemp("", "bk")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(sockDir) })
+	opts := buildkitd.Options{Socket: filepath.Join(sockDir, "s.sock"), Root: t.TempDir(), RegistryHosts: []string{reg}}
+	bk1 := testenv.StartBuildkitd(t, opts)
+	bk2 := testenv.Buildkitd(t, reg)
+	git, commit := testenv.GitRepo(t, map[string]string{"app/Dockerfile": "FROM scratch\nCOPY Dockerfile /\n"})
+	s, js := bus(t)
+	noBudget := func(c *agent.Config) { c.RetryFor = 0 }
+	health := make(healthSeen, 10)
+	startObserved(t, s, "sick", realWorker(t, bk1.Addr(), git), noBudget, health)
+	if err := bk1.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	startAgent(t, s, "well", realWorker(t, bk2, git), noBudget)
+	for i := range 3 {
+		submit(t, js, realAsk(fmt.Sprintf("k%d", i), commit, "app", reg+"/app"))
+	}
+	testenv.WaitFor(t, 120*time.Second, "every ask built", func() bool { return len(events(t, js).Built) == 3 })
+	r := events(t, js)
+	if len(r.Failed) != 0 {
+		t.Fatalf("failed %+v: want none (the sick machine's failures are not the asks')", r.Failed)
+	}
+	for _, b := range r.Built {
+		if b.On != "well" {
+			t.Errorf("%s built on %s, want well", b.Ask, b.On)
+		}
+	}
+	if ok := <-health; ok {
+		t.Fatal("the sick agent was told healthy first")
+	}
+	if st := status(t, js, "sick"); st.Health != agent.HealthUnhealthy || !strings.Contains(st.Why, "buildkitd") {
+		t.Fatalf("sick status %+v: want unhealthy, naming buildkitd", st)
+	}
+	// Its daemon is back, at the same address: it probes, and takes asks.
+	testenv.StartBuildkitd(t, opts)
+	if ok := <-health; !ok {
+		t.Fatal("want healthy once the daemon answers")
+	}
+	if st := status(t, js, "sick"); st.Health != agent.HealthHealthy {
+		t.Fatalf("status %+v: want healthy", st)
 	}
 }

@@ -53,3 +53,11 @@ func (r *running) cancel(id string) bool {
 	}
 	return ok
 }
+
+// has reports whether ask id is being worked on.
+func (r *running) has(id string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	_, ok := r.builds[id]
+	return ok
+}

@@ -75,6 +75,12 @@ type Config struct {
 	// InsteadOf rewrites repository URLs before the controller fetches
 	// them (git's url.<base>.insteadOf), as the agents' own does.
 	InsteadOf map[string]string
+	// StoreRetryFor bounds how long one flush retries writing plan state
+	// the store refuses: then the plans it could not store are reported,
+	// their writes and asks kept for the next flush, and everything else
+	// goes on (one plan the store refuses does not wedge every plan). 0 is
+	// DefaultStoreRetryFor.
+	StoreRetryFor time.Duration
 }
 
 // Defaults of a Config's zero fields.
@@ -88,6 +94,7 @@ const (
 	DefaultPruneEvery     = time.Minute
 	DefaultCancelWait     = 2 * time.Minute
 	DefaultToolTimeout    = 30 * time.Second
+	DefaultStoreRetryFor  = 30 * time.Second
 )
 
 // WindowIdle is the Config.Window that publishes as many held asks as
@@ -124,6 +131,7 @@ func (c Config) withDefaults() Config {
 	def(&c.PruneEvery, DefaultPruneEvery)
 	def(&c.CancelWait, DefaultCancelWait)
 	def(&c.ToolTimeout, DefaultToolTimeout)
+	def(&c.StoreRetryFor, DefaultStoreRetryFor)
 	return c
 }
 
@@ -152,7 +160,7 @@ func (c Config) Validate() error {
 	}{
 		{"observe every", c.ObserveEvery}, {"idle look", c.IdleLook}, {"publish ack wait", c.PublishAckWait},
 		{"resolve timeout", c.ResolveTimeout}, {"prune every", c.PruneEvery}, {"cancel wait", c.CancelWait},
-		{"tool timeout", c.ToolTimeout},
+		{"tool timeout", c.ToolTimeout}, {"store retry for", c.StoreRetryFor},
 	} {
 		if f.d < 0 {
 			return fmt.Errorf("%w: %s %s is negative: want 0 (the default) or more", ErrConfig, f.name, f.d)

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -177,6 +178,13 @@ func (c *Controller) Run(ctx context.Context) error {
 			_ = s.Unsubscribe()
 		}
 	}()
+	gaveUp := make(chan *nats.Msg, 64)
+	advisories := mesh.MaxDeliveriesAdvisory(mesh.SeatStream(mesh.BuildSeat), "*")
+	advSub, err := c.nc.ChanSubscribe(advisories, gaveUp)
+	if err != nil {
+		return fmt.Errorf("subscribing to %s: %w", advisories, err)
+	}
+	defer func() { _ = advSub.Unsubscribe() }()
 	cons, err := c.js.Consumer(ctx, mesh.EventsStream, mesh.ModuleConsumer(c.module))
 	if err != nil {
 		return fmt.Errorf("binding the controller's consumer: %w", err)
@@ -250,12 +258,15 @@ func (c *Controller) Run(ctx context.Context) error {
 			}
 		case cmd := <-c.cmds:
 			cmd.reply <- c.command(ctx, cmd)
+		case m := <-gaveUp:
+			c.abandoned(ctx, m.Data, time.Now().UTC())
 		case <-tick.C:
 			c.observe()
-			expired := c.expireCancels(time.Now().UTC())
+			now := time.Now().UTC()
+			cancels, expired := c.expireCancels(now), c.expireAsks(now)
 			noted := c.watchPlatforms(ctx)
 			indexed := c.assemble(ctx, true)
-			if !expired && !noted && !indexed {
+			if !cancels && !expired && !noted && !indexed && !c.unflushed() {
 				continue
 			}
 		}
@@ -317,6 +328,7 @@ func (c *Controller) resume(ctx context.Context) error {
 			c.lastBuild[m] = d
 		}
 	}
+	var since time.Time
 	for _, r := range recs {
 		c.seq = max(c.seq, r.Seq)
 		if r.Outcome != OutcomeRunning {
@@ -340,14 +352,139 @@ func (c *Controller) resume(ctx context.Context) error {
 				c.dirty[CurrentKey(m.Module)] = cur
 			}
 		}
+		if since.IsZero() || r.Updated.Before(since) {
+			since = r.Updated
+		}
+	}
+	// What the holders said while the controller was away is applied
+	// before anything is submitted again: an ask whose module was built
+	// meanwhile is not published again, even past the queue's duplicate
+	// window (a controller stopped for longer), so nothing is built twice.
+	if len(c.plans) > 0 {
+		if err := c.replay(ctx, since.Add(-replayMargin)); err != nil {
+			return err
+		}
+	}
+	now := time.Now().UTC()
+	c.expireAsks(now)
+	for id, st := range c.plans {
 		c.enqueue(st, st.Pending())
-		c.enqueue(st, st.Start(time.Now().UTC()))
+		c.enqueue(st, st.Start(now))
 		if asks := st.Cancelling(); len(asks) > 0 {
 			c.cancelOnHolders(asks)
 		}
-		c.log.Info("resumed a plan", "plan", r.ID, "counts", fmt.Sprintf("%+v", st.Counts()))
+		c.log.Info("resumed a plan", "plan", id, "counts", fmt.Sprintf("%+v", st.Counts()))
 	}
 	return c.flush(ctx)
+}
+
+// replayMargin is how far before a plan's last stored change the replay of
+// the holders' events begins: the clocks of the controller and the server
+// may differ a little.
+const replayMargin = time.Minute
+
+// replay applies the build seat's events stored since a time, read through
+// an ordered consumer of its own; the controller's consumer delivers them
+// again later, and applying an event twice changes nothing.
+func (c *Controller) replay(ctx context.Context, since time.Time) error {
+	subjects := []string{
+		mesh.SeatEventSubject(mesh.BuildSeat, mesh.EventStarted),
+		mesh.SeatEventSubject(mesh.BuildSeat, mesh.EventBuilt),
+		mesh.SeatEventSubject(mesh.BuildSeat, mesh.EventFailed),
+	}
+	cons, err := c.js.OrderedConsumer(ctx, mesh.EventsStream, jetstream.OrderedConsumerConfig{
+		FilterSubjects: subjects, DeliverPolicy: jetstream.DeliverByStartTimePolicy, OptStartTime: &since,
+	})
+	if err != nil {
+		return fmt.Errorf("replaying the holders' events: %w", err)
+	}
+	info, err := cons.Info(ctx)
+	if err != nil {
+		return fmt.Errorf("replaying the holders' events: %w", err)
+	}
+	n := 0
+	for left := info.NumPending; left > 0; {
+		batch, err := cons.Fetch(int(min(left, 256)), jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			return fmt.Errorf("replaying the holders' events: %w", err)
+		}
+		got := 0
+		for m := range batch.Messages() {
+			got++
+			c.event(ctx, m)
+		}
+		if got == 0 {
+			break
+		}
+		left -= uint64(got)
+		n += got
+	}
+	c.log.Info("replayed the holders' events", "since", since, "events", n)
+	return nil
+}
+
+// buildRetain is how long the build seat's queue keeps an ask.
+func (c *Controller) buildRetain() time.Duration {
+	if s, _, ok := c.cat.Seat(mesh.BuildSeat); ok {
+		return mesh.SeatRetain(s)
+	}
+	return 0
+}
+
+// expireAsks fails the queued modules whose ask the seat's queue has
+// dropped (its retain passed with nobody holding it). It reports whether
+// any changed.
+func (c *Controller) expireAsks(now time.Time) bool {
+	retain := c.buildRetain()
+	changed := false
+	for _, st := range c.plans {
+		if mods := st.Expire(now, retain); len(mods) > 0 {
+			c.log.Warn("asks expired in the queue: nobody took them", "plan", st.Plan, "modules", mods, "retain", retain)
+			c.touch(st, mods...)
+			changed = true
+		}
+	}
+	return changed
+}
+
+// abandoned works the server's word that it gave up on an ask of the build
+// seat (delivered its consumer's max delivery count, never settled): the
+// module fails for infrastructure, its dependents are blocked, and the
+// ask is taken out of the queue.
+func (c *Controller) abandoned(ctx context.Context, data []byte, now time.Time) {
+	var adv struct {
+		Stream     string `json:"stream"`
+		Consumer   string `json:"consumer"`
+		StreamSeq  uint64 `json:"stream_seq"`
+		Deliveries uint64 `json:"deliveries"`
+	}
+	if err := json.Unmarshal(data, &adv); err != nil || adv.StreamSeq == 0 {
+		c.log.Warn("unreadable max-deliveries advisory", "err", err)
+		return
+	}
+	stream, err := c.js.Stream(ctx, adv.Stream)
+	if err != nil {
+		c.log.Warn("an ask was given up on; its stream cannot be read", "stream", adv.Stream, "seq", adv.StreamSeq, "err", err)
+		return
+	}
+	raw, err := stream.GetMsg(ctx, adv.StreamSeq)
+	if err != nil {
+		c.log.Warn("an ask was given up on and is gone from its queue", "stream", adv.Stream, "seq", adv.StreamSeq, "err", err)
+		return
+	}
+	ask, err := mesh.DecodeAsk(raw.Data)
+	if err == nil {
+		if st := c.plans[ask.Plan]; st != nil {
+			if mod, blocked, ok := st.Abandoned(ask.ID, int(adv.Deliveries), now); ok {
+				c.log.Error("the bus gave up on an ask: failed", "plan", ask.Plan, "module", mod, "ask", ask.ID, "deliveries", adv.Deliveries)
+				c.touch(st, mod)
+				c.touch(st, blocked...)
+			}
+		}
+	}
+	if err := stream.DeleteMsg(ctx, adv.StreamSeq); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+		c.log.Warn("taking a given-up ask out of its queue", "seq", adv.StreamSeq, "err", err)
+	}
 }
 
 // load rebuilds a stored plan's state: planned again from its trigger, its
@@ -597,7 +734,10 @@ func emptyReason(t planner.Trigger) string {
 
 func (c *Controller) touch(st *State, modules ...string) {
 	if c.dirty == nil {
-		c.dirty, c.dirtyRun = map[string]any{}, map[string]bool{}
+		c.dirty = map[string]any{}
+	}
+	if c.dirtyRun == nil {
+		c.dirtyRun = map[string]bool{}
 	}
 	c.dirtyRun[st.Plan] = true
 	for _, m := range modules {
@@ -688,31 +828,37 @@ func (c *Controller) currentDigest(ctx context.Context, module string) (string, 
 }
 
 // flush makes a batch's effects durable and visible, retrying (with
-// backoff) until they are: events are acknowledged only after it. Its steps,
-// in order: persist the state, publish the asks, settle what settled (the
-// hand-over to deployment), prune old plans.
+// backoff) for at most Config.StoreRetryFor: events are acknowledged only
+// after it. Its steps, in order: persist the state, publish the asks of
+// the plans stored, settle what settled (the hand-over to deployment),
+// prune old plans. A plan whose state the store still refuses when the
+// bound passes is reported; its writes and asks wait for the next flush,
+// and the other plans go on.
 func (c *Controller) flush(ctx context.Context) error {
 	c.assemble(ctx, false)
 	c.fillWindows(ctx)
-	asks := make([]mesh.Ask, 0, len(c.submits))
-	for _, s := range c.submits {
-		asks = append(asks, Asks(c.cfg.Registry, s)...)
-	}
 	retry := backoff.Policy{First: 100 * time.Millisecond, Max: 10 * time.Second}
+	deadline := time.Now().Add(c.cfg.StoreRetryFor)
 	for attempt := 1; ; attempt++ {
-		err := c.flushOnce(ctx, asks)
-		if err == nil {
+		err := c.flushOnce(ctx)
+		if err == nil || ctx.Err() != nil {
 			return nil
 		}
-		if ctx.Err() != nil {
+		left := time.Until(deadline)
+		if left <= 0 {
+			c.log.Error("could not store plan state; going on without it and trying again at the next flush",
+				"plans", slices.Sorted(maps.Keys(c.dirtyRun)), "after", c.cfg.StoreRetryFor, "err", err)
 			return nil
 		}
 		c.log.Warn("writing plan state failed; retrying", "err", err, "attempt", attempt)
-		if backoff.Wait(ctx, retry.Delay(attempt)) != nil {
+		if backoff.Wait(ctx, min(retry.Delay(attempt), left)) != nil {
 			return nil
 		}
 	}
 }
+
+// unflushed reports whether writes or asks wait for the next flush.
+func (c *Controller) unflushed() bool { return len(c.dirty)+len(c.submits) > 0 }
 
 // fillWindows releases held asks into the room the batch made: with a
 // window, a plan whose state changed (a started, above all) publishes the
@@ -730,19 +876,43 @@ func (c *Controller) fillWindows(ctx context.Context) {
 	}
 }
 
-func (c *Controller) flushOnce(ctx context.Context, asks []mesh.Ask) error {
-	if err := c.persist(ctx); err != nil {
-		return err
+func (c *Controller) flushOnce(ctx context.Context) error {
+	perr := c.persist(ctx)
+	// A plan with a write still refused keeps its asks, unpublished, and
+	// is not settled: an ask goes out only once the state that says it is
+	// queued is stored.
+	held := map[string]bool{}
+	for k := range c.dirty {
+		if p, ok := PlanOfKey(k); ok {
+			held[p] = true
+		}
+	}
+	var asks []mesh.Ask
+	var keep []Submit
+	seen := map[string]bool{}
+	for _, sub := range c.submits {
+		switch {
+		case held[sub.Plan]:
+			keep = append(keep, sub)
+		case !seen[sub.AskID]:
+			seen[sub.AskID] = true
+			asks = append(asks, Asks(c.cfg.Registry, sub)...)
+		}
 	}
 	if err := c.publish(ctx, asks); err != nil {
 		return err
 	}
-	settled := c.settle(ctx)
-	c.dirty, c.dirtyRun, c.submits = nil, nil, nil
+	c.submits = keep
+	settled := c.settle(ctx, held)
+	for id := range c.dirtyRun {
+		if !held[id] {
+			delete(c.dirtyRun, id)
+		}
+	}
 	if settled {
 		c.prune(ctx)
 	}
-	return nil
+	return perr
 }
 
 // persist stores every changed module, estimate, current image and plan
@@ -759,27 +929,52 @@ func (c *Controller) flushOnce(ctx context.Context, asks []mesh.Ask) error {
 // stored built. Last the plan records: a record that says the plan settled
 // is stored only after everything it settled, so a crash before it leaves
 // the plan running, to be resumed, and its events (unacknowledged)
-// delivered again.
+// delivered again
+// What a phase stored leaves c.dirty; what the store refused stays, for
+// the next try, and the later phases wait for it.
 func (c *Controller) persist(ctx context.Context) error {
-	finished, released := map[string]any{}, map[string]any{}
-	for k, v := range c.dirty {
-		if ms, ok := v.(ModuleStatus); ok && !ms.State.finished() {
-			released[k] = v
-			continue
-		}
-		finished[k] = v
+	if c.dirty == nil {
+		c.dirty = map[string]any{}
 	}
-	records := map[string]any{}
 	for id := range c.dirtyRun {
 		if st := c.plans[id]; st != nil {
-			records[PlanKey(id)] = Record(st)
+			c.dirty[PlanKey(id)] = Record(st)
+		}
+	}
+	finished, released, records := map[string]any{}, map[string]any{}, map[string]any{}
+	for k, v := range c.dirty {
+		switch v := v.(type) {
+		case PlanRecord:
+			records[k] = v
+		case ModuleStatus:
+			if !v.State.finished() {
+				released[k] = v
+				continue
+			}
+			finished[k] = v
+		default:
+			finished[k] = v
 		}
 	}
 	for _, phase := range []map[string]any{finished, released, records} {
 		if len(phase) == 0 {
 			continue
 		}
-		if err := c.store.Put(ctx, phase); err != nil {
+		err := c.store.Put(ctx, phase)
+		var pe *PutError
+		switch {
+		case err == nil:
+			for k := range phase {
+				delete(c.dirty, k)
+			}
+		case errors.As(err, &pe):
+			for k := range phase {
+				if pe.Failed[k] == nil {
+					delete(c.dirty, k)
+				}
+			}
+		}
+		if err != nil {
 			return err
 		}
 	}
@@ -831,9 +1026,12 @@ func (c *Controller) publish(ctx context.Context, asks []mesh.Ask) error {
 // Settler (deployment), and forgets those that are finished (built or
 // cancelled; a failed plan stays for a retry). It reports whether any plan
 // settled.
-func (c *Controller) settle(ctx context.Context) bool {
+func (c *Controller) settle(ctx context.Context, held map[string]bool) bool {
 	some := false
 	for id := range c.dirtyRun {
+		if held[id] {
+			continue
+		}
 		st := c.plans[id]
 		if st == nil || !st.Settled() {
 			continue

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -87,6 +88,7 @@ type harness struct {
 	js  jetstream.JetStream
 	cat *mesh.Catalogue
 	w   *work
+	log *slog.Logger // the controller's; nil discards
 
 	stopController context.CancelFunc
 	controllerDone chan struct{}
@@ -106,6 +108,12 @@ func newHarness(t *testing.T, graph map[string][]string, agents int) *harness {
 
 func (h *harness) startController() {
 	h.t.Helper()
+	h.startControllerWith(nil)
+}
+
+// startControllerWith starts the controller with its config tweaked.
+func (h *harness) startControllerWith(tweak func(*cascade.Config)) {
+	h.t.Helper()
 	nc, err := nats.Connect(h.s.ClientURL())
 	if err != nil {
 		h.t.Fatal(err)
@@ -113,7 +121,10 @@ func (h *harness) startController() {
 	js, _ := jetstream.New(nc)
 	cfg := cascade.DefaultConfig()
 	cfg.Registry = "127.0.0.1:1"
-	c, err := cascade.New(cfg, js, h.cat, nil, nil)
+	if tweak != nil {
+		tweak(&cfg)
+	}
+	c, err := cascade.New(cfg, js, h.cat, h.log, nil)
 	if err != nil {
 		h.t.Fatal(err)
 	}

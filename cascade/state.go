@@ -661,8 +661,8 @@ func (s *State) Failed(ev mesh.Failed, now time.Time) []string {
 	if m.State != Queued && m.State != Building {
 		return nil
 	}
-	m.State, m.Reason, m.Message = Failed, ev.Reason, ev.Message
-	m.Log = slices.Clone(ev.Log[max(0, len(ev.Log)-maxLog):])
+	m.State, m.Reason, m.Message = Failed, ev.Reason, cut(ev.Message, maxMessage)
+	m.Log = trimLog(ev.Log)
 	if ev.On != "" {
 		m.On = ev.On
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -156,23 +157,68 @@ func (s *Store) CreatePlan(ctx context.Context, r PlanRecord) (created bool, err
 	return true, nil
 }
 
-// Put writes values by key, in parallel.
+// PutError is Put's error: the keys it could not write, each with why.
+type PutError struct {
+	Failed map[string]error
+}
+
+func (e *PutError) Error() string {
+	keys := make([]string, 0, len(e.Failed))
+	for k := range e.Failed {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	msg := fmt.Sprintf("writing %d keys failed", len(keys))
+	for i, k := range keys {
+		if i == 3 {
+			msg += ", …"
+			break
+		}
+		msg += fmt.Sprintf("; %s: %v", k, e.Failed[k])
+	}
+	return msg
+}
+
+// Put writes values by key, in parallel. It writes every value it can; an
+// error is a *PutError naming the keys it could not.
 func (s *Store) Put(ctx context.Context, values map[string]any) error {
-	g, gctx := errgroup.WithContext(ctx)
+	var mu sync.Mutex
+	failed := map[string]error{}
+	var g errgroup.Group
 	g.SetLimit(max(1, s.Parallel))
 	for k, v := range values {
-		data, err := json.Marshal(v)
-		if err != nil {
-			return fmt.Errorf("encoding %s: %w", k, err)
-		}
 		g.Go(func() error {
-			if _, err := s.kv.Put(gctx, k, data); err != nil {
-				return fmt.Errorf("writing %s: %w", k, err)
+			data, err := json.Marshal(v)
+			if err == nil {
+				_, err = s.kv.Put(ctx, k, data)
+			}
+			if err != nil {
+				mu.Lock()
+				failed[k] = err
+				mu.Unlock()
 			}
 			return nil
 		})
 	}
-	return g.Wait()
+	_ = g.Wait()
+	if len(failed) > 0 {
+		return &PutError{Failed: failed}
+	}
+	return nil
+}
+
+// PlanOfKey is the plan a key of the store belongs to, if any.
+func PlanOfKey(key string) (string, bool) {
+	if p, ok := planOfKey(key); ok {
+		return p, true
+	}
+	rest, ok := strings.CutPrefix(key, keyModule)
+	if !ok {
+		return "", false
+	}
+	// mod.<plan>.<module>: plan ids have no dots.
+	p, _, ok := strings.Cut(rest, ".")
+	return p, ok
 }
 
 // Plans returns every plan record, newest first.

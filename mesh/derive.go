@@ -32,6 +32,14 @@ const (
 	ClaimMarkerTTL = time.Hour
 	// ClaimMaxValue bounds one claim's record.
 	ClaimMaxValue = 4 << 10
+	// HolderMaxDeliver bounds how often a seat's ask is delivered: an ask
+	// delivered this many times and never settled (a poison ask that kills
+	// every holder that takes it) is given up by the server, which
+	// announces it (MaxDeliveriesAdvisory) and the controller fails it.
+	// Holders hand an ask back rarely (stopping, a sick machine, a claim
+	// alive elsewhere) and retry infrastructure failures by time, with
+	// delays of up to a minute, so a healthy ask never comes near it.
+	HolderMaxDeliver = 50
 )
 
 // StreamSpec is a stream the catalogue implies.
@@ -76,6 +84,7 @@ func (c *Catalogue) Derive(replicas int) Wire {
 		if spec, ok := SeatStreamSpec(s, replicas); ok {
 			w.Streams = append(w.Streams, spec)
 			w.Consumers = append(w.Consumers, SeatConsumerSpecs(s, c.Platforms(), replicas)...)
+			w.Buckets = append(w.Buckets, AskClaimsBucketSpec(s, replicas))
 		}
 	}
 	for _, m := range c.Modules {
@@ -173,7 +182,8 @@ func SeatStreamSpec(s Seat, replicas int) (StreamSpec, bool) {
 			Name: SeatStream(s.Seat), Subjects: []string{SeatAcceptAll(s.Seat)},
 			Retention: jetstream.WorkQueuePolicy, MaxAge: SeatRetain(s),
 			Storage: jetstream.FileStorage, Replicas: replicas,
-			Duplicates: DuplicateWindow, Discard: jetstream.DiscardOld,
+			// The server refuses a window longer than the max age.
+			Duplicates: min(DuplicateWindow, SeatRetain(s)), Discard: jetstream.DiscardOld,
 		},
 	}, true
 }
@@ -185,8 +195,8 @@ func SeatStreamSpec(s Seat, replicas int) (StreamSpec, bool) {
 const HolderMaxWaiting = 4096
 
 // SeatConsumerSpec derives the one durable pull consumer every holder of
-// seat s shares. No max-deliver: a holder bounds its own retries by the
-// delivery count and settles with Term.
+// seat s shares. A holder bounds its own retries by time and settles with
+// Term; HolderMaxDeliver bounds an ask no holder ever settles.
 func SeatConsumerSpec(s Seat, replicas int) ConsumerSpec {
 	return ConsumerSpec{
 		Stream: SeatStream(s.Seat),
@@ -240,7 +250,7 @@ func holderConsumer(name string, replicas int, filters ...string) jetstream.Cons
 	cfg := jetstream.ConsumerConfig{
 		Durable:   name,
 		AckPolicy: jetstream.AckExplicitPolicy, AckWait: HolderAckWait,
-		DeliverPolicy: jetstream.DeliverAllPolicy, MaxDeliver: -1,
+		DeliverPolicy: jetstream.DeliverAllPolicy, MaxDeliver: HolderMaxDeliver,
 		MaxAckPending: 100_000, MaxWaiting: HolderMaxWaiting, Replicas: replicas,
 	}
 	if len(filters) == 1 {
@@ -249,6 +259,21 @@ func holderConsumer(name string, replicas int, filters ...string) jetstream.Cons
 		cfg.FilterSubjects = filters
 	}
 	return cfg
+
+}
+
+// AskClaimsBucketSpec derives the bucket seat s's holders claim asks in
+// (AskClaimsBucket). A claim outlives its ask: the bucket keeps it for the
+// seat's retain and the queue's duplicate window after.
+func AskClaimsBucketSpec(s Seat, replicas int) BucketSpec {
+	return BucketSpec{
+		Why: "the holders of " + s.Seat + " claim the asks they work",
+		Config: jetstream.KeyValueConfig{
+			Bucket: AskClaimsBucket(s.Seat), History: 1, TTL: SeatRetain(s) + DuplicateWindow,
+			MaxValueSize: 4 << 10, MaxBytes: BucketMaxBytes,
+			Storage: jetstream.FileStorage, Replicas: replicas,
+		},
+	}
 }
 
 // ModuleConsumerSpecs derives module m's durable consumers: one on EVENTS

@@ -149,3 +149,21 @@ func ClaimKeys(seat string) string { return seat + ".>" }
 
 // KVKeySubject is the subject a bucket's key is written on.
 func KVKeySubject(bucket, key string) string { return "$KV." + bucket + "." + key }
+
+// AskClaimsBucket is the bucket the holders of seat s share to claim the
+// asks they work: one key per ask (AskClaimKey), created if absent before a
+// holder builds, renewed while it works, and marked done once its outcome
+// is announced. Its name is upper case, so no module's bucket (KVBucket:
+// lower case) can ever derive it.
+func AskClaimsBucket(seat string) string { return "ASKS_" + seat }
+
+// AskClaimKey is the key of ask id in its seat's AskClaimsBucket. Ask ids
+// have no dots (cascade.AskID), so the key is the id.
+func AskClaimKey(ask string) string { return ask }
+
+// MaxDeliveriesAdvisory is the subject the server announces on when it gives
+// up on a message of a stream's consumer: it was delivered the consumer's
+// MaxDeliver times and never settled.
+func MaxDeliveriesAdvisory(stream, consumer string) string {
+	return "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES." + stream + "." + consumer
+}

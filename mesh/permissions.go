@@ -85,6 +85,12 @@ func (c *Catalogue) ModulePermissions(m *Manifest) Permissions {
 					p.pub[g] = true
 				}
 			}
+			// Before it builds, a holder claims the ask in the bucket
+			// the seat's holders share.
+			p.pub[KVSubjects(AskClaimsBucket(s.Seat))] = true
+			for _, g := range bucketReadGrants(AskClaimsBucket(s.Seat)) {
+				p.pub[g] = true
+			}
 		}
 		// A holder claims its seat before it pulls: it writes the seat's
 		// claims and reads the bucket (who holds it, since when).
@@ -144,6 +150,8 @@ func (c *Catalogue) ControllerPermissions(principal string) Permissions {
 		// The controller asks the holders of the seats it uses to cancel
 		// work in flight and to say how they are (the seat's tools).
 		p.pub[SeatToolSubject(s, "*")] = true
+		// It hears when the server gives up on one of their asks.
+		p.sub[MaxDeliveriesAdvisory(SeatStream(s), "*")] = true
 	}
 	// The controller writes every node's declaration and answers a node's
 	// enrolment at the address its payload names.

@@ -30,6 +30,7 @@ type Agent struct {
 	builds    *prometheus.CounterVec   // outcome, reason
 	duration  *prometheus.HistogramVec // outcome
 	inFlight  prometheus.Gauge
+	healthy   prometheus.Gauge
 	idle      prometheus.Histogram
 	pushed    prometheus.Counter
 	cacheHits prometheus.Counter
@@ -45,7 +46,7 @@ func NewAgent(reg prometheus.Registerer, machine string) *Agent {
 	a := &Agent{
 		builds: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name:        "meshbuild_agent_builds_total",
-			Help:        "Asks an agent finished, by outcome (built, failed, retried, handed-back) and failure reason (source, build, push, infra, ask, cancelled; empty unless failed or retried).",
+			Help:        "Asks an agent finished, by outcome (built, failed, retried, handed-back, already-done) and failure reason (source, build, push, infra, ask, cancelled; empty unless failed or retried).",
 			ConstLabels: machineLabel,
 		}, []string{"outcome", "reason"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
@@ -57,6 +58,11 @@ func NewAgent(reg prometheus.Registerer, machine string) *Agent {
 		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name:        "meshbuild_agent_asks_in_flight",
 			Help:        "Asks an agent is working on now (at most its slots).",
+			ConstLabels: machineLabel,
+		}),
+		healthy: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name:        "meshbuild_agent_healthy",
+			Help:        "1 while an agent's machine can build, 0 while its BuildKit does not answer (it takes no asks then; builds machines says why).",
 			ConstLabels: machineLabel,
 		}),
 		idle: prometheus.NewHistogram(prometheus.HistogramOpts{
@@ -76,10 +82,12 @@ func NewAgent(reg prometheus.Registerer, machine string) *Agent {
 			ConstLabels: machineLabel,
 		}),
 	}
-	reg.MustRegister(a.builds, a.duration, a.inFlight, a.idle, a.pushed, a.cacheHits)
+	reg.MustRegister(a.builds, a.duration, a.inFlight, a.healthy, a.idle, a.pushed, a.cacheHits)
+	a.healthy.Set(1)
 
 	a.builds.WithLabelValues(string(agent.OutcomeBuilt), "")
 	a.builds.WithLabelValues(string(agent.OutcomeHandedBack), "")
+	a.builds.WithLabelValues(string(agent.OutcomeDone), "")
 	a.builds.WithLabelValues(string(agent.OutcomeRetried), mesh.ReasonInfra)
 	for _, r := range reasons {
 		a.builds.WithLabelValues(string(agent.OutcomeFailed), r)
@@ -88,6 +96,15 @@ func NewAgent(reg prometheus.Registerer, machine string) *Agent {
 		a.duration.WithLabelValues(string(o))
 	}
 	return a
+}
+
+// Healthy records whether the machine can build (agent.HealthObserver).
+func (a *Agent) Healthy(ok bool) {
+	if ok {
+		a.healthy.Set(1)
+	} else {
+		a.healthy.Set(0)
+	}
 }
 
 // IdleWaited records how long an idle slot waited for an ask.

@@ -42,8 +42,9 @@ meshbuild_agent_asks_in_flight{machine="m1"} 1
 # HELP meshbuild_agent_asks_in_flight Asks an agent is working on now (at most its slots).
 # TYPE meshbuild_agent_asks_in_flight gauge
 meshbuild_agent_asks_in_flight{machine="m1"} 0
-# HELP meshbuild_agent_builds_total Asks an agent finished, by outcome (built, failed, retried, handed-back) and failure reason (source, build, push, infra, ask, cancelled; empty unless failed or retried).
+# HELP meshbuild_agent_builds_total Asks an agent finished, by outcome (built, failed, retried, handed-back, already-done) and failure reason (source, build, push, infra, ask, cancelled; empty unless failed or retried).
 # TYPE meshbuild_agent_builds_total counter
+meshbuild_agent_builds_total{machine="m1",outcome="already-done",reason=""} 0
 meshbuild_agent_builds_total{machine="m1",outcome="built",reason=""} 1
 meshbuild_agent_builds_total{machine="m1",outcome="failed",reason="ask"} 1
 meshbuild_agent_builds_total{machine="m1",outcome="failed",reason="build"} 1
@@ -101,9 +102,10 @@ func TestAgentSeriesExistFromTheStart(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	metrics.NewAgent(reg, "m1")
 	for name, want := range map[string]int{
-		"meshbuild_agent_builds_total":           9, // built, handed-back, retried{infra}, failed × 6 reasons
-		"meshbuild_agent_build_duration_seconds": 4, // one per outcome
+		"meshbuild_agent_builds_total":           10, // built, handed-back, already-done, retried{infra}, failed × 6 reasons
+		"meshbuild_agent_build_duration_seconds": 5,  // one per outcome
 		"meshbuild_agent_asks_in_flight":         1,
+		"meshbuild_agent_healthy":                1,
 		"meshbuild_agent_idle_wait_seconds":      1,
 		"meshbuild_agent_pushed_bytes_total":     1,
 		"meshbuild_agent_cache_hits_total":       1,
@@ -136,8 +138,8 @@ meshbuild_agent_asks_in_flight{machine="m2"} 1
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "meshbuild_agent_asks_in_flight"); err != nil {
 		t.Error(err)
 	}
-	if n, _ := testutil.GatherAndCount(reg, "meshbuild_agent_builds_total"); n != 18 {
-		t.Errorf("%d builds_total series for two machines, want 18", n)
+	if n, _ := testutil.GatherAndCount(reg, "meshbuild_agent_builds_total"); n != 20 {
+		t.Errorf("%d builds_total series for two machines, want 20", n)
 	}
 	defer func() {
 		if recover() == nil {

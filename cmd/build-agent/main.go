@@ -52,6 +52,9 @@ func run() int {
 	var bkOpts agent.BuildKitOptions
 	fs.Int64Var(&bkOpts.SourceDateEpoch, "source-date-epoch", int64(envInt("MESHBUILD_SOURCE_DATE_EPOCH", 0)), "SOURCE_DATE_EPOCH every image is built reproducibly to, seconds since 1970 (MESHBUILD_SOURCE_DATE_EPOCH)")
 	lease := fs.Duration("lease", envDuration("MESHBUILD_LEASE", claim.DefaultLease), "how long this agent's claim of its machine's seat outlives it (whole seconds; MESHBUILD_LEASE)")
+	fs.DurationVar(&cfg.RetryFor, "retry-for", cfg.RetryFor, "how long an ask's infrastructure failures are retried (delays from 2s doubling to 1m) before it is failed{infra}")
+	fs.DurationVar(&cfg.ProbeEvery, "probe-every", cfg.ProbeEvery, "how often an idle machine checks that its buildkitd answers (a sick one stops taking asks and probes with backoff until it does)")
+	fs.DurationVar(&cfg.ClaimLease, "claim-lease", cfg.ClaimLease, "how long an ask's claim outlives its holder's last renewal: a redelivered ask claimed within it is left to its holder")
 	var insteadOf listFlag
 	fs.Var(&insteadOf, "git-instead-of", "URL=PATH: fetch repositories starting with URL from PATH instead (repeatable)")
 	if err := fs.Parse(os.Args[1:]); err != nil {

@@ -42,6 +42,7 @@ func run() int {
 		insteadOf = append(insteadOf, v)
 		return nil
 	})
+	fs.DurationVar(&cfg.StoreRetryFor, "store-retry-for", cfg.StoreRetryFor, "how long one flush retries plan state the store refuses before it reports the plans and goes on")
 	metricsAddr := fs.String("metrics", daemon.Env("MESHBUILD_METRICS", ""), "serve /metrics on this address, e.g. :9465 (MESHBUILD_METRICS)")
 	lease := fs.Duration("lease", envDuration("MESHBUILD_LEASE", claim.DefaultLease), "how long this controller's claim of mesh-controller outlives it: a standby controller takes over within it (whole seconds; MESHBUILD_LEASE)")
 	if err := fs.Parse(os.Args[1:]); err != nil {

@@ -152,8 +152,12 @@ func printLogs(ctx context.Context, js jetstream.JetStream, m cascade.ModuleStat
 
 // Machine is one row of `builds machines`.
 type Machine struct {
-	Machine  string    `json:"machine"`
-	Online   bool      `json:"online"`
+	Machine string `json:"machine"`
+	Online  bool   `json:"online"`
+	// Health is agent.HealthHealthy or agent.HealthUnhealthy (the machine
+	// takes no asks: Why says what its probe found); empty when offline.
+	Health   string    `json:"health,omitempty"`
+	Why      string    `json:"why,omitempty"`
 	Slots    int       `json:"slots"`
 	InFlight int64     `json:"in_flight"`
 	Built    int64     `json:"built"`
@@ -177,7 +181,7 @@ func machinesCmd(g *globals) *cobra.Command {
 			}
 			rows := map[string]*Machine{}
 			for _, s := range live {
-				rows[s.Machine] = &Machine{Machine: s.Machine, Online: true, Slots: s.Slots, InFlight: s.InFlight,
+				rows[s.Machine] = &Machine{Machine: s.Machine, Online: true, Health: s.Health, Why: s.Why, Slots: s.Slots, InFlight: s.InFlight,
 					Built: s.Built, Failed: s.Failed, LastSeen: s.At, Platforms: s.Platforms}
 			}
 			// Machines seen in recent plans but not answering now.
@@ -232,7 +236,10 @@ func machinesCmd(g *globals) *cobra.Command {
 			fmt.Fprintln(tw, "MACHINE\tONLINE\tPLATFORMS\tSLOTS\tIN FLIGHT\tBUILT\tFAILED\tLAST SEEN")
 			for _, m := range out {
 				online := "no"
-				if m.Online {
+				switch {
+				case m.Online && m.Health == agent.HealthUnhealthy:
+					online = "unhealthy: " + m.Why
+				case m.Online:
 					online = "yes"
 				}
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s ago\n", m.Machine, online, cmp.Or(strings.Join(m.Platforms, ","), "-"), m.Slots, m.InFlight, m.Built, m.Failed, age(m.LastSeen))

@@ -28,6 +28,7 @@ import (
 	"github.com/meshbuild/meshbuild/cascade"
 	"github.com/meshbuild/meshbuild/claim"
 	"github.com/meshbuild/meshbuild/deploy"
+	"github.com/meshbuild/meshbuild/internal/backoff"
 	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/registry"
 )
@@ -156,18 +157,24 @@ func RunAgent(ctx context.Context, o AgentOptions) error {
 		return nil // stopped while starting: not a failure
 	}
 	if err != nil {
-		return fmt.Errorf("buildkitd at %s: %w (start it, or point --buildkit at the one this machine runs)", o.BuildKit, err)
+		// Not a reason to stop (under systemd, a crash loop): the agent
+		// shows unhealthy and takes no ask until the daemon answers.
+		o.Log.Error("buildkitd does not answer: start it, or point --buildkit at the one this machine runs; no asks are taken until it answers",
+			"buildkit", o.BuildKit, "err", err)
 	}
 	// The machine's platforms are its worker's, unless --platforms narrows
-	// them to some it builds.
-	pctx, cancel = context.WithTimeout(ctx, 15*time.Second)
-	worker, err := bk.Platforms(pctx)
-	cancel()
+	// them to some it builds; with a catalogue, only those its modules are
+	// built for (the others have no queue, and no grant to one).
+	worker, err := workerPlatforms(ctx, bk, o.Log)
 	if err != nil {
-		return fmt.Errorf("buildkitd at %s: %w", o.BuildKit, err)
+		return nil // stopped while waiting for buildkitd
 	}
+	narrowed := len(o.Agent.Platforms) > 0
 	if o.Agent.Platforms, err = agent.ChoosePlatforms(worker, o.Agent.Platforms); err != nil {
 		return err
+	}
+	if !narrowed && o.Catalogue != "" {
+		o.Agent.Platforms = cataloguePlatforms(o.Catalogue, o.Agent.Platforms, o.Log)
 	}
 	topts, err := o.TLS.Options()
 	if err != nil {
@@ -201,11 +208,7 @@ func RunAgent(ctx context.Context, o AgentOptions) error {
 	ctx, cancelHeld := lease.Context(ctx)
 	defer cancelHeld()
 	if o.Catalogue != "" {
-		known, err := knownModules(o.Catalogue, o.Log)
-		if err != nil {
-			return err
-		}
-		o.Agent.Known = known
+		o.Agent.Known = knownModules(o.Catalogue, o.Log)
 	}
 	w := &agent.BuildWorker{
 		Sources: &agent.Sources{Dir: o.Workspace, InsteadOf: o.InsteadOf},
@@ -415,12 +418,17 @@ func fingerprint(dir string) (string, error) {
 // Workspace returns a default workspace directory for a machine.
 func Workspace(base, machine string) string { return filepath.Join(base, "agents", machine) }
 
-// knownModules answers whether a catalogue directory builds a module,
-// reading the directory again before it says no.
-func knownModules(dir string, log *slog.Logger) (func(string) bool, error) {
+// knownModules says whether the catalogue in dir builds a module. A
+// catalogue with problems does not stop the agent (under systemd that is a
+// crash loop): the problems are logged and the last good catalogue kept,
+// or, before any was good, every module accepted, until the directory is
+// fixed. The directory is read again before a module is refused, so a
+// module added since is accepted.
+func knownModules(dir string, log *slog.Logger) func(string) bool {
 	cat, err := LoadCatalogue(dir, log)
 	if err != nil {
-		return nil, err
+		log.Error("the catalogue has problems: running without one (every module accepted) until it is fixed", "dir", dir, "err", err)
+		cat = nil
 	}
 	var mu sync.Mutex
 	builds := func(c *mesh.Catalogue, m string) bool {
@@ -430,12 +438,67 @@ func knownModules(dir string, log *slog.Logger) (func(string) bool, error) {
 	return func(m string) bool {
 		mu.Lock()
 		defer mu.Unlock()
-		if builds(cat, m) {
+		if cat != nil && builds(cat, m) {
 			return true
 		}
-		if fresh, err := LoadCatalogue(dir, log); err == nil {
+		fresh, err := LoadCatalogue(dir, log)
+		switch {
+		case err == nil:
 			cat = fresh
+		case cat == nil:
+			log.Warn("the catalogue still has problems: accepting the ask", "dir", dir, "module", m, "err", err)
+			return true
+		default:
+			log.Warn("the catalogue has problems: keeping the last good one", "dir", dir, "err", err)
 		}
 		return builds(cat, m)
-	}, nil
+	}
+}
+
+// workerPlatforms asks buildkitd which platforms its worker builds,
+// waiting (with backoff, said in the log) while it does not answer: a
+// daemon that is down at start is no reason to exit.
+func workerPlatforms(ctx context.Context, bk *agent.BuildKit, log *slog.Logger) ([]string, error) {
+	retry := backoff.Policy{First: time.Second, Max: 30 * time.Second}
+	for attempt := 1; ; attempt++ {
+		pctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+		worker, err := bk.Platforms(pctx)
+		cancel()
+		if err == nil {
+			return worker, nil
+		}
+		log.Warn("buildkitd does not say which platforms it builds; asking again", "err", err, "attempt", attempt)
+		if err := backoff.Wait(ctx, retry.Delay(attempt)); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// cataloguePlatforms keeps, of the worker's platforms, those the catalogue
+// in dir builds for (each has a queue of its own); all of them when the
+// catalogue cannot be read, or shares none.
+func cataloguePlatforms(dir string, worker []string, log *slog.Logger) []string {
+	cat, problems, err := mesh.Load(dir)
+	if err != nil || mesh.HasErrors(problems) {
+		return worker
+	}
+	builds := map[string]bool{}
+	for _, p := range cat.Platforms() {
+		if n, err := mesh.NormalizePlatform(p); err == nil {
+			builds[n] = true
+		}
+	}
+	var keep []string
+	for _, p := range worker {
+		if n, err := mesh.NormalizePlatform(p); err == nil && builds[n] {
+			keep = append(keep, p)
+		}
+	}
+	if len(keep) == 0 {
+		return worker
+	}
+	if len(keep) < len(worker) {
+		log.Info("taking asks for the platforms the catalogue builds", "platforms", keep, "worker", worker)
+	}
+	return keep
 }

@@ -3,8 +3,10 @@ package daemon
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -88,5 +90,51 @@ func TestTheControllerRaisesACatalogueChange(t *testing.T) {
 	st, err := js.Stream(ctx, mesh.SeatStream("scanner"))
 	if err != nil || st.CachedInfo().Config.Retention != jetstream.WorkQueuePolicy {
 		t.Fatalf("scanner queue: %v", err)
+	}
+}
+
+// An agent given a catalogue directory with problems does not stop: it
+// runs without one (every module accepted) until the directory is fixed,
+// then keeps the last good catalogue while it is broken again.
+func TestABadCatalogueDoesNotStopTheAgent(t *testing.T) {
+	root, err := testenv.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "broken.yaml")
+	if err := os.WriteFile(bad, []byte("module: [not a name\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var logs testenv.Buffer
+	known := knownModules(dir, slog.New(slog.NewTextHandler(&logs, nil)))
+	if !known("anything") || !strings.Contains(logs.String(), "problems") {
+		t.Fatalf("a broken catalogue: want every module accepted and the problems logged; logs: %s", logs.String())
+	}
+	// Fixed: the catalogue is read again and refuses what it does not build.
+	if err := os.Remove(bad); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range testenv.MeshModules {
+		data, err := os.ReadFile(filepath.Join(root, "examples/fleet/catalogue", m+".yaml"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, m+".yaml"), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dir, "app.yaml"), []byte("module: app\nbuild:\n  repo: https://git.example/app.git\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if known("anything") || !known("app") {
+		t.Fatal("a fixed catalogue: want app accepted and anything refused")
+	}
+	// Broken again: the last good one is kept.
+	if err := os.WriteFile(bad, []byte("module: [not a name\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if known("anything") || !known("app") {
+		t.Fatal("broken again: want the last good catalogue kept")
 	}
 }

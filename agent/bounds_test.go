@@ -1,0 +1,256 @@
+package agent_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/meshbuild/meshbuild/agent"
+	"github.com/meshbuild/meshbuild/internal/natstest"
+	"github.com/meshbuild/meshbuild/internal/testenv"
+	"github.com/meshbuild/meshbuild/mesh"
+)
+
+// An ask redelivered while its holder still works on it — the server heard
+// nothing from the holder for longer than the ack wait, as when the bus was
+// away — is left to its holder: it is built once.
+func TestARedeliveredAskWhoseClaimIsAliveIsLeftToItsHolder(t *testing.T) {
+	s, js := bus(t)
+	g := newGate()
+	// m1 sends no heartbeat (as if cut off from the bus): the server
+	// redelivers its ask after the ack wait. Its claim lasts a minute.
+	startAgent(t, s, "m1", g.on("m1"), func(c *agent.Config) { c.Heartbeat, c.ClaimLease = time.Hour, time.Minute })
+	submit(t, js, ask("once"))
+	if id := recv(t, g.began, 5*time.Second); id != "once" {
+		t.Fatalf("began %s, want once", id)
+	}
+	ended := make(ends, 10)
+	startObserved(t, s, "m2", g.on("m2"), nil, ended)
+	ended.next(t, agent.OutcomeHandedBack, 3*testAckWait)
+	g.ch("once") <- nil
+	testenv.WaitFor(t, 10*time.Second, "once built and acknowledged", func() bool {
+		info := consumerInfo(t, js)
+		return len(events(t, js).Built) == 1 && info.NumAckPending == 0 && info.NumPending == 0
+	})
+	r := events(t, js)
+	if len(r.Built) != 1 || r.Built[0].On != "m1" || len(r.Started) != 1 {
+		t.Fatalf("started %+v built %+v: want one start and one built, on m1", r.Started, r.Built)
+	}
+	select {
+	case id := <-g.began:
+		t.Fatalf("%s was worked on a second time", id)
+	default:
+	}
+}
+
+// An ask that comes again after its outcome was announced (its holder lost
+// the ack) is settled without building.
+func TestAnAskWhoseOutcomeWasAnnouncedIsSettledWithoutBuilding(t *testing.T) {
+	s, js := bus(t)
+	kv, err := js.KeyValue(context.Background(), mesh.AskClaimsBucket(mesh.BuildSeat))
+	if err != nil {
+		t.Fatal(err)
+	}
+	done, _ := json.Marshal(map[string]string{"done": mesh.EventBuilt})
+	if _, err := kv.Create(context.Background(), mesh.AskClaimKey("again"), done); err != nil {
+		t.Fatal(err)
+	}
+	var calls atomic.Int32
+	w := workerFunc(func(context.Context, mesh.Ask, func(string)) (agent.Result, error) {
+		calls.Add(1)
+		return agent.Result{Digest: "sha256:" + fmt.Sprintf("%064d", 1)}, nil
+	})
+	ended := make(ends, 10)
+	startObserved(t, s, "m1", w, nil, ended)
+	submit(t, js, ask("again"))
+	ended.next(t, agent.OutcomeDone, 10*time.Second)
+	testenv.WaitFor(t, 5*time.Second, "the ask settled", func() bool {
+		info := consumerInfo(t, js)
+		return info.NumAckPending == 0 && info.NumPending == 0
+	})
+	if r := events(t, js); calls.Load() != 0 || len(r.Started)+len(r.Built)+len(r.Failed) != 0 {
+		t.Fatalf("worked %d times, events %+v: want nothing built or announced", calls.Load(), r)
+	}
+}
+
+// sickWorker is a machine whose BuildKit can be taken away: while sick,
+// every ask fails on infrastructure and so does its probe.
+type sickWorker struct {
+	sick   atomic.Bool
+	probes atomic.Int32
+	worked atomic.Int32
+}
+
+func (w *sickWorker) Work(ctx context.Context, a mesh.Ask, log func(string)) (agent.Result, error) {
+	w.worked.Add(1)
+	if w.sick.Load() {
+		return agent.Result{}, fmt.Errorf("%w: buildkitd at unix:///x does not answer", agent.ErrInfra)
+	}
+	return agent.Result{Digest: "sha256:" + fmt.Sprintf("%064d", 7), Ref: a.Image + "@sha256:x"}, nil
+}
+
+func (w *sickWorker) Probe(context.Context) error {
+	w.probes.Add(1)
+	if w.sick.Load() {
+		return errors.New("buildkitd at unix:///x does not answer: connection refused")
+	}
+	return nil
+}
+
+// A machine whose BuildKit does not answer stops taking asks, says so,
+// probes until it answers and then takes asks again; the asks it could
+// not build are built elsewhere without spending their retry budget.
+func TestASickMachineStopsTakingWorkAndSpendsNoAsksBudget(t *testing.T) {
+	s, js := bus(t)
+	sick := &sickWorker{}
+	sick.sick.Store(true)
+	health := make(healthSeen, 10)
+	// No retry budget at all: one infra failure the ask's own would fail it.
+	noBudget := func(c *agent.Config) { c.RetryFor = 0 }
+	startObserved(t, s, "sick", sick, noBudget, health)
+	for i := range 4 {
+		submit(t, js, ask(fmt.Sprintf("s%d", i)))
+	}
+	if ok := <-health; ok {
+		t.Fatal("told healthy first, want unhealthy")
+	}
+	st := status(t, js, "sick")
+	if st.Health != agent.HealthUnhealthy || st.Why == "" {
+		t.Fatalf("status %+v: want unhealthy with why", st)
+	}
+	// It probed before its first pull and took no ask.
+	if n := sick.worked.Load(); n != 0 {
+		t.Fatalf("the sick machine worked %d asks, want none", n)
+	}
+	startAgent(t, s, "well", &sickWorker{}, noBudget)
+	testenv.WaitFor(t, 20*time.Second, "all built", func() bool { return len(events(t, js).Built) == 4 })
+	r := events(t, js)
+	for _, b := range r.Built {
+		if b.On != "well" {
+			t.Errorf("%s built on %s, want well", b.Ask, b.On)
+		}
+	}
+	if len(r.Failed) != 0 || sick.worked.Load() != 0 {
+		t.Fatalf("failed %+v, the sick machine worked %d: want no failure and no ask worked", r.Failed, sick.worked.Load())
+	}
+	// Well again: it probes, says so and takes asks.
+	sick.sick.Store(false)
+	if ok := <-health; !ok {
+		t.Fatal("told unhealthy again, want healthy")
+	}
+	if st := status(t, js, "sick"); st.Health != agent.HealthHealthy || st.Why != "" {
+		t.Fatalf("status %+v: want healthy", st)
+	}
+	if sick.probes.Load() < 2 {
+		t.Errorf("probed %d times, want a probe that failed and one that answered", sick.probes.Load())
+	}
+}
+
+// healthSeen is an observer that passes on what it is told of health.
+type healthSeen chan bool
+
+func (healthSeen) IdleWaited(time.Duration) {}
+func (healthSeen) Began()                   {}
+func (healthSeen) Ended(agent.End)          {}
+func (h healthSeen) Healthy(ok bool)        { h <- ok }
+
+func status(t *testing.T, js jetstream.JetStream, machine string) agent.Status {
+	t.Helper()
+	sts, err := agent.AskStatus(context.Background(), js.Conn(), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, st := range sts {
+		if st.Machine == machine {
+			return st
+		}
+	}
+	t.Fatalf("%s did not answer: %+v", machine, sts)
+	return agent.Status{}
+}
+
+// The operator's trial: the bus is killed during a build for longer than
+// the ack wait. On its return the server redelivers the ask to another
+// agent while the first still builds; the second leaves it to the first,
+// whose claim is alive, and the module is built once.
+func TestAnAskIsBuiltOnceAcrossABusOutage(t *testing.T) {
+	port, err := strconv.Atoi(strings.Split(freeAddr(t), ":")[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := &server.Options{Port: port, StoreDir: t.TempDir()}
+	s := natstest.Server(t, opts)
+	_, js := natstest.Connect(t, s)
+	ctx := context.Background()
+	if _, err := mesh.Raise(ctx, js, testenv.Catalogue(t, nil), 1); err != nil {
+		t.Fatal(err)
+	}
+	spec := mesh.SeatConsumerSpec(mesh.Seat{Seat: mesh.BuildSeat}, 1)
+	spec.Config.AckWait = testAckWait
+	if _, err := js.UpdateConsumer(ctx, spec.Stream, spec.Config); err != nil {
+		t.Fatal(err)
+	}
+	g := newGate()
+	// m1's heartbeats would not reach a server that is away; with none at
+	// all, the redelivery after the outage is certain.
+	startAgent(t, s, "m1", g.on("m1"), func(c *agent.Config) { c.Heartbeat, c.ClaimLease = time.Hour, time.Minute })
+	ended := make(ends, 10)
+	startObserved(t, s, "m2", g.on("m2"), nil, ended)
+	submit(t, js, ask("outage"))
+	first := recv(t, g.began, 5*time.Second)
+	s.Shutdown()
+	s.WaitForShutdown()
+	time.Sleep(testAckWait + 500*time.Millisecond) // the outage: longer than the ack wait
+	s = natstest.Server(t, opts)
+	_, js = natstest.Connect(t, s)
+	if e := ended.next(t, agent.OutcomeHandedBack, 30*time.Second); e.Took != 0 {
+		t.Fatalf("the redelivered ask was worked on (%s), want it left to its holder", e.Took)
+	}
+	g.ch("outage") <- nil
+	testenv.WaitFor(t, 30*time.Second, "built and acknowledged", func() bool {
+		info := consumerInfo(t, js)
+		return len(events(t, js).Built) == 1 && info.NumAckPending == 0 && info.NumPending == 0
+	})
+	r := events(t, js)
+	if len(r.Built) != 1 || len(r.Started) != 1 || first != "outage" {
+		t.Fatalf("started %+v built %+v: want the ask started and built once", r.Started, r.Built)
+	}
+	select {
+	case id := <-g.began:
+		t.Fatalf("%s was worked on a second time", id)
+	default:
+	}
+}
+
+// An idle machine whose BuildKit goes away says so before it takes an ask.
+func TestAnIdleMachineIsProbed(t *testing.T) {
+	s, js := bus(t)
+	w := &sickWorker{}
+	health := make(healthSeen, 10)
+	startObserved(t, s, "idle", w, func(c *agent.Config) { c.ProbeEvery = 200 * time.Millisecond }, health)
+	w.sick.Store(true)
+	if ok := <-health; ok {
+		t.Fatal("told healthy, want unhealthy")
+	}
+	if st := status(t, js, "idle"); st.Health != agent.HealthUnhealthy {
+		t.Fatalf("status %+v: want unhealthy", st)
+	}
+	submit(t, js, ask("i1"))
+	w.sick.Store(false)
+	if ok := <-health; !ok {
+		t.Fatal("told unhealthy again, want healthy")
+	}
+	testenv.WaitFor(t, 10*time.Second, "i1 built", func() bool { return len(events(t, js).Built) == 1 })
+	if n := w.worked.Load(); n != 1 {
+		t.Fatalf("worked %d asks, want only i1, once it was healthy", n)
+	}
+}

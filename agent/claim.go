@@ -1,0 +1,163 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/meshbuild/meshbuild/mesh"
+)
+
+// An ask is claimed before it is built, so that it is built once even when
+// the bus redelivers it to a second holder while the first still works on
+// it (the bus was away longer than the ack wait). The claim is one key per
+// ask in the bucket the seat's holders share (mesh.AskClaimsBucket): created
+// if absent, renewed while its holder works, released when the ask goes
+// back to the queue, and marked done once its outcome is announced. It also
+// carries, across holders, when the ask's infrastructure failures began:
+// the retry budget is time (Config.RetryFor), not a count.
+//
+// (Written against the bucket directly; the lead unifies it with the seat
+// claims' lease package.)
+
+// askClaim is the value of an ask's claim.
+type askClaim struct {
+	// Holder is the machine working on the ask; empty once released.
+	Holder string `json:"holder,omitempty"`
+	// Until is when the claim lapses unless renewed (the holder's clock).
+	Until time.Time `json:"until,omitzero"`
+	// InfraSince is when the ask first failed on infrastructure: the start
+	// of its retry budget. Zero until it has.
+	InfraSince time.Time `json:"infra_since,omitzero"`
+	// Done is the outcome announced (built or failed); the ask is settled
+	// without building when it comes again.
+	Done string `json:"done,omitempty"`
+}
+
+// claim is a holder's hold on one ask's claim.
+type claim struct {
+	kv  jetstream.KeyValue // nil: claims are off (the bucket is not raised)
+	key string
+	rev uint64
+	v   askClaim
+}
+
+// claimVerdict is what claiming an ask found.
+type claimVerdict int
+
+const (
+	claimed     claimVerdict = iota // ours now: build it
+	claimHeld                       // another holder's claim is alive: leave it
+	claimDone                       // its outcome was announced: settle it
+	claimFailed                     // the bucket could not be reached: hand it back
+)
+
+// askClaims binds the seat's ask claims bucket; nil if it is not raised
+// (claims are then off, and said so).
+func (a *Agent) askClaims(ctx context.Context) jetstream.KeyValue {
+	name := mesh.AskClaimsBucket(mesh.BuildSeat)
+	kv, err := a.js.KeyValue(ctx, name)
+	if err != nil {
+		a.log.Warn("no ask claims bucket: an ask redelivered while its holder still works on it may be built twice; raise the catalogue with this version", "bucket", name, "err", err)
+		return nil
+	}
+	return kv
+}
+
+// claim claims ask id for this machine.
+func (a *Agent) claim(ctx context.Context, id string) (*claim, claimVerdict, error) {
+	c := &claim{kv: a.claims, key: mesh.AskClaimKey(id)}
+	if c.kv == nil {
+		return c, claimed, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	now := time.Now()
+	mine := askClaim{Holder: a.cfg.Machine, Until: now.Add(a.cfg.ClaimLease)}
+	for range 3 {
+		e, err := c.kv.Get(ctx, c.key)
+		switch {
+		case errors.Is(err, jetstream.ErrKeyNotFound):
+			rev, err := c.kv.Create(ctx, c.key, mustJSON(mine))
+			if errors.Is(err, jetstream.ErrKeyExists) {
+				continue // raced another holder: look again
+			}
+			if err != nil {
+				return c, claimFailed, fmt.Errorf("claiming ask %s: %w", id, err)
+			}
+			c.rev, c.v = rev, mine
+			return c, claimed, nil
+		case err != nil:
+			return c, claimFailed, fmt.Errorf("reading the claim of ask %s: %w", id, err)
+		}
+		var old askClaim
+		_ = json.Unmarshal(e.Value(), &old)
+		switch {
+		case old.Done != "":
+			c.v = old
+			return c, claimDone, nil
+		case old.Holder != "" && now.Before(old.Until) && (old.Holder != a.cfg.Machine || a.running.has(id)):
+			// Alive, and another machine's, or another slot's here.
+			c.v = old
+			return c, claimHeld, nil
+		}
+		mine.InfraSince = old.InfraSince
+		rev, err := c.kv.Update(ctx, c.key, mustJSON(mine), e.Revision())
+		if err != nil {
+			continue // changed under us: look again
+		}
+		c.rev, c.v = rev, mine
+		return c, claimed, nil
+	}
+	return c, claimFailed, fmt.Errorf("claiming ask %s: it kept changing", id)
+}
+
+// write stores v as the claim's value, if it is still ours.
+func (c *claim) write(ctx context.Context, v askClaim) error {
+	if c.kv == nil {
+		c.v = v
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	rev, err := c.kv.Update(ctx, c.key, mustJSON(v), c.rev)
+	if err != nil {
+		return fmt.Errorf("writing the claim of %s: %w", c.key, err)
+	}
+	c.rev, c.v = rev, v
+	return nil
+}
+
+// renew extends the claim by lease.
+func (c *claim) renew(ctx context.Context, lease time.Duration) error {
+	v := c.v
+	v.Until = time.Now().Add(lease)
+	return c.write(ctx, v)
+}
+
+// release gives the claim up (the ask goes back to the queue), keeping
+// when its infrastructure failures began.
+func (c *claim) release(ctx context.Context) error {
+	v := c.v
+	v.Holder, v.Until = "", time.Time{}
+	return c.write(ctx, v)
+}
+
+// done marks the ask's outcome announced.
+func (c *claim) done(ctx context.Context, outcome string) error {
+	v := c.v
+	v.Done = outcome
+	return c.write(ctx, v)
+}
+
+func mustJSON(v any) []byte {
+	data, err := json.Marshal(v)
+	if err != nil {
+		panic(err)
+	}
+	return data
+}

@@ -1,0 +1,140 @@
+package agent
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/meshbuild/meshbuild/internal/backoff"
+)
+
+// Prober is the part of a Worker that says whether the machine can build
+// now: its BuildKit (and what else it needs) answers. A Worker that is not
+// one is taken as always able. Probe's error says why not.
+type Prober interface {
+	Probe(ctx context.Context) error
+}
+
+// HealthObserver is the part of an Observer told when the machine turns
+// sick or well; an Observer that is not one is not told.
+type HealthObserver interface {
+	Healthy(ok bool)
+}
+
+// Probe implements Prober: the builder answers, if it can say so.
+func (w *BuildWorker) Probe(ctx context.Context) error {
+	if p, ok := w.Builder.(interface{ Ping(context.Context) error }); ok {
+		return p.Ping(ctx)
+	}
+	return nil
+}
+
+// health is whether the machine can build: a sick machine stops pulling,
+// probes with backoff and resumes when the probe answers.
+type health struct {
+	mu     sync.Mutex
+	why    string // "" while healthy
+	since  time.Time
+	probed time.Time  // the last probe of a healthy machine
+	probe  sync.Mutex // one prober at a time
+}
+
+// due reports whether a healthy machine is due a probe (every), and if so
+// counts it as probed now.
+func (h *health) due(every time.Duration) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if every <= 0 || time.Since(h.probed) < every {
+		return false
+	}
+	h.probed = time.Now()
+	return true
+}
+
+func (h *health) state() (why string, since time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.why, h.since
+}
+
+// set records the machine's health; it reports whether it changed.
+func (h *health) set(why string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if (h.why == "") == (why == "") {
+		h.why = why
+		return false
+	}
+	h.why, h.since = why, time.Now()
+	return true
+}
+
+// probeRetry is how a sick machine probes: 1s, 2s, 4s … up to 30s.
+var probeRetry = backoff.Policy{First: time.Second, Max: 30 * time.Second}
+
+// probe asks the worker whether the machine can build, within the probe
+// timeout. A worker that cannot say is able.
+func (a *Agent) probe(ctx context.Context) error {
+	p, ok := a.worker.(Prober)
+	if !ok {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, a.cfg.ProbeTimeout)
+	defer cancel()
+	return p.Probe(ctx)
+}
+
+// sick marks the machine unhealthy for err.
+func (a *Agent) sick(err error) {
+	if a.health.set(oneLine(err)) {
+		a.log.Error("this machine cannot build: no more asks until it can", "why", oneLine(err))
+		if h, ok := a.obs.(HealthObserver); ok {
+			h.Healthy(false)
+		}
+	}
+}
+
+// awaitHealthy returns at once on a healthy machine; on a sick one it
+// probes with backoff (one slot probes, the others wait for it) until the
+// probe answers or ctx is done, and reports whether the machine is healthy.
+//
+// A healthy machine is probed before its first pull and every
+// Config.ProbeEvery after, so that a machine whose BuildKit is not there
+// when it starts, or went away while it was idle, says so and takes no ask
+// it cannot build.
+func (a *Agent) awaitHealthy(ctx context.Context) bool {
+	if why, _ := a.health.state(); why == "" {
+		if !a.health.due(a.cfg.ProbeEvery) {
+			return true
+		}
+		err := a.probe(ctx)
+		if err == nil || ctx.Err() != nil {
+			return true
+		}
+		a.sick(err)
+	}
+	a.health.probe.Lock()
+	defer a.health.probe.Unlock()
+	for n := 1; ctx.Err() == nil; n++ {
+		if why, _ := a.health.state(); why == "" {
+			return true
+		}
+		err := a.probe(ctx)
+		if err == nil {
+			if a.health.set("") {
+				a.log.Info("this machine can build again: taking asks")
+				if h, ok := a.obs.(HealthObserver); ok {
+					h.Healthy(true)
+				}
+			}
+			return true
+		}
+		a.health.set(oneLine(err))
+		d := probeRetry.Delay(n)
+		a.log.Warn("still cannot build", "why", oneLine(err), "next probe", d)
+		if backoff.Wait(ctx, d) != nil {
+			break
+		}
+	}
+	return false
+}
