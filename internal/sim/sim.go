@@ -16,7 +16,7 @@
 //		cascade, FIFO queue                  1.11              1.22             1.08
 //		cascade, batches ranked (State)      1.11              1.07             1.08
 //		cascade, window 1 (State.Window)     1.11              1.07             1.004
-//		global priority (ideal)              1.11              1.07             1.000
+//		list scheduling, longest path first  1.11              1.07             1.000
 //
 //	  - A fan is one base built alone and then n asks sharing M machines: the
 //	    bound ignores the base's turn alone, so 1.11 is the best there is with
@@ -268,7 +268,10 @@ const (
 	// first out.
 	Ranked
 	// Priority: the next idle machine takes the ready ask with the longest
-	// remaining critical path, whenever it was released.
+	// remaining critical path, whenever it was released: list scheduling,
+	// longest path first. A heuristic, not the optimum (Optimal is exact,
+	// for small DAGs): it never leaves a machine idle while an ask is
+	// ready, and longest first can pair builds badly.
 	Priority
 )
 
