@@ -21,8 +21,8 @@ func TestOptimalByHand(t *testing.T) {
 			// Five independent builds 3, 3, 2, 2, 2 on two machines:
 			// longest first puts the 3s apart and ends at 3+2+2 = 7;
 			// {3, 3} and {2, 2, 2} end at 6.
-			name: "longest first is not optimal",
-			d:    DAG{Names: []string{"a", "b", "c", "d", "e"}, Bases: make([][]int, 5), Dur: []float64{3, 3, 2, 2, 2}},
+			name:     "longest first is not optimal",
+			d:        DAG{Names: []string{"a", "b", "c", "d", "e"}, Bases: make([][]int, 5), Dur: []float64{3, 3, 2, 2, 2}},
 			machines: 2, optimum: 6, list: 7,
 		},
 		{
