@@ -311,6 +311,8 @@ type Policy struct {
 type Result struct {
 	Makespan   float64
 	LowerBound float64
+	// Start is when each node started, by index.
+	Start []float64
 }
 
 // Ratio is Makespan / LowerBound (1 is optimal).
@@ -331,9 +333,9 @@ func Simulate(d DAG, machines int, p Policy) Result {
 	rank, tier := d.ranks(est), tiers(d)
 	r := Result{LowerBound: LowerBound(d, machines)}
 	if p.Barrier {
-		r.Makespan = simulateBarrier(d, machines, p.Order, rank, tier)
+		r.Makespan, r.Start = simulateBarrier(d, machines, p.Order, rank, tier)
 	} else {
-		r.Makespan = simulateCascade(d, machines, p.Order, rank, tier, p.Window)
+		r.Makespan, r.Start = simulateCascade(d, machines, p.Order, rank, tier, p.Window)
 	}
 	return r
 }
@@ -354,8 +356,9 @@ func byRank(rank []float64, tier []int) func(a, b int) int {
 	}
 }
 
-func simulateCascade(d DAG, machines int, order Order, rank []float64, tier []int, window int) float64 {
+func simulateCascade(d DAG, machines int, order Order, rank []float64, tier []int, window int) (float64, []float64) {
 	n := len(d.Names)
+	start := make([]float64, n)
 	deps := d.dependents()
 	remaining := make([]int, n)
 	var ready readyQueue
@@ -377,6 +380,7 @@ func simulateCascade(d DAG, machines int, order Order, rank []float64, tier []in
 	for {
 		for free > 0 && ready.Len() > 0 {
 			i := ready.next()
+			start[i] = now
 			heap.Push(&running, event{at: now + d.Dur[i], node: i})
 			free--
 		}
@@ -400,10 +404,11 @@ func simulateCascade(d DAG, machines int, order Order, rank []float64, tier []in
 	if done != n {
 		panic("cascade: simulation did not finish every node")
 	}
-	return now
+	return now, start
 }
 
-func simulateBarrier(d DAG, machines int, order Order, rank []float64, tier []int) float64 {
+func simulateBarrier(d DAG, machines int, order Order, rank []float64, tier []int) (float64, []float64) {
+	start := make([]float64, len(d.Names))
 	var byTier [][]int
 	for i, t := range tier {
 		for len(byTier) <= t {
@@ -423,14 +428,15 @@ func simulateBarrier(d DAG, machines int, order Order, rank []float64, tier []in
 		}
 		end := now
 		for _, i := range nodes {
-			start := float64(free[0])
-			free[0] = freeAt(start + d.Dur[i])
+			at := float64(free[0])
+			start[i] = at
+			free[0] = freeAt(at + d.Dur[i])
 			heap.Fix(&free, 0)
-			end = max(end, start+d.Dur[i])
+			end = max(end, at+d.Dur[i])
 		}
 		now = end
 	}
-	return now
+	return now, start
 }
 
 // readyQueue is the shared queue: FIFO of released batches, or a priority
