@@ -354,6 +354,9 @@ func benchSchedule(b *testing.B, dags []sim.DAG, machines int, unit time.Duratio
 	b.ReportMetric(1000*overhead/k, "over-sim-ms")
 	b.ReportMetric(first/k, "first-start-ms")
 	b.ReportMetric(unit.Seconds()*1000, "unit-ms")
+	if learn {
+		b.ReportMetric(learnedJitter, "jitter-sigma")
+	}
 }
 
 // BenchmarkControllerFan35On4: one base, 35 modules built on it, 4
