@@ -75,3 +75,41 @@ func TestParse(t *testing.T) {
 		t.Errorf("parsed %v", res)
 	}
 }
+
+// TestTemplateRenders: with every figure the template and the rows name
+// present, the document renders, and each figure lands in it.
+func TestTemplateRenders(t *testing.T) {
+	rep := &Report{Results: results{}, Suites: map[string]string{}, Machine: "Measured on a test"}
+	set := func(bench, metric string, v float64) {
+		if rep.Results[bench] == nil {
+			rep.Results[bench] = metrics{}
+		}
+		rep.Results[bench][metric] = v
+	}
+	refs := regexp.MustCompile(`(?:fig|val) "([^"]+)" "([^"]+)"`).FindAllStringSubmatch(docTemplate, -1)
+	if len(refs) < 20 {
+		t.Fatalf("the template references %d figures", len(refs))
+	}
+	for _, r := range rows {
+		set(r.bench, r.metric, 1)
+	}
+	for i, m := range refs {
+		set(m[1], m[2], 1000+float64(i))
+	}
+	for _, s := range suites {
+		rep.Suites[s.bench] = "1m0s"
+	}
+	doc, err := Render(rep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range refs {
+		v := rep.Results[m[1]][m[2]] // the last value set for it
+		if !strings.Contains(doc, fmt.Sprint(v)) {
+			t.Errorf("%s %s (%v) is not in the document", m[1], m[2], v)
+		}
+	}
+	if strings.Contains(doc, "<no value>") || !strings.Contains(doc, "| figure | measured |") {
+		t.Errorf("the document:\n%s", doc)
+	}
+}
