@@ -283,8 +283,11 @@ type Report struct {
 	// Ended is when the run ended (UTC); Wall how long it took.
 	Ended time.Time `json:"ended"`
 	Wall  string    `json:"wall"`
-	// Machine describes where it ran.
-	Machine string `json:"machine"`
+	// Machine describes where it ran; Load is the load average
+	// (/proc/loadavg, 1 minute) when the run began and when it ended:
+	// other work on the machine shows there.
+	Machine string    `json:"machine"`
+	Load    [2]string `json:"load"`
 	// Suites is each go test run's wall time, by benchmark.
 	Suites map[string]string `json:"suites"`
 	// Failed is each benchmark that could not run, and why.
@@ -316,6 +319,7 @@ func run(ctx context.Context, o options, stdout, stderr io.Writer) int {
 	}
 
 	rep := &Report{Suites: map[string]string{}, Failed: map[string]string{}, Results: results{}}
+	rep.Load[0] = loadavg()
 	began := time.Now()
 	n := 0
 	for _, s := range suites {
@@ -342,6 +346,7 @@ func run(ctx context.Context, o options, stdout, stderr io.Writer) int {
 	rep.Ended = time.Now().UTC().Truncate(time.Second)
 	rep.Wall = time.Since(began).Round(time.Second).String()
 	rep.Machine = machine(ctx, root)
+	rep.Load[1] = loadavg()
 	fmt.Fprintf(stderr, "benchtable: %s in all\n", rep.Wall)
 
 	var selected []row
@@ -537,6 +542,15 @@ func repoRoot() (string, error) {
 		}
 		dir = parent
 	}
+}
+
+// loadavg is the 1-minute load average, or "?".
+func loadavg() string {
+	data, err := os.ReadFile("/proc/loadavg")
+	if f := strings.Fields(string(data)); err == nil && len(f) > 0 {
+		return f[0]
+	}
+	return "?"
 }
 
 // machine describes where the table was measured.

@@ -33,8 +33,8 @@ import (
 // reports, with the build times measured on one machine, what list
 // scheduling longest path first gives that DAG (sim.Simulate, Priority: a
 // heuristic, not the optimum, which 39 modules are too many to search
-// for) and the bound no schedule beats (work ÷ sim.LowerBound: base and
-// runtime are built alone, then 36 modules share the K machines).
+// for) and the bound no schedule beats (sim.TightBound: the base is built
+// alone, then runtime and static, then 36 modules share the K machines).
 //
 // MESHBUILD_BENCH=tiny (`make test`): 3 of the 35 tools (7 modules), no
 // sleep, K = 2 only.
@@ -71,7 +71,7 @@ func BenchmarkFleetSpeedup(b *testing.B) {
 			dk := r.dag()
 			speedup := one.makespan.Seconds() / r.makespan.Seconds()
 			list := d.Work() / sim.Simulate(d, k, sim.Policy{Order: sim.Priority}).Makespan
-			bound := d.Work() / sim.LowerBound(d, k)
+			bound := d.Work() / sim.TightBound(d, k)
 			// The controller's policy with the default window runFleet
 			// runs (WindowIdle): a released ask is held until a holder is
 			// idle, the longest remaining path first — in modules, since a

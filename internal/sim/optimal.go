@@ -154,3 +154,63 @@ func (d DAG) Jitter(seed uint64, sigma float64) DAG {
 	}
 	return out
 }
+
+// TightBound is a lower bound on any schedule of d on machines, at least
+// LowerBound and often above it: for each node v, everything built on v
+// (directly or not) starts after v is built, which is no sooner than the
+// longest chain of bases before v (its head) plus v itself, so the
+// schedule is at least head(v) + dur(v) + work(descendants of v) ÷
+// machines; and everything v is built on (directly or not) is built before
+// v starts, so it is at least work(ancestors of v) ÷ machines + the
+// longest chain from v to the end. A fan's base is built alone: the bound
+// counts it.
+func TightBound(d DAG, machines int) float64 {
+	n := d.Len()
+	order := d.topo()
+	deps := d.dependents()
+	head := make([]float64, n) // longest chain of bases before i starts
+	for _, i := range order {
+		for _, b := range d.Bases[i] {
+			head[i] = max(head[i], head[b]+d.Dur[b])
+		}
+	}
+	tail := d.ranks(d.Dur) // from i's start to the end, i included
+	// Descendants and ancestors as bit sets.
+	words := (n + 63) / 64
+	desc := make([][]uint64, n)
+	anc := make([][]uint64, n)
+	for k := n - 1; k >= 0; k-- {
+		i := order[k]
+		desc[i] = make([]uint64, words)
+		for _, x := range deps[i] {
+			desc[i][x/64] |= 1 << (x % 64)
+			for w := range words {
+				desc[i][w] |= desc[x][w]
+			}
+		}
+	}
+	for _, i := range order {
+		anc[i] = make([]uint64, words)
+		for _, b := range d.Bases[i] {
+			anc[i][b/64] |= 1 << (b % 64)
+			for w := range words {
+				anc[i][w] |= anc[b][w]
+			}
+		}
+	}
+	work := func(set []uint64) float64 {
+		var sum float64
+		for j := range n {
+			if set[j/64]&(1<<(j%64)) != 0 {
+				sum += d.Dur[j]
+			}
+		}
+		return sum
+	}
+	m := float64(machines)
+	bound := LowerBound(d, machines)
+	for i := range n {
+		bound = max(bound, head[i]+d.Dur[i]+work(desc[i])/m, work(anc[i])/m+tail[i])
+	}
+	return bound
+}

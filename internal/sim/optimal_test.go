@@ -338,3 +338,32 @@ func BenchmarkListVersusOptimal(b *testing.B) {
 	b.ReportMetric(above, "above-optimal")
 	b.ReportMetric(float64(n), "cases")
 }
+
+func TestTightBound(t *testing.T) {
+	// Fan(35) on 4: the base (1), then 35 on 4: 1 + 35/4 = 9.75, where
+	// LowerBound says 9.
+	if got := TightBound(Fan(35), 4); !near(got, 9.75) {
+		t.Errorf("fan 35 on 4: %v, want 9.75", got)
+	}
+	// An inverted fan: 6 leaves of 1 under one top of 2, on 3 machines:
+	// the leaves (6 ÷ 3) then the top: 4, where LowerBound says 8 ÷ 3.
+	inv := DAG{Names: []string{"a", "b", "c", "d", "e", "f", "top"},
+		Bases: [][]int{nil, nil, nil, nil, nil, nil, {0, 1, 2, 3, 4, 5}}, Dur: []float64{1, 1, 1, 1, 1, 1, 2}}
+	if got := TightBound(inv, 3); !near(got, 4) {
+		t.Errorf("inverted fan: %v, want 4", got)
+	}
+	// Never above the optimum, never below LowerBound.
+	rng := rand.New(rand.NewPCG(9, 9))
+	for trial := range 200 {
+		d := RandomLayeredDAG(3+rng.IntN(8), 1+rng.IntN(4), uint64(trial))
+		for m := 1; m <= 4; m++ {
+			o, err := Optimal(d, m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if b := TightBound(d, m); b > o.Makespan+1e-9 || b < LowerBound(d, m)-1e-9 {
+				t.Fatalf("trial %d on %d: bound %v, optimum %v, LowerBound %v", trial, m, b, o.Makespan, LowerBound(d, m))
+			}
+		}
+	}
+}
