@@ -22,6 +22,7 @@ import (
 	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
+	"github.com/meshbuild/meshbuild/registry"
 )
 
 // The agent measured through the real parts: an embedded NATS server with
@@ -247,7 +248,11 @@ func (instant) Work(_ context.Context, a mesh.Ask, _ func(string)) (agent.Result
 // as the controller's) to the agent's started arriving on a core
 // subscription. No buildkitd is needed: the worker builds nothing.
 func BenchmarkDispatch(b *testing.B) {
-	const asks, agents = 200, 4
+	const agents = 4
+	asks := 200
+	if benchTiny() {
+		asks = 20
+	}
 	s, nc, js := benchSeat(b)
 	benchAgents(b, s, js, agents, instant{})
 	ev := watchSeat(b, nc)
@@ -288,13 +293,27 @@ const overheadDockerfile = "FROM runtime\nCOPY nonce.txt /nonce.txt\nRUN cat /no
 // pairs' ratios (cold builds slow down as the daemon's store grows: pairs
 // cancel the drift), the times are medians.
 //
-// The agent's own part is the time outside BuildKit.Build (the bus, the git
-// checkout, the events): *-agent-ms minus *-agent-in-buildkit-ms. buildctl
-// pays a process start and a new session each build, which the agent does
-// not.
+// The figure is the agent's own time per ask, outside BuildKit
+// (*-own-ms): from publishing the ask to its built arriving, less the
+// solve in buildkitd. Its parts, each a median: the bus and the events
+// (*-events-ms: publish → the worker called, the worker returned → built
+// arrived), the checkout (*-checkout-ms: BuildWorker.Work less
+// BuildKit.Build — Sources.CheckoutCommit, git fetch and archive, and
+// Release), the daemon ping before the solve (*-ping-ms) and the check
+// after it that the registry resolves the pushed digest and its size
+// (*-verify-ms). Work and Build are timed by wrapping the real worker and
+// builder; ping and verify, which run inside BuildKit.Build, by making the
+// same calls (BuildKit.Ping, registry.Resolve and registry.Size on the
+// pushed reference) right after each build. The ratio to buildctl is
+// reported too, but says little: buildctl pays a process start and a new
+// session each build, which the agent does not. MESHBUILD_BENCH=tiny: one
+// pair of each kind.
 func BenchmarkAgentOverhead(b *testing.B) {
 	testenv.RequireBuildkit(b)
-	const runs = 15
+	runs := 15
+	if benchTiny() {
+		runs = 1
+	}
 	root, err := testenv.RepoRoot()
 	if err != nil {
 		b.Fatal(err)
@@ -317,20 +336,20 @@ func BenchmarkAgentOverhead(b *testing.B) {
 	}
 
 	s, nc, js := benchSeat(b)
-	bk, err := agent.NewBuildKit(addr, agent.BuildKitOptions{})
+	regc := registry.NewClient(registry.WithInsecure(true))
+	bk, err := agent.NewBuildKit(addr, agent.BuildKitOptions{Registry: regc})
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { bk.Close() })
 	tb := &timedBuilder{b: bk}
-	benchAgents(b, s, js, 1, &agent.BuildWorker{Sources: &agent.Sources{Dir: b.TempDir()}, Builder: tb})
+	tw := &timedWorker{w: &agent.BuildWorker{Sources: &agent.Sources{Dir: b.TempDir()}, Builder: tb}}
+	benchAgents(b, s, js, 1, tw)
 	ev := watchSeat(b, nc)
 
 	n := 0
-	// inBuild is, per agent run, the time spent in BuildKit.Build (ping,
-	// solve, push, verify): the rest is the agent's own (the bus, the
-	// checkout, the events).
-	var inBuild []time.Duration
+	// parts are, per agent run, its own time and the parts of it.
+	var parts []ownParts
 	// viaAgent builds commit through the agent; warm says whether its RUN
 	// must come from the cache or miss it.
 	viaAgent := func(commit string, warm bool) time.Duration {
@@ -340,8 +359,34 @@ func BenchmarkAgentOverhead(b *testing.B) {
 			Image:  host + "/via-agent", Bases: []mesh.Base{base}}
 		t0 := time.Now()
 		publishAsk(b, js, a)
-		d := ev.wait(b, mesh.EventBuilt, a.ID, 5*time.Minute).Sub(t0)
-		inBuild = append(inBuild, tb.last())
+		arrived := ev.wait(b, mesh.EventBuilt, a.ID, 5*time.Minute)
+		d := arrived.Sub(t0)
+		begun, ended := tw.span()
+		build, ref := tb.last()
+		// Ping and verify again, as BuildKit.Build did inside the build.
+		p0 := time.Now()
+		if err := bk.Ping(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+		ping := time.Since(p0)
+		v0 := time.Now()
+		if _, err := regc.Resolve(context.Background(), ref); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := regc.Size(context.Background(), ref); err != nil {
+			b.Fatal(err)
+		}
+		verify := time.Since(v0)
+		p := ownParts{
+			events:   begun.Sub(t0) + arrived.Sub(ended),
+			checkout: ended.Sub(begun) - build,
+			ping:     ping, verify: verify,
+		}
+		p.own = p.events + p.checkout + p.ping + p.verify
+		if p.events < 0 || p.checkout < 0 || p.own > d {
+			b.Fatalf("ask %s: parts %+v do not fit in its %s", a.ID, p, d)
+		}
+		parts = append(parts, p)
 		ev.wait(b, logFinal, a.ID, 10*time.Second)
 		if cached, found := ev.cached(a.ID, " RUN "); !found || cached != warm {
 			b.Fatalf("ask %s: the RUN step found %t, cached %t; want cached %t", a.ID, found, cached, warm)
@@ -373,10 +418,10 @@ func BenchmarkAgentOverhead(b *testing.B) {
 	}
 	// measure alternates the two, the agent first on even runs.
 	// before, when set, runs (unmeasured) before every build.
-	measure := func(warm bool, prepare func(i int) string, before func()) (ratio float64, agentMed, directMed, buildMed time.Duration) {
+	measure := func(warm bool, prepare func(i int) string, before func()) (ratio float64, agentMed, directMed time.Duration, own ownParts) {
 		var ag, di []time.Duration
 		var ratios []float64
-		inBuild = nil
+		parts = nil
 		if before == nil {
 			before = func() {}
 		}
@@ -396,7 +441,21 @@ func BenchmarkAgentOverhead(b *testing.B) {
 			ratios = append(ratios, float64(ag[i])/float64(di[i]))
 		}
 		slices.Sort(ratios)
-		return ratios[len(ratios)/2], median(ag), median(di), median(inBuild)
+		pick := func(f func(ownParts) time.Duration) time.Duration {
+			var ds []time.Duration
+			for _, p := range parts {
+				ds = append(ds, f(p))
+			}
+			return median(ds)
+		}
+		own = ownParts{
+			own:      pick(func(p ownParts) time.Duration { return p.own }),
+			events:   pick(func(p ownParts) time.Duration { return p.events }),
+			checkout: pick(func(p ownParts) time.Duration { return p.checkout }),
+			ping:     pick(func(p ownParts) time.Duration { return p.ping }),
+			verify:   pick(func(p ownParts) time.Duration { return p.verify }),
+		}
+		return ratios[len(ratios)/2], median(ag), median(di), own
 	}
 
 	// Unmeasured: the agent pulls the base and fills the cache, its
@@ -413,7 +472,8 @@ func BenchmarkAgentOverhead(b *testing.B) {
 		}
 	}
 	var warmR, coldR, prunedR float64
-	var warmA, warmD, warmB, coldA, coldD, coldB, prunedA, prunedD, prunedB time.Duration
+	var warmA, warmD, coldA, coldD, prunedA, prunedD time.Duration
+	var warmB, coldB, prunedB ownParts
 	cold := 0
 	for b.Loop() {
 		warmR, warmA, warmD, warmB = measure(true, func(int) string { return commit }, nil)
@@ -434,38 +494,82 @@ func BenchmarkAgentOverhead(b *testing.B) {
 		viaAgent(last, false) // the clone fetches it once, unmeasured
 		prunedR, prunedA, prunedD, prunedB = measure(false, func(int) string { return last }, prune)
 	}
-	b.ReportMetric(prunedR, "pruned-agent/direct")
-	b.ReportMetric(ms(prunedA), "pruned-agent-ms")
-	b.ReportMetric(ms(prunedD), "pruned-direct-ms")
-	b.ReportMetric(ms(prunedB), "pruned-agent-in-buildkit-ms")
-	b.ReportMetric(warmR, "warm-agent/direct")
-	b.ReportMetric(coldR, "cold-agent/direct")
-	b.ReportMetric(ms(warmA), "warm-agent-ms")
-	b.ReportMetric(ms(warmD), "warm-direct-ms")
-	b.ReportMetric(ms(coldA), "cold-agent-ms")
-	b.ReportMetric(ms(coldD), "cold-direct-ms")
-	b.ReportMetric(ms(warmB), "warm-agent-in-buildkit-ms")
-	b.ReportMetric(ms(coldB), "cold-agent-in-buildkit-ms")
+	for _, k := range []struct {
+		kind         string
+		ratio        float64
+		agent, direc time.Duration
+		own          ownParts
+	}{
+		{"warm", warmR, warmA, warmD, warmB},
+		{"cold", coldR, coldA, coldD, coldB},
+		{"pruned", prunedR, prunedA, prunedD, prunedB},
+	} {
+		b.ReportMetric(k.ratio, k.kind+"-agent/direct")
+		b.ReportMetric(ms(k.agent), k.kind+"-agent-ms")
+		b.ReportMetric(ms(k.direc), k.kind+"-direct-ms")
+		b.ReportMetric(ms(k.own.own), k.kind+"-own-ms")
+		b.ReportMetric(ms(k.own.events), k.kind+"-events-ms")
+		b.ReportMetric(ms(k.own.checkout), k.kind+"-checkout-ms")
+		b.ReportMetric(ms(k.own.ping), k.kind+"-ping-ms")
+		b.ReportMetric(ms(k.own.verify), k.kind+"-verify-ms")
+	}
+	b.ReportMetric(float64(runs), "pairs")
 }
 
-// timedBuilder times each Build of the builder it wraps.
+// ownParts are the agent's own time on an ask and its parts.
+type ownParts struct {
+	own, events, checkout, ping, verify time.Duration
+}
+
+// timedWorker records when the last Work of the worker it wraps began and
+// ended.
+type timedWorker struct {
+	w            agent.Worker
+	mu           sync.Mutex
+	begun, ended time.Time
+}
+
+func (t *timedWorker) Work(ctx context.Context, a mesh.Ask, log func(string)) (agent.Result, error) {
+	begun := time.Now()
+	res, err := t.w.Work(ctx, a, log)
+	ended := time.Now()
+	t.mu.Lock()
+	t.begun, t.ended = begun, ended
+	t.mu.Unlock()
+	return res, err
+}
+
+func (t *timedWorker) span() (begun, ended time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.begun, t.ended
+}
+
+// timedBuilder times each Build of the builder it wraps and keeps the
+// reference it pushed.
 type timedBuilder struct {
-	b  agent.Builder
-	mu sync.Mutex
-	d  time.Duration
+	b   agent.Builder
+	mu  sync.Mutex
+	d   time.Duration
+	ref string
 }
 
 func (t *timedBuilder) Build(ctx context.Context, req agent.BuildRequest) (agent.Result, error) {
 	t0 := time.Now()
 	res, err := t.b.Build(ctx, req)
 	t.mu.Lock()
-	t.d = time.Since(t0)
+	t.d, t.ref = time.Since(t0), res.Ref
 	t.mu.Unlock()
 	return res, err
 }
 
-func (t *timedBuilder) last() time.Duration {
+func (t *timedBuilder) last() (time.Duration, string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.d
+	return t.d, t.ref
 }
+
+// benchTiny: MESHBUILD_BENCH=tiny, which `make test` sets when it runs
+// every benchmark once at a small size, so that the checks inside them
+// keep running.
+func benchTiny() bool { return os.Getenv("MESHBUILD_BENCH") == "tiny" }

@@ -16,7 +16,7 @@
 //		cascade, FIFO queue                  1.11              1.22             1.08
 //		cascade, batches ranked (State)      1.11              1.07             1.08
 //		cascade, window 1 (State.Window)     1.11              1.07             1.004
-//		global priority (ideal)              1.11              1.07             1.000
+//		list scheduling, longest path first  1.11              1.07             1.000
 //
 //	  - A fan is one base built alone and then n asks sharing M machines: the
 //	    bound ignores the base's turn alone, so 1.11 is the best there is with
@@ -268,7 +268,10 @@ const (
 	// first out.
 	Ranked
 	// Priority: the next idle machine takes the ready ask with the longest
-	// remaining critical path, whenever it was released.
+	// remaining critical path, whenever it was released: list scheduling,
+	// longest path first. A heuristic, not the optimum (Optimal is exact,
+	// for small DAGs): it never leaves a machine idle while an ask is
+	// ready, and longest first can pair builds badly.
 	Priority
 )
 
@@ -308,6 +311,8 @@ type Policy struct {
 type Result struct {
 	Makespan   float64
 	LowerBound float64
+	// Start is when each node started, by index.
+	Start []float64
 }
 
 // Ratio is Makespan / LowerBound (1 is optimal).
@@ -328,9 +333,9 @@ func Simulate(d DAG, machines int, p Policy) Result {
 	rank, tier := d.ranks(est), tiers(d)
 	r := Result{LowerBound: LowerBound(d, machines)}
 	if p.Barrier {
-		r.Makespan = simulateBarrier(d, machines, p.Order, rank, tier)
+		r.Makespan, r.Start = simulateBarrier(d, machines, p.Order, rank, tier)
 	} else {
-		r.Makespan = simulateCascade(d, machines, p.Order, rank, tier, p.Window)
+		r.Makespan, r.Start = simulateCascade(d, machines, p.Order, rank, tier, p.Window)
 	}
 	return r
 }
@@ -351,8 +356,9 @@ func byRank(rank []float64, tier []int) func(a, b int) int {
 	}
 }
 
-func simulateCascade(d DAG, machines int, order Order, rank []float64, tier []int, window int) float64 {
+func simulateCascade(d DAG, machines int, order Order, rank []float64, tier []int, window int) (float64, []float64) {
 	n := len(d.Names)
+	start := make([]float64, n)
 	deps := d.dependents()
 	remaining := make([]int, n)
 	var ready readyQueue
@@ -374,6 +380,7 @@ func simulateCascade(d DAG, machines int, order Order, rank []float64, tier []in
 	for {
 		for free > 0 && ready.Len() > 0 {
 			i := ready.next()
+			start[i] = now
 			heap.Push(&running, event{at: now + d.Dur[i], node: i})
 			free--
 		}
@@ -397,10 +404,11 @@ func simulateCascade(d DAG, machines int, order Order, rank []float64, tier []in
 	if done != n {
 		panic("cascade: simulation did not finish every node")
 	}
-	return now
+	return now, start
 }
 
-func simulateBarrier(d DAG, machines int, order Order, rank []float64, tier []int) float64 {
+func simulateBarrier(d DAG, machines int, order Order, rank []float64, tier []int) (float64, []float64) {
+	start := make([]float64, len(d.Names))
 	var byTier [][]int
 	for i, t := range tier {
 		for len(byTier) <= t {
@@ -420,14 +428,15 @@ func simulateBarrier(d DAG, machines int, order Order, rank []float64, tier []in
 		}
 		end := now
 		for _, i := range nodes {
-			start := float64(free[0])
-			free[0] = freeAt(start + d.Dur[i])
+			at := float64(free[0])
+			start[i] = at
+			free[0] = freeAt(at + d.Dur[i])
 			heap.Fix(&free, 0)
-			end = max(end, start+d.Dur[i])
+			end = max(end, at+d.Dur[i])
 		}
 		now = end
 	}
-	return now
+	return now, start
 }
 
 // readyQueue is the shared queue: FIFO of released batches, or a priority

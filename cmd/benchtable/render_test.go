@@ -1,0 +1,115 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strings"
+	"testing"
+)
+
+// TestDocumentIsTheSavedRun: BENCHMARKS.md is the template rendered from
+// the run saved in BENCHMARKS.json, word for word, so that no figure in its
+// table or its prose can drift from the run (after editing the template:
+// go run ./cmd/benchtable -render BENCHMARKS.json -o BENCHMARKS.md).
+func TestDocumentIsTheSavedRun(t *testing.T) {
+	root, err := repoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := LoadReport(filepath.Join(root, "BENCHMARKS.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for bench, why := range rep.Failed {
+		t.Errorf("the saved run has %s failed: %s", bench, why)
+	}
+	doc, err := Render(rep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	have, err := os.ReadFile(filepath.Join(root, "BENCHMARKS.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(have) != doc {
+		t.Errorf("BENCHMARKS.md is not the template rendered from BENCHMARKS.json: run\n\tgo run ./cmd/benchtable -render BENCHMARKS.json -o BENCHMARKS.md\n(or make bench) and commit both")
+	}
+	for _, r := range rows {
+		if _, ok := rep.Results[r.bench][r.metric]; !ok {
+			t.Errorf("the saved run has no %s of %s", r.metric, r.bench)
+		}
+	}
+}
+
+// TestTemplateQuotesNoFigures: the template's text, outside its actions,
+// holds no decimal figure: a measured figure in prose is a reference to the
+// run ({{fig …}}), never typed in.
+func TestTemplateQuotesNoFigures(t *testing.T) {
+	text := regexp.MustCompile(`(?s)\{\{.*?\}\}`).ReplaceAllString(docTemplate, "")
+	if m := regexp.MustCompile(`\d+\.\d+|\d+,\d{3}\s*(modules/s|modules a second)`).FindAllString(text, -1); len(m) > 0 {
+		t.Errorf("the template types figures in: %q", m)
+	}
+}
+
+// TestRenderRefusesAMissingFigure: a figure the run does not have is an
+// error naming it, not a blank in the prose.
+func TestRenderRefusesAMissingFigure(t *testing.T) {
+	rep := &Report{Results: results{}, Suites: map[string]string{}}
+	_, err := Render(rep)
+	if err == nil || !strings.Contains(err.Error(), "Benchmark") {
+		t.Fatalf("Render of an empty run: %v", err)
+	}
+}
+
+func TestParse(t *testing.T) {
+	res := results{}
+	name := "BenchmarkX/sub"
+	if p := runtime.GOMAXPROCS(0); p > 1 {
+		name += fmt.Sprintf("-%d", p) // as go test names it
+	}
+	parse([]byte("goos: linux\n"+name+"   \t1\t123 ns/op\t  1.5 makespan/lb\t 7 first-start-ms\nPASS\n"), res)
+	if m := res["BenchmarkX/sub"]; m["makespan/lb"] != 1.5 || m["first-start-ms"] != 7 {
+		t.Errorf("parsed %v", res)
+	}
+}
+
+// TestTemplateRenders: with every figure the template and the rows name
+// present, the document renders, and each figure lands in it.
+func TestTemplateRenders(t *testing.T) {
+	rep := &Report{Results: results{}, Suites: map[string]string{}, Machine: "Measured on a test"}
+	set := func(bench, metric string, v float64) {
+		if rep.Results[bench] == nil {
+			rep.Results[bench] = metrics{}
+		}
+		rep.Results[bench][metric] = v
+	}
+	refs := regexp.MustCompile(`(?:fig|val) "([^"]+)" "([^"]+)"`).FindAllStringSubmatch(docTemplate, -1)
+	if len(refs) < 20 {
+		t.Fatalf("the template references %d figures", len(refs))
+	}
+	for _, r := range rows {
+		set(r.bench, r.metric, 1)
+	}
+	for i, m := range refs {
+		set(m[1], m[2], 1000+float64(i))
+	}
+	for _, s := range suites {
+		rep.Suites[s.bench] = "1m0s"
+	}
+	doc, err := Render(rep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range refs {
+		v := rep.Results[m[1]][m[2]] // the last value set for it
+		if !strings.Contains(doc, fmt.Sprint(v)) {
+			t.Errorf("%s %s (%v) is not in the document", m[1], m[2], v)
+		}
+	}
+	if strings.Contains(doc, "<no value>") || !strings.Contains(doc, "| figure | measured |") {
+		t.Errorf("the document:\n%s", doc)
+	}
+}
