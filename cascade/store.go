@@ -14,6 +14,7 @@ import (
 
 	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/planner"
+	"github.com/meshbuild/meshbuild/state"
 )
 
 // Plan state lives in the controller's declared bucket (state: plans), one
@@ -147,6 +148,9 @@ func (s *Store) CreatePlan(ctx context.Context, r PlanRecord) (created bool, err
 	if err != nil {
 		return false, err
 	}
+	if err := state.CheckSize(data); err != nil {
+		return false, fmt.Errorf("creating plan %s: %w", r.ID, err)
+	}
 	if _, err := s.kv.Create(ctx, PlanKey(r.ID), data); err != nil {
 		if errors.Is(err, jetstream.ErrKeyExists) {
 			return false, nil
@@ -164,6 +168,9 @@ func (s *Store) Put(ctx context.Context, values map[string]any) error {
 		data, err := json.Marshal(v)
 		if err != nil {
 			return fmt.Errorf("encoding %s: %w", k, err)
+		}
+		if err := state.CheckSize(data); err != nil {
+			return fmt.Errorf("writing %s: %w", k, err)
 		}
 		g.Go(func() error {
 			if _, err := s.kv.Put(gctx, k, data); err != nil {

@@ -50,9 +50,8 @@ func IsCredentialName(name string) bool {
 // depth (the error names its path). A value that is not JSON is checked for
 // size only: sealed values cannot be recognised (ADR 0201).
 func CheckValue(value []byte) error {
-	if len(value) > mesh.BucketMaxValue {
-		return fmt.Errorf("%w: %d bytes is over the limit of %s a value (ADR 0201): keep one record per key, or split it over keys",
-			ErrValueTooLarge, len(value), size(mesh.BucketMaxValue))
+	if err := CheckSize(value); err != nil {
+		return err
 	}
 	var v any
 	if !json.Valid(value) || json.Unmarshal(value, &v) != nil {
@@ -61,6 +60,16 @@ func CheckValue(value []byte) error {
 	if path, ok := credentialField(v, ""); ok {
 		return fmt.Errorf("%w: field %s names a credential: no secret is stored in a bucket (ADR 0201); store the secret's name and fetch the secret on request",
 			ErrCredential, path)
+	}
+	return nil
+}
+
+// CheckSize refuses a value over mesh.BucketMaxValue, naming the limit: the
+// check every writer of a mesh bucket makes, the mesh's own stores included.
+func CheckSize(value []byte) error {
+	if len(value) > mesh.BucketMaxValue {
+		return fmt.Errorf("%w: %d bytes is over the limit of %s a value (ADR 0201): keep one record per key, or split it over keys",
+			ErrValueTooLarge, len(value), size(mesh.BucketMaxValue))
 	}
 	return nil
 }
