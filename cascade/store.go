@@ -15,6 +15,7 @@ import (
 
 	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/planner"
+	"github.com/meshbuild/meshbuild/state"
 )
 
 // Plan state lives in the controller's declared bucket (state: plans), one
@@ -148,6 +149,9 @@ func (s *Store) CreatePlan(ctx context.Context, r PlanRecord) (created bool, err
 	if err != nil {
 		return false, err
 	}
+	if err := state.CheckSize(data); err != nil {
+		return false, fmt.Errorf("creating plan %s: %w", r.ID, err)
+	}
 	if _, err := s.kv.Create(ctx, PlanKey(r.ID), data); err != nil {
 		if errors.Is(err, jetstream.ErrKeyExists) {
 			return false, nil
@@ -179,6 +183,15 @@ func (e *PutError) Error() string {
 	return msg
 }
 
+// Unwrap is every key's error, so that errors.Is matches any of them.
+func (e *PutError) Unwrap() []error {
+	out := make([]error, 0, len(e.Failed))
+	for _, err := range e.Failed {
+		out = append(out, err)
+	}
+	return out
+}
+
 // Put writes values by key, in parallel. It writes every value it can; an
 // error is a *PutError naming the keys it could not.
 func (s *Store) Put(ctx context.Context, values map[string]any) error {
@@ -189,6 +202,10 @@ func (s *Store) Put(ctx context.Context, values map[string]any) error {
 	for k, v := range values {
 		g.Go(func() error {
 			data, err := json.Marshal(v)
+			if err == nil {
+				// The limits every module's state keeps (package state).
+				err = state.CheckSize(data)
+			}
 			if err == nil {
 				_, err = s.kv.Put(ctx, k, data)
 			}

@@ -41,10 +41,17 @@ type bed struct {
 func newBed(t *testing.T, nodes []string, extra ...mesh.Permissions) *bed {
 	t.Helper()
 	cat := testenv.Catalogue(t, map[string][]string{"base": nil, "app": {"base"}})
-	sets := append([]mesh.Permissions{cat.ControllerPermissions("controller"), cat.OperatorPermissions("operator")}, extra...)
 	for _, n := range nodes {
-		sets = append(sets, mesh.NodePermissions(n))
+		extra = append(extra, mesh.NodePermissions(n))
 	}
+	return newBedWith(t, cat, extra...)
+}
+
+// newBedWith is a bed for catalogue cat, its controller and operator, and
+// the principals of sets.
+func newBedWith(t *testing.T, cat *mesh.Catalogue, sets ...mesh.Permissions) *bed {
+	t.Helper()
+	sets = append([]mesh.Permissions{cat.ControllerPermissions("controller"), cat.OperatorPermissions("operator")}, sets...)
 	users := []*server.User{{Username: "admin", Password: "pw"}}
 	for _, p := range sets {
 		users = append(users, &server.User{Username: p.Principal, Password: "pw", Permissions: p.ServerPermissions()})

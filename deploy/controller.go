@@ -224,7 +224,10 @@ func (c *Controller) Run(ctx context.Context) error {
 
 // raise asserts the catalogue's wire.
 func (c *Controller) raise(ctx context.Context) error {
-	_, err := mesh.Raise(ctx, c.js, c.cat, c.cfg.Replicas)
+	r, err := mesh.Raise(ctx, c.js, c.cat, c.cfg.Replicas)
+	for _, o := range r.Orphans {
+		c.log.Warn("declaration gone; kept, not deleted", "what", o)
+	}
 	return err
 }
 
@@ -404,6 +407,7 @@ func (c *Controller) compose(node string) Declaration {
 			for _, s := range c.cat.HeldSeats(man) {
 				dm.Seats = append(dm.Seats, Seat{Seat: s.Seat, Scope: s.Scope})
 			}
+			dm.Buckets = c.cat.IssuedBuckets(man)
 		}
 		d.Modules = append(d.Modules, dm)
 	}

@@ -22,10 +22,12 @@ import (
 
 	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/registry"
+	"github.com/meshbuild/meshbuild/state"
 )
 
 // RunFunc runs a module the runtime carries in-process until ctx is done;
-// stopping it must hand back whatever work it holds.
+// stopping it must hand back whatever work it holds. ctx carries the
+// module's state surface: state.FromContext.
 type RunFunc func(ctx context.Context) error
 
 // NodeConfig configures a node runtime. DefaultNodeConfig fills defaults;
@@ -42,8 +44,9 @@ type NodeConfig struct {
 	StateDir string
 	// ApplyHook, when set, is run for each module applied or removed,
 	// with MESHBUILD_MODULE, MESHBUILD_IMAGE, MESHBUILD_DIGEST,
-	// MESHBUILD_REVISION, MESHBUILD_ACTION (apply|remove) and
-	// MESHBUILD_LAYOUT in its environment.
+	// MESHBUILD_REVISION, MESHBUILD_ACTION (apply|remove),
+	// MESHBUILD_LAYOUT and, for a module issued buckets,
+	// MESHBUILD_STATE_SOCKET (its state socket) in its environment.
 	ApplyHook string
 	// Registry is the client images are pulled with; nil is
 	// registry.NewClient() (credentials from the docker config).
@@ -92,6 +95,10 @@ type Node struct {
 	applied appliedState
 
 	running map[string]*carried
+	// states are the state surfaces of the modules declared, by module;
+	// sockets serve those of modules out of process.
+	states  map[string]*state.Store
+	sockets map[string]*carried
 }
 
 type carried struct {
@@ -129,7 +136,8 @@ func NewNode(cfg NodeConfig, js jetstream.JetStream, log *slog.Logger, obs Obser
 		}
 		cfg.Identity = id
 	}
-	n := &Node{cfg: cfg, nc: js.Conn(), js: js, log: log.With("node", cfg.Name), obs: obs, running: map[string]*carried{}}
+	n := &Node{cfg: cfg, nc: js.Conn(), js: js, log: log.With("node", cfg.Name), obs: obs, running: map[string]*carried{},
+		states: map[string]*state.Store{}, sockets: map[string]*carried{}}
 	data, err := os.ReadFile(n.statePath())
 	if err == nil {
 		if err := json.Unmarshal(data, &n.applied); err != nil {
@@ -375,10 +383,14 @@ func (n *Node) apply(ctx context.Context, d Declaration) ([]AppliedModule, error
 	want := map[string]bool{}
 	for _, m := range d.Modules {
 		want[m.Module] = true
+		st := n.issue(m)
 		if run, ok := n.cfg.Carried[m.Module]; ok {
-			n.start(ctx, m.Module, run)
+			n.start(ctx, m.Module, func(ctx context.Context) error { return run(state.NewContext(ctx, st)) })
 			out = append(out, AppliedModule{Module: m.Module, Digest: m.Digest, Carried: true})
 			continue
+		}
+		if err := n.serveState(ctx, m.Module, st, len(m.Buckets) > 0); err != nil {
+			return nil, err
 		}
 		if m.Ref() == "" {
 			n.log.Warn("module has no image yet; nothing to apply", "module", m.Module)
@@ -406,7 +418,15 @@ func (n *Node) apply(ctx context.Context, d Declaration) ([]AppliedModule, error
 		if err := n.hook(ctx, "remove", DeclaredModule{Module: name, Digest: m.Digest}, d.Revision); err != nil {
 			return nil, err
 		}
+		n.stopSocket(name)
 	}
+	n.mu.Lock()
+	for name := range n.states {
+		if !want[name] {
+			delete(n.states, name)
+		}
+	}
+	n.mu.Unlock()
 	// A carried module started by an earlier run of this process and no
 	// longer declared.
 	for name := range n.cfg.Carried {
@@ -426,6 +446,9 @@ func (n *Node) hook(ctx context.Context, action string, m DeclaredModule, revisi
 		"MESHBUILD_ACTION="+action, "MESHBUILD_MODULE="+m.Module, "MESHBUILD_IMAGE="+m.Ref(),
 		"MESHBUILD_DIGEST="+m.Digest, "MESHBUILD_REVISION="+strconv.FormatUint(revision, 10),
 		"MESHBUILD_LAYOUT="+n.layoutPath(), "MESHBUILD_NODE="+n.cfg.Name)
+	if len(m.Buckets) > 0 {
+		cmd.Env = append(cmd.Env, state.SocketEnv+"="+state.SocketPath(n.cfg.StateDir, m.Module))
+	}
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("apply hook %s (%s %s): %w: %s", n.cfg.ApplyHook, action, m.Module, err, lastLines(string(out), 5))
@@ -489,8 +512,15 @@ func (n *Node) stopAll() {
 	for m := range n.running {
 		names = append(names, m)
 	}
+	sockets := make([]string, 0, len(n.sockets))
+	for m := range n.sockets {
+		sockets = append(sockets, m)
+	}
 	n.mu.Unlock()
 	for _, m := range names {
 		n.stop(m)
+	}
+	for _, m := range sockets {
+		n.stopSocket(m)
 	}
 }

@@ -132,6 +132,9 @@ func (c *Controller) command(ctx context.Context, cmd command) Reply {
 	switch cmd.kind {
 	case "catalogue":
 		c.cat = cmd.cat
+		// What a module is issued follows its manifest: a node whose
+		// modules' buckets changed is given its new declaration.
+		c.reconcile(ctx, "")
 		return Reply{}
 	case mesh.NodesTool:
 		return Reply{Nodes: c.views()}

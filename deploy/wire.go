@@ -50,12 +50,16 @@ type Declaration struct {
 
 // DeclaredModule is one module assigned to a node: its image by digest (empty
 // while the module has never been built, or for a module that is not built
-// into an image) and the seats it holds.
+// into an image), the seats it holds and the buckets it is issued.
 type DeclaredModule struct {
 	Module string `json:"module"`
 	Image  string `json:"image,omitempty"` // repository, without tag or digest
 	Digest string `json:"digest,omitempty"`
 	Seats  []Seat `json:"seats,omitempty"`
+	// Buckets are the buckets the module is issued (ADR 0201), by the name
+	// it uses for each: its own state read-write, its reads read-only. The
+	// runtime serves the module these and refuses any other.
+	Buckets []mesh.IssuedBucket `json:"buckets,omitempty"`
 }
 
 // Ref is the module's image reference by digest, "" when it has none.

@@ -189,6 +189,7 @@ func (c *Catalogue) OperatorPermissions(principal string) Permissions {
 	for _, g := range streamReadGrants(LogsStream) {
 		p.pub[g] = true
 	}
+	c.operatorStateGrants(p)
 	return p.done(principal, false)
 }
 

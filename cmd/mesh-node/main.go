@@ -53,7 +53,7 @@ func run() int {
 	fs.StringVar(&cfg.Name, "name", daemon.Env("MESHBUILD_NODE", hostName()), "this node's name: lowercase letters, digits and '-' (MESHBUILD_NODE)")
 	fs.StringVar(&cfg.StateDir, "state", daemon.Env("MESHBUILD_NODE_STATE", "/var/lib/meshbuild/node"), "state directory: applied revision, identity, image layout (MESHBUILD_NODE_STATE)")
 	platforms := fs.String("platforms", daemon.Env("MESHBUILD_PLATFORMS", mesh.DefaultPlatform), "platforms this node runs and builds, comma separated (MESHBUILD_PLATFORMS)")
-	fs.StringVar(&cfg.ApplyHook, "apply-hook", daemon.Env("MESHBUILD_APPLY_HOOK", ""), "program run per module applied or removed, with MESHBUILD_MODULE, _IMAGE, _DIGEST, _REVISION, _ACTION, _LAYOUT set (MESHBUILD_APPLY_HOOK)")
+	fs.StringVar(&cfg.ApplyHook, "apply-hook", daemon.Env("MESHBUILD_APPLY_HOOK", ""), "program run per module applied or removed, with MESHBUILD_MODULE, _IMAGE, _DIGEST, _REVISION, _ACTION, _LAYOUT set, and MESHBUILD_STATE_SOCKET for a module issued buckets: hand that socket to the module only (MESHBUILD_APPLY_HOOK)")
 	insecure := fs.Bool("registry-insecure", daemon.Env("MESHBUILD_REGISTRY_INSECURE", "") == "true", "plain http to the registry (MESHBUILD_REGISTRY_INSECURE=true)")
 	fs.DurationVar(&cfg.Heartbeat, "heartbeat", cfg.Heartbeat, "how often the node tells the controller it is alive")
 	metricsAddr := fs.String("metrics", daemon.Env("MESHBUILD_METRICS", ""), "serve /metrics on this address (MESHBUILD_METRICS)")

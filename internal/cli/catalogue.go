@@ -33,7 +33,8 @@ func catalogueCmd(g *globals) *cobra.Command {
 			return nil
 		},
 	})
-	c.AddCommand(&cobra.Command{
+	var live bool
+	show := &cobra.Command{
 		Use:   "show DIR",
 		Short: "Show, per module and seat, the subjects, streams, consumers, buckets and permissions DIR derives",
 		Args:  exactArgs(1),
@@ -43,6 +44,11 @@ func catalogueCmd(g *globals) *cobra.Command {
 				return err
 			}
 			view := DeriveView(cat)
+			if live {
+				if view.Orphans, err = liveOrphans(cmd.Context(), g, cat); err != nil {
+					return err
+				}
+			}
 			if g.json {
 				enc := json.NewEncoder(g.out)
 				enc.SetIndent("", "  ")
@@ -51,7 +57,9 @@ func catalogueCmd(g *globals) *cobra.Command {
 			printView(g, view)
 			return nil
 		},
-	})
+	}
+	show.Flags().BoolVar(&live, "live", false, "also report, from the bus (--nats), what outlived its declaration: buckets, streams and consumers kept, never removed")
+	c.AddCommand(show)
 	c.AddCommand(&cobra.Command{
 		Use:   "init DIR",
 		Short: "Write the farm's own modules (build-agent, build-controller, git) into DIR, to change them; a file already there is kept",
@@ -128,6 +136,9 @@ type WireView struct {
 	// Principals are the sets of the processes that file no manifest: the
 	// controller and an operator's builds CLI (named lists in mesh).
 	Principals []mesh.Permissions `json:"principals"`
+	// Orphans (with --live) are what the bus keeps whose declaration is
+	// gone from DIR: reported, never removed (ADR 0201, ADR 0030).
+	Orphans []string `json:"orphans,omitempty"`
 }
 
 // ModuleView is one module's derived wire.
@@ -240,6 +251,7 @@ func printView(g *globals, v WireView) {
 		line(g, "may pub", p.Publish)
 		line(g, "may sub", p.Subscribe)
 	}
+	printOrphans(g, v.Orphans)
 	for _, m := range v.Modules {
 		fmt.Fprintf(g.out, "\nmodule %s\n", m.Module)
 		line(g, "publishes", m.Publishes)
