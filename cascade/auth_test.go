@@ -40,6 +40,7 @@ func TestTheFarmRunsUnderItsDerivedPermissions(t *testing.T) {
 	s := natstest.Server(t, &server.Options{Users: users})
 
 	violations := make(chan error, 16)
+	var conns []*nats.Conn
 	connect := func(user string) (*nats.Conn, jetstream.JetStream) {
 		nc, js := natstest.Connect(t, s, nats.UserInfo(user, "pw"), nats.CustomInboxPrefix(mesh.InboxPrefix(user)),
 			nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
@@ -48,6 +49,7 @@ func TestTheFarmRunsUnderItsDerivedPermissions(t *testing.T) {
 				default:
 				}
 			}))
+		conns = append(conns, nc)
 		return nc, js
 	}
 
@@ -115,6 +117,14 @@ func TestTheFarmRunsUnderItsDerivedPermissions(t *testing.T) {
 	rec, err := store.Plan(ctx, plan)
 	if err != nil || rec.Outcome != cascade.OutcomeCancelled || rec.Counts.Built != 4 {
 		t.Fatalf("plan %+v %v", rec, err)
+	}
+	// A violation reaches a connection before the answer to a ping it
+	// sends after the refused operation: flush every connection, so that
+	// each refusal so far is in the channel, then look.
+	for _, nc := range conns {
+		if err := nc.Flush(); err != nil {
+			t.Fatalf("flushing %s: %v", nc.Opts.User, err)
+		}
 	}
 	select {
 	case err := <-violations:
