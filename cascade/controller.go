@@ -27,6 +27,13 @@ type Observer interface {
 	Plans(byOutcome map[string]int, blocked int)
 }
 
+// ForecastObserver is told, on every observation, each running plan's
+// estimated remaining time (Forecast.Remaining), by plan (metrics). An
+// Observer that implements it is told.
+type ForecastObserver interface {
+	PlansRemaining(byPlan map[string]time.Duration)
+}
+
 type nopObserver struct{}
 
 func (nopObserver) PlanSettled(string, time.Duration) {}
@@ -772,7 +779,7 @@ func (c *Controller) persist(ctx context.Context) error {
 	records := map[string]any{}
 	for id := range c.dirtyRun {
 		if st := c.plans[id]; st != nil {
-			records[PlanKey(id)] = Record(st)
+			records[PlanKey(id)] = c.record(st)
 		}
 	}
 	for _, phase := range []map[string]any{finished, released, records} {
@@ -784,6 +791,17 @@ func (c *Controller) persist(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// record is a plan's record with, while it runs, its forecast: from the
+// modules' last build times, spread over the holders last seen.
+func (c *Controller) record(st *State) PlanRecord {
+	r := Record(st)
+	if r.Outcome == OutcomeRunning {
+		f := st.Forecast(c.lastBuild, time.Now().UTC(), c.platforms.holders)
+		r.Forecast = &f
+	}
+	return r
 }
 
 // finished reports whether a module in state s has its result (built,
@@ -890,6 +908,16 @@ func (c *Controller) observe() {
 		blocked += st.Counts().Blocked
 	}
 	c.obs.Plans(by, blocked)
+	if fo, ok := c.obs.(ForecastObserver); ok {
+		now := time.Now().UTC()
+		left := map[string]time.Duration{}
+		for id, st := range c.plans {
+			if st.Outcome() == OutcomeRunning {
+				left[id] = st.Forecast(c.lastBuild, now, c.platforms.holders).Remaining
+			}
+		}
+		fo.PlansRemaining(left)
+	}
 }
 
 // planWindow is the window a plan's state gets: with WindowIdle, 1 between

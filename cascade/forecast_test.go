@@ -191,26 +191,32 @@ func TestETAOnTheThousandModuleDAG(t *testing.T) {
 
 // BenchmarkETA1000On50 reports the ETA's error (estimated remaining time
 // against the real one, in %) at 25/50/75% of a plan of the 1,000-module
-// DAG on 50 machines, over 10 seeds, build times noisy around their
-// estimates (lognormal σ 0.3 and 0.6), with the machines bound and with
-// the critical path alone.
+// DAG, over 10 seeds, build times noisy around their estimates (lognormal
+// σ 0.3 and 0.6), next to a progress bar's count-based extrapolation. On
+// 50 machines the plan is bound by its critical path; on 10 by its work,
+// where the forecast without the machines bound (path-only) shows what it
+// adds.
 func BenchmarkETA1000On50(b *testing.B) {
-	for _, sigma := range []float64{0.3, 0.6} {
-		for _, fm := range []struct {
-			name     string
-			machines int
-		}{{"path+machines", 50}, {"path-only", 0}} {
-			b.Run(fmt.Sprintf("sigma-%.1f/%s", sigma, fm.name), func(b *testing.B) {
-				var abs, bias, naive [3]float64
-				for b.Loop() {
-					abs, bias, naive = etaErrors(b, sigma, 10, 50, fm.machines)
-				}
-				for k, pct := range []string{"25", "50", "75"} {
-					b.ReportMetric(100*abs[k], "abs%@"+pct)
-					b.ReportMetric(100*bias[k], "bias%@"+pct)
-					b.ReportMetric(100*naive[k], "count-abs%@"+pct)
-				}
-			})
-		}
+	for _, tc := range []struct {
+		name                       string
+		sigma                      float64
+		machines, forecastMachines int
+	}{
+		{"sigma-0.3/on-50", 0.3, 50, 50},
+		{"sigma-0.6/on-50", 0.6, 50, 50},
+		{"sigma-0.3/on-10", 0.3, 10, 10},
+		{"sigma-0.3/on-10/path-only", 0.3, 10, 0},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			var abs, bias, naive [3]float64
+			for b.Loop() {
+				abs, bias, naive = etaErrors(b, tc.sigma, 10, tc.machines, tc.forecastMachines)
+			}
+			for k, pct := range []string{"25", "50", "75"} {
+				b.ReportMetric(100*abs[k], "abs%@"+pct)
+				b.ReportMetric(100*bias[k], "bias%@"+pct)
+				b.ReportMetric(100*naive[k], "count-abs%@"+pct)
+			}
+		})
 	}
 }
