@@ -305,7 +305,7 @@ var dashboards = []dashDef{{
 			desc:    "Modules waiting on a failed base.",
 			queries: []q{{modulesBlocked, "blocked"}}},
 		p{kind: "timeseries", title: "Running plans: estimated time left", w: 24, h: 8, unit: "s",
-			desc: "Each running plan's ETA as time left: the longer of its remaining critical path (the chain of modules that decides when it ends, by their last build times, less what the building ones have done) and its remaining work over the machines. 0 when no plan runs. `builds show PLAN` names the module holding it up.",
+			desc:    "Each running plan's ETA as time left: the longer of its remaining critical path (the chain of modules that decides when it ends, by their last build times, less what the building ones have done) and its remaining work over the machines. 0 when no plan runs. `builds show PLAN` names the module holding it up.",
 			queries: []q{{`max by (plan) (meshbuild_controller_plan_remaining_seconds) or on() vector(0)`, "{{plan}}"}}},
 		p{kind: "timeseries", title: "Plan duration p50 / p95", w: 24, h: 8, unit: "s",
 			desc:    "From trigger to settled, by outcome.",
