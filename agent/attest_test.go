@@ -52,7 +52,8 @@ type statement struct {
 // for it, whose provenance statement names the exact base digest, the
 // repository, the commit, the context path and the Dockerfile. The
 // image's digest is the image manifest's, the same on a second build (the
-// index is not: the provenance records the build's time). A module that
+// index is not: the provenance records the build's time), and the tag
+// names it. A module that
 // turns provenance off is pushed as a bare image.
 func TestProvenanceIsPushedWithTheImage(t *testing.T) {
 	testenv.RequireBuildkit(t)
@@ -81,7 +82,7 @@ func TestProvenanceIsPushedWithTheImage(t *testing.T) {
 		var log []string
 		res, err := b.Build(ctx, agent.BuildRequest{
 			Ask:        mesh.Ask{Image: reg + "/app", Source: s, Platform: mesh.DefaultPlatform, Bases: []mesh.Base{{Module: "busybox", Image: repo, Digest: dg}}},
-			ContextDir: dir, Log: func(l string) { log = append(log, l) },
+			ContextDir: dir, Tag: "latest", Log: func(l string) { log = append(log, l) },
 		})
 		if err != nil {
 			t.Fatalf("build: %v\n%s", err, strings.Join(log, "\n"))
@@ -96,6 +97,12 @@ func TestProvenanceIsPushedWithTheImage(t *testing.T) {
 	}
 	if !strings.Contains(strings.Join(log, "\n"), "sbom: off: this machine has no SBOM generator") {
 		t.Errorf("the build log does not say the SBOM is off:\n%s", strings.Join(log, "\n"))
+	}
+
+	// The tag names the image, as without attestations; the index goes
+	// by digest.
+	if got, err := registry.NewClient(registry.WithInsecure(true)).Resolve(context.Background(), reg+"/app:latest"); err != nil || got != res.Digest {
+		t.Errorf("app:latest resolves to %s (%v), want the image %s", got, err, res.Digest)
 	}
 
 	// The index, read back: the image and, for it, the attestation

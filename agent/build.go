@@ -258,6 +258,13 @@ func (b *BuildKit) Build(ctx context.Context, req BuildRequest) (Result, error) 
 		return Result{}, registryError(ctx, "reading "+ref, err)
 	}
 	dgst, ref = image, req.Image+"@"+image
+	if att != nil && req.Tag != "" {
+		// The index was pushed by digest only: the tag names the image,
+		// as it does without attestations.
+		if err := b.opts.Registry.Tag(ctx, ref, req.Tag); err != nil {
+			return Result{}, registryError(ctx, "tagging "+ref, err)
+		}
+	}
 	size, err := b.opts.Registry.Size(ctx, ref)
 	if err != nil {
 		return Result{}, registryError(ctx, "reading "+ref, err)
@@ -327,6 +334,12 @@ func (b *BuildKit) solveOpt(req BuildRequest) (client.SolveOpt, error) {
 	exp := map[string]string{"name": target, "push": "true", "rewrite-timestamp": "true"}
 	if req.Tag == "" {
 		exp["push-by-digest"] = "true"
+	}
+	if attrs["attest:provenance"] != "" || attrs["attest:sbom"] != "" {
+		// With attestations BuildKit pushes an index: it goes by digest,
+		// and Build tags the image in it (the image is what the mesh
+		// builds on; the index is reported beside it).
+		exp["name"], exp["push-by-digest"] = req.Image, "true"
 	}
 	if b.opts.Registry.Insecure() {
 		exp["registry.insecure"] = "true"
