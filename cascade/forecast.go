@@ -112,6 +112,9 @@ func (f Forecast) String() string {
 		return "nothing left to build"
 	}
 	what := string(h.State)
+	if h.State == Ready {
+		what = string(Waiting) // for a machine, as every summary says
+	}
 	if h.On != "" {
 		what += " on " + h.On
 	}
