@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -236,5 +238,114 @@ func TestAttestationOptionsAreChecked(t *testing.T) {
 			continue
 		}
 		b.Close()
+	}
+}
+
+// scanner is a stand-in SBOM generator, as BuildKit runs one: it reads the
+// image's root file system at $BUILDKIT_SCAN_SOURCE and writes an in-toto
+// statement with an SPDX predicate into $BUILDKIT_SCAN_DESTINATION, naming
+// the files it found under /app.
+const scanner = `#!/bin/sh
+set -e
+files=$(cd "$BUILDKIT_SCAN_SOURCE/app" && ls | tr '\n' ' ')
+printf '{"_type": "https://in-toto.io/Statement/v0.1", "predicateType": "https://spdx.dev/Document", "subject": [], "predicate": {"spdxVersion": "SPDX-2.3", "SPDXID": "SPDXRef-DOCUMENT", "name": "meshbuild-test-scan", "comment": "files: %s"}}\n' "$files" > "$BUILDKIT_SCAN_DESTINATION/sbom.spdx.json"
+`
+
+// With an SBOM generator from the mesh's own registry (here a stand-in,
+// built by the same BuildKit and pushed there), every image is pushed with
+// an SBOM beside its provenance, in one attestation manifest; a module that
+// turns the SBOM off gets the provenance alone.
+func TestSBOMFromAGeneratorInTheMeshRegistry(t *testing.T) {
+	testenv.RequireBuildkit(t)
+	reg := testenv.Registry(t)
+	bk := testenv.Buildkitd(t, reg)
+	repo, dg := name2(testenv.Busybox(t, reg))
+	busybox := []mesh.Base{{Module: "busybox", Image: repo, Digest: dg}}
+	rc := registry.NewClient(registry.WithInsecure(true))
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+
+	plain, err := agent.NewBuildKit(bk, agent.BuildKitOptions{Registry: rc, Provenance: agent.ProvenanceOff})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close()
+	scanDir := t.TempDir()
+	for f, body := range map[string]string{
+		"Dockerfile": "FROM busybox\nCOPY scan.sh /scan.sh\nENTRYPOINT [\"/bin/sh\", \"/scan.sh\"]\n",
+		"scan.sh":    scanner,
+	} {
+		if err := os.WriteFile(filepath.Join(scanDir, f), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	gen, err := plain.Build(ctx, agent.BuildRequest{Ask: mesh.Ask{Image: reg + "/sbom-scanner", Bases: busybox}, ContextDir: scanDir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if gen.Attestations != nil {
+		t.Fatalf("the generator, built with provenance off, has attestations %+v", gen.Attestations)
+	}
+
+	b, err := agent.NewBuildKit(bk, agent.BuildKitOptions{Registry: rc, SBOMGenerator: gen.Ref})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	appDir := t.TempDir()
+	for f, body := range map[string]string{"Dockerfile": "FROM busybox\nCOPY app.txt /app/app.txt\n", "app.txt": "one\n"} {
+		if err := os.WriteFile(filepath.Join(appDir, f), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	build := func(s mesh.Source) agent.Result {
+		t.Helper()
+		var log []string
+		res, err := b.Build(ctx, agent.BuildRequest{Ask: mesh.Ask{Image: reg + "/app", Source: s, Platform: mesh.DefaultPlatform, Bases: busybox},
+			ContextDir: appDir, Log: func(l string) { log = append(log, l) }})
+		if err != nil {
+			t.Fatalf("build: %v\n%s", err, strings.Join(log, "\n"))
+		}
+		return res
+	}
+	res := build(mesh.Source{Repo: realRepo, Commit: "c0ffee"})
+	a := res.Attestations
+	if a == nil || a.Provenance == "" || a.SBOM == "" {
+		t.Fatalf("attestations %+v: want a provenance and an SBOM", a)
+	}
+	attRef, _ := name.ParseReference(reg+"/app@"+a.Manifest, name.Insecure)
+	attImg, err := remote.Image(attRef)
+	if err != nil {
+		t.Fatal(err)
+	}
+	layer, err := attImg.LayerByDigest(v1.Hash{Algorithm: "sha256", Hex: strings.TrimPrefix(a.SBOM, "sha256:")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := layer.Uncompressed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, _ := io.ReadAll(r)
+	r.Close()
+	var st struct {
+		PredicateType string `json:"predicateType"`
+		Subject       []struct {
+			Digest map[string]string `json:"digest"`
+		} `json:"subject"`
+		Predicate struct {
+			Comment string `json:"comment"`
+		} `json:"predicate"`
+	}
+	if err := json.Unmarshal(data, &st); err != nil {
+		t.Fatalf("sbom layer: %v\n%s", err, data)
+	}
+	if st.PredicateType != "https://spdx.dev/Document" || !strings.Contains(st.Predicate.Comment, "app.txt") ||
+		len(st.Subject) == 0 || "sha256:"+st.Subject[0].Digest["sha256"] != res.Digest {
+		t.Errorf("sbom statement %s: want an SPDX document about %s naming app.txt", data, res.Digest)
+	}
+
+	if off := build(mesh.Source{Repo: realRepo, Commit: "c0ffee", NoSBOM: true}); off.Attestations == nil || off.Attestations.SBOM != "" || off.Attestations.Provenance == "" {
+		t.Errorf("sbom off for the module: attestations %+v, want the provenance alone", off.Attestations)
 	}
 }
