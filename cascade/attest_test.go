@@ -9,7 +9,7 @@ import (
 
 // The attestations a built event names are kept with the module (per
 // platform for a module of several, whose index, assembled by the
-X
+// controller from the platforms' images, has none).
 func TestBuiltKeepsItsAttestations(t *testing.T) {
 	s := twoPlatforms(t)
 	base := byModule(t, s.Start(at(0)), "base")
