@@ -3,8 +3,8 @@ module github.com/meshbuild/meshbuild
 go 1.26.8
 
 require (
-	github.com/containerd/platforms v1.0.0-rc.2
 	github.com/distribution/distribution/v3 v3.1.2
+	github.com/containerd/platforms v1.0.0-rc.2
 	github.com/distribution/reference v0.6.0
 	github.com/docker/cli v29.7.2+incompatible
 	github.com/goccy/go-yaml v1.19.2
