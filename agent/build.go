@@ -57,6 +57,19 @@ type BuildKitOptions struct {
 	// it is built. Default 0 (1970-01-01, as ko and rules_oci use); it may
 	// not be negative.
 	SourceDateEpoch int64
+	// Provenance is the provenance attestation pushed with every image
+	// (unless its manifest says build.provenance: false): ProvenanceMax
+	// (the default: BuildKit's mode=max, with the source repository,
+	// commit, context path and Dockerfile, and every base by digest),
+	// "min", or ProvenanceOff. The image's digest is unaffected (see
+	// attest.go): only the index pushed with it differs between builds.
+	Provenance string
+	// SBOMGenerator is the SBOM generator image BuildKit runs to make an
+	// SPDX SBOM of every image (unless its manifest says build.sbom:
+	// false), e.g. <the mesh's registry>/buildkit-syft-scanner@sha256:….
+	// Empty (the default) makes none, and each build's log says so: with
+	// no outside registry the generator must come from the mesh's own.
+	SBOMGenerator string
 }
 
 // minKeepAlive is the ping interval BuildKit's gRPC server tolerates (the
@@ -73,6 +86,9 @@ func (o BuildKitOptions) withDefaults() (BuildKitOptions, error) {
 	if o.MaxLogLine == 0 {
 		o.MaxLogLine = 4096
 	}
+	if o.Provenance == "" {
+		o.Provenance = ProvenanceMax
+	}
 	switch {
 	case o.DialTimeout < 0:
 		return o, fmt.Errorf("%w: buildkit dial timeout %s is negative", ErrConfig, o.DialTimeout)
@@ -80,6 +96,10 @@ func (o BuildKitOptions) withDefaults() (BuildKitOptions, error) {
 		return o, fmt.Errorf("%w: buildkit keepalive %s: buildkitd refuses pings more often than every %s", ErrConfig, o.KeepAlive, minKeepAlive)
 	case o.MaxLogLine < 80:
 		return o, fmt.Errorf("%w: max log line %d: want at least 80", ErrConfig, o.MaxLogLine)
+	case o.Provenance != ProvenanceMax && o.Provenance != "min" && o.Provenance != ProvenanceOff:
+		return o, fmt.Errorf("%w: provenance %q: want %s, min or %s", ErrConfig, o.Provenance, ProvenanceMax, ProvenanceOff)
+	case o.SBOMGenerator != "" && !validImageRef(o.SBOMGenerator):
+		return o, fmt.Errorf("%w: sbom generator %q is not an image reference: name an image in the mesh's registry, such as 127.0.0.1:5000/buildkit-syft-scanner:stable-1", ErrConfig, o.SBOMGenerator)
 	case o.SourceDateEpoch < 0:
 		return o, fmt.Errorf("%w: source date epoch %d is negative: want seconds since 1970-01-01 (0, the default, is that day)", ErrConfig, o.SourceDateEpoch)
 	}
@@ -197,6 +217,12 @@ func (b *BuildKit) Build(ctx context.Context, req BuildRequest) (Result, error) 
 		return Result{}, err
 	}
 
+	if req.Log != nil {
+		_, notes := b.attestAttrs(req)
+		for _, n := range notes {
+			req.Log(n)
+		}
+	}
 	p := newProgress(req.Log, b.opts.MaxLogLine)
 	ch := make(chan *client.SolveStatus)
 	done := make(chan struct{})
@@ -225,6 +251,20 @@ func (b *BuildKit) Build(ctx context.Context, req BuildRequest) (Result, error) 
 	if got != dgst {
 		return Result{}, classified(ErrPush, fmt.Sprintf("registry resolves %s to %s", ref, got), nil)
 	}
+	// With attestations BuildKit pushed an index: the image is the image
+	// manifest in it, the rest is reported beside it.
+	image, att, err := b.pushedImage(ctx, req.Image, dgst, req.Platform)
+	if err != nil {
+		return Result{}, registryError(ctx, "reading "+ref, err)
+	}
+	dgst, ref = image, req.Image+"@"+image
+	if att != nil && req.Tag != "" {
+		// The index was pushed by digest only: the tag names the image,
+		// as it does without attestations.
+		if err := b.opts.Registry.Tag(ctx, ref, req.Tag); err != nil {
+			return Result{}, registryError(ctx, "tagging "+ref, err)
+		}
+	}
 	size, err := b.opts.Registry.Size(ctx, ref)
 	if err != nil {
 		return Result{}, registryError(ctx, "reading "+ref, err)
@@ -232,7 +272,7 @@ func (b *BuildKit) Build(ctx context.Context, req BuildRequest) (Result, error) 
 	steps, hits := p.counts()
 	return Result{
 		Digest: dgst, Ref: ref, Bytes: size,
-		Steps: steps, CacheHits: hits, Duration: time.Since(begun),
+		Steps: steps, CacheHits: hits, Duration: time.Since(begun), Attestations: att,
 	}, nil
 }
 
@@ -271,12 +311,11 @@ func (b *BuildKit) solveOpt(req BuildRequest) (client.SolveOpt, error) {
 	// SOURCE_DATE_EPOCH as a build argument: the dockerfile frontend
 	// clamps the image config's created time and its history to it, and
 	// the daemon passes it on to the image exporter (control.go) as
-	// source-date-epoch. No attest:provenance attribute is set, so no
-	// provenance attestation (which records the build's time) is attached.
-	attrs := map[string]string{
-		"filename":                    filepath.Base(dfPath),
-		"build-arg:SOURCE_DATE_EPOCH": strconv.FormatInt(b.opts.SourceDateEpoch, 10),
-	}
+	// source-date-epoch. The provenance and SBOM attributes (attest.go)
+	// change the pushed index, not the image.
+	attrs, _ := b.attestAttrs(req)
+	attrs["filename"] = filepath.Base(dfPath)
+	attrs["build-arg:SOURCE_DATE_EPOCH"] = strconv.FormatInt(b.opts.SourceDateEpoch, 10)
 	if req.Platform != "" {
 		attrs["platform"] = req.Platform
 	}
@@ -295,6 +334,12 @@ func (b *BuildKit) solveOpt(req BuildRequest) (client.SolveOpt, error) {
 	exp := map[string]string{"name": target, "push": "true", "rewrite-timestamp": "true"}
 	if req.Tag == "" {
 		exp["push-by-digest"] = "true"
+	}
+	if attrs["attest:provenance"] != "" || attrs["attest:sbom"] != "" {
+		// With attestations BuildKit pushes an index: it goes by digest,
+		// and Build tags the image in it (the image is what the mesh
+		// builds on; the index is reported beside it).
+		exp["name"], exp["push-by-digest"] = req.Image, "true"
 	}
 	if b.opts.Registry.Insecure() {
 		exp["registry.insecure"] = "true"

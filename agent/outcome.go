@@ -111,6 +111,7 @@ func (a *Agent) built(ask mesh.Ask, res Result, took time.Duration) outcome {
 			Version: mesh.AskVersion, Ask: ask.ID, Plan: ask.Plan, Module: ask.Module,
 			Commit: commit, Digest: res.Digest, Image: res.Ref, On: a.cfg.Machine,
 			Duration: took, Bytes: res.Bytes, CacheHits: res.CacheHits, Steps: res.Steps, At: time.Now().UTC(),
+			Attestations: res.Attestations,
 		},
 		how: ack,
 	}

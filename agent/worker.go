@@ -31,6 +31,9 @@ type Result struct {
 	// built event's duration is the agent's whole work on the ask,
 	// checkout included.
 	Duration time.Duration
+	// Attestations are the provenance and SBOM pushed with the image, if
+	// any (attest.go).
+	Attestations *mesh.Attestations
 }
 
 // Builder is the part of BuildKit a BuildWorker calls.
@@ -60,6 +63,9 @@ func (w *BuildWorker) Work(ctx context.Context, ask mesh.Ask, log func(string)) 
 	tag := w.Tag
 	if tag == "" {
 		tag = "latest"
+	}
+	if commit != "" {
+		ask.Source.Commit = commit // the provenance names the commit built
 	}
 	res, err := w.Builder.Build(ctx, BuildRequest{Ask: ask, ContextDir: dir, Tag: tag, Log: log})
 	if err != nil {

@@ -28,6 +28,13 @@ type Observer interface {
 	Plans(byOutcome map[string]int, blocked int)
 }
 
+// ForecastObserver is told, on every observation, each running plan's
+// estimated remaining time (Forecast.Remaining), by plan (metrics). An
+// Observer that implements it is told.
+type ForecastObserver interface {
+	PlansRemaining(byPlan map[string]time.Duration)
+}
+
 type nopObserver struct{}
 
 func (nopObserver) PlanSettled(string, time.Duration) {}
@@ -938,7 +945,7 @@ func (c *Controller) persist(ctx context.Context) error {
 	}
 	for id := range c.dirtyRun {
 		if st := c.plans[id]; st != nil {
-			c.dirty[PlanKey(id)] = Record(st)
+			c.dirty[PlanKey(id)] = c.record(st)
 		}
 	}
 	finished, released, records := map[string]any{}, map[string]any{}, map[string]any{}
@@ -979,6 +986,17 @@ func (c *Controller) persist(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// record is a plan's record with, while it runs, its forecast: from the
+// modules' last build times, spread over the holders last seen.
+func (c *Controller) record(st *State) PlanRecord {
+	r := Record(st)
+	if r.Outcome == OutcomeRunning {
+		f := st.Forecast(c.lastBuild, time.Now().UTC(), c.platforms.holders)
+		r.Forecast = &f
+	}
+	return r
 }
 
 // finished reports whether a module in state s has its result (built,
@@ -1088,6 +1106,16 @@ func (c *Controller) observe() {
 		blocked += st.Counts().Blocked
 	}
 	c.obs.Plans(by, blocked)
+	if fo, ok := c.obs.(ForecastObserver); ok {
+		now := time.Now().UTC()
+		left := map[string]time.Duration{}
+		for id, st := range c.plans {
+			if st.Outcome() == OutcomeRunning {
+				left[id] = st.Forecast(c.lastBuild, now, c.platforms.holders).Remaining
+			}
+		}
+		fo.PlansRemaining(left)
+	}
 }
 
 // planWindow is the window a plan's state gets: with WindowIdle, 1 between

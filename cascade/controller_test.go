@@ -507,3 +507,38 @@ func TestBadRequestsGetClearErrors(t *testing.T) {
 		return err == nil && info.NumAckPending == 0 && info.NumPending == 0 && info.NumRedelivered == 0
 	})
 }
+
+// A running plan's record carries its forecast: the second plan of a
+// chain, its build times known from the first, names the module holding it
+// up and an estimated finish; the settled record has none.
+func TestARunningPlansRecordCarriesItsForecast(t *testing.T) {
+	h := newHarness(t, map[string][]string{"a": nil, "b": {"a"}, "c": {"b"}}, 1)
+	h.w.sleep["a"], h.w.sleep["b"], h.w.sleep["c"] = 50*time.Millisecond, 1500*time.Millisecond, 50*time.Millisecond
+	first := h.push("c1", "push-c1")
+	if rec, _ := h.settle(first, 20*time.Second); rec.Outcome != cascade.OutcomeBuilt || rec.Forecast != nil {
+		t.Fatalf("first plan: %+v", rec)
+	}
+	plan := h.push("c2", "push-c2")
+	var rec cascade.PlanRecord
+	testenv.WaitFor(t, 20*time.Second, "the record to name b building", func() bool {
+		r, err := h.store().Plan(context.Background(), plan)
+		rec = r
+		if err != nil || r.Forecast == nil {
+			return false
+		}
+		hold, ok := r.Forecast.Holding()
+		return ok && hold.Module == "b" && hold.State == cascade.Building
+	})
+	f := rec.Forecast
+	if len(f.Path) != 2 || f.Path[1].Module != "c" || f.Unknown || f.Guessed != 0 {
+		t.Errorf("forecast %+v: want the path b → c, every estimate known", f)
+	}
+	// b took 1.5s last time: between a little and 1.5s+ of it is left,
+	// and c's 50ms after it.
+	if f.Path[0].Estimate < time.Second || f.Remaining <= 0 || f.Remaining > 3*time.Second || !f.Finish.After(rec.Created) {
+		t.Errorf("forecast %+v: want b's estimate of ~1.5s, a few seconds left", f)
+	}
+	if rec, _ := h.settle(plan, 20*time.Second); rec.Outcome != cascade.OutcomeBuilt || rec.Forecast != nil {
+		t.Errorf("settled: %+v, want no forecast", rec)
+	}
+}

@@ -103,7 +103,7 @@ func TestUnchangedInputsAreNotDispatchedAndTheCascadeStops(t *testing.T) {
 	// Every ask published, by plan: what was dispatched.
 	var mu sync.Mutex
 	asks := map[string][]mesh.Ask{}
-	sub, err := nc.Subscribe(mesh.SeatAcceptSubject(mesh.BuildSeat, mesh.BuildVerb), func(m *nats.Msg) {
+	sub, err := nc.Subscribe(mesh.SeatAcceptAll(mesh.BuildSeat), func(m *nats.Msg) {
 		if a, err := mesh.DecodeAsk(m.Data); err == nil {
 			mu.Lock()
 			asks[a.Plan] = append(asks[a.Plan], a)

@@ -32,6 +32,11 @@ type PlatformStatus struct {
 	// Digest is the platform's manifest, from its built event.
 	Digest string `json:"digest,omitempty"`
 	On     string `json:"on,omitempty"`
+	// Attestations are what the platform's image was pushed with (its
+	// provenance and SBOM, by digest). The module's index, assembled from
+	// the platforms' image manifests, does not carry them: it is a pure
+	// function of the images, so that it stays reproducible.
+	Attestations *mesh.Attestations `json:"attestations,omitempty"`
 }
 
 // PlatformAskID derives the ask id of one platform's ask of a module built
@@ -117,7 +122,7 @@ func (s *State) platformBuilt(i, k int, ev mesh.Built, now time.Time) {
 		p.State = Cancelled
 		s.platformStopped(m, ev.On, "", "built after the plan was cancelled: "+ev.Image, now)
 	case (m.State == Queued || m.State == Building) && (p.State == Queued || p.State == Building):
-		p.State, p.Digest = Built, ev.Digest
+		p.State, p.Digest, p.Attestations = Built, ev.Digest, ev.Attestations
 		m.Commit = ev.Commit
 		if ev.On != "" {
 			p.On = ev.On

@@ -17,6 +17,10 @@ type PlatformObserver interface {
 type platformWatch struct {
 	since time.Time
 	seen  map[string]time.Time
+	// holders is how many holders were waiting for or holding an ask,
+	// over every platform, at the last look: the machines a plan's
+	// forecast spreads its work over (0: none seen, the path alone).
+	holders int
 }
 
 // servedWithin is how long a platform counts as served after a holder of
@@ -43,6 +47,7 @@ func (w platformWatch) served(platform string, now time.Time, within time.Durati
 // reports whether a note changed.
 func (c *Controller) watchPlatforms(ctx context.Context) bool {
 	now := time.Now()
+	holders := 0
 	for _, p := range c.cat.Platforms() {
 		info, err := c.platformInfo(ctx, p)
 		if err != nil {
@@ -53,7 +58,9 @@ func (c *Controller) watchPlatforms(ctx context.Context) bool {
 		if info.NumWaiting > 0 || info.NumAckPending > 0 {
 			c.platforms.seen[p] = now
 		}
+		holders += info.NumWaiting + info.NumAckPending
 	}
+	c.platforms.holders = holders
 	within := c.servedWithin()
 	byPlatform := map[string]int{}
 	changed := false

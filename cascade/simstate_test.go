@@ -25,6 +25,14 @@ import (
 // new State (estimates, window). It returns the makespan in seconds; it errs
 // if the plan does not finish.
 func simulateState(p planner.Plan, dur map[string]float64, machines int, setup func(*State)) (float64, error) {
+	return simulateStateProbed(p, dur, machines, setup, nil, nil)
+}
+
+// simulateStateProbed is simulateState calling probe with the state as it
+// stands at each of the times probes (in seconds, ascending), before the
+// first event after it; at is the probe's time.
+func simulateStateProbed(p planner.Plan, dur map[string]float64, machines int, setup func(*State),
+	probes []float64, probe func(s *State, at time.Time)) (float64, error) {
 	if machines < 1 {
 		return 0, fmt.Errorf("simulating plan %s: no machine", p.ID)
 	}
@@ -66,6 +74,10 @@ func simulateState(p planner.Plan, dur map[string]float64, machines int, setup f
 		}
 		if len(running) == 0 {
 			break
+		}
+		for len(probes) > 0 && probes[0] < running.first().at {
+			probe(s, at(probes[0]))
+			probes = probes[1:]
 		}
 		now = running.first().at
 		for len(running) > 0 && running.first().at == now {

@@ -253,6 +253,10 @@ type ModuleStatus struct {
 	Digest string `json:"digest,omitempty"`
 	// Image is the pushed reference, repository@digest.
 	Image string `json:"image,omitempty"`
+	// Attestations are the provenance and SBOM pushed with the image, by
+	// digest, from the built event (per platform in Platforms for a module
+	// of several).
+	Attestations *mesh.Attestations `json:"attestations,omitempty"`
 	// On is the machine building or that built it.
 	On       string        `json:"on,omitempty"`
 	Queued   time.Time     `json:"queued,omitzero"`
@@ -627,6 +631,7 @@ func (s *State) Built(ev mesh.Built, now time.Time) []Submit {
 		return nil
 	}
 	m.State, m.Commit, m.Digest, m.Image = Built, ev.Commit, ev.Digest, ev.Image
+	m.Attestations = ev.Attestations
 	if ev.On != "" {
 		m.On = ev.On
 	}
@@ -948,6 +953,7 @@ func (s *State) submit(ready []int, now time.Time) []Submit {
 		m.Started, m.Finished, m.Duration = time.Time{}, time.Time{}, 0
 		m.On, m.Reason, m.Message, m.Log, m.BlockedBy = "", "", "", nil, ""
 		m.Commit, m.Digest, m.Image, m.Reuses, m.Waiting = "", "", "", "", ""
+		m.Attestations = nil
 		s.askPlatforms(m)
 		out[k] = s.submitOf(i)
 	}

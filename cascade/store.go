@@ -105,6 +105,10 @@ type PlanRecord struct {
 	Created  time.Time         `json:"created"`
 	Updated  time.Time         `json:"updated"`
 	Finished time.Time         `json:"finished,omitzero"`
+	// Forecast is a running plan's remaining critical path and estimated
+	// finish when the record was written (CriticalPath); `builds show` and
+	// `builds watch` compute it again as time passes.
+	Forecast *Forecast `json:"forecast,omitempty"`
 }
 
 // Record summarises a state.

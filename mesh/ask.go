@@ -44,6 +44,31 @@ type Source struct {
 	Commit     string `json:"commit"`
 	Path       string `json:"path,omitempty"`
 	Dockerfile string `json:"dockerfile,omitempty"`
+	// NoProvenance and NoSBOM turn the image's provenance attestation and
+	// its SBOM off for this module (build.provenance: false, build.sbom:
+	// false); an agent attaches each otherwise, as it is configured to.
+	NoProvenance bool `json:"no_provenance,omitempty"`
+	NoSBOM       bool `json:"no_sbom,omitempty"`
+}
+
+// Attestations are what was pushed with an image: the index holding the
+// image and its attestation manifest, and the attestations in it, each by
+// digest. The image's digest (Built.Digest) is the image manifest's, not
+// the index's: the image is reproducible, its provenance (which records
+// when it was built) is not.
+type Attestations struct {
+	// Index is the pushed index: the image manifest and its attestation
+	// manifest.
+	Index string `json:"index"`
+	// Manifest is the attestation manifest (annotated
+	// vnd.docker.reference.type=attestation-manifest).
+	Manifest string `json:"manifest"`
+	// Provenance is the in-toto statement of the SLSA provenance, a layer
+	// of Manifest; empty without one.
+	Provenance string `json:"provenance,omitempty"`
+	// SBOM is the in-toto statement of the SPDX SBOM, a layer of
+	// Manifest; empty without one.
+	SBOM string `json:"sbom,omitempty"`
 }
 
 // Base is one base image of a build, pinned to a digest.
@@ -155,6 +180,9 @@ type Built struct {
 	CacheHits int           `json:"cache_hits"`
 	Steps     int           `json:"steps"`
 	At        time.Time     `json:"at"`
+	// Attestations are the provenance and SBOM pushed with the image, if
+	// any.
+	Attestations *Attestations `json:"attestations,omitempty"`
 }
 
 // Failed is announced once when an ask is settled without an image.

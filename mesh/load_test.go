@@ -98,7 +98,7 @@ state:
 		want: []want{
 			{file: "x.yaml", field: "consume", text: `unknown key "consume": write "consumes"`, line: 3},
 			{file: "x.yaml", field: "seats[0].accept", text: `write "accepts" (the keys of a seat are accepts, emits, scope, seat, serves)`, line: 7},
-			{file: "x.yaml", field: "build.context", text: "the keys of build are dockerfile, on, path, platforms, repo", line: 10},
+			{file: "x.yaml", field: "build.context", text: "the keys of build are dockerfile, on, path, platforms, provenance, repo, sbom", line: 10},
 			{file: "x.yaml", field: "state[0].size", text: "the keys of a state entry are history, name, ttl", line: 12},
 		},
 	}, {
@@ -108,12 +108,14 @@ state:
 			"b.yaml": "- module: b\n",
 			"c.yaml": "module: c\nstate:\n  - name: x\n    history: many\n",
 			"d.yaml": "module: d\nbuild: [r]\n",
+			"e.yaml": "module: e\nbuild:\n  repo: r\n  provenance: maybe\n  sbom: false\n",
 		},
 		want: []want{
 			{file: "a.yaml", field: "emits", text: "write a list", line: 2},
 			{file: "b.yaml", text: "a manifest is a mapping", line: 1},
 			{file: "c.yaml", field: "state[0].history", text: `cannot read "many" as a whole number`, line: 4},
 			{file: "d.yaml", field: "build", text: "a mapping", line: 2},
+			{file: "e.yaml", field: "build.provenance", text: `cannot read "maybe" as true or false: write true or false`, line: 4},
 		},
 	}, {
 		name: "empty files, several documents and duplicate keys",

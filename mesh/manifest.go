@@ -28,6 +28,22 @@ type Build struct {
 	Dockerfile string   `yaml:"dockerfile,omitempty" json:"dockerfile,omitempty"`
 	On         []string `yaml:"on,omitempty" json:"on,omitempty"`
 	Platforms  []string `yaml:"platforms,omitempty" json:"platforms,omitempty"`
+	// Provenance: false pushes the module's image without the provenance
+	// attestation agents attach by default.
+	Provenance *bool `yaml:"provenance,omitempty" json:"provenance,omitempty"`
+	// SBOM: false pushes the module's image without the SBOM agents
+	// configured with a generator attach.
+	SBOM *bool `yaml:"sbom,omitempty" json:"sbom,omitempty"`
+}
+
+// Attests reports whether the module's image gets a provenance
+// attestation and an SBOM, where agents make them: unless the manifest
+// turns them off.
+func (b *Build) Attests() (provenance, sbom bool) {
+	if b == nil {
+		return false, false
+	}
+	return b.Provenance == nil || *b.Provenance, b.SBOM == nil || *b.SBOM
 }
 
 // Seat is a role with a protocol: the verbs it accepts (a work queue), the

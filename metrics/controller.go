@@ -22,10 +22,13 @@ type Controller struct {
 	blocked  prometheus.Gauge
 	// unserved counts asks waiting for a platform no machine online builds.
 	unserved *prometheus.GaugeVec // platform
+	// remaining is each running plan's estimated remaining time.
+	remaining *prometheus.GaugeVec // plan
 
 	mu       sync.Mutex
 	seen     map[string]bool // states ever reported, set to 0 when they go
 	seenPlat map[string]bool // platforms ever reported unserved
+	running  map[string]bool // plans with a remaining-time series
 }
 
 // NewController registers the controller's metrics with reg and returns
@@ -54,9 +57,13 @@ func NewController(reg prometheus.Registerer) *Controller {
 			Name: "meshbuild_controller_asks_without_machine",
 			Help: "Asks queued for a platform that no online build machine builds, by platform: they wait until a machine of it arrives.",
 		}, []string{"platform"}),
-		seen: map[string]bool{}, seenPlat: map[string]bool{},
+		remaining: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "meshbuild_controller_plan_remaining_seconds",
+			Help: "Each running plan's estimated remaining time: the longer of its remaining critical path (modules' last build times, less what the building ones have done) and its remaining work over the machines. The series goes when the plan settles.",
+		}, []string{"plan"}),
+		seen: map[string]bool{}, seenPlat: map[string]bool{}, running: map[string]bool{},
 	}
-	reg.MustRegister(c.plans, c.settled, c.duration, c.blocked, c.unserved)
+	reg.MustRegister(c.plans, c.settled, c.duration, c.blocked, c.unserved, c.remaining)
 	for _, s := range planStates {
 		c.plans.WithLabelValues(s)
 		c.seen[s] = true
@@ -104,5 +111,23 @@ func (c *Controller) AsksWithoutMachine(byPlatform map[string]int) {
 	for p, n := range byPlatform {
 		c.unserved.WithLabelValues(p).Set(float64(n))
 		c.seenPlat[p] = true
+	}
+}
+
+// PlansRemaining records each running plan's estimated remaining time
+// (cascade.ForecastObserver); the series of a plan missing (settled) is
+// removed.
+func (c *Controller) PlansRemaining(byPlan map[string]time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for p := range c.running {
+		if _, ok := byPlan[p]; !ok {
+			c.remaining.DeleteLabelValues(p)
+			delete(c.running, p)
+		}
+	}
+	for p, d := range byPlan {
+		c.remaining.WithLabelValues(p).Set(d.Seconds())
+		c.running[p] = true
 	}
 }

@@ -70,3 +70,30 @@ meshbuild_controller_plans_settled_total{outcome="failed"} 1
 		t.Errorf("lint: %s: %s", p.Metric, p.Text)
 	}
 }
+
+var _ cascade.ForecastObserver = (*metrics.Controller)(nil)
+
+// Each running plan has its remaining-time series; a plan that settled
+// (missing from the next report) loses it.
+func TestControllerExportsEachRunningPlansRemainingTime(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	c := metrics.NewController(reg)
+	const name = "meshbuild_controller_plan_remaining_seconds"
+	if n, _ := testutil.GatherAndCount(reg, name); n != 0 {
+		t.Errorf("%d series before any plan, want 0", n)
+	}
+	c.PlansRemaining(map[string]time.Duration{"p-1": 90 * time.Second, "p-2": 1500 * time.Millisecond})
+	c.PlansRemaining(map[string]time.Duration{"p-1": 60 * time.Second})
+	want := `
+# HELP meshbuild_controller_plan_remaining_seconds Each running plan's estimated remaining time: the longer of its remaining critical path (modules' last build times, less what the building ones have done) and its remaining work over the machines. The series goes when the plan settles.
+# TYPE meshbuild_controller_plan_remaining_seconds gauge
+meshbuild_controller_plan_remaining_seconds{plan="p-1"} 60
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), name); err != nil {
+		t.Error(err)
+	}
+	c.PlansRemaining(nil)
+	if n, _ := testutil.GatherAndCount(reg, name); n != 0 {
+		t.Errorf("%d series after every plan settled, want 0", n)
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/goccy/go-yaml"
 	"github.com/prometheus/client_golang/prometheus"
@@ -23,7 +24,8 @@ func exported(t *testing.T) map[string]bool {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	metrics.NewAgent(reg, "m1")
-	metrics.NewController(reg)
+	// A running plan, for its remaining-time series to be gathered.
+	metrics.NewController(reg).PlansRemaining(map[string]time.Duration{"p-1": time.Minute})
 	reg.MustRegister(metrics.NewQueueCollector(raisedQueue(t), []string{mesh.BuildSeat}))
 	families, err := reg.Gather()
 	if err != nil {

@@ -61,11 +61,16 @@ type Source struct {
 	Dockerfile string `json:"dockerfile"`
 	// Platforms are build.platforms, defaulted.
 	Platforms []string `json:"platforms"`
+	// NoProvenance and NoSBOM are build.provenance: false and build.sbom:
+	// false.
+	NoProvenance bool `json:"no_provenance,omitempty"`
+	NoSBOM       bool `json:"no_sbom,omitempty"`
 }
 
 // Mesh returns the source as the build ask carries it.
 func (s Source) Mesh() mesh.Source {
-	return mesh.Source{Repo: s.Repo, Commit: s.Commit, Path: s.Path, Dockerfile: s.Dockerfile}
+	return mesh.Source{Repo: s.Repo, Commit: s.Commit, Path: s.Path, Dockerfile: s.Dockerfile,
+		NoProvenance: s.NoProvenance, NoSBOM: s.NoSBOM}
 }
 
 // External is a base outside the plan, kept at its current digest.
@@ -340,6 +345,8 @@ func (ix *Index) source(i int32, t Trigger) Source {
 		Path:       b.Path,
 		Dockerfile: b.DockerfileOrDefault(),
 	}
+	prov, sbom := b.Attests()
+	s.NoProvenance, s.NoSBOM = !prov, !sbom
 	if t.Commit != "" && t.Repo != "" && ix.repo[i] == NormaliseRepo(t.Repo) {
 		s.Commit = t.Commit
 	}

@@ -148,6 +148,26 @@ func (c *Client) Get(ctx context.Context, ref string) (*remote.Descriptor, error
 	return desc, nil
 }
 
+// Tag points tag, in the repository of ref, at the manifest ref names
+// (by digest): a tag moved to an image already pushed, without pushing
+// it again.
+func (c *Client) Tag(ctx context.Context, ref, tag string) error {
+	c = c.or()
+	r, err := c.parse(ref)
+	if err != nil {
+		return err
+	}
+	desc, err := remote.Get(r, c.remote(ctx)...)
+	if err != nil {
+		return loginHint(fmt.Errorf("fetching %s: %w", ref, err), r.Context().RegistryStr())
+	}
+	t := r.Context().Tag(tag)
+	if err := remote.Tag(t, desc, c.remote(ctx)...); err != nil {
+		return loginHint(fmt.Errorf("tagging %s as %s: %w", ref, t, err), r.Context().RegistryStr())
+	}
+	return nil
+}
+
 // Size returns the bytes an image occupies in the registry: its manifest,
 // config and layers (compressed, as stored). For an index it is the sum over
 // its images.

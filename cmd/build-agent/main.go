@@ -51,6 +51,8 @@ func run() int {
 	fs.DurationVar(&cfg.Grace, "grace", cfg.Grace, "on SIGTERM, how long builds in hand may finish before their asks are handed back")
 	var bkOpts agent.BuildKitOptions
 	fs.Int64Var(&bkOpts.SourceDateEpoch, "source-date-epoch", int64(envInt("MESHBUILD_SOURCE_DATE_EPOCH", 0)), "SOURCE_DATE_EPOCH every image is built reproducibly to, seconds since 1970 (MESHBUILD_SOURCE_DATE_EPOCH)")
+	fs.StringVar(&bkOpts.Provenance, "provenance", daemon.Env("MESHBUILD_PROVENANCE", agent.ProvenanceMax), "provenance attestation pushed with every image: max, min or off; a module's build.provenance: false turns it off for that module (MESHBUILD_PROVENANCE)")
+	fs.StringVar(&bkOpts.SBOMGenerator, "sbom-generator", daemon.Env("MESHBUILD_SBOM_GENERATOR", ""), "SBOM generator image, from the mesh's own registry (e.g. REGISTRY/buildkit-syft-scanner:stable-1); empty: no SBOM, said in each build's log (MESHBUILD_SBOM_GENERATOR)")
 	lease := fs.Duration("lease", envDuration("MESHBUILD_LEASE", claim.DefaultLease), "how long this agent's claim of its machine's seat outlives it (whole seconds; MESHBUILD_LEASE)")
 	fs.DurationVar(&cfg.RetryFor, "retry-for", cfg.RetryFor, "how long an ask's infrastructure failures are retried (delays from 2s doubling to 1m) before it is failed{infra}")
 	fs.DurationVar(&cfg.ProbeEvery, "probe-every", cfg.ProbeEvery, "how often an idle machine checks that its buildkitd answers (a sick one stops taking asks and probes with backoff until it does)")

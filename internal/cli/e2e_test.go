@@ -189,6 +189,19 @@ func TestACascadeBuiltByRealAgents(t *testing.T) {
 	if err := json.Unmarshal(out.Bytes(), &shown); err != nil || len(shown.Machines) != len(view.Machines) {
 		t.Fatalf("show --json: %v %+v", err, shown.Machines)
 	}
+	// show --json names each image's attestations by digest: the pushed
+	// index, its attestation manifest and the provenance in it (no SBOM:
+	// no generator is configured).
+	for _, m := range shown.Modules {
+		a := m.Attestations
+		if a == nil || !strings.HasPrefix(a.Index, "sha256:") || !strings.HasPrefix(a.Manifest, "sha256:") || !strings.HasPrefix(a.Provenance, "sha256:") || a.SBOM != "" || a.Index == m.Digest {
+			t.Errorf("%s: attestations %+v, want the index, attestation manifest and provenance by digest", m.Module, a)
+			continue
+		}
+		if got, err := registry.NewClient(registry.WithInsecure(true)).Resolve(ctx, strings.Split(m.Image, "@")[0]+"@"+a.Index); err != nil || got != a.Index {
+			t.Errorf("%s: the index %s does not resolve: %s %v", m.Module, a.Index, got, err)
+		}
+	}
 	// rebuild: d3 again, from the repository's HEAD, on the base's current
 	// digest (base is outside this plan).
 	out.Reset()

@@ -75,6 +75,9 @@ type PlanView struct {
 	Plan     cascade.PlanRecord     `json:"plan"`
 	Modules  []cascade.ModuleStatus `json:"modules"`
 	Machines []string               `json:"machines"`
+	// Forecast is a running plan's remaining critical path and estimated
+	// finish, computed now from its modules (planview.ForecastOf).
+	Forecast *cascade.Forecast `json:"forecast,omitempty"`
 }
 
 func machinesOf(mods map[string]cascade.ModuleStatus) []string {
@@ -153,7 +156,11 @@ func colorize(on bool, s string) string {
 // showPlan prints a plan: tier by tier, or as a PlanView in JSON.
 func showPlan(g *globals, rec cascade.PlanRecord, mods map[string]cascade.ModuleStatus) error {
 	if g.json {
-		return writeJSON(g.out, PlanView{Plan: rec, Modules: planview.OrderedModules(mods), Machines: machinesOf(mods)})
+		v := PlanView{Plan: rec, Modules: planview.OrderedModules(mods), Machines: machinesOf(mods)}
+		if f, ok := planview.ForecastOf(rec, mods, time.Now()); ok {
+			v.Forecast = &f
+		}
+		return writeJSON(g.out, v)
 	}
 	planview.PrintPlan(g.out, rec, mods)
 	return nil

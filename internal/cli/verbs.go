@@ -53,6 +53,11 @@ func Watch(ctx context.Context, st *cascade.Store, plan string, w io.Writer, tty
 				return // the record's counts say it
 			}
 			line := progress(p.Record, tty)
+			if f, ok := planview.ForecastOf(p.Record, p.Modules, time.Now()); ok {
+				if s := planview.ShortForecast(f); s != "" {
+					line += "; " + s
+				}
+			}
 			if tty {
 				fmt.Fprintf(w, "\r\x1b[K%s", line)
 			} else if line != last {

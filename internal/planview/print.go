@@ -36,6 +36,9 @@ func PrintPlan(w io.Writer, rec cascade.PlanRecord, mods map[string]cascade.Modu
 	if rec.Message != "" {
 		fmt.Fprintf(w, "  %s\n", rec.Message)
 	}
+	if f, ok := ForecastOf(rec, mods, time.Now()); ok {
+		PrintForecast(w, f)
+	}
 	ordered := OrderedModules(mods)
 	// One alignment for every tier (a tabwriter would align each tier
 	// apart, or pad the tier lines).

@@ -82,3 +82,36 @@ func TestMachinesWithoutFailures(t *testing.T) {
 		t.Errorf("PrintPlan:\n%s", b.String())
 	}
 }
+
+// A running plan is shown with the module holding it up, its estimated
+// finish and its remaining critical path.
+func TestPrintPlanShowsARunningPlansCriticalPath(t *testing.T) {
+	now := time.Now()
+	rec := cascade.PlanRecord{ID: "p", Outcome: cascade.OutcomeRunning, Counts: cascade.Counts{Built: 1, Building: 1, Waiting: 1, Total: 3}}
+	mods := map[string]cascade.ModuleStatus{
+		"base":    {Module: "base", State: cascade.Built, Estimate: time.Minute},
+		"tool-17": {Module: "tool-17", Tier: 1, Bases: []string{"base"}, State: cascade.Building, On: "host-a1", Estimate: 5 * time.Minute, Started: now.Add(-time.Minute)},
+		"cli":     {Module: "cli", Tier: 2, Bases: []string{"tool-17"}, State: cascade.Ready, Estimate: 2 * time.Minute},
+	}
+	var b bytes.Buffer
+	PrintPlan(&b, rec, mods)
+	out := b.String()
+	for _, want := range []string{
+		"  waiting on tool-17 (building on host-a1): 4m",
+		" left on the critical path; finish ≈ ",
+		"  critical path: tool-17 (building, 4m",
+		" → cli (waiting, 2m0s)\n",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("PrintPlan lacks %q:\n%s", want, out)
+		}
+	}
+	f, ok := ForecastOf(rec, mods, now)
+	if !ok || !strings.HasPrefix(ShortForecast(f), "ETA ") || !strings.HasSuffix(ShortForecast(f), "left), waiting on tool-17") {
+		t.Errorf("short forecast %q", ShortForecast(f))
+	}
+	rec.Outcome = cascade.OutcomeBuilt
+	if _, ok := ForecastOf(rec, mods, now); ok {
+		t.Error("a settled plan has a forecast")
+	}
+}
