@@ -194,7 +194,7 @@ func TestAnAskIsBuiltOnceAcrossABusOutage(t *testing.T) {
 	if _, err := mesh.Raise(ctx, js, testenv.Catalogue(t, nil), 1); err != nil {
 		t.Fatal(err)
 	}
-	spec := mesh.SeatConsumerSpec(mesh.Seat{Seat: mesh.BuildSeat}, 1)
+	spec := mesh.BuildConsumerSpec(mesh.DefaultPlatform, 1)
 	spec.Config.AckWait = testAckWait
 	if _, err := js.UpdateConsumer(ctx, spec.Stream, spec.Config); err != nil {
 		t.Fatal(err)

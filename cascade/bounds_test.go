@@ -60,7 +60,7 @@ func (w killerOn) Work(ctx context.Context, a mesh.Ask, log func(string)) (agent
 func TestAPoisonAskIsBoundedAndTheFleetGoesOn(t *testing.T) {
 	graph := map[string][]string{"poison": nil, "after": {"poison"}, "fine": nil}
 	h := newHarness(t, graph, 0)
-	spec := mesh.SeatConsumerSpec(mesh.Seat{Seat: mesh.BuildSeat}, 1)
+	spec := mesh.BuildConsumerSpec(mesh.DefaultPlatform, 1)
 	spec.Config.AckWait, spec.Config.MaxDeliver = time.Second, 3
 	if _, err := h.js.UpdateConsumer(context.Background(), spec.Stream, spec.Config); err != nil {
 		t.Fatal(err)

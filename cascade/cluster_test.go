@@ -160,7 +160,15 @@ func newFaultFarm(t *testing.T, bus *natstest.TestCluster, replicas int) *faultF
 		}
 	}()
 	t.Cleanup(func() { cancel(); <-done; cnc.Close() })
-	testenv.WaitFor(t, 30*time.Second, "the controller serving its tools", func() bool {
+	// A start raises every stream and bucket R3 with an fsync per write:
+	// on two loaded cores under -race that takes tens of seconds. It is
+	// an upper bound, not a measurement.
+	testenv.WaitFor(t, 2*time.Minute, "the controller serving its tools", func() bool {
+		select {
+		case err := <-f.ctrlErr:
+			t.Fatalf("the controller stopped while starting: %v", err)
+		default:
+		}
 		_, err := cascade.Call(context.Background(), f.nc, c.Module(), cascade.ToolRetry, cascade.Request{Plan: "none"})
 		return errors.Is(err, cascade.ErrNoPlan)
 	})
@@ -174,6 +182,7 @@ func newFaultFarm(t *testing.T, bus *natstest.TestCluster, replicas int) *faultF
 		acfg.FetchWait = 250 * time.Millisecond
 		acfg.Grace = 0
 		acfg.RetryDelay = 100 * time.Millisecond
+		acfg.ClaimLease = 2 * time.Second
 		a, err := agent.New(acfg, ajs, f.builds, nil, nil)
 		if err != nil {
 			t.Fatal(err)
@@ -416,7 +425,7 @@ func testWithoutQuorum(t *testing.T, leaderSurvives bool) {
 	phantom := mesh.Ask{Version: mesh.AskVersion, ID: "phantom-" + id, Plan: "phantom", Module: "a",
 		Source: mesh.Source{Repo: testenv.FleetRepo, Commit: "none", Path: "a"}, Image: f.reg.host + "/a"}
 	data, _ := json.Marshal(phantom)
-	subj := mesh.SeatAcceptSubject(mesh.BuildSeat, mesh.BuildVerb)
+	subj := mesh.BuildSubject(mesh.DefaultPlatform)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	ack, err := f.js.Publish(ctx, subj, data, jetstream.WithMsgID(phantom.ID))
 	cancel()
@@ -458,7 +467,7 @@ func testWithoutQuorum(t *testing.T, leaderSurvives bool) {
 func (f *faultFarm) waitQueueEmpty() {
 	f.t.Helper()
 	testenv.WaitFor(f.t, faultSettle, "the build queue empty", func() bool {
-		c, err := f.js.Consumer(context.Background(), mesh.SeatStream(mesh.BuildSeat), mesh.SeatConsumer(mesh.BuildSeat))
+		c, err := f.js.Consumer(context.Background(), mesh.SeatStream(mesh.BuildSeat), mesh.BuildConsumer(mesh.DefaultPlatform))
 		if err != nil {
 			return false
 		}

@@ -423,6 +423,10 @@ func (f *chaosFarm) runAgent(machine string) func(ctx context.Context, nc *nats.
 		cfg.Heartbeat = 100 * time.Millisecond
 		cfg.Grace = 0
 		cfg.RetryDelay = 50 * time.Millisecond
+		// A killed agent's claim of its ask lapses as soon as the
+		// shortened ack wait hands the ask to another (the same
+		// redelivery, sooner, as the ack waits below).
+		cfg.ClaimLease = time.Second
 		a, err := agent.New(cfg, js, &chaosBuilder{f: f, machine: machine, tap: tp}, nil, nil)
 		if err != nil {
 			return err
@@ -1176,7 +1180,7 @@ func classify(subject string, payload []byte) string {
 		return kindAck
 	case strings.HasPrefix(subject, "$JS.API."):
 		return kindAPI
-	case subject == mesh.SeatAcceptSubject(mesh.BuildSeat, mesh.BuildVerb):
+	case strings.HasPrefix(subject, mesh.SeatAcceptSubject(mesh.BuildSeat, mesh.BuildVerb)+"."):
 		return kindAsk
 	case subject == mesh.SeatEventSubject(mesh.BuildSeat, mesh.EventStarted):
 		return kindStarted

@@ -131,7 +131,7 @@ func fleetRun(tb testing.TB, sz fleetSize) map[string]float64 {
 	f, warns := newFleetFarm(tb, bus, benchCatalogue(tb, d), cfg, sz.agents)
 
 	// MaxWaiting covers every slot with a quarter to spare (SCALE.md).
-	cons, err := f.js.Consumer(context.Background(), mesh.SeatStream(mesh.BuildSeat), mesh.SeatConsumer(mesh.BuildSeat))
+	cons, err := f.js.Consumer(context.Background(), mesh.SeatStream(mesh.BuildSeat), mesh.BuildConsumer(mesh.DefaultPlatform))
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -494,7 +494,7 @@ func fleetDispatch(tb testing.TB, f *fleetFarm, nc *nats.Conn, n int) []time.Dur
 			tb.Fatal(err)
 		}
 		t0 := time.Now()
-		if _, err := f.js.Publish(context.Background(), mesh.SeatAcceptSubject(mesh.BuildSeat, mesh.BuildVerb), data, jetstream.WithMsgID(id)); err != nil {
+		if _, err := f.js.Publish(context.Background(), mesh.BuildSubject(mesh.DefaultPlatform), data, jetstream.WithMsgID(id)); err != nil {
 			tb.Fatal(err)
 		}
 		for _, ch := range []chan string{started, builtc} {

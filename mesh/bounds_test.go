@@ -22,7 +22,7 @@ func TestTheSeatsBoundsUnderDerivedPermissions(t *testing.T) {
 	if _, err := mesh.Raise(ctx(t), cjs, c, 1); err != nil {
 		t.Fatal(err)
 	}
-	cons, err := cjs.Consumer(ctx(t), mesh.SeatStream(mesh.BuildSeat), mesh.SeatConsumer(mesh.BuildSeat))
+	cons, err := cjs.Consumer(ctx(t), mesh.SeatStream(mesh.BuildSeat), mesh.BuildConsumer(mesh.DefaultPlatform))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -75,6 +75,12 @@ func BuildSubject(platform string) string {
 	return SeatPlatformSubject(BuildSeat, BuildVerb, platform)
 }
 
+// BuildConsumerSpec is the build seat's holders' consumer of platform, as
+// Raise asserts it for a build seat that accepts BuildVerb.
+func BuildConsumerSpec(platform string, replicas int) ConsumerSpec {
+	return SeatConsumerSpecs(Seat{Seat: BuildSeat, Accepts: []string{BuildVerb}}, []string{platform}, replicas)[0]
+}
+
 // BuildConsumer is the build seat's holders' consumer of a platform.
 func BuildConsumer(platform string) string { return SeatPlatformConsumer(BuildSeat, platform) }
 

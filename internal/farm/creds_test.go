@@ -96,7 +96,7 @@ func TestUpEnforcesEachComponentsCredentials(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := js.Consumer(ctx, mesh.SeatStream(mesh.BuildSeat), mesh.SeatConsumer(mesh.BuildSeat)); err != nil {
+	if _, err := js.Consumer(ctx, mesh.SeatStream(mesh.BuildSeat), mesh.BuildConsumer(mesh.DefaultPlatform)); err != nil {
 		t.Fatalf("the agent binding its seat's consumer: %v", err)
 	}
 
