@@ -298,7 +298,12 @@ func (f *faultFarm) builtEvents(id string) map[string][]mesh.Built {
 		msg, err := cons.Next(jetstream.FetchMaxWait(2 * time.Second))
 		if err != nil {
 			if errors.Is(err, nats.ErrTimeout) || errors.Is(err, jetstream.ErrNoMessages) {
-				return out
+				// A stall (an ordered consumer starting over after an
+				// election) is not the end: that is NumPending 0, below.
+				if ctx.Err() != nil {
+					return out
+				}
+				continue
 			}
 			if errors.Is(err, nats.ErrNoResponders) && ctx.Err() == nil {
 				// A node just restarted is not answering the JetStream
