@@ -64,6 +64,17 @@ import (
 const fleetUnit = 400 * time.Millisecond
 
 func BenchmarkFleet1000(b *testing.B) {
+	if benchTiny() {
+		// `make test`: the same path at TestFleet1000Tiny's size, so
+		// that the benchmark's own code keeps running without taking
+		// minutes under -race.
+		for _, bus := range []int{1, 3} {
+			b.Run(fmt.Sprintf("tiny/nodes=%d", bus), func(b *testing.B) {
+				fleetBench(b, fleetSize{nodes: bus, agents: 20, asks: 20, modules: 200, plans: 1, makespan: true, unit: 50 * time.Millisecond})
+			})
+		}
+		return
+	}
 	for _, bus := range []int{1, 3} {
 		for _, agents := range []int{50, 1000} {
 			name := fmt.Sprintf("single/agents=%d", agents)
