@@ -162,10 +162,35 @@ func (c *Controller) Module() string { return c.module }
 // Image is module m's image repository.
 func (c *Controller) Image(module string) string { return Image(c.cfg.Registry, module) }
 
+// raise asserts cat's wire, retrying (with backoff, said in the log) while
+// the bus does not answer in time: a controller that starts while a
+// cluster elects its leaders waits for them instead of stopping. A refusal
+// is returned at once.
+func (c *Controller) raise(ctx context.Context, cat *mesh.Catalogue) (mesh.RaiseReport, error) {
+	retry := backoff.Policy{First: 250 * time.Millisecond, Max: 5 * time.Second}
+	for attempt := 1; ; attempt++ {
+		r, err := mesh.Raise(ctx, c.js, cat, c.cfg.Replicas)
+		if err == nil || ctx.Err() != nil || !unanswered(err) {
+			return r, err
+		}
+		c.log.Warn("raising the catalogue: the bus did not answer; retrying", "err", err, "attempt", attempt)
+		if backoff.Wait(ctx, retry.Delay(attempt)) != nil {
+			return r, err
+		}
+	}
+}
+
+// unanswered reports whether err is the bus not answering in time (a
+// timeout, no responders, no stream response), not a refusal.
+func unanswered(err error) bool {
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) ||
+		errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse)
+}
+
 // Run raises the catalogue, resumes the plans in the store and works until
 // ctx is done.
 func (c *Controller) Run(ctx context.Context) error {
-	r, err := mesh.Raise(ctx, c.js, c.cat, c.cfg.Replicas)
+	r, err := c.raise(ctx, c.cat)
 	if err != nil {
 		return err
 	}
