@@ -251,6 +251,7 @@ func (c *Controller) load(ctx context.Context) error {
 		if err := c.assertConsumer(ctx, name); err != nil {
 			return err
 		}
+		c.observe(name)
 	}
 	return nil
 }
@@ -333,6 +334,7 @@ func (c *Controller) enrol(ctx context.Context, m jetstream.Msg) {
 		return
 	}
 	c.nodes[e.Node] = next
+	c.observe(e.Node)
 	c.answer(e.Reply, EnrolAnswer{Node: e.Node, OK: true, Created: !known})
 	if !known {
 		c.log.Info("node enrolled", "node", e.Node, "platforms", e.Platforms)
@@ -361,6 +363,9 @@ func (c *Controller) report(ctx context.Context, m jetstream.Msg) {
 	if r.Kind == Heartbeat {
 		c.heard[r.Node] = r
 		c.obs.Report(r.Kind, "heard")
+		if _, ok := c.nodes[r.Node]; ok {
+			c.observe(r.Node)
+		}
 		_ = m.Ack()
 		return
 	}
@@ -384,6 +389,7 @@ func (c *Controller) report(ctx context.Context, m jetstream.Msg) {
 	c.status[r.Node] = st
 	c.heard[r.Node] = r
 	c.obs.Report(r.Kind, "recorded")
+	c.observe(r.Node)
 	if r.Kind != Applied {
 		c.log.Warn("node did not apply its declaration", "node", r.Node, "kind", r.Kind, "revision", r.Revision, "reason", r.Reason)
 	}
@@ -468,6 +474,7 @@ func (c *Controller) publish(ctx context.Context, d Declaration) error {
 		return err
 	}
 	c.decl[d.Node] = d
+	c.observe(d.Node)
 	data, _ := json.Marshal(d)
 	if _, err := c.js.Publish(ctx, mesh.NodeSubject(d.Node), data); err != nil {
 		return fmt.Errorf("publishing on %s: %w", mesh.NodeSubject(d.Node), err)

@@ -93,6 +93,9 @@ type Node struct {
 
 	mu      sync.Mutex
 	applied appliedState
+	// declared is the newest revision the node was given (since it
+	// started; the applied one before any).
+	declared uint64
 
 	running map[string]*carried
 	// states are the state surfaces of the modules declared, by module;
@@ -146,6 +149,8 @@ func NewNode(cfg NodeConfig, js jetstream.JetStream, log *slog.Logger, obs Obser
 	} else if !errors.Is(err, os.ErrNotExist) {
 		return nil, err
 	}
+	n.declared = n.applied.Revision
+	n.obs.Revisions(n.declared, n.applied.Revision)
 	return n, nil
 }
 
@@ -288,7 +293,8 @@ func (n *Node) beat() {
 
 // Apply works one declaration: refuse it if it is not newer than what was
 // applied, else pull, verify and apply each module, report, and only then
-// acknowledge it.
+// acknowledge it. The revision lag is told on seeing it and after its
+// outcome, whatever the outcome.
 func (n *Node) Apply(ctx context.Context, msg jetstream.Msg) {
 	start := time.Now()
 	var d Declaration
@@ -297,9 +303,10 @@ func (n *Node) Apply(ctx context.Context, msg jetstream.Msg) {
 		_ = msg.Term()
 		return
 	}
-	applied := n.Applied()
+	applied := n.seen(d.Revision)
 	if d.Revision <= applied {
 		n.log.Warn("refusing a stale declaration", "revision", d.Revision, "applied", applied)
+		n.outcome(Refused, start)
 		n.settle(ctx, msg, Report{Kind: Refused, Revision: d.Revision, Applied: applied,
 			Reason: fmt.Sprintf("revision %d is at or below the applied revision %d", d.Revision, applied)}, start)
 		return
@@ -321,9 +328,9 @@ func (n *Node) Apply(ctx context.Context, msg jetstream.Msg) {
 	close(stop)
 	if err != nil {
 		n.log.Error("applying a declaration failed", "revision", d.Revision, "err", err)
-		r := Report{Kind: Failed, Revision: d.Revision, Applied: applied, Reason: err.Error()}
-		if n.report(ctx, r, start) == nil {
-			n.obs.Applied(Failed, time.Since(start), d.Revision-applied)
+		n.outcome(Failed, start)
+		if err := n.report(ctx, Report{Kind: Failed, Revision: d.Revision, Applied: applied, Reason: err.Error()}, start); err != nil {
+			n.log.Warn("reporting a failed apply", "err", err)
 		}
 		_ = msg.NakWithDelay(n.cfg.RetryDelay)
 		return
@@ -335,7 +342,28 @@ func (n *Node) Apply(ctx context.Context, msg jetstream.Msg) {
 		n.log.Error("keeping the applied revision", "err", err)
 	}
 	n.log.Info("applied", "revision", d.Revision, "modules", len(mods), "took", time.Since(start).Round(time.Millisecond))
+	n.outcome(Applied, start)
 	n.settle(ctx, msg, Report{Kind: Applied, Revision: d.Revision, Applied: d.Revision, Modules: mods}, start)
+}
+
+// seen notes a declaration of revision rev, tells the revisions, and
+// returns the revision applied.
+func (n *Node) seen(rev uint64) (applied uint64) {
+	n.mu.Lock()
+	n.declared = max(n.declared, rev)
+	declared, applied := n.declared, n.applied.Revision
+	n.mu.Unlock()
+	n.obs.Revisions(declared, applied)
+	return applied
+}
+
+// outcome tells a declaration's outcome and the revisions after it.
+func (n *Node) outcome(kind string, start time.Time) {
+	n.obs.Applied(kind, time.Since(start))
+	n.mu.Lock()
+	declared, applied := n.declared, n.applied.Revision
+	n.mu.Unlock()
+	n.obs.Revisions(declared, applied)
 }
 
 // settle reports, then acknowledges; a report that could not be sent leaves
@@ -346,7 +374,6 @@ func (n *Node) settle(ctx context.Context, msg jetstream.Msg, r Report, start ti
 		_ = msg.NakWithDelay(n.cfg.RetryDelay)
 		return
 	}
-	n.obs.Applied(r.Kind, time.Since(start), 0)
 	if err := msg.DoubleAck(ctx); err != nil {
 		n.log.Warn("acknowledging the declaration", "err", err)
 	}

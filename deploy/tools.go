@@ -237,17 +237,12 @@ func (c *Controller) views() []NodeView {
 	out := []NodeView{}
 	for _, name := range sortedKeys(c.nodes) {
 		rec := c.nodes[name]
-		v := NodeView{Node: name, Identity: rec.Identity, Platforms: rec.Platforms, Enrolled: rec.Enrolled,
-			Declared: c.decl[name].Revision, Modules: []ModuleView{}}
-		if h, ok := c.heard[name]; ok {
-			v.Heartbeat = h.At
-			v.Online = now.Sub(h.At) < c.cfg.OnlineWithin
-			v.Applied = h.Applied
-		}
+		v := NodeView{Node: name, Identity: rec.Identity, Platforms: rec.Platforms, Enrolled: rec.Enrolled, Modules: []ModuleView{}}
+		v.Declared, v.Applied, v.Heartbeat = c.revisions(name)
+		v.Online = !v.Heartbeat.IsZero() && now.Sub(v.Heartbeat) < c.cfg.OnlineWithin
 		applied := map[string]AppliedModule{}
 		if st, ok := c.status[name]; ok {
 			v.Outcome, v.Reason = st.Kind, st.Reason
-			v.Applied = max(v.Applied, st.Applied)
 			for _, m := range st.Modules {
 				applied[m.Module] = m
 			}
@@ -259,6 +254,26 @@ func (c *Controller) views() []NodeView {
 		out = append(out, v)
 	}
 	return out
+}
+
+// revisions is what the controller knows of node's revisions: the one
+// declared to it, the newest it said it applied (in its last report of a
+// declaration or its last heartbeat), and when it was last heard from.
+func (c *Controller) revisions(node string) (declared, applied uint64, heard time.Time) {
+	declared = c.decl[node].Revision
+	if h, ok := c.heard[node]; ok {
+		applied, heard = h.Applied, h.At
+	}
+	if st, ok := c.status[node]; ok {
+		applied = max(applied, st.Applied)
+	}
+	return declared, applied, heard
+}
+
+// observe tells the observer what the controller knows of node now.
+func (c *Controller) observe(node string) {
+	declared, applied, heard := c.revisions(node)
+	c.obs.NodeSeen(node, declared, applied, heard)
 }
 
 // Call sends a tool request to the mesh-controller seat and decodes its

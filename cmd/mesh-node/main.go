@@ -10,20 +10,15 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/meshbuild/meshbuild/deploy"
 	"github.com/meshbuild/meshbuild/internal/daemon"
@@ -56,7 +51,7 @@ func run() int {
 	fs.StringVar(&cfg.ApplyHook, "apply-hook", daemon.Env("MESHBUILD_APPLY_HOOK", ""), "program run per module applied or removed, with MESHBUILD_MODULE, _IMAGE, _DIGEST, _REVISION, _ACTION, _LAYOUT set, and MESHBUILD_STATE_SOCKET for a module issued buckets: hand that socket to the module only (MESHBUILD_APPLY_HOOK)")
 	insecure := fs.Bool("registry-insecure", daemon.Env("MESHBUILD_REGISTRY_INSECURE", "") == "true", "plain http to the registry (MESHBUILD_REGISTRY_INSECURE=true)")
 	fs.DurationVar(&cfg.Heartbeat, "heartbeat", cfg.Heartbeat, "how often the node tells the controller it is alive")
-	metricsAddr := fs.String("metrics", daemon.Env("MESHBUILD_METRICS", ""), "serve /metrics on this address (MESHBUILD_METRICS)")
+	metricsAddr := fs.String("metrics", daemon.Env("MESHBUILD_METRICS", ""), "serve /metrics on this address, e.g. :9466: the node's revision lag and applies, and its build agent's (MESHBUILD_METRICS)")
 	// The build agent this node carries when build-agent is assigned to it.
 	agentCreds := fs.String("agent-creds", daemon.Env("MESHBUILD_AGENT_CREDS", ""), "NATS credentials of the build agent this node runs: `builds creds issue --principal agent` (default: --creds) (MESHBUILD_AGENT_CREDS)")
 	bk := fs.String("buildkit", daemon.Env("MESHBUILD_BUILDKIT_ADDR", "unix:///run/buildkit/buildkitd.sock"), "address of this machine's buildkitd (MESHBUILD_BUILDKIT_ADDR)")
@@ -87,26 +82,21 @@ func run() int {
 	if *agentCreds == "" {
 		*agentCreds = *creds
 	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	// /metrics: the node's revision lag and applies, and the metrics of
+	// the build agent it carries.
+	aobs, obs, err := daemon.NodeMetrics(ctx, *metricsAddr, cfg.Name, log)
+	if err != nil {
+		log.Error("metrics", "err", err)
+		return 1
+	}
 	ac := agentConfig(cfg.Name, cfg.Platforms, *slots)
 	ac.Grace = *grace
 	cfg.Carried = map[string]deploy.RunFunc{"build-agent": buildAgent(daemon.AgentOptions{
 		NATS: *natsURL, Creds: *agentCreds, TLS: *tls, Agent: ac, BuildKit: *bk, RegistryClient: cfg.Registry,
-		Workspace: *workspace, InsteadOf: io, Catalogue: *catalogue, Log: log.With("module", "build-agent"),
+		Workspace: *workspace, InsteadOf: io, Catalogue: *catalogue, Log: log.With("module", "build-agent"), Observer: aobs,
 	})}
-
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	reg := prometheus.NewRegistry()
-	obs := deploy.NewMetrics(reg, cfg.Name)
-	if *metricsAddr != "" {
-		srv := &http.Server{Addr: *metricsAddr, Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 5 * time.Second}
-		go func() {
-			if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				log.Error("metrics", "err", err)
-			}
-		}()
-		defer srv.Close()
-	}
 	topts, err := tls.Options()
 	if err != nil {
 		log.Error("bad flag", "err", err)

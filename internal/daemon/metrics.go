@@ -10,6 +10,7 @@ import (
 
 	"github.com/meshbuild/meshbuild/agent"
 	"github.com/meshbuild/meshbuild/cascade"
+	"github.com/meshbuild/meshbuild/deploy"
 	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/metrics"
 )
@@ -52,10 +53,36 @@ func AgentMetrics(ctx context.Context, addr, machine string, log *slog.Logger) (
 	return obs, nil
 }
 
+// NodeMetrics serves a mesh-node process's metrics on addr until ctx ends:
+// the node's own (revision lag, applies) and those of the build agent it
+// carries. It returns both observers; an empty addr serves none and returns
+// nil observers.
+func NodeMetrics(ctx context.Context, addr, node string, log *slog.Logger) (agent.Observer, deploy.Observer, error) {
+	if addr == "" {
+		return nil, nil, nil
+	}
+	reg := processRegistry()
+	aobs := metrics.NewAgent(reg, node)
+	nobs := deploy.NewMetrics(reg, node)
+	if _, err := ServeMetrics(ctx, addr, reg, log); err != nil {
+		return nil, nil, err
+	}
+	return aobs, nobs, nil
+}
+
+// controllerObserver is the controller process's observer: its plans
+// (cascade.Observer) and its fleet (deploy.Observer, which RunController
+// finds in ControllerOptions.Observer).
+type controllerObserver struct {
+	*metrics.Controller
+	*deploy.Metrics
+}
+
 // ControllerMetrics serves the controller process's metrics on addr until
-// ctx ends — its plans, and the build seat's work queue read on every
-// scrape over a connection of its own — and returns the controller's
-// observer; an empty addr serves none and returns a nil observer.
+// ctx ends — its plans, its fleet of nodes, and the build seat's work queue
+// read on every scrape over a connection of its own — and returns the
+// controller's observer (a deploy.Observer too); an empty addr serves none
+// and returns a nil observer.
 func ControllerMetrics(ctx context.Context, addr, natsURL, creds string, log *slog.Logger, opts ...nats.Option) (cascade.Observer, error) {
 	if addr == "" {
 		return nil, nil
@@ -65,7 +92,7 @@ func ControllerMetrics(ctx context.Context, addr, natsURL, creds string, log *sl
 		return nil, err
 	}
 	reg := processRegistry()
-	obs := metrics.NewController(reg)
+	obs := controllerObserver{metrics.NewController(reg), deploy.NewMetrics(reg, "")}
 	reg.MustRegister(metrics.NewQueueCollector(js, []string{mesh.BuildSeat}))
 	if _, err := ServeMetrics(ctx, addr, reg, log); err != nil {
 		nc.Close()

@@ -232,7 +232,9 @@ type ControllerOptions struct {
 	Catalogue  string
 	Controller cascade.Config
 	Observer   cascade.Observer
-	// Fleet receives the fleet's metrics (deploy.NewMetrics); nil for none.
+	// Fleet receives the fleet's metrics (deploy.NewMetrics); nil is
+	// Observer when it is a deploy.Observer too (ControllerMetrics's is),
+	// else none.
 	Fleet deploy.Observer
 	// Poll is how often the catalogue directory is checked for changes.
 	Poll time.Duration
@@ -329,6 +331,9 @@ func runController(ctx context.Context, o ControllerOptions, nc *nats.Conn, js j
 	dc := deploy.DefaultControllerConfig()
 	dc.Module, dc.Replicas = o.Controller.Module, o.Controller.Replicas
 	dc.Raise = false // the cascade raised the wire, the declarations stream with it
+	if o.Fleet == nil {
+		o.Fleet, _ = o.Observer.(deploy.Observer)
+	}
 	fleet, err := deploy.NewController(dc, js, cat, o.Log.With("part", "fleet"), o.Fleet)
 	if err != nil {
 		return err

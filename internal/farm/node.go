@@ -18,7 +18,7 @@ import (
 
 // runNode runs one build machine of the embedded farm as a node: it enrols,
 // and runs the build agent in-process while build-agent is assigned to it.
-func runNode(ctx context.Context, natsURL, creds, name, stateDir string, ao daemon.AgentOptions, log *slog.Logger) error {
+func runNode(ctx context.Context, natsURL, creds, name, stateDir string, ao daemon.AgentOptions, obs deploy.Observer, log *slog.Logger) error {
 	nc, js, err := daemon.Connect(natsURL, creds, name, "mesh-node "+name)
 	if err != nil {
 		return err
@@ -32,7 +32,7 @@ func runNode(ctx context.Context, natsURL, creds, name, stateDir string, ao daem
 		cfg.Platforms = []string{runtime.GOOS + "/" + runtime.GOARCH}
 	}
 	cfg.Carried = map[string]deploy.RunFunc{"build-agent": func(actx context.Context) error { return daemon.RunAgent(actx, ao) }}
-	n, err := deploy.NewNode(cfg, js, log.With("component", "node", "node", name), nil)
+	n, err := deploy.NewNode(cfg, js, log.With("component", "node", "node", name), obs)
 	if err != nil {
 		return err
 	}

@@ -27,6 +27,7 @@ import (
 
 	"github.com/meshbuild/meshbuild/agent"
 	"github.com/meshbuild/meshbuild/cascade"
+	"github.com/meshbuild/meshbuild/deploy"
 	"github.com/meshbuild/meshbuild/internal/buildkitd"
 	"github.com/meshbuild/meshbuild/internal/creds"
 	"github.com/meshbuild/meshbuild/internal/daemon"
@@ -226,6 +227,7 @@ type Farm struct {
 	metrics     []string
 	ctrlObs     cascade.Observer
 	agentObs    []agent.Observer
+	nodeObs     []deploy.Observer
 	metricsStop []func()
 
 	failOnce sync.Once
@@ -389,11 +391,12 @@ func (f *Farm) start(ctx context.Context) error {
 			Workspace: daemon.Workspace(f.stateDir, cfg.Machine), InsteadOf: o.InsteadOf, Catalogue: o.Catalogue,
 			Log: log.With("component", "agent", "machine", cfg.Machine),
 		}
+		var nobs deploy.Observer
 		if f.agentObs != nil {
-			ao.Observer = f.agentObs[i]
+			ao.Observer, nobs = f.agentObs[i], f.nodeObs[i]
 		}
 		f.agents = append(f.agents, f.run("node "+machine, func(nctx context.Context) error {
-			return runNode(nctx, f.natsURL, f.NodeCreds(machine), machine, filepath.Join(f.stateDir, "nodes", machine), ao, log)
+			return runNode(nctx, f.natsURL, f.NodeCreds(machine), machine, filepath.Join(f.stateDir, "nodes", machine), ao, nobs, log)
 		}))
 	}
 	if err := assignBuildAgents(ctx, f.natsURL, f.OperatorCreds(), f.machines); err != nil {
@@ -796,9 +799,9 @@ func (f *Farm) PrintWhere(w io.Writer) {
 }
 
 // serveMetrics serves /metrics for the controller on MetricsBase and for
-// agent i on the port i above it, as the mains of build-controller and
-// build-agent do, and keeps the observers the controller and the agents
-// report to.
+// machine i (its node and the agent it carries) on the port i above it, as
+// the mains of build-controller and mesh-node do, and keeps the observers
+// the controller, the nodes and the agents report to.
 func (f *Farm) serveMetrics() error {
 	host, port, _ := splitAddr(f.opts.MetricsBase)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -821,11 +824,11 @@ func (f *Farm) serveMetrics() error {
 	}
 	f.ctrlObs = obs
 	for i, m := range f.machines {
-		obs, err := daemon.AgentMetrics(ctx, net.JoinHostPort(host, strconv.Itoa(port+i+1)), m, log)
-		if err := serving(i+1, "agent "+m, err); err != nil {
+		aobs, nobs, err := daemon.NodeMetrics(ctx, net.JoinHostPort(host, strconv.Itoa(port+i+1)), m, log)
+		if err := serving(i+1, "node "+m, err); err != nil {
 			return err
 		}
-		f.agentObs = append(f.agentObs, obs)
+		f.agentObs, f.nodeObs = append(f.agentObs, aobs), append(f.nodeObs, nobs)
 	}
 	return nil
 }
