@@ -36,6 +36,8 @@ type bed struct {
 	ajs jetstream.JetStream
 	// violations are the permission errors of the controller and nodes.
 	violations chan error
+	// creg is the registry of the last controller's metrics.
+	creg *prometheus.Registry
 }
 
 func newBed(t *testing.T, nodes []string, extra ...mesh.Permissions) *bed {
@@ -107,7 +109,8 @@ func run(ctx context.Context, fn func(context.Context) error) running {
 func (b *bed) controller(cfg deploy.ControllerConfig) (*deploy.Metrics, running) {
 	b.t.Helper()
 	_, js := b.connect("controller", nil)
-	m := deploy.NewMetrics(prometheus.NewRegistry(), "")
+	b.creg = prometheus.NewRegistry()
+	m := deploy.NewMetrics(b.creg, "")
 	c, err := deploy.NewController(cfg, js, b.cat, testLog(b.t), m)
 	if err != nil {
 		b.t.Fatal(err)
@@ -130,14 +133,23 @@ func (b *bed) controller(cfg deploy.ControllerConfig) (*deploy.Metrics, running)
 // node makes a node runtime connected as its principal.
 func (b *bed) node(name, dir string, carried map[string]deploy.RunFunc) (*deploy.Node, *deploy.Metrics) {
 	b.t.Helper()
+	return b.nodeWith(name, dir, prometheus.NewRegistry(), func(cfg *deploy.NodeConfig) {
+		if carried != nil {
+			cfg.Carried = carried
+		}
+	})
+}
+
+// nodeWith makes a node runtime whose metrics are registered with reg,
+// its config changed by set.
+func (b *bed) nodeWith(name, dir string, reg prometheus.Registerer, set func(*deploy.NodeConfig)) (*deploy.Node, *deploy.Metrics) {
+	b.t.Helper()
 	_, js := b.connect(name, nil)
 	cfg := deploy.DefaultNodeConfig()
 	cfg.Name, cfg.StateDir, cfg.Platforms, cfg.Registry = name, dir, []string{"linux/amd64"}, registry.NewClient(registry.WithInsecure(true))
 	cfg.Heartbeat, cfg.RetryDelay = 200*time.Millisecond, 200*time.Millisecond
-	if carried != nil {
-		cfg.Carried = carried
-	}
-	m := deploy.NewMetrics(prometheus.NewRegistry(), name)
+	set(&cfg)
+	m := deploy.NewMetrics(reg, name)
 	n, err := deploy.NewNode(cfg, js, testLog(b.t), m)
 	if err != nil {
 		b.t.Fatal(err)

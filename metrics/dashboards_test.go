@@ -14,12 +14,14 @@ import (
 	"github.com/goccy/go-yaml"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/meshbuild/meshbuild/deploy"
 	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/metrics"
 )
 
 // exported gathers the name of every series family the package exports,
-// histograms with their _bucket, _sum and _count.
+// and those the node runtime and the fleet's controller export (package
+// deploy), histograms with their _bucket, _sum and _count.
 func exported(t *testing.T) map[string]bool {
 	t.Helper()
 	reg := prometheus.NewRegistry()
@@ -27,6 +29,13 @@ func exported(t *testing.T) map[string]bool {
 	// A running plan, for its remaining-time series to be gathered.
 	metrics.NewController(reg).PlansRemaining(map[string]time.Duration{"p-1": time.Minute})
 	reg.MustRegister(metrics.NewQueueCollector(raisedQueue(t), []string{mesh.BuildSeat}))
+	// A node's own (mesh-node's /metrics), and the controller's view of
+	// its nodes with one node seen and one report settled, for their
+	// series to be gathered.
+	deploy.NewMetrics(reg, "n1")
+	fleet := deploy.NewMetrics(reg, "")
+	fleet.NodeSeen("n1", 2, 1, time.Now())
+	fleet.Report(deploy.Heartbeat, "heard")
 	families, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)

@@ -313,7 +313,7 @@ var dashboards = []dashDef{{
 	},
 }, {
 	file: "meshbuild-machines.json", uid: "meshbuild-machines", title: "meshbuild / machines",
-	desc: "Each build machine: what it built, how long builds take, how busy it is, what it pushed.",
+	desc: "Each build machine: what it built, how long builds take, how busy it is, what it pushed; and each node: what revision it runs, how its applies go, when it was last heard.",
 	items: []any{
 		p{kind: "bargauge", title: "Builds per machine (time range)", w: 12, h: 8, instant: true, unit: "none",
 			desc:    "Asks each machine finished in the dashboard's time range, by outcome.",
@@ -342,6 +342,34 @@ var dashboards = []dashDef{{
 		p{kind: "timeseries", title: "Cache hits by machine (per min)", w: 12, h: 8, unit: "none",
 			desc:    "Build steps each machine found in the build cache, per minute.",
 			queries: []q{{`sum by (machine) (rate(meshbuild_agent_cache_hits_total[$__rate_interval])) * 60`, "{{machine}}"}}},
+		row("Nodes"),
+		p{kind: "timeseries", title: "Revision lag by node", w: 12, h: 8, unit: "none",
+			desc:    "Revisions each node is behind the newest declaration it was given, as the node says (mesh-node's /metrics): 0 once it runs what it was declared; it stays above 0 while applying fails (Apply outcomes, `builds nodes` says why).",
+			queries: []q{{`max by (node) (meshbuild_node_revision_lag)`, "{{node}}"}}},
+		p{kind: "timeseries", title: "Declared and applied revision by node (controller)", w: 12, h: 8, unit: "none",
+			desc: "The controller's view, as `builds nodes` shows it: the revision declared to each node and the one the node last reported applied. Apart for long: the node is behind, or not reporting.",
+			queries: []q{
+				{`max by (node) (meshbuild_controller_node_declared_revision)`, "{{node}} declared"},
+				{`max by (node) (meshbuild_controller_node_applied_revision)`, "{{node}} applied"},
+			}},
+		p{kind: "timeseries", title: "Apply duration p50 / p95 by node (since it started)", w: 12, h: 8, unit: "s",
+			desc: "How long applying a declaration (pull, verify, apply hook) took on each node, over every apply since the node started: applies are rare, so a rate window would be empty between them. Refusals of stale declarations are left out.",
+			queries: []q{
+				{`histogram_quantile(0.5, sum by (node, le) (meshbuild_node_apply_seconds_bucket{outcome!="refused"}))`, "{{node}} p50"},
+				{`histogram_quantile(0.95, sum by (node, le) (meshbuild_node_apply_seconds_bucket{outcome!="refused"}))`, "{{node}} p95"},
+			}},
+		p{kind: "timeseries", title: "Apply outcomes by node", w: 12, h: 8, unit: "none",
+			desc:    "Declarations each node settled in each interval, by outcome: applied, failed (retried after a delay; the lag stays), refused (at or below the revision applied).",
+			queries: []q{{`sum by (node, outcome) (increase(meshbuild_node_applies_total[$__rate_interval]))`, "{{node}} {{outcome}}"}}},
+		p{kind: "stat", title: "Nodes online", w: 6, h: 8, unit: "none",
+			desc:    "Nodes the controller heard from (heartbeat or report) in the last 90 seconds, as `builds nodes` counts them online.",
+			queries: []q{{`sum(time() - max by (node) (meshbuild_controller_node_heard_timestamp_seconds) < bool 90)`, "online"}}},
+		p{kind: "timeseries", title: "Since each node was last heard", w: 9, h: 8, unit: "s",
+			desc:    "Seconds since the controller last heard from each node; a node heartbeats every 30s by default, and above 90s it is offline.",
+			queries: []q{{`time() - max by (node) (meshbuild_controller_node_heard_timestamp_seconds)`, "{{node}}"}}},
+		p{kind: "timeseries", title: "Node reports by kind and how settled", w: 9, h: 8, unit: "none",
+			desc:    "Reports and heartbeats the controller settled in each interval: recorded, heard, superseded, held (the store could not take it; retried) and let-go (held past the bound: lost).",
+			queries: []q{{`sum by (kind, how) (increase(meshbuild_node_reports_total[$__rate_interval]))`, "{{kind}} {{how}}"}}},
 	},
 }}
 

@@ -17,6 +17,7 @@ import (
 
 	"github.com/meshbuild/meshbuild/agent"
 	"github.com/meshbuild/meshbuild/cascade"
+	"github.com/meshbuild/meshbuild/deploy"
 	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
@@ -42,12 +43,22 @@ func TestDashboardsAgainstARealPrometheus(t *testing.T) {
 	w := &sleepy{sleep: map[string]time.Duration{"base": 400 * time.Millisecond, "runtime": 700 * time.Millisecond,
 		"web": 300 * time.Millisecond, "tool": 500 * time.Millisecond}, fail: map[string]bool{"tool": true}}
 
-	// The controller's process: its plans and the build seat's queue.
+	// The controller's process: its plans, the build seat's queue and the
+	// fleet of nodes.
 	creg := prometheus.NewRegistry()
 	cobs := metrics.NewController(creg)
 	creg.MustRegister(metrics.NewQueueCollector(js, []string{mesh.BuildSeat}))
 	startController(t, s, cat, cobs)
+	startFleet(t, s, cat, deploy.NewMetrics(creg, ""))
 	targets := map[string]string{"controller": serveRegistry(t, creg)}
+
+	// A node's process (mesh-node), its own registry: it applies web.
+	nreg := prometheus.NewRegistry()
+	startNode(t, s, "n1", deploy.NewMetrics(nreg, "n1"))
+	targets["n1"] = serveRegistry(t, nreg)
+	if _, err := deploy.Call(context.Background(), js.Conn(), mesh.AssignTool, deploy.Request{Module: "web", Nodes: []string{"n1"}}); err != nil {
+		t.Fatal(err)
+	}
 
 	// Two agents' processes, one registry each.
 	for _, m := range []string{"m1", "m2"} {
@@ -58,7 +69,7 @@ func TestDashboardsAgainstARealPrometheus(t *testing.T) {
 
 	t.Logf("farm up in %s", time.Since(began).Round(time.Millisecond))
 	ctx := testCtx(t)
-	prom := testenv.Prometheus(t, []string{targets["controller"], targets["m1"], targets["m2"]})
+	prom := testenv.Prometheus(t, []string{targets["controller"], targets["m1"], targets["m2"], targets["n1"]})
 	t.Logf("Prometheus ready %s after the start", time.Since(began).Round(time.Millisecond))
 	prom.WaitUp(ctx, 20*time.Second)
 	t.Logf("every target scraped %s after the start", time.Since(began).Round(time.Millisecond))
@@ -193,6 +204,57 @@ func startController(t *testing.T, s *server.Server, cat *mesh.Catalogue, obs ca
 	testenv.WaitFor(t, 10*time.Second, "the controller", func() bool {
 		_, err := cascade.Call(context.Background(), js.Conn(), "build-controller", cascade.ToolRetry, cascade.Request{Plan: "none"})
 		return errors.Is(err, cascade.ErrNoPlan)
+	})
+}
+
+// startFleet runs the fleet's side of the controller beside cascade's, as
+// build-controller does (cascade raised the wire).
+func startFleet(t *testing.T, s *server.Server, cat *mesh.Catalogue, obs deploy.Observer) {
+	t.Helper()
+	js := dial(t, s)
+	cfg := deploy.DefaultControllerConfig()
+	cfg.Raise = false
+	c, err := deploy.NewController(cfg, js, cat, nil, obs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := c.Run(ctx); err != nil {
+			t.Errorf("fleet: %v", err)
+		}
+	}()
+	t.Cleanup(func() { cancel(); <-done; js.Conn().Close() })
+	testenv.WaitFor(t, 10*time.Second, "the fleet's controller", func() bool {
+		_, err := deploy.Call(context.Background(), js.Conn(), mesh.NodesTool, deploy.Request{})
+		return err == nil
+	})
+}
+
+// startNode runs a node runtime and waits until it has enrolled.
+func startNode(t *testing.T, s *server.Server, name string, obs deploy.Observer) {
+	t.Helper()
+	js := dial(t, s)
+	cfg := deploy.DefaultNodeConfig()
+	cfg.Name, cfg.StateDir, cfg.Heartbeat = name, t.TempDir(), time.Second
+	n, err := deploy.NewNode(cfg, js, nil, obs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := n.Run(ctx); err != nil {
+			t.Errorf("node %s: %v", name, err)
+		}
+	}()
+	t.Cleanup(func() { cancel(); <-done; js.Conn().Close() })
+	testenv.WaitFor(t, 10*time.Second, "node "+name+" to enrol", func() bool {
+		r, err := deploy.Call(context.Background(), js.Conn(), mesh.NodesTool, deploy.Request{})
+		return err == nil && len(r.Nodes) == 1
 	})
 }
 
