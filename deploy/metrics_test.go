@@ -70,8 +70,9 @@ func serve(t *testing.T, reg *prometheus.Registry) string {
 // TestNodeMetricsFollowEveryOutcome runs a node against an enforcing NATS
 // server, the real registry and an apply hook, and reads its /metrics over
 // HTTP after each step, as an operator's Prometheus would: the revision
-// lag is 0 after each revision applied, 1 while the hook fails the next
-// (a failed outcome counted each time), still 1 when a stale declaration
+// lag is 0 after each of two revisions applied, 1 as soon as the node sees the
+// next (while the hook still runs) and while the hook fails it (a failed
+// outcome counted each time), still 1 when a stale declaration
 // is refused meanwhile (a refused outcome counted), and 0 again once a
 // newer one applies. The controller's view of the node (declared and
 // applied revision, when last heard) follows on its own /metrics.
@@ -81,16 +82,20 @@ func TestNodeMetricsFollowEveryOutcome(t *testing.T) {
 	b.controller(deploy.DefaultControllerConfig())
 	ctrl := serve(t, b.creg)
 
-	// The hook fails while the file fail exists.
+	// The hook waits while the file hold exists, then fails while the
+	// file fail exists.
 	dir := t.TempDir()
-	fail := filepath.Join(dir, "fail")
+	hold, fail := filepath.Join(dir, "hold"), filepath.Join(dir, "fail")
 	hook := filepath.Join(dir, "hook.sh")
-	script := "#!/bin/sh\nif [ -e " + fail + " ]; then echo \"refusing $MESHBUILD_MODULE\" >&2; exit 3; fi\n"
+	script := "#!/bin/sh\nwhile [ -e " + hold + " ]; do sleep 0.05; done\n" +
+		"if [ -e " + fail + " ]; then echo \"refusing $MESHBUILD_MODULE\" >&2; exit 3; fi\n"
 	if err := os.WriteFile(hook, []byte(script), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	nreg := prometheus.NewRegistry()
-	n, _ := b.nodeWith("n1", t.TempDir(), nreg, func(cfg *deploy.NodeConfig) { cfg.ApplyHook = hook })
+	// Heartbeats are rare here: what the controller knows of the node's
+	// revisions comes from its reports.
+	n, _ := b.nodeWith("n1", t.TempDir(), nreg, func(cfg *deploy.NodeConfig) { cfg.ApplyHook, cfg.Heartbeat = hook, time.Hour })
 	node := serve(t, nreg)
 	run(b.ctx, n.Run)
 	testenv.WaitFor(t, 10*time.Second, "n1 to enrol", func() bool { _, ok := b.nodes()["n1"]; return ok })
@@ -117,6 +122,11 @@ func TestNodeMetricsFollowEveryOutcome(t *testing.T) {
 		t.Helper()
 		var nm, cm map[string]float64
 		var diff []string
+		defer func() { // WaitFor's Fatalf ends the test here: say what differed
+			if t.Failed() {
+				t.Logf("waiting for %s, last seen: %s", what, strings.Join(diff, "; "))
+			}
+		}()
 		testenv.WaitFor(t, 30*time.Second, what, func() bool {
 			nm, cm, diff = scrape(t, node), scrape(t, ctrl), nil
 			for series, v := range want {
@@ -133,64 +143,110 @@ func TestNodeMetricsFollowEveryOutcome(t *testing.T) {
 		return nm
 	}
 
-	// Revision 1 and 2 apply: lag 0 after each.
-	b.setCurrent("base", reg+"/base", pushImage(t, reg, "base"))
-	assign(t, b, mesh.AssignTool, "base", "n1")
-	first, _ := b.lastDeclaration("n1")
-	wait("revision 1 applied", map[string]float64{lag: 0, applied: 1, appliedN: 1, cDecl: 1, cApplied: 1})
-	if n.Applied() != 1 {
-		t.Fatalf("applied %d, want 1", n.Applied())
+	// declared waits until the controller has declared module at digest to
+	// n1 and returns that declaration. (An assignment and a current image
+	// written together may make one declaration or two.)
+	declared := func(module, digest string) deploy.Declaration {
+		t.Helper()
+		var d deploy.Declaration
+		testenv.WaitFor(t, 30*time.Second, "n1's declaration of "+module+"@"+digest, func() bool {
+			d, _ = b.lastDeclaration("n1")
+			for _, m := range d.Modules {
+				if m.Module == module && m.Digest == digest {
+					return true
+				}
+			}
+			return false
+		})
+		return d
 	}
-	b.setCurrent("app", reg+"/app", pushImage(t, reg, "app"))
-	assign(t, b, mesh.AssignTool, "app", "n1")
-	m = wait("revision 2 applied", map[string]float64{lag: 0, applied: 2, appliedN: 2, cDecl: 2, cApplied: 2})
-	if n.Applied() != 2 {
-		t.Fatalf("applied %d, want 2", n.Applied())
+	rev := func(r uint64) float64 { return float64(r) }
+	appliedOnce := func(m map[string]float64) {
+		t.Helper()
+		if m[appliedN] != m[applied] {
+			t.Fatalf("%v applies counted, %v timed", m[applied], m[appliedN])
+		}
 	}
-	failedBefore, refusedBefore := m[failed], m[refused]
 
-	// Revision 3 (a new app image) fails in the hook: lag 1, failures
-	// counted, the controller sees 3 declared and 2 applied.
-	if err := os.WriteFile(fail, nil, 0o644); err != nil {
+	// Two revisions apply (base, then app): lag 0 after each.
+	digest := pushImage(t, reg, "base")
+	b.setCurrent("base", reg+"/base", digest)
+	assign(t, b, mesh.AssignTool, "base", "n1")
+	first := declared("base", digest)
+	m = wait("the base's revision applied", map[string]float64{lag: 0, cDecl: rev(first.Revision), cApplied: rev(first.Revision)})
+	if n.Applied() != first.Revision || m[applied] < 1 {
+		t.Fatalf("applied revision %d (%v applies counted), want %d", n.Applied(), m[applied], first.Revision)
+	}
+	appliedOnce(m)
+	appliedBefore := m[applied]
+	digest = pushImage(t, reg, "app")
+	b.setCurrent("app", reg+"/app", digest)
+	assign(t, b, mesh.AssignTool, "app", "n1")
+	second := declared("app", digest).Revision
+	m = wait("the app's revision applied", map[string]float64{lag: 0, cDecl: rev(second), cApplied: rev(second)})
+	if n.Applied() != second || m[applied] < appliedBefore+1 {
+		t.Fatalf("applied revision %d (%v applies counted), want %d and more than %v", n.Applied(), m[applied], second, appliedBefore)
+	}
+	appliedOnce(m)
+	failedBefore, refusedBefore, appliedBefore := m[failed], m[refused], m[applied]
+
+	// The next revision (a new app image): while the hook holds it, the
+	// node is one behind already; then the hook fails it: lag 1, failures
+	// counted, the controller sees it declared and the one before applied.
+	for _, f := range []string{hold, fail} {
+		if err := os.WriteFile(f, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	digest = pushImage(t, reg, "app")
+	b.setCurrent("app", reg+"/app", digest)
+	third := declared("app", digest).Revision
+	if third != second+1 {
+		t.Fatalf("a new image declared revision %d after %d", third, second)
+	}
+	wait("the new revision seen and held in the hook", map[string]float64{lag: 1, failed: failedBefore, applied: appliedBefore, cDecl: rev(third)})
+	if err := os.Remove(hold); err != nil {
 		t.Fatal(err)
 	}
-	b.setCurrent("app", reg+"/app", pushImage(t, reg, "app"))
 	var nm map[string]float64
-	testenv.WaitFor(t, 30*time.Second, "revision 3 to fail in the hook", func() bool {
+	testenv.WaitFor(t, 30*time.Second, "the new revision to fail in the hook", func() bool {
 		nm = scrape(t, node)
 		return nm[failed] >= failedBefore+1
 	})
-	if nm[lag] != 1 || n.Applied() != 2 {
-		t.Fatalf("after a failed apply of revision 3: lag %v, applied %d; want lag 1, applied 2", nm[lag], n.Applied())
+	if nm[lag] != 1 || n.Applied() != second {
+		t.Fatalf("after a failed apply of revision %d: lag %v, applied %d; want lag 1, applied %d", third, nm[lag], n.Applied(), second)
 	}
-	wait("the controller to see revision 3 failed", map[string]float64{lag: 1, cDecl: 3, cApplied: 2})
+	wait("the controller to see the failure", map[string]float64{lag: 1, cDecl: rev(third), cApplied: rev(second)})
 	if v := b.nodes()["n1"]; v.Outcome != deploy.Failed || !strings.Contains(v.Reason, "refusing app") {
 		t.Fatalf("builds nodes shows %+v, want the hook's failure", v)
 	}
 
-	// Revision 1 replayed meanwhile is refused: counted, and the node is
-	// still one behind.
+	// The first revision replayed meanwhile is refused: counted, and the
+	// node is still one behind.
 	data, _ := json.Marshal(first)
 	if _, err := b.ajs.Publish(b.ctx, mesh.NodeSubject("n1"), data); err != nil {
 		t.Fatal(err)
 	}
-	nm = wait("the replayed revision 1 to be refused", map[string]float64{refused: refusedBefore + 1})
-	if nm[lag] != 1 || n.Applied() != 2 {
-		t.Fatalf("after refusing a stale declaration: lag %v, applied %d; want lag 1, applied 2", nm[lag], n.Applied())
+	nm = wait("the replayed revision to be refused", map[string]float64{refused: refusedBefore + 1})
+	if nm[lag] != 1 || n.Applied() != second {
+		t.Fatalf("after refusing a stale declaration: lag %v, applied %d; want lag 1, applied %d", nm[lag], n.Applied(), second)
 	}
 
-	// The hook works again and revision 4 (another app image) applies:
-	// lag 0.
+	// The hook works again and the next revision (another app image)
+	// applies: lag 0.
 	if err := os.Remove(fail); err != nil {
 		t.Fatal(err)
 	}
-	b.setCurrent("app", reg+"/app", pushImage(t, reg, "app"))
-	wait("revision 4 applied", map[string]float64{lag: 0, applied: 3, appliedN: 3, cDecl: 4, cApplied: 4})
-	if n.Applied() != 4 {
-		t.Fatalf("applied %d, want 4", n.Applied())
+	digest = pushImage(t, reg, "app")
+	b.setCurrent("app", reg+"/app", digest)
+	fourth := declared("app", digest).Revision
+	m = wait("the last revision applied", map[string]float64{lag: 0, applied: appliedBefore + 1, cDecl: rev(fourth), cApplied: rev(fourth)})
+	if n.Applied() != fourth {
+		t.Fatalf("applied %d, want %d", n.Applied(), fourth)
 	}
+	appliedOnce(m)
 
-	// The controller heard from n1 (heartbeats every 200ms) lately.
+	// The controller heard from n1 lately (its last report).
 	heard := scrape(t, ctrl)[cHeard]
 	if age := time.Since(time.Unix(0, int64(heard*1e9))); age < -time.Minute || age > time.Minute {
 		t.Fatalf("n1 last heard %v ago by the controller's metrics (%v)", age, heard)
