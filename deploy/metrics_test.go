@@ -128,7 +128,10 @@ func TestNodeMetricsFollowEveryOutcome(t *testing.T) {
 			}
 		}()
 		testenv.WaitFor(t, 30*time.Second, what, func() bool {
-			nm, cm, diff = scrape(t, node), scrape(t, ctrl), nil
+			// The controller's page first: a report it recorded was
+			// counted by the node before it was sent.
+			cm = scrape(t, ctrl)
+			nm, diff = scrape(t, node), nil
 			for series, v := range want {
 				page := nm
 				if strings.HasPrefix(series, "meshbuild_controller_") {

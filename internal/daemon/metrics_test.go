@@ -7,9 +7,11 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/meshbuild/meshbuild/deploy"
 	"github.com/meshbuild/meshbuild/internal/daemon"
 	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/mesh"
@@ -79,14 +81,51 @@ func TestAgentAndControllerMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	cobs.Plans(map[string]int{"running": 2}, 1)
+	// The controller's observer is the fleet's too: RunController hands
+	// it to the fleet's side.
+	fleet, ok := cobs.(deploy.Observer)
+	if !ok {
+		t.Fatalf("the controller's observer %T is no deploy.Observer: the fleet's metrics would not be served", cobs)
+	}
+	fleet.NodeSeen("n1", 3, 2, time.Now())
 	body := get(t, "http://"+addr+"/metrics")
 	for _, want := range []string{
 		`meshbuild_controller_plans{state="running"} 2`,
+		`meshbuild_controller_node_declared_revision{node="n1"} 3`,
+		`meshbuild_controller_node_applied_revision{node="n1"} 2`,
 		`meshbuild_queue_up{seat="` + mesh.BuildSeat + `"} 0`, // nothing raised
 		"go_goroutines", "process_cpu_seconds_total",
 	} {
 		if !strings.Contains(body, want) {
 			t.Errorf("controller /metrics lacks %s", want)
+		}
+	}
+}
+
+// TestNodeMetrics: mesh-node serves the node's own series and those of
+// the build agent it carries on one address.
+func TestNodeMetrics(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if aobs, nobs, err := daemon.NodeMetrics(ctx, "", "n1", nil); aobs != nil || nobs != nil || err != nil {
+		t.Fatalf("node without an address: %v, %v, %v; want no observers", aobs, nobs, err)
+	}
+	addr := freeAddr(t)
+	aobs, nobs, err := daemon.NodeMetrics(ctx, addr, "n1", nil)
+	if err != nil || aobs == nil || nobs == nil {
+		t.Fatalf("node metrics: %v, %v, %v", aobs, nobs, err)
+	}
+	nobs.Revisions(5, 3)
+	aobs.Began()
+	body := get(t, "http://"+addr+"/metrics")
+	for _, want := range []string{
+		`meshbuild_node_revision_lag{node="n1"} 2`,
+		`meshbuild_node_applies_total{node="n1",outcome="failed"} 0`,
+		`meshbuild_agent_asks_in_flight{machine="n1"} 1`,
+		"go_goroutines",
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("node /metrics lacks %s", want)
 		}
 	}
 }
