@@ -210,6 +210,25 @@ func (b *bed) lastDeclaration(node string) (deploy.Declaration, bool) {
 	return d, true
 }
 
+// declaredWith waits until the controller has declared module at digest
+// to node and returns that declaration. (An assignment and a current image
+// written together make one declaration or two, as the controller hears
+// them.)
+func (b *bed) declaredWith(node, module, digest string) deploy.Declaration {
+	b.t.Helper()
+	var d deploy.Declaration
+	testenv.WaitFor(b.t, 30*time.Second, node+"'s declaration of "+module+"@"+digest, func() bool {
+		d, _ = b.lastDeclaration(node)
+		for _, m := range d.Modules {
+			if m.Module == module && m.Digest == digest {
+				return true
+			}
+		}
+		return false
+	})
+	return d
+}
+
 // seatMsgs is how many messages wait in the mesh-controller seat's queue.
 func (b *bed) seatMsgs() uint64 {
 	st, err := b.ajs.Stream(b.ctx, mesh.SeatStream(mesh.ControllerSeat))

@@ -146,23 +146,7 @@ func TestNodeMetricsFollowEveryOutcome(t *testing.T) {
 		return nm
 	}
 
-	// declared waits until the controller has declared module at digest to
-	// n1 and returns that declaration. (An assignment and a current image
-	// written together may make one declaration or two.)
-	declared := func(module, digest string) deploy.Declaration {
-		t.Helper()
-		var d deploy.Declaration
-		testenv.WaitFor(t, 30*time.Second, "n1's declaration of "+module+"@"+digest, func() bool {
-			d, _ = b.lastDeclaration("n1")
-			for _, m := range d.Modules {
-				if m.Module == module && m.Digest == digest {
-					return true
-				}
-			}
-			return false
-		})
-		return d
-	}
+	declared := func(module, digest string) deploy.Declaration { return b.declaredWith("n1", module, digest) }
 	rev := func(r uint64) float64 { return float64(r) }
 	appliedOnce := func(m map[string]float64) {
 		t.Helper()
