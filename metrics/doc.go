@@ -2,9 +2,9 @@
 // dashboards.
 //
 // Every process serves its own /metrics (Serve; the mains take --metrics
-// ADDR): each build agent, and the controller. Metrics are registered on a
+// ADDR): each build agent, each node, and the controller. Metrics are registered on a
 // registry the caller provides — the package keeps no global state — and
-// carry only bounded labels: machine, outcome, reason, state, seat. A module
+// carry only bounded labels: machine, node, outcome, reason, state, seat. A module
 // or an ask is never a label; `builds plans` and `builds explain` answer
 // per-module questions.
 //
@@ -47,6 +47,42 @@
 //	meshbuild_controller_modules_blocked                           gauge
 //	    Modules of the plans held that wait on a failed base.
 //
+// # Nodes
+//
+// Package deploy's NewMetrics registers these (its tests and this
+// package's check them against the dashboards). Each node (mesh-node, and
+// the machines of `builds up`) serves its own beside the build agent it
+// carries, the node as a constant label; the lag is set on every
+// declaration the node sees and after every outcome:
+//
+//	meshbuild_node_revision_lag{node}                              gauge
+//	    The newest revision the node was declared less the one it applied:
+//	    0 once it runs what it was given; stays above 0 while applying fails.
+//	meshbuild_node_applies_total{node,outcome}                     counter
+//	    Declarations settled: applied, failed (retried after a delay),
+//	    refused (at or below the revision applied).
+//	meshbuild_node_apply_seconds{node,outcome}                     histogram
+//	    Pull, verify and apply hook (0.05s to 7min buckets).
+//
+// The controller serves its view of every node, from the nodes' reports and
+// heartbeats — what `builds nodes` shows, to alert on:
+//
+//	meshbuild_controller_node_declared_revision{node}              gauge
+//	meshbuild_controller_node_applied_revision{node}               gauge
+//	    The revision declared to the node, and the one it last said it
+//	    applied; apart for long, the node is behind or silent.
+//	meshbuild_controller_node_heard_timestamp_seconds{node}        gauge
+//	    When the node was last heard from (Unix time); `builds nodes` shows
+//	    it offline after 90s.
+//	meshbuild_node_reports_total{kind,how}                         counter
+//	    Reports and heartbeats settled by the store window: recorded,
+//	    heard, superseded, held, let-go (held past the bound: lost).
+//
+// For example, alert on `max by (node) (meshbuild_node_revision_lag) > 0`
+// for 15m, on `time() - max by (node)
+// (meshbuild_controller_node_heard_timestamp_seconds) > 90`, and on any
+// increase of meshbuild_node_reports_total{how="let-go"}.
+//
 // # Work queues
 //
 // NewQueueCollector reads, on every scrape and within QueueScrapeTimeout,
@@ -79,7 +115,9 @@
 // meshbuild-farm.json (work waiting, plans in progress, throughput, failures
 // by reason, the queue, the controller) and meshbuild-machines.json (per
 // machine: builds, duration p50/p95, asks in flight, idle wait, pushed
-// bytes, cache hits). Both choose their Prometheus through a `datasource`
+// bytes, cache hits; and a Nodes row: revision lag, declared and applied
+// revision, apply duration p50/p95 and outcomes, nodes online, last heard,
+// reports). Both choose their Prometheus through a `datasource`
 // variable. To use them, either
 //
 //   - in Grafana, Dashboards → New → Import, upload the JSON file and pick
