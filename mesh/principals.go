@@ -109,5 +109,5 @@ func jwtAllow(subjects []string) jwt.Permission {
 	if len(subjects) == 0 {
 		return jwt.Permission{Deny: jwt.StringList{">"}}
 	}
-	return jwt.Permission{Allow: append(jwt.StringList(nil), subjects...)}
+	return jwt.Permission{Allow: jwt.StringList(AllowList(subjects))}
 }

@@ -39,7 +39,7 @@ func TestPrincipalPermissions(t *testing.T) {
 			t.Errorf("%s %s: %+v, want %+v", tc.kind, tc.name, got, tc.want)
 		}
 		jp := got.JWTPermissions()
-		if !slices.Equal([]string(jp.Pub.Allow), got.Publish) || !slices.Equal([]string(jp.Sub.Allow), got.Subscribe) || (jp.Resp != nil) != got.Responses {
+		if !slices.Equal([]string(jp.Pub.Allow), mesh.AllowList(got.Publish)) || !slices.Equal([]string(jp.Sub.Allow), mesh.AllowList(got.Subscribe)) || (jp.Resp != nil) != got.Responses {
 			t.Errorf("%s %s: JWT permissions %+v, want the derived set %+v", tc.kind, tc.name, jp, got)
 		}
 	}
@@ -97,6 +97,23 @@ func TestTheExampleFleetsFarmManifestsAreTheFarms(t *testing.T) {
 		}
 		if string(got) != string(want) {
 			t.Errorf("examples/fleet/catalogue/%s differs from mesh/farm/%s: copy mesh/farm's", name, name)
+		}
+	}
+}
+
+// AllowList drops only the subjects another of the list allows: the server
+// is given a shorter list that allows exactly the same.
+func TestAllowListDropsWhatAWildcardAllows(t *testing.T) {
+	for _, tc := range []struct{ in, want []string }{
+		{[]string{"$JS.API.>", "$JS.API.STREAM.INFO.KV_a", "$KV.a.>"}, []string{"$JS.API.>", "$KV.a.>"}},
+		{[]string{"a.*.c", "a.b.c", "a.b.d"}, []string{"a.*.c", "a.b.d"}},
+		{[]string{"a.*", "a.>"}, []string{"a.>"}},
+		{[]string{"a.*", "a.b.c"}, []string{"a.*", "a.b.c"}},
+		{[]string{"a.>", "a"}, []string{"a.>", "a"}},
+		{[]string{"x.y", "x.y.z"}, []string{"x.y", "x.y.z"}},
+	} {
+		if got := mesh.AllowList(tc.in); !slices.Equal(got, tc.want) {
+			t.Errorf("AllowList(%v) = %v, want %v", tc.in, got, tc.want)
 		}
 	}
 }
