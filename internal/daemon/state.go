@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -25,6 +26,12 @@ const stateProbe = 5 * time.Second
 // keeping records, said once in the log.
 func agentState(ctx context.Context, js jetstream.JetStream, machine string, log *slog.Logger) agent.StateWriter {
 	if st, ok := state.FromContext(ctx); ok {
+		if is, ok := st.(interface{ Issued() []mesh.IssuedBucket }); ok &&
+			!slices.ContainsFunc(is.Issued(), func(b mesh.IssuedBucket) bool { return b.Name == mesh.AgentBuildsBucket && b.Write }) {
+			log.Warn("running without keeping build records: the node did not issue the agent its bucket (declare `state: [{name: builds}]` in build-agent's manifest)",
+				"bucket", mesh.AgentBuildsBucket)
+			return nil
+		}
 		return st
 	}
 	bucket := mesh.KVBucket(mesh.AgentModule, mesh.AgentBuildsBucket)

@@ -38,12 +38,19 @@ func TestTheAgentFindsWhereToKeepItsRecords(t *testing.T) {
 	if got := agentState(state.NewContext(ctx, carried), js, "m1", log); got != carried {
 		t.Errorf("carried: %v, want the runtime's surface", got)
 	}
+	// Carried, but its declaration issued no bucket: no records.
+	if got := agentState(state.NewContext(ctx, state.New(admin, mesh.AgentModule, nil)), js, "m1", log); got != nil {
+		t.Errorf("carried without the bucket issued: %v, want none", got)
+	}
+	if n := strings.Count(logs.String(), "running without keeping build records"); n != 1 {
+		t.Errorf("said %d times that it keeps no records, want once:\n%s", n, logs.String())
+	}
 	// On its own, before the catalogue is raised: no bucket, no records.
 	if got := agentState(ctx, js, "m1", log); got != nil {
 		t.Errorf("no bucket: %v, want none", got)
 	}
-	if n := strings.Count(logs.String(), "running without keeping build records"); n != 1 {
-		t.Errorf("said %d times that it keeps no records, want once:\n%s", n, logs.String())
+	if n := strings.Count(logs.String(), "running without keeping build records"); n != 2 {
+		t.Errorf("said %d times that it keeps no records, want once each time:\n%s", n, logs.String())
 	}
 	// Raised: its own credentials write its bucket.
 	if _, err := mesh.Raise(ctx, admin, cat, 1); err != nil {
