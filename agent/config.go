@@ -65,6 +65,11 @@ type Config struct {
 	// for one it does not is refused as failed{ask} and never redelivered.
 	// Nil accepts every module.
 	Known func(module string) bool
+	// State, when set, is the build agent module's state surface (the node
+	// runtime's, state.FromContext): after each build it settles the agent
+	// keeps the machine's record of the module there (Records). Nil keeps
+	// none.
+	State StateWriter
 }
 
 // DefaultConfig returns a Config with every default set.

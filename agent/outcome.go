@@ -90,6 +90,8 @@ type outcome struct {
 	delay time.Duration // before a nak'd ask is delivered again
 	why   string        // a terminated ask's reason on the server; default Reason
 	err   error         // why it failed, retried or went back; logged
+
+	record *mesh.BuildRecord // the machine's record of the build, kept once settled; nil for none
 }
 
 // handedBack gives an ask back to the queue after delay, for err.
@@ -104,30 +106,39 @@ func (a *Agent) built(ask mesh.Ask, res Result, took time.Duration) outcome {
 	if commit == "" {
 		commit = ask.Source.Commit
 	}
+	at := time.Now().UTC()
+	rec := a.record(ask, mesh.EventBuilt, took, at)
+	rec.Digest, rec.Commit = res.Digest, commit
 	return outcome{
 		End:   End{Outcome: OutcomeBuilt, Took: took, Bytes: res.Bytes, CacheHits: res.CacheHits},
 		event: mesh.EventBuilt, id: ask.ID + "-built",
 		body: mesh.Built{
 			Version: mesh.AskVersion, Ask: ask.ID, Plan: ask.Plan, Module: ask.Module,
 			Commit: commit, Digest: res.Digest, Image: res.Ref, On: a.cfg.Machine,
-			Duration: took, Bytes: res.Bytes, CacheHits: res.CacheHits, Steps: res.Steps, At: time.Now().UTC(),
+			Duration: took, Bytes: res.Bytes, CacheHits: res.CacheHits, Steps: res.Steps, At: at,
 			Attestations: res.Attestations,
 		},
-		how: ack,
+		how: ack, record: rec,
 	}
 }
 
 // failed is the outcome of an ask that failed for reason: announced with the
 // last lines of its log and terminated. dedupe is the event's id.
 func (a *Agent) failed(ask mesh.Ask, attempt int, reason, dedupe string, took time.Duration, err error, log []string) outcome {
+	at := time.Now().UTC()
+	var rec *mesh.BuildRecord
+	if reason != mesh.ReasonAsk { // an ask refused unread was not built here
+		rec = a.record(ask, mesh.EventFailed, took, at)
+		rec.Reason = reason
+	}
 	return outcome{
 		End:   End{Outcome: OutcomeFailed, Reason: reason, Took: took},
 		event: mesh.EventFailed, id: dedupe,
 		body: mesh.Failed{
 			Version: mesh.AskVersion, Ask: ask.ID, Plan: ask.Plan, Module: ask.Module, On: a.cfg.Machine,
-			Reason: reason, Message: oneLine(err), Log: log, Attempt: attempt, At: time.Now().UTC(),
+			Reason: reason, Message: oneLine(err), Log: log, Attempt: attempt, At: at,
 		},
-		how: term, err: err,
+		how: term, err: err, record: rec,
 	}
 }
 
@@ -177,6 +188,9 @@ func (a *Agent) settle(ctx context.Context, msg jetstream.Msg, log *slog.Logger,
 	}
 	if err != nil {
 		log.Warn("settling an ask failed; it will be redelivered after the ack wait", "outcome", out.Outcome, "err", err)
+	}
+	if out.how != nak {
+		a.keep(ctx, log, out.record)
 	}
 	switch out.Outcome {
 	case OutcomeBuilt:

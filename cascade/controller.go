@@ -360,6 +360,7 @@ func (c *Controller) resume(ctx context.Context) error {
 			c.lastBuild[m] = d
 		}
 	}
+	c.seedEstimates(ctx)
 	var since time.Time
 	for _, r := range recs {
 		c.seq = max(c.seq, r.Seq)

@@ -233,8 +233,8 @@ func keys(m map[string]bool) []string {
 // configuring a user (tests, the embedded default).
 func (p Permissions) ServerPermissions() *server.Permissions {
 	sp := &server.Permissions{
-		Publish:   &server.SubjectPermission{Allow: append([]string(nil), p.Publish...)},
-		Subscribe: &server.SubjectPermission{Allow: append([]string(nil), p.Subscribe...)},
+		Publish:   &server.SubjectPermission{Allow: AllowList(p.Publish)},
+		Subscribe: &server.SubjectPermission{Allow: AllowList(p.Subscribe)},
 	}
 	if p.Responses {
 		sp.Response = &server.ResponsePermission{MaxMsgs: 1}

@@ -32,8 +32,9 @@ const (
 var PrincipalKinds = []string{KindController, KindOperator, KindAgent, KindNode, KindModule}
 
 // PrincipalPermissions returns the derived set of the principal of kind
-// kind: the controller, an operator, the build agent, node name or module
-// name (name is required for node and module only). It derives nothing
+// kind: the controller, an operator, the build agent, node name (carrying
+// NodeCarries: NodePrincipalPermissions) or module name (name is required
+// for node and module only). It derives nothing
 // itself: it calls the one derivation of that principal.
 func (c *Catalogue) PrincipalPermissions(kind, name string) (Permissions, error) {
 	switch kind {
@@ -48,10 +49,15 @@ func (c *Catalogue) PrincipalPermissions(kind, name string) (Permissions, error)
 		}
 		return c.ModulePermissions(m), nil
 	case KindNode:
-		if err := ValidNodeName(name); err != nil {
-			return Permissions{}, err
+		// What every build machine's node carries, of what the catalogue
+		// has: a catalogue without a build agent issues none.
+		var carries []string
+		for _, m := range NodeCarries {
+			if _, ok := c.Module(m); ok {
+				carries = append(carries, m)
+			}
 		}
-		return NodePermissions(name), nil
+		return c.NodePrincipalPermissions(name, carries)
 	case KindModule:
 		if name == "" {
 			return Permissions{}, fmt.Errorf("module principal without a name: name the module (e.g. module %s)", AgentModule)
@@ -63,6 +69,28 @@ func (c *Catalogue) PrincipalPermissions(kind, name string) (Permissions, error)
 		return c.ModulePermissions(m), nil
 	}
 	return Permissions{}, fmt.Errorf("unknown principal %q: want one of %v", kind, PrincipalKinds)
+}
+
+// NodeCarries are the modules a node's credentials let it carry unless
+// they name others: the build agent, which the runtime runs in-process on
+// every build machine.
+var NodeCarries = []string{AgentModule}
+
+// NodePrincipalPermissions is the derived set of node name's credentials
+// when it may carry the modules carries: its own set and the buckets those
+// modules are issued (NodeStatePermissions): write where one of them owns
+// a bucket, read where one reads it, nothing on any other bucket. Every
+// module carries names must be in the catalogue.
+func (c *Catalogue) NodePrincipalPermissions(name string, carries []string) (Permissions, error) {
+	if err := ValidNodeName(name); err != nil {
+		return Permissions{}, err
+	}
+	for _, m := range carries {
+		if _, ok := c.Module(m); !ok {
+			return Permissions{}, fmt.Errorf("node %s carries %q, which the catalogue has no module of: name modules from `builds catalogue show`", name, m)
+		}
+	}
+	return c.NodeStatePermissions(name, carries), nil
 }
 
 // JWTPermissions turns a derived set into a decentralized user JWT's form,
@@ -81,5 +109,5 @@ func jwtAllow(subjects []string) jwt.Permission {
 	if len(subjects) == 0 {
 		return jwt.Permission{Deny: jwt.StringList{">"}}
 	}
-	return jwt.Permission{Allow: append(jwt.StringList(nil), subjects...)}
+	return jwt.Permission{Allow: jwt.StringList(AllowList(subjects))}
 }

@@ -24,11 +24,14 @@ init makes a key directory: an operator, the mesh's account (JetStream on) and
 a system account, and server.conf, which a NATS server (every server of a
 cluster) includes to trust them. issue writes a .creds file for one principal
 whose permissions are exactly the set its declaration derives (see
-` + "`builds catalogue show`" + `), signed with the account's key.`,
+` + "`builds catalogue show`" + `), signed with the account's key. A node's set is
+its own plus the buckets of the modules its runtime may carry (--carries,
+build-agent by default): their own state to write, their reads to read.`,
 		Example: `  builds creds init /etc/meshbuild/nats
   # in nats-server.conf: include /etc/meshbuild/nats/server.conf
   builds creds issue /etc/meshbuild/nats --catalogue catalogue --principal controller --out controller.creds
   builds creds issue /etc/meshbuild/nats --catalogue catalogue --principal node m1 --out m1.creds
+  builds creds issue /etc/meshbuild/nats --catalogue catalogue --principal node m2 --carries build-agent,scanner --out m2.creds
   builds creds issue /etc/meshbuild/nats --catalogue catalogue --principal agent --out agent.creds`,
 	}
 	c.AddCommand(&cobra.Command{
@@ -48,6 +51,7 @@ whose permissions are exactly the set its declaration derives (see
 		},
 	})
 	var kind, name, catalogue, out string
+	var carries []string
 	issue := &cobra.Command{
 		Use:   "issue DIR --principal KIND [NAME] --out FILE",
 		Short: "Write the credentials of one principal (controller, operator, agent, node NAME, module NAME)",
@@ -73,20 +77,36 @@ whose permissions are exactly the set its declaration derives (see
 			if (kind != mesh.KindNode && kind != mesh.KindModule) && name != "" {
 				return fmt.Errorf("--principal %s takes no name (%q): only node and module do", kind, name)
 			}
+			if kind != mesh.KindNode && cmd.Flags().Changed("carries") {
+				return fmt.Errorf("--carries is for --principal node: the modules a node's runtime carries")
+			}
+			if kind == mesh.KindNode {
+				if err := mesh.ValidNodeName(name); err != nil {
+					return err
+				}
+			}
 			k, err := creds.Open(args[0])
 			if err != nil {
 				return err
 			}
 			cat := &mesh.Catalogue{}
-			if kind != mesh.KindNode {
-				if catalogue == "" {
-					return fmt.Errorf("no catalogue: --principal %s's permissions are derived from it; pass --catalogue DIR (MESHBUILD_CATALOGUE)", kind)
-				}
+			switch {
+			case catalogue != "":
 				if cat, err = loadCatalogue(g, catalogue); err != nil {
 					return err
 				}
+			case kind == mesh.KindNode && len(carries) > 0:
+				return fmt.Errorf("no catalogue: node %s carries %s, and the buckets they are issued are derived from it; pass --catalogue DIR (MESHBUILD_CATALOGUE), or --carries '' for a node that carries no module",
+					name, strings.Join(carries, ", "))
+			case kind != mesh.KindNode:
+				return fmt.Errorf("no catalogue: --principal %s's permissions are derived from it; pass --catalogue DIR (MESHBUILD_CATALOGUE)", kind)
 			}
-			perms, err := cat.PrincipalPermissions(kind, name)
+			var perms mesh.Permissions
+			if kind == mesh.KindNode {
+				perms, err = cat.NodePrincipalPermissions(name, carries)
+			} else {
+				perms, err = cat.PrincipalPermissions(kind, name)
+			}
 			if err != nil {
 				return err
 			}
@@ -94,8 +114,15 @@ whose permissions are exactly the set its declaration derives (see
 			if err := k.IssueFile(perms, who, out); err != nil {
 				return err
 			}
-			fmt.Fprintf(g.out, "%s: credentials of %s (account %s): may publish %d subject(s), subscribe %d\n",
-				out, who, k.Account(), len(perms.Publish), len(perms.Subscribe))
+			carrying := ""
+			if kind == mesh.KindNode {
+				carrying = ", carrying " + strings.Join(carries, ", ")
+				if len(carries) == 0 {
+					carrying = ", carrying no module"
+				}
+			}
+			fmt.Fprintf(g.out, "%s: credentials of %s%s (account %s): may publish %d subject(s), subscribe %d\n",
+				out, who, carrying, k.Account(), len(perms.Publish), len(perms.Subscribe))
 			return nil
 		},
 	}
@@ -104,6 +131,7 @@ whose permissions are exactly the set its declaration derives (see
 	f.StringVar(&name, "name", "", "the node's or module's name (or give it after --principal KIND)")
 	f.StringVar(&catalogue, "catalogue", os.Getenv("MESHBUILD_CATALOGUE"), "catalogue directory the permissions are derived from (env MESHBUILD_CATALOGUE; not needed for a node)")
 	f.StringVar(&out, "out", "", "file to write the credentials to (mode 0600)")
+	f.StringSliceVar(&carries, "carries", mesh.NodeCarries, "for a node: the modules its runtime may carry; it is granted the buckets they are issued (their own state to write, their reads to read) and no other")
 	_ = issue.MarkFlagRequired("principal")
 	c.AddCommand(issue)
 	return c

@@ -4,15 +4,19 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nats-io/jwt/v2"
 
 	"github.com/meshbuild/meshbuild/cascade"
 	"github.com/meshbuild/meshbuild/internal/creds"
 	"github.com/meshbuild/meshbuild/internal/daemon"
 	"github.com/meshbuild/meshbuild/internal/farm"
 	"github.com/meshbuild/meshbuild/internal/natstest"
+	"github.com/meshbuild/meshbuild/mesh"
 )
 
 // `builds creds init` and `issue` make what an operator points a server
@@ -50,6 +54,17 @@ func TestCredsInitIssue(t *testing.T) {
 			t.Errorf("%s: %v %v; want mode 0600", file, fi, err)
 		}
 	}
+	// A node's credentials carry the build agent's bucket (--carries
+	// build-agent by default); --carries '' none, without a catalogue.
+	if pub := credsPublish(t, filepath.Join(dir, "m1.creds")); !slices.Contains(pub, mesh.KVSubjects(mesh.KVBucket(mesh.AgentModule, mesh.AgentBuildsBucket))) {
+		t.Errorf("node m1 may not write the agent's records: %v", pub)
+	}
+	bare := filepath.Join(dir, "bare.creds")
+	if code, out, errw := run(t, "creds", "issue", keys, "--principal", "node", "m2", "--carries", "", "--out", bare); code != 0 || !strings.Contains(out, "carrying no module") {
+		t.Errorf("a node carrying nothing: exit %d\n%s\n%s", code, out, errw)
+	} else if pub := credsPublish(t, bare); !slices.Equal(pub, mesh.NodePermissions("m2").Publish) {
+		t.Errorf("a node carrying nothing may publish %v, want its own set %v", pub, mesh.NodePermissions("m2").Publish)
+	}
 	for _, bad := range []struct {
 		args []string
 		want string
@@ -62,6 +77,9 @@ func TestCredsInitIssue(t *testing.T) {
 		{[]string{"creds", "issue", keys, "--principal", "operator", "--catalogue", "", "--out", "x.creds"}, "no catalogue"},
 		{[]string{"creds", "issue", t.TempDir(), "--principal", "node", "m1", "--out", "x.creds"}, "builds creds init"},
 		{[]string{"creds", "issue", keys, "--principal", "node", "M.1", "--out", "x.creds"}, "node name"},
+		{[]string{"creds", "issue", keys, "--principal", "node", "m1", "--out", "x.creds"}, "carries build-agent"},
+		{[]string{"creds", "issue", keys, "--principal", "node", "m1", "--carries", "nosuch", "--catalogue", fleet(t), "--out", "x.creds"}, `"nosuch"`},
+		{[]string{"creds", "issue", keys, "--principal", "controller", "--carries", "git", "--catalogue", fleet(t), "--out", "x.creds"}, "--carries is for --principal node"},
 	} {
 		if code, _, errw := run(t, bad.args...); code != 1 || !strings.Contains(errw, bad.want) {
 			t.Errorf("%v: exit %d, %q; want %q", bad.args, code, errw, bad.want)
@@ -105,4 +123,22 @@ func TestCredsInitIssue(t *testing.T) {
 	if code, _, errw := run(t, "--nats", s.ClientURL(), "--tls-cert", filepath.Join(dir, "m1.creds"), "plans"); code != 1 || !strings.Contains(errw, "--tls-key") {
 		t.Errorf("--tls-cert without --tls-key: exit %d, %q", code, errw)
 	}
+}
+
+// credsPublish is what a credentials file's JWT allows publishing.
+func credsPublish(t *testing.T, file string) []string {
+	t.Helper()
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	token, err := jwt.ParseDecoratedJWT(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	uc, err := jwt.DecodeUserClaims(token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return uc.Pub.Allow
 }

@@ -101,7 +101,7 @@ func TestIssuedCredentialsAreEnforced(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Equal(uc.Pub.Allow, nodePerms.Publish) || !slices.Equal(uc.Sub.Allow, nodePerms.Subscribe) || uc.IssuerAccount != "" || uc.Issuer != k.Account() {
+	if !slices.Equal(uc.Pub.Allow, mesh.AllowList(nodePerms.Publish)) || !slices.Equal(uc.Sub.Allow, mesh.AllowList(nodePerms.Subscribe)) || uc.IssuerAccount != "" || uc.Issuer != k.Account() {
 		t.Errorf("the node's JWT: pub %v sub %v issuer %s; want %v, %v signed by %s", uc.Pub.Allow, uc.Sub.Allow, uc.Issuer, nodePerms.Publish, nodePerms.Subscribe, k.Account())
 	}
 

@@ -210,6 +210,9 @@ func RunAgent(ctx context.Context, o AgentOptions) error {
 	if o.Catalogue != "" {
 		o.Agent.Known = knownModules(o.Catalogue, o.Log)
 	}
+	if o.Agent.State == nil {
+		o.Agent.State = agentState(ctx, js, o.Agent.Machine, o.Log)
+	}
 	w := &agent.BuildWorker{
 		Sources: &agent.Sources{Dir: o.Workspace, InsteadOf: o.InsteadOf},
 		Builder: bk,

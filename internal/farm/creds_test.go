@@ -19,6 +19,7 @@ import (
 	"github.com/meshbuild/meshbuild/internal/farm"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
+	mstate "github.com/meshbuild/meshbuild/state"
 )
 
 // `builds up` runs NATS with authorization on and every component under
@@ -127,6 +128,45 @@ func TestUpEnforcesEachComponentsCredentials(t *testing.T) {
 		t.Errorf("the agent subscribing to the build queue: %v, want a permissions violation", err)
 	}
 	wantRefused("the agent subscribing to the build queue")
+
+	// A build machine's node writes the build agent's records — the
+	// surface it serves the agent it carries — and no other bucket: the
+	// runtime refuses a bucket not issued at once, the server the node's
+	// own write to one.
+	nrefused := make(chan error, 8)
+	nnc, err := nats.Connect(f.NATSURL(), nats.UserCredentials(f.NodeCreds(machines[0])),
+		nats.CustomInboxPrefix(mesh.InboxPrefix(machines[0])),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { nrefused <- err }))
+	if err != nil {
+		t.Fatalf("the node's credentials: %v", err)
+	}
+	defer nnc.Close()
+	njs, err := jetstream.New(nnc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cat, _, err := mesh.Load(catalogue)
+	if err != nil {
+		t.Fatal(err)
+	}
+	agentMod, _ := cat.Module(mesh.AgentModule)
+	surface := mstate.New(njs, mesh.AgentModule, cat.IssuedBuckets(agentMod))
+	if _, err := surface.Put(ctx, mesh.AgentBuildsBucket, mesh.BuildRecordKey("base", machines[0]), []byte(`{"module":"base"}`)); err != nil {
+		t.Errorf("the node writing the agent's record: %v", err)
+	}
+	if _, err := surface.Put(ctx, "plans", cascade.ModuleKey(plan, "base"), built); !errors.Is(err, mstate.ErrNotIssued) {
+		t.Errorf("the agent writing the controller's plans through its node: %v, want the runtime's ErrNotIssued", err)
+	}
+	nnc.Publish("$KV."+mesh.KVBucket("build-controller", cascade.StateBucket)+"."+cascade.ModuleKey(plan, "base"), built)
+	select {
+	case err := <-nrefused:
+		if !errors.Is(err, nats.ErrPermissionViolation) {
+			t.Errorf("the node writing the controller's plans: %v, want a permissions violation", err)
+		}
+	case <-ctx.Done():
+		t.Fatal("the node writing the controller's plans was not refused")
+	}
+
 	// The server's log says so too: what TestUpDemo reads to find that no
 	// component was refused anything.
 	testenv.WaitFor(t, 10*time.Second, "the refusals in the farm's log", func() bool {

@@ -8,6 +8,7 @@ package farm_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"log/slog"
 	"net"
@@ -26,6 +27,7 @@ import (
 	"github.com/meshbuild/meshbuild/internal/planview"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
+	mstate "github.com/meshbuild/meshbuild/state"
 )
 
 // The embedded default end to end: Up on free ports with two agents, and
@@ -123,6 +125,25 @@ func TestUpDemo(t *testing.T) {
 		}
 	}
 	t.Logf("builds per machine: %v", used)
+	// Each machine's build agent, carried by its node, kept its last build
+	// of each module through the state surface its node was issued, under
+	// the node's credentials: an operator reads them.
+	cat, _, err := mesh.Load(catalogue)
+	if err != nil {
+		t.Fatal(err)
+	}
+	records := mstate.New(js, mesh.OperatorPrincipal, cat.OperatorBuckets())
+	for name, m := range mods {
+		e, err := records.Get(ctx, mesh.AgentBuildsRef(), mesh.BuildRecordKey(name, m.On))
+		if err != nil {
+			t.Errorf("%s's record on %s: %v", name, m.On, err)
+			continue
+		}
+		var r mesh.BuildRecord
+		if err := json.Unmarshal(e.Value, &r); err != nil || r.Outcome != mesh.EventBuilt || r.Duration <= 0 || r.Module != name || r.Machine != m.On || !strings.HasPrefix(r.Digest, "sha256:") {
+			t.Errorf("%s's record on %s: %s (%v); want built, with its duration and digest", name, m.On, e.Value, err)
+		}
+	}
 	for _, want := range []string{"tier 0", "tier 2", "machines", "plan " + rec.ID + "  built"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("the demo's output lacks %q", want)
