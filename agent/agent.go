@@ -33,6 +33,9 @@ type Agent struct {
 	// beat is how often a slot heartbeats its ask (heartbeatEvery), set
 	// when Run binds the consumer.
 	beat time.Duration
+	// lease is how long an ask's claim lives unrenewed (claimLease), set
+	// when Run binds the consumer.
+	lease time.Duration
 
 	inFlight atomic.Int64
 	builtN   atomic.Int64
@@ -83,7 +86,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	a.beat = heartbeatEvery(a.cfg.Heartbeat, cons.first().CachedInfo().Config.AckWait)
+	ackWait := cons.first().CachedInfo().Config.AckWait
+	a.beat = heartbeatEvery(a.cfg.Heartbeat, ackWait)
+	a.lease = claimLease(a.cfg.ClaimLease, ackWait)
 	a.claims = a.askClaims(ctx)
 	status, err := a.serveStatus()
 	if err != nil {
@@ -100,7 +105,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err := a.nc.Flush(); err != nil {
 		return fmt.Errorf("serving the seat's tools: %w", err)
 	}
-	a.log.Info("holding the build seat", "machine", a.cfg.Machine, "slots", a.cfg.Slots, "heartbeat", a.beat,
+	a.log.Info("holding the build seat", "machine", a.cfg.Machine, "slots", a.cfg.Slots, "heartbeat", a.beat, "claim lease", a.lease,
 		"platforms", a.cfg.Platforms, "consumers", cons.names())
 
 	// work outlives ctx by the grace period.
