@@ -33,6 +33,9 @@ type Agent struct {
 	// beat is how often a slot heartbeats its ask (heartbeatEvery), set
 	// when Run binds the consumer.
 	beat time.Duration
+	// lease is how long an ask's claim lives unrenewed (claimLease), set
+	// when Run binds the consumer.
+	lease time.Duration
 
 	inFlight atomic.Int64
 	builtN   atomic.Int64
@@ -42,6 +45,8 @@ type Agent struct {
 	health   health
 	// claims is the seat's ask claims bucket; nil when it is not raised.
 	claims jetstream.KeyValue
+	// bound are the consumers bound, set by Run.
+	bound atomic.Pointer[bound]
 }
 
 // New returns an agent from a validated config and its dependencies. A nil
@@ -83,7 +88,10 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	a.beat = heartbeatEvery(a.cfg.Heartbeat, cons.first().CachedInfo().Config.AckWait)
+	a.bound.Store(cons)
+	ackWait := cons.first().CachedInfo().Config.AckWait
+	a.beat = heartbeatEvery(a.cfg.Heartbeat, ackWait)
+	a.lease = claimLease(a.cfg.ClaimLease, ackWait)
 	a.claims = a.askClaims(ctx)
 	status, err := a.serveStatus()
 	if err != nil {
@@ -100,7 +108,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err := a.nc.Flush(); err != nil {
 		return fmt.Errorf("serving the seat's tools: %w", err)
 	}
-	a.log.Info("holding the build seat", "machine", a.cfg.Machine, "slots", a.cfg.Slots, "heartbeat", a.beat,
+	a.log.Info("holding the build seat", "machine", a.cfg.Machine, "slots", a.cfg.Slots, "heartbeat", a.beat, "claim lease", a.lease,
 		"platforms", a.cfg.Platforms, "consumers", cons.names())
 
 	// work outlives ctx by the grace period.
@@ -132,20 +140,34 @@ var bindRetry = backoff.Policy{First: 250 * time.Millisecond, Max: 5 * time.Seco
 // bound are the holders' consumers of the agent's platforms that it has
 // bound; a platform whose consumer is not raised yet joins when it is.
 type bound struct {
-	mu   sync.Mutex
-	cons []jetstream.Consumer
+	mu        sync.Mutex
+	cons      []jetstream.Consumer
+	platforms []string // of each consumer
 }
 
-func (b *bound) add(c jetstream.Consumer) {
+func (b *bound) add(platform string, c jetstream.Consumer) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.cons = append(b.cons, c)
+	b.platforms = append(b.platforms, platform)
 }
 
 func (b *bound) all() []jetstream.Consumer {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return slices.Clone(b.cons)
+}
+
+// held are the platforms whose queues are bound, sorted.
+func (b *bound) held() []string {
+	if b == nil {
+		return nil
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	out := slices.Clone(b.platforms)
+	slices.Sort(out)
+	return out
 }
 
 func (b *bound) first() jetstream.Consumer { return b.all()[0] }
@@ -160,67 +182,79 @@ func (b *bound) names() []string {
 
 // bind binds the build seat's holders' consumer of each of the agent's
 // platforms (mesh.BuildConsumer), and only those: an ask for another
-// platform is never delivered here. It returns once one is bound, waiting
-// for the controller's raise if none is there yet; a platform whose
-// consumer is not raised (no module of the catalogue is built for it) is
-// bound in the background when it appears.
+// platform is never delivered here. The platforms are bound at once, each
+// on its own, and bind returns as soon as one is bound: a platform whose
+// queue this principal may not reach (no grant: the server answers a
+// permission violation only in the connection's error stream, so the
+// request waits out its timeout) does not delay the others, and takes no
+// asks. A platform whose consumer is not raised yet (no module of the
+// catalogue is built for it) is bound in the background when it appears;
+// bind waits for the controller's raise if none is there yet. It fails
+// when no platform can be bound.
 func (a *Agent) bind(ctx context.Context) (*bound, error) {
 	b := &bound{}
 	stream := mesh.SeatStream(mesh.BuildSeat)
 	notRaised := func(err error) bool {
 		return errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrStreamNotFound)
 	}
-	var missing, failed []string
-	for _, p := range a.cfg.Platforms {
-		cons, err := a.js.Consumer(ctx, stream, mesh.BuildConsumer(p))
-		switch {
-		case err == nil:
-			b.add(cons)
-		case notRaised(err):
-			missing = append(missing, p)
-		case ctx.Err() != nil:
-			return nil, ctx.Err()
-		case len(a.cfg.Platforms) > 1:
-			// One platform's queue this principal may not reach (no
-			// grant: no module of the catalogue is built for it) does not
-			// stop the others; this machine takes no asks for it.
-			a.log.Warn("cannot bind a platform's consumer; taking no asks for it", "platform", p,
-				"consumer", stream+"/"+mesh.BuildConsumer(p), "err", err)
-			failed = append(failed, p)
-		default:
-			return nil, fmt.Errorf("binding consumer %s/%s: %w", stream, mesh.BuildConsumer(p), err)
-		}
-	}
-	if len(failed) == len(a.cfg.Platforms) {
-		return nil, fmt.Errorf("binding the build seat's consumers of %v: none could be bound (see the log)", failed)
-	}
-	if len(missing) > 0 {
-		a.log.Info("no ask is queued for these platforms yet; waiting for the controller to raise their queues", "platforms", missing)
-	}
 	ready := make(chan struct{})
 	var once sync.Once
-	if len(b.all()) > 0 {
-		once.Do(func() { close(ready) })
+	type first struct {
+		platform string
+		err      error // nil: bound; notRaised: waiting for the raise
 	}
-	for _, p := range missing {
+	firsts := make(chan first, len(a.cfg.Platforms))
+	for _, p := range a.cfg.Platforms {
 		go func() {
 			name := mesh.BuildConsumer(p)
-			var cons jetstream.Consumer
-			err := bindRetry.Retry(ctx, 0, notRaised, func() error {
-				var err error
-				cons, err = a.js.Consumer(ctx, stream, name)
-				return err
-			})
-			if err != nil {
-				if ctx.Err() == nil {
-					a.log.Warn("binding a platform's consumer", "platform", p, "consumer", stream+"/"+name, "err", err)
+			cons, err := a.js.Consumer(ctx, stream, name)
+			firsts <- first{p, err}
+			switch {
+			case notRaised(err):
+				a.log.Info("no ask is queued for this platform yet; waiting for the controller to raise its queue", "platform", p)
+				err = bindRetry.Retry(ctx, 0, notRaised, func() error {
+					var err error
+					cons, err = a.js.Consumer(ctx, stream, name)
+					return err
+				})
+				if err != nil {
+					if ctx.Err() == nil {
+						a.log.Warn("binding a platform's consumer", "platform", p, "consumer", stream+"/"+name, "err", err)
+					}
+					return
+				}
+				a.log.Info("bound a platform's consumer", "platform", p, "consumer", stream+"/"+name)
+			case err != nil:
+				if ctx.Err() == nil && len(a.cfg.Platforms) > 1 {
+					a.log.Warn("cannot bind a platform's consumer; taking no asks for it", "platform", p,
+						"consumer", stream+"/"+name, "err", err)
 				}
 				return
 			}
-			b.add(cons)
-			a.log.Info("bound a platform's consumer", "platform", p, "consumer", stream+"/"+name)
+			b.add(p, cons)
 			once.Do(func() { close(ready) })
 		}()
+	}
+	var failed []string
+	var errs []error
+	for range a.cfg.Platforms {
+		select {
+		case f := <-firsts:
+			if f.err != nil && !notRaised(f.err) {
+				failed = append(failed, f.platform)
+				errs = append(errs, fmt.Errorf("binding consumer %s/%s: %w", stream, mesh.BuildConsumer(f.platform), f.err))
+			}
+		case <-ready:
+			return b, nil
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	switch {
+	case len(failed) == 1 && len(a.cfg.Platforms) == 1:
+		return nil, errs[0]
+	case len(failed) == len(a.cfg.Platforms):
+		return nil, fmt.Errorf("binding the build seat's consumers of %v: none could be bound: %w", failed, errors.Join(errs...))
 	}
 	select {
 	case <-ready:
@@ -273,12 +307,17 @@ const minFetchWait = 100 * time.Millisecond
 
 // Status is what an agent answers to the seat's status tool.
 type Status struct {
-	Machine   string   `json:"machine"`
-	Slots     int      `json:"slots"`
-	InFlight  int64    `json:"in_flight"`
-	Built     int64    `json:"built"`
-	Failed    int64    `json:"failed"`
+	Machine  string `json:"machine"`
+	Slots    int    `json:"slots"`
+	InFlight int64  `json:"in_flight"`
+	Built    int64  `json:"built"`
+	Failed   int64  `json:"failed"`
+	// Platforms are those whose queues the agent holds: the asks it takes.
 	Platforms []string `json:"platforms"`
+	// Builds are every platform it would take asks for: its BuildKit
+	// worker's, narrowed by --platforms or the catalogue. Of these, a
+	// platform with no queue yet, or none it may bind, is not in Platforms.
+	Builds []string `json:"builds,omitempty"`
 	// Health is HealthHealthy, or HealthUnhealthy while the machine cannot
 	// build (its BuildKit does not answer): it takes no asks then. Why
 	// says what its probe found, since when.
@@ -299,7 +338,7 @@ const (
 func (a *Agent) Status() Status {
 	st := Status{
 		Machine: a.cfg.Machine, Slots: a.cfg.Slots, InFlight: a.inFlight.Load(),
-		Built: a.builtN.Load(), Failed: a.failedN.Load(), Platforms: a.cfg.Platforms,
+		Built: a.builtN.Load(), Failed: a.failedN.Load(), Platforms: a.bound.Load().held(), Builds: a.cfg.Platforms,
 		Health: HealthHealthy, Since: a.started.UTC(), At: time.Now().UTC(),
 	}
 	if why, since := a.health.state(); why != "" {

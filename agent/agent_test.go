@@ -130,9 +130,8 @@ func startObserved(t *testing.T, s *server.Server, machine string, w agent.Worke
 	cfg.Heartbeat = testAckWait / 4
 	cfg.FetchWait = 500 * time.Millisecond
 	cfg.RetryDelay, cfg.MaxRetryDelay = 100*time.Millisecond, 200*time.Millisecond
-	// A killed agent's claim lapses within the ack wait, so that the tests
-	// of redelivery see it taken by another holder at once.
-	cfg.ClaimLease = testAckWait
+	// The claim lease is the default: the consumer's ack wait, so that a
+	// killed agent's ask is taken by another within about the ack wait.
 	if tweak != nil {
 		tweak(&cfg)
 	}
@@ -284,22 +283,30 @@ func TestTwoAgentsThreeAsksOneAtATime(t *testing.T) {
 	}
 }
 
+// A killed agent's ask is built by another once the ack wait and the
+// default claim lease (the ack wait) have passed — not minutes later.
 func TestAKilledAgentsAskIsBuiltByAnother(t *testing.T) {
 	s, js := bus(t)
 	g := newGate()
 	a1 := startAgent(t, s, "m1", g.on("m1"), func(c *agent.Config) { c.Grace = 0 })
 	submit(t, js, ask("k1"))
 	recv(t, g.began, 5*time.Second)
-	// Kill m1: its connection goes, no ack, no heartbeat, no nak; and its
-	// build stops with it (the process is gone).
+	// Kill m1 (as kill -9 would): its connection goes, no ack, no nak, no
+	// release of its claim; and its build stops with it.
 	a1.nc.Close()
+	killed := time.Now()
 	a1.cancel()
 	<-a1.done
 	startAgent(t, s, "m2", g.on("m2"), nil)
-	id := recv(t, g.began, 3*testAckWait+5*time.Second)
+	// The claim lease by default is the ack wait: within the ack wait plus
+	// the lease (and room for a loaded machine) m2 has it. A lease of even
+	// ten times the ack wait fails here.
+	bound := testAckWait + testAckWait + 3*time.Second
+	id := recv(t, g.began, bound)
 	if id != "k1" {
 		t.Fatalf("m2 began %s, want k1", id)
 	}
+	t.Logf("the killed agent's ask was taken %s after the kill (ack wait %s, lease %s)", time.Since(killed).Round(time.Millisecond), testAckWait, testAckWait)
 	g.ch("k1") <- nil
 	testenv.WaitFor(t, 10*time.Second, "k1 built", func() bool { return len(events(t, js).Built) >= 1 })
 	// m1 is gone (Run returned), so only m2 can still announce; once k1

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -77,7 +78,7 @@ func (a *Agent) claim(ctx context.Context, id string) (*claim, claimVerdict, err
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	now := time.Now()
-	mine := askClaim{Holder: a.cfg.Machine, Until: now.Add(a.cfg.ClaimLease)}
+	mine := askClaim{Holder: a.cfg.Machine, Until: now.Add(a.lease)}
 	for range 3 {
 		e, err := c.kv.Get(ctx, c.key)
 		switch {
@@ -116,7 +117,31 @@ func (a *Agent) claim(ctx context.Context, id string) (*claim, claimVerdict, err
 	return c, claimFailed, fmt.Errorf("claiming ask %s: it kept changing", id)
 }
 
-// write stores v as the claim's value, if it is still ours.
+// claimLease is the lease of an ask's claim: lease when set, else the
+// holders' ack wait (mesh.HolderAckWait when the consumer has none), so
+// that a dead holder's ask is taken by another within about the ack wait.
+func claimLease(lease, ackWait time.Duration) time.Duration {
+	switch {
+	case lease > 0:
+		return lease
+	case ackWait > 0:
+		return ackWait
+	}
+	return mesh.HolderAckWait
+}
+
+// renewEvery is how often a working slot renews its ask's claim: a third
+// of the lease, so that two renewals may fail (a bus slow or away) before
+// it lapses.
+func renewEvery(lease time.Duration) time.Duration {
+	return lease / 3
+}
+
+// write stores v as the claim's value, if it is still ours. A write whose
+// answer was lost (it timed out on a slow bus, yet the server applied it)
+// leaves the claim at a revision this holder did not see: the claim is
+// read again, and if it is still this holder's the write is made at the
+// revision read, so a renewal never lapses for an answer that was lost.
 func (c *claim) write(ctx context.Context, v askClaim) error {
 	if c.kv == nil {
 		c.v = v
@@ -124,7 +149,21 @@ func (c *claim) write(ctx context.Context, v askClaim) error {
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	rev, err := c.kv.Update(ctx, c.key, mustJSON(v), c.rev)
+	data := mustJSON(v)
+	rev, err := c.kv.Update(ctx, c.key, data, c.rev)
+	if err != nil && ctx.Err() == nil {
+		e, gerr := c.kv.Get(ctx, c.key)
+		var now askClaim
+		switch {
+		case gerr != nil:
+		case bytes.Equal(e.Value(), data):
+			rev, err = e.Revision(), nil // this very write, applied
+		case e.Revision() > c.rev && c.v.Holder != "" && json.Unmarshal(e.Value(), &now) == nil && now.Holder == c.v.Holder && now.Done == "":
+			// Ours still: a write of this holder's the answer of which
+			// was lost. Made again at the revision it left.
+			rev, err = c.kv.Update(ctx, c.key, data, e.Revision())
+		}
+	}
 	if err != nil {
 		return fmt.Errorf("writing the claim of %s: %w", c.key, err)
 	}
@@ -132,7 +171,7 @@ func (c *claim) write(ctx context.Context, v askClaim) error {
 	return nil
 }
 
-// renew extends the claim by lease.
+// renew extends the claim by lease from now.
 func (c *claim) renew(ctx context.Context, lease time.Duration) error {
 	v := c.v
 	v.Until = time.Now().Add(lease)

@@ -43,9 +43,13 @@ type Config struct {
 	// MaxRetryDelay (a minute by default).
 	RetryDelay, MaxRetryDelay time.Duration
 	// ClaimLease is how long an ask's claim stays alive without renewal:
-	// a redelivered ask whose claim is alive is left to its holder. The
-	// holder renews it with every heartbeat; it must outlast a bus outage
-	// for the ask to be built once across it.
+	// a redelivered ask whose claim is alive is left to its holder, so the
+	// ask of a holder that died is taken by another once both the ack wait
+	// and the lease have passed. The holder renews it every third of the
+	// lease; it must outlast a bus outage for the ask to be built once
+	// across it. Zero (the default) is the holders' consumer's ack wait
+	// (mesh.HolderAckWait, 30s): a dead holder's ask is taken within about
+	// the ack wait.
 	ClaimLease time.Duration
 	// ProbeTimeout bounds one probe of the machine (its BuildKit answers).
 	ProbeTimeout time.Duration
@@ -82,7 +86,6 @@ func DefaultConfig() Config {
 		RetryFor:       5 * time.Minute,
 		RetryDelay:     2 * time.Second,
 		MaxRetryDelay:  time.Minute,
-		ClaimLease:     2 * time.Minute,
 		ProbeTimeout:   10 * time.Second,
 		ProbeEvery:     30 * time.Second,
 		FetchWait:      5 * time.Second,
@@ -101,8 +104,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: slots %d: want 1 or more", ErrConfig, c.Slots)
 	case c.RetryFor < 0:
 		return fmt.Errorf("%w: retry for %s is negative: want 0 (fail at the first infrastructure failure) or more", ErrConfig, c.RetryFor)
-	case c.ClaimLease < time.Second:
-		return fmt.Errorf("%w: claim lease %s: want at least 1s (longer than a bus outage should last)", ErrConfig, c.ClaimLease)
+	case c.ClaimLease != 0 && c.ClaimLease < time.Second:
+		return fmt.Errorf("%w: claim lease %s: want 0 (the ack wait) or at least 1s (longer than a bus outage should last)", ErrConfig, c.ClaimLease)
 	case c.ProbeEvery < 0:
 		return fmt.Errorf("%w: probe every %s is negative: want 0 (only after a failure) or more", ErrConfig, c.ProbeEvery)
 	case c.ProbeTimeout <= 0:

@@ -134,24 +134,27 @@ func (a *Agent) work(ctx context.Context, msg jetstream.Msg, ask mesh.Ask, attem
 }
 
 // heartbeat tells the server every a.beat that the ask is still being
-// worked on (InProgress), and renews its claim, until the returned func is
-// called.
+// worked on (InProgress), and renews its claim every third of the claim's
+// lease (renewEvery), until the returned func is called.
 func (a *Agent) heartbeat(ctx context.Context, msg jetstream.Msg, c *claim, log *slog.Logger) (stop func()) {
 	done := make(chan struct{})
 	finished := make(chan struct{})
 	go func() {
 		defer close(finished)
-		t := time.NewTicker(a.beat)
-		defer t.Stop()
+		beat := time.NewTicker(a.beat)
+		defer beat.Stop()
+		renew := time.NewTicker(renewEvery(a.lease))
+		defer renew.Stop()
 		for {
 			select {
 			case <-done:
 				return
-			case <-t.C:
+			case <-beat.C:
 				if err := msg.InProgress(); err != nil {
 					log.Warn("heartbeat failed", "err", err)
 				}
-				if err := c.renew(ctx, a.cfg.ClaimLease); err != nil {
+			case <-renew.C:
+				if err := c.renew(ctx, a.lease); err != nil {
 					log.Warn("renewing the ask's claim failed", "err", err)
 				}
 			}

@@ -2,15 +2,19 @@ package agent
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"time"
 
+	"github.com/distribution/reference"
+
 	"github.com/meshbuild/meshbuild/internal/backoff"
+	"github.com/meshbuild/meshbuild/registry"
 )
 
 // Prober is the part of a Worker that says whether the machine can build
-// now: its BuildKit (and what else it needs) answers. A Worker that is not
-// one is taken as always able. Probe's error says why not.
+// now: its BuildKit and its registry (what else it needs) answer. A Worker
+// that is not one is taken as always able. Probe's error says why not.
 type Prober interface {
 	Probe(ctx context.Context) error
 }
@@ -21,12 +25,67 @@ type HealthObserver interface {
 	Healthy(ok bool)
 }
 
-// Probe implements Prober: the builder answers, if it can say so.
+// Probe implements Prober: the builder answers, if it can say so, and so
+// does the mesh's registry (w.Registry, or the registry of the last ask's
+// image), if the builder can ask it: a registry that cannot be reached or
+// answers 5xx stops the machine as its BuildKit would. A registry that
+// answers but refuses (401) is not the machine's sickness: the push fails
+// and says so.
 func (w *BuildWorker) Probe(ctx context.Context) error {
 	if p, ok := w.Builder.(interface{ Ping(context.Context) error }); ok {
-		return p.Ping(ctx)
+		if err := p.Ping(ctx); err != nil {
+			return err
+		}
+	}
+	host := w.Registry
+	if host == "" {
+		host = w.lastRegistry.get()
+	}
+	if p, ok := w.Builder.(registryPinger); ok && host != "" {
+		return p.PingRegistry(ctx, host)
 	}
 	return nil
+}
+
+// registryPinger is the part of a Builder that asks a registry whether it
+// answers.
+type registryPinger interface {
+	PingRegistry(ctx context.Context, host string) error
+}
+
+// PingRegistry asks the registry at host ("127.0.0.1:5000") whether it
+// answers, with the client builds are verified with. Its error, when the
+// registry cannot be reached or answers 5xx (registry.IsInfra), wraps
+// ErrInfra; any other answer is nil.
+func (b *BuildKit) PingRegistry(ctx context.Context, host string) error {
+	err := b.opts.Registry.Ping(ctx, host)
+	if registry.IsInfra(err) {
+		return classified(ErrInfra, fmt.Sprintf("registry %s does not answer: %s", host, lastLine(err.Error())), err)
+	}
+	return nil
+}
+
+// lastRegistry is the registry host of the last ask a worker took.
+type lastRegistry struct {
+	mu   sync.Mutex
+	host string
+}
+
+// saw records the registry of image, a repository ("host:port/name").
+func (l *lastRegistry) saw(image string) {
+	named, err := reference.ParseNormalizedNamed(image)
+	if err != nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.host = reference.Domain(named)
+}
+
+func (l *lastRegistry) get() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.host
 }
 
 // health is whether the machine can build: a sick machine stops pulling,

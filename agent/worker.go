@@ -50,10 +50,17 @@ type BuildWorker struct {
 	// Tag is pushed with the digest; "latest" by default. The digest, not
 	// the tag, is what the mesh builds on.
 	Tag string
+	// Registry is the mesh's registry (host:port), which the machine's
+	// probe asks whether it answers (see Probe). Empty: the registry of
+	// the last ask's image, once there was one.
+	Registry string
+
+	lastRegistry lastRegistry
 }
 
 // Work implements Worker.
 func (w *BuildWorker) Work(ctx context.Context, ask mesh.Ask, log func(string)) (Result, error) {
+	w.lastRegistry.saw(ask.Image)
 	log("checking out " + ask.Source.Repo + " at " + ask.Source.Commit)
 	dir, commit, err := w.Sources.CheckoutCommit(ctx, ask.Source)
 	if err != nil {

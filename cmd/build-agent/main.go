@@ -41,7 +41,7 @@ func run() int {
 	tls := daemon.TLSFlags(fs)
 	machine := fs.String("machine", daemon.Env("MESHBUILD_MACHINE", cfg.Machine), "this machine's name in every outcome (MESHBUILD_MACHINE)")
 	bk := fs.String("buildkit", daemon.Env("MESHBUILD_BUILDKIT_ADDR", "unix:///run/buildkit/buildkitd.sock"), "address of this machine's buildkitd (MESHBUILD_BUILDKIT_ADDR)")
-	fs.String("registry", daemon.Env("MESHBUILD_REGISTRY", ""), "the mesh's registry HOST:PORT (informational: asks name their images) (MESHBUILD_REGISTRY)")
+	reg := fs.String("registry", daemon.Env("MESHBUILD_REGISTRY", ""), "the mesh's registry HOST:PORT: while it does not answer (unreachable, 5xx) this machine is unhealthy and takes no asks; default the registry of the last ask's image (MESHBUILD_REGISTRY)")
 	insecure := fs.Bool("registry-insecure", daemon.Env("MESHBUILD_REGISTRY_INSECURE", "") == "true", "plain http to the registry, for a local one (MESHBUILD_REGISTRY_INSECURE=true)")
 	workspace := fs.String("workspace", daemon.Env("MESHBUILD_WORKSPACE", "/var/lib/meshbuild/workspace"), "clones and checkouts (MESHBUILD_WORKSPACE)")
 	platforms := fs.String("platforms", daemon.Env("MESHBUILD_PLATFORMS", ""), "platforms this machine builds, comma separated; default every one its BuildKit worker builds (emulated ones included), and each named must be one of those (MESHBUILD_PLATFORMS)")
@@ -55,8 +55,8 @@ func run() int {
 	fs.StringVar(&bkOpts.SBOMGenerator, "sbom-generator", daemon.Env("MESHBUILD_SBOM_GENERATOR", ""), "SBOM generator image, from the mesh's own registry (e.g. REGISTRY/buildkit-syft-scanner:stable-1); empty: no SBOM, said in each build's log (MESHBUILD_SBOM_GENERATOR)")
 	lease := fs.Duration("lease", envDuration("MESHBUILD_LEASE", claim.DefaultLease), "how long this agent's claim of its machine's seat outlives it (whole seconds; MESHBUILD_LEASE)")
 	fs.DurationVar(&cfg.RetryFor, "retry-for", cfg.RetryFor, "how long an ask's infrastructure failures are retried (delays from 2s doubling to 1m) before it is failed{infra}")
-	fs.DurationVar(&cfg.ProbeEvery, "probe-every", cfg.ProbeEvery, "how often an idle machine checks that its buildkitd answers (a sick one stops taking asks and probes with backoff until it does)")
-	fs.DurationVar(&cfg.ClaimLease, "claim-lease", cfg.ClaimLease, "how long an ask's claim outlives its holder's last renewal: a redelivered ask claimed within it is left to its holder")
+	fs.DurationVar(&cfg.ProbeEvery, "probe-every", cfg.ProbeEvery, "how often an idle machine checks that its buildkitd and its registry answer (a sick one stops taking asks and probes with backoff until they do)")
+	fs.DurationVar(&cfg.ClaimLease, "claim-lease", cfg.ClaimLease, "how long an ask's claim outlives its holder's last renewal (renewed every third of it): a redelivered ask claimed within it is left to its holder, so a dead agent's ask waits the ack wait and this; 0: the ack wait (30s)")
 	var insteadOf listFlag
 	fs.Var(&insteadOf, "git-instead-of", "URL=PATH: fetch repositories starting with URL from PATH instead (repeatable)")
 	if err := fs.Parse(os.Args[1:]); err != nil {
@@ -77,7 +77,7 @@ func run() int {
 		return 1
 	}
 	err = daemon.RunAgent(ctx, daemon.AgentOptions{
-		NATS: *natsURL, Creds: *creds, TLS: *tls, Agent: cfg, BuildKit: *bk, BuildKitOptions: bkOpts, RegistryClient: registry.NewClient(registry.WithInsecure(*insecure)),
+		NATS: *natsURL, Creds: *creds, TLS: *tls, Agent: cfg, BuildKit: *bk, BuildKitOptions: bkOpts, RegistryClient: registry.NewClient(registry.WithInsecure(*insecure)), Registry: *reg,
 		Workspace: *workspace, InsteadOf: io, Catalogue: *catalogue, Observer: obs, Log: log, Lease: *lease,
 	})
 	if err != nil {

@@ -168,9 +168,14 @@ type Machine struct {
 	Built    int64     `json:"built"`
 	Failed   int64     `json:"failed"`
 	LastSeen time.Time `json:"last_seen"`
-	// Platforms are those the machine builds (its BuildKit worker's, or
-	// those its --platforms narrowed them to); known while it is online.
+	// Platforms are those whose queues the machine holds: the asks it
+	// takes; known while it is online.
 	Platforms []string `json:"platforms,omitempty"`
+	// Builds are every platform it would take asks for (its BuildKit
+	// worker's, or those --platforms or its catalogue narrowed them to);
+	// a platform here and not in Platforms has no queue yet, or none the
+	// machine may bind.
+	Builds []string `json:"builds,omitempty"`
 }
 
 func machinesCmd(g *globals) *cobra.Command {
@@ -187,7 +192,7 @@ func machinesCmd(g *globals) *cobra.Command {
 			rows := map[string]*Machine{}
 			for _, s := range live {
 				rows[s.Machine] = &Machine{Machine: s.Machine, Online: true, Health: s.Health, Why: s.Why, Slots: s.Slots, InFlight: s.InFlight,
-					Built: s.Built, Failed: s.Failed, LastSeen: s.At, Platforms: s.Platforms}
+					Built: s.Built, Failed: s.Failed, LastSeen: s.At, Platforms: s.Platforms, Builds: s.Builds}
 			}
 			// Machines seen in recent plans but not answering now.
 			recs, _ := b.store.Plans(ctx)

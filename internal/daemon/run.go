@@ -112,6 +112,10 @@ type AgentOptions struct {
 	// RegistryClient is how the agent verifies its pushes; nil is
 	// registry.NewClient() (credentials from the docker config).
 	RegistryClient *registry.Client
+	// Registry is the mesh's registry (host:port): the machine is
+	// unhealthy, and takes no asks, while it does not answer. Empty: the
+	// registry of the last ask's image.
+	Registry string
 	// Workspace holds clones and checkouts.
 	Workspace string
 	// InsteadOf rewrites repository URLs (git's url.<base>.insteadOf).
@@ -214,8 +218,9 @@ func RunAgent(ctx context.Context, o AgentOptions) error {
 		o.Agent.State = agentState(ctx, js, o.Agent.Machine, o.Log)
 	}
 	w := &agent.BuildWorker{
-		Sources: &agent.Sources{Dir: o.Workspace, InsteadOf: o.InsteadOf},
-		Builder: bk,
+		Sources:  &agent.Sources{Dir: o.Workspace, InsteadOf: o.InsteadOf},
+		Builder:  bk,
+		Registry: o.Registry,
 	}
 	a, err := agent.New(o.Agent, js, w, o.Log, o.Observer)
 	if err != nil {

@@ -1,0 +1,80 @@
+package agent_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/meshbuild/meshbuild/agent"
+	"github.com/meshbuild/meshbuild/internal/testenv"
+	"github.com/meshbuild/meshbuild/mesh"
+)
+
+// The default claim lease is the holders' ack wait, not minutes: a dead
+// agent's ask waits about the ack wait before another takes it.
+func TestTheDefaultClaimLeaseIsTheAckWait(t *testing.T) {
+	if l := agent.DefaultConfig().ClaimLease; l != 0 {
+		t.Fatalf("default claim lease %s, want 0 (the consumer's ack wait, %s)", l, mesh.HolderAckWait)
+	}
+	if err := agent.DefaultConfig().Validate(); err != nil {
+		t.Fatal(err)
+	}
+	c := agent.DefaultConfig()
+	c.ClaimLease = 500 * time.Millisecond
+	if err := c.Validate(); err == nil {
+		t.Fatal("a claim lease of 500ms was accepted, want it refused")
+	}
+}
+
+// A working holder renews its ask's claim every third of the lease, even
+// with no heartbeat due, and a renewal whose answer was lost (the claim's
+// revision moved while the value is still the holder's) does not make it
+// lapse: the redelivered ask is left to its holder all along, and built
+// once.
+func TestAClaimIsRenewedWithinItsLeaseEvenWhenAnAnswerIsLost(t *testing.T) {
+	s, js := bus(t)
+	g := newGate()
+	// No heartbeat (as if the InProgress were lost): the server redelivers
+	// the ask every ack wait; only the claim, lease = the ack wait,
+	// renewed every third of it, keeps it with m1.
+	startAgent(t, s, "m1", g.on("m1"), func(c *agent.Config) { c.Heartbeat = time.Hour })
+	submit(t, js, ask("kept"))
+	if id := recv(t, g.began, 5*time.Second); id != "kept" {
+		t.Fatalf("began %s", id)
+	}
+	ended := make(ends, 100)
+	startObserved(t, s, "m2", g.on("m2"), nil, ended)
+	ctx := context.Background()
+	kv, err := js.KeyValue(ctx, mesh.AskClaimsBucket(mesh.BuildSeat))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A renewal whose answer was lost: the server holds a revision the
+	// holder did not see, with its own value.
+	e, err := kv.Get(ctx, mesh.AskClaimKey("kept"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, mesh.AskClaimKey("kept"), e.Value()); err != nil {
+		t.Fatal(err)
+	}
+	// Three ack waits (three leases): m2 is handed the ask again and again
+	// and leaves it each time.
+	ended.next(t, agent.OutcomeHandedBack, 3*testAckWait)
+	deadline := time.Now().Add(3 * testAckWait)
+	for time.Now().Before(deadline) {
+		select {
+		case id := <-g.began:
+			t.Fatalf("%s was taken by another while its holder worked on it", id)
+		case <-time.After(time.Until(deadline)):
+		}
+	}
+	g.ch("kept") <- nil
+	testenv.WaitFor(t, 10*time.Second, "kept built and acknowledged", func() bool {
+		info := consumerInfo(t, js)
+		return len(events(t, js).Built) == 1 && info.NumAckPending == 0 && info.NumPending == 0
+	})
+	if r := events(t, js); len(r.Built) != 1 || r.Built[0].On != "m1" || len(r.Started) != 1 {
+		t.Fatalf("started %+v built %+v: want one start and one built, on m1", r.Started, r.Built)
+	}
+}
