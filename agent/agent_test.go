@@ -130,8 +130,8 @@ func startObserved(t *testing.T, s *server.Server, machine string, w agent.Worke
 	cfg.Heartbeat = testAckWait / 4
 	cfg.FetchWait = 500 * time.Millisecond
 	cfg.RetryDelay, cfg.MaxRetryDelay = 100*time.Millisecond, 200*time.Millisecond
-	// The claim lease is the default: the consumer's ack wait, so that a
-	// killed agent's ask is taken by another within about the ack wait.
+	// The claim lease is the default: four of the consumer's ack waits, so
+	// that a killed agent's ask is taken by another within about five.
 	if tweak != nil {
 		tweak(&cfg)
 	}
@@ -284,7 +284,7 @@ func TestTwoAgentsThreeAsksOneAtATime(t *testing.T) {
 }
 
 // A killed agent's ask is built by another once the ack wait and the
-// default claim lease (the ack wait) have passed — not minutes later.
+// default claim lease (four ack waits) have passed.
 func TestAKilledAgentsAskIsBuiltByAnother(t *testing.T) {
 	s, js := bus(t)
 	g := newGate()
@@ -298,15 +298,15 @@ func TestAKilledAgentsAskIsBuiltByAnother(t *testing.T) {
 	a1.cancel()
 	<-a1.done
 	startAgent(t, s, "m2", g.on("m2"), nil)
-	// The claim lease by default is the ack wait: within the ack wait plus
-	// the lease (and room for a loaded machine) m2 has it. A lease of even
+	// The claim lease by default is four ack waits: within the ack wait
+	// plus the lease (and room for a loaded machine) m2 has it. A lease of
 	// ten times the ack wait fails here.
-	bound := testAckWait + testAckWait + 3*time.Second
+	bound := testAckWait + 4*testAckWait + 3*time.Second
 	id := recv(t, g.began, bound)
 	if id != "k1" {
 		t.Fatalf("m2 began %s, want k1", id)
 	}
-	t.Logf("the killed agent's ask was taken %s after the kill (ack wait %s, lease %s)", time.Since(killed).Round(time.Millisecond), testAckWait, testAckWait)
+	t.Logf("the killed agent's ask was taken %s after the kill (ack wait %s, lease %s)", time.Since(killed).Round(time.Millisecond), testAckWait, 4*testAckWait)
 	g.ch("k1") <- nil
 	testenv.WaitFor(t, 10*time.Second, "k1 built", func() bool { return len(events(t, js).Built) >= 1 })
 	// m1 is gone (Run returned), so only m2 can still announce; once k1

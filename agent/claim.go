@@ -125,10 +125,19 @@ func claimLease(lease, ackWait time.Duration) time.Duration {
 	case lease > 0:
 		return lease
 	case ackWait > 0:
-		return ackWait
+		return claimLeasePerAckWait * ackWait
 	}
-	return mesh.HolderAckWait
+	return claimLeasePerAckWait * mesh.HolderAckWait
 }
+
+// claimLeasePerAckWait is the default lease in ack waits. A redelivered ask
+// means its holder was silent for an ack wait — dead, or cut off by a bus
+// outage (a restarted server redelivers at once what waited longer than the
+// ack wait). The lease is what tells the two apart: a holder that comes back
+// within it renews its claim and keeps its ask, so it is the longest outage
+// a build survives without being built twice, and also how long a killed
+// holder's ask waits. Four ack waits (2m by default) favour built-once.
+const claimLeasePerAckWait = 4
 
 // renewEvery is how often a working slot renews its ask's claim: a third
 // of the lease, so that two renewals may fail (a bus slow or away) before

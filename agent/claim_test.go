@@ -10,11 +10,12 @@ import (
 	"github.com/meshbuild/meshbuild/mesh"
 )
 
-// The default claim lease is the holders' ack wait, not minutes: a dead
-// agent's ask waits about the ack wait before another takes it.
-func TestTheDefaultClaimLeaseIsTheAckWait(t *testing.T) {
+// The default claim lease is four of the holders' ack waits: a dead
+// agent's ask waits the ack wait and the lease before another takes it;
+// the lease is the longest bus outage a build survives built once.
+func TestTheDefaultClaimLeaseIsFourAckWaits(t *testing.T) {
 	if l := agent.DefaultConfig().ClaimLease; l != 0 {
-		t.Fatalf("default claim lease %s, want 0 (the consumer's ack wait, %s)", l, mesh.HolderAckWait)
+		t.Fatalf("default claim lease %s, want 0 (four of the consumer's ack waits, %s)", l, 4*mesh.HolderAckWait)
 	}
 	if err := agent.DefaultConfig().Validate(); err != nil {
 		t.Fatal(err)
@@ -35,8 +36,8 @@ func TestAClaimIsRenewedWithinItsLeaseEvenWhenAnAnswerIsLost(t *testing.T) {
 	s, js := bus(t)
 	g := newGate()
 	// No heartbeat (as if the InProgress were lost): the server redelivers
-	// the ask every ack wait; only the claim, lease = the ack wait,
-	// renewed every third of it, keeps it with m1.
+	// the ask every ack wait; only the claim, renewed every third of its
+	// lease, keeps it with m1.
 	startAgent(t, s, "m1", g.on("m1"), func(c *agent.Config) { c.Heartbeat = time.Hour })
 	submit(t, js, ask("kept"))
 	if id := recv(t, g.began, 5*time.Second); id != "kept" {
@@ -58,7 +59,7 @@ func TestAClaimIsRenewedWithinItsLeaseEvenWhenAnAnswerIsLost(t *testing.T) {
 	if _, err := kv.Put(ctx, mesh.AskClaimKey("kept"), e.Value()); err != nil {
 		t.Fatal(err)
 	}
-	// Three ack waits (three leases): m2 is handed the ask again and again
+	// Three ack waits: m2 is handed the ask again and again
 	// and leaves it each time.
 	ended.next(t, agent.OutcomeHandedBack, 3*testAckWait)
 	deadline := time.Now().Add(3 * testAckWait)

@@ -47,9 +47,10 @@ type Config struct {
 	// ask of a holder that died is taken by another once both the ack wait
 	// and the lease have passed. The holder renews it every third of the
 	// lease; it must outlast a bus outage for the ask to be built once
-	// across it. Zero (the default) is the holders' consumer's ack wait
-	// (mesh.HolderAckWait, 30s): a dead holder's ask is taken within about
-	// the ack wait.
+	// across it. Zero (the default) is four of the holders' consumer's ack
+	// waits (mesh.HolderAckWait, 30s: 2m): a bus outage of up to about
+	// 1m20s-2m is survived, and a dead holder's ask is taken within about
+	// the ack wait and the lease.
 	ClaimLease time.Duration
 	// ProbeTimeout bounds one probe of the machine (its BuildKit answers).
 	ProbeTimeout time.Duration

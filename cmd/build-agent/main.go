@@ -56,7 +56,7 @@ func run() int {
 	lease := fs.Duration("lease", envDuration("MESHBUILD_LEASE", claim.DefaultLease), "how long this agent's claim of its machine's seat outlives it (whole seconds; MESHBUILD_LEASE)")
 	fs.DurationVar(&cfg.RetryFor, "retry-for", cfg.RetryFor, "how long an ask's infrastructure failures are retried (delays from 2s doubling to 1m) before it is failed{infra}")
 	fs.DurationVar(&cfg.ProbeEvery, "probe-every", cfg.ProbeEvery, "how often an idle machine checks that its buildkitd and its registry answer (a sick one stops taking asks and probes with backoff until they do)")
-	fs.DurationVar(&cfg.ClaimLease, "claim-lease", cfg.ClaimLease, "how long an ask's claim outlives its holder's last renewal (renewed every third of it): a redelivered ask claimed within it is left to its holder, so a dead agent's ask waits the ack wait and this; 0: the ack wait (30s)")
+	fs.DurationVar(&cfg.ClaimLease, "claim-lease", cfg.ClaimLease, "how long an ask's claim outlives its holder's last renewal (renewed every third of it): a redelivered ask claimed within it is left to its holder, so it is the longest bus outage a build survives without being built twice, and a killed agent's ask waits the ack wait and this; 0: four ack waits (2m)")
 	var insteadOf listFlag
 	fs.Var(&insteadOf, "git-instead-of", "URL=PATH: fetch repositories starting with URL from PATH instead (repeatable)")
 	if err := fs.Parse(os.Args[1:]); err != nil {
