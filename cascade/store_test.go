@@ -87,7 +87,7 @@ func TestPruneKeysGoWithTheirPlans(t *testing.T) {
 		cascade.InputKeyKey("k-old"): cascade.KeyRecord{Module: "a", Digest: dg(1), Plan: "p-0"},
 		// Built by a pruned plan to b's current image: stays.
 		cascade.InputKeyKey("k-current"): cascade.KeyRecord{Module: "b", Digest: dg(2), Plan: "p-0"},
-		cascade.CurrentKey("b"):           cascade.Current{Module: "b", Digest: dg(2), Plan: "p-0", Seq: 1},
+		cascade.CurrentKey("b"):          cascade.Current{Module: "b", Digest: dg(2), Plan: "p-0", Seq: 1},
 		// Built by a pruned plan to an image b is no longer at: goes.
 		cascade.InputKeyKey("k-was-current"): cascade.KeyRecord{Module: "b", Digest: dg(3), Plan: "p-2"},
 		// Built by a pruned plan, reused (settled unchanged) by a kept one: stays.
