@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"path"
@@ -8,8 +9,7 @@ import (
 
 	"github.com/distribution/reference"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-
-	"github.com/meshbuild/meshbuild/mesh"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
 )
 
 // # Provenance and SBOM
@@ -95,25 +95,18 @@ func orDot(p string) string {
 	return p
 }
 
-// pushedImage reads what was pushed at ref: for an index of an image and
-// its attestation manifest, the image manifest's digest (the one of
-// platform, or the only image) and the attestations; for an image, its
-// own digest and no attestations.
-func (b *BuildKit) pushedImage(ctx context.Context, repo, dgst, platform string) (string, *mesh.Attestations, error) {
-	desc, err := b.opts.Registry.Get(ctx, repo+"@"+dgst)
-	if err != nil {
-		return "", nil, err
-	}
+// imageIn picks the image out of what was pushed as dgst: for an index of
+// an image and its attestation manifest, the image manifest (the one of
+// platform, or the only image) and the attestation manifest's descriptor
+// (nil if the index has none for it); for an image, the image itself and no
+// index (idx false).
+func imageIn(desc *remote.Descriptor, platform string) (image v1.Descriptor, att *v1.Descriptor, idx bool, err error) {
 	if !desc.MediaType.IsIndex() {
-		return dgst, nil, nil
+		return desc.Descriptor, nil, false, nil
 	}
-	idx, err := desc.ImageIndex()
+	im, err := v1.ParseIndexManifest(bytes.NewReader(desc.Manifest))
 	if err != nil {
-		return "", nil, fmt.Errorf("reading index %s@%s: %w", repo, dgst, err)
-	}
-	im, err := idx.IndexManifest()
-	if err != nil {
-		return "", nil, fmt.Errorf("reading index %s@%s: %w", repo, dgst, err)
+		return v1.Descriptor{}, nil, true, fmt.Errorf("reading index %s: %w", desc.Digest, err)
 	}
 	var images []v1.Descriptor
 	attests := map[string]v1.Descriptor{} // by the image they attest
@@ -124,43 +117,37 @@ func (b *BuildKit) pushedImage(ctx context.Context, repo, dgst, platform string)
 		}
 		images = append(images, m)
 	}
-	var image *v1.Descriptor
-	for i, m := range images {
+	for _, m := range images {
 		if len(images) == 1 || platform != "" && m.Platform != nil && platformString(m.Platform) == platform {
-			image = &images[i]
-			break
+			if a, ok := attests[m.Digest.String()]; ok {
+				return m, &a, true, nil
+			}
+			return m, nil, true, nil
 		}
 	}
-	if image == nil {
-		return "", nil, fmt.Errorf("index %s@%s holds no image for %s (%d images)", repo, dgst, platform, len(images))
-	}
-	a := &mesh.Attestations{Index: dgst}
-	att, ok := attests[image.Digest.String()]
-	if !ok {
-		return image.Digest.String(), a, nil
-	}
-	a.Manifest = att.Digest.String()
-	adesc, err := b.opts.Registry.Get(ctx, repo+"@"+a.Manifest)
+	return v1.Descriptor{}, nil, true, fmt.Errorf("index %s holds no image for %s (%d images)", desc.Digest, platform, len(images))
+}
+
+// statements reads the attestation manifest at repo@manifest and returns
+// the digests of its provenance and SBOM statements.
+func (b *BuildKit) statements(ctx context.Context, repo, manifest string) (provenance, sbom string, err error) {
+	adesc, err := b.opts.Registry.Get(ctx, repo+"@"+manifest)
 	if err != nil {
-		return "", nil, err
+		return "", "", err
 	}
-	img, err := adesc.Image()
+	m, err := v1.ParseManifest(bytes.NewReader(adesc.Manifest))
 	if err != nil {
-		return "", nil, fmt.Errorf("reading attestation manifest %s@%s: %w", repo, a.Manifest, err)
-	}
-	m, err := img.Manifest()
-	if err != nil {
-		return "", nil, fmt.Errorf("reading attestation manifest %s@%s: %w", repo, a.Manifest, err)
+		return "", "", fmt.Errorf("reading attestation manifest %s@%s: %w", repo, manifest, err)
 	}
 	for _, l := range m.Layers {
 		switch t := l.Annotations[annotationPredicateType]; {
-		case isProvenance(t) && a.Provenance == "":
-			a.Provenance = l.Digest.String()
-		case isSBOM(t) && a.SBOM == "":
-			a.SBOM = l.Digest.String()
+		case isProvenance(t) && provenance == "":
+			provenance = l.Digest.String()
+		case isSBOM(t) && sbom == "":
+			sbom = l.Digest.String()
 		}
 	}
-	return image.Digest.String(), a, nil
+	return provenance, sbom, nil
 }
 
 // platformString is os/arch[/variant].

@@ -19,9 +19,11 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/meshbuild/meshbuild/agent"
+	"github.com/meshbuild/meshbuild/cascade"
 	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
+	"github.com/meshbuild/meshbuild/planner"
 	"github.com/meshbuild/meshbuild/registry"
 )
 
@@ -302,12 +304,23 @@ const overheadDockerfile = "FROM runtime\nCOPY nonce.txt /nonce.txt\nRUN cat /no
 // Release), the daemon ping before the solve (*-ping-ms) and the check
 // after it that the registry resolves the pushed digest and its size
 // (*-verify-ms). Work and Build are timed by wrapping the real worker and
-// builder; ping and verify, which run inside BuildKit.Build, by making the
-// same calls (BuildKit.Ping, registry.Resolve and registry.Size on the
-// pushed reference) right after each build. The ratio to buildctl is
+// builder; ping and verify, which run inside BuildKit.Build, are the spans
+// the build reports (agent.Spans). The ratio to buildctl is
 // reported too, but says little: buildctl pays a process start and a new
-// session each build, which the agent does not. MESHBUILD_BENCH=tiny: one
-// pair of each kind.
+// session each build, which the agent does not.
+//
+// Fully cached (cached-*): the cost on its machine of a build in which no
+// step runs, as the farm sends it (the ask from cascade.Asks, with its
+// registry build cache), from publishing the ask to built arriving — p50
+// and p90 of 60 builds — and where it goes: the events, and the spans the
+// build reports (checkout, ping, solve, and inside the solve the cache
+// import, the export and push of the image and its attestations, the
+// cache export; then verify). Beside it, in turn, the same with
+// BuildKitOptions.History (cached-history-*: the solve recorded in
+// buildkitd's history, as before), and the push verified as before
+// (cached-verify-before-ms: five calls, one after another, each with its
+// own connection). MESHBUILD_BENCH=tiny: one pair of each kind, 4
+// cached builds of each.
 func BenchmarkAgentOverhead(b *testing.B) {
 	testenv.RequireBuildkit(b)
 	runs := 15
@@ -362,21 +375,9 @@ func BenchmarkAgentOverhead(b *testing.B) {
 		arrived := ev.wait(b, mesh.EventBuilt, a.ID, 5*time.Minute)
 		d := arrived.Sub(t0)
 		begun, ended := tw.span()
-		build, ref := tb.last()
-		// Ping and verify again, as BuildKit.Build did inside the build.
-		p0 := time.Now()
-		if err := bk.Ping(context.Background()); err != nil {
-			b.Fatal(err)
-		}
-		ping := time.Since(p0)
-		v0 := time.Now()
-		if _, err := regc.Resolve(context.Background(), ref); err != nil {
-			b.Fatal(err)
-		}
-		if _, err := regc.Size(context.Background(), ref); err != nil {
-			b.Fatal(err)
-		}
-		verify := time.Since(v0)
+		build, _ := tb.last()
+		spans := tw.lastSpans()
+		ping, verify := spans.Took(agent.SpanPing), spans.Took(agent.SpanVerify)
 		p := ownParts{
 			events:   begun.Sub(t0) + arrived.Sub(ended),
 			checkout: ended.Sub(begun) - build,
@@ -475,6 +476,56 @@ func BenchmarkAgentOverhead(b *testing.B) {
 	var warmA, warmD, coldA, coldD, prunedA, prunedD time.Duration
 	var warmB, coldB, prunedB ownParts
 	cold := 0
+	// Fully cached: the ask as the controller makes it (cascade.Asks: its
+	// registry build cache imported and exported), every step cached, the
+	// same commit each time. Each build is measured from publishing the
+	// ask to its built arriving — the whole of it is overhead, no step
+	// runs — through the default builder and, in turn, through one that
+	// records every build in buildkitd's history (History, as before it
+	// was off by default). After each build the push is verified again
+	// the way it was before (a client of its own, no reuse: resolve, read
+	// the index and the attestation manifest, tag, size), to time it
+	// beside the verify span.
+	bkHist, err := agent.NewBuildKit(addr, agent.BuildKitOptions{Registry: regc, History: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { bkHist.Close() })
+	cachedRuns := 4 * runs
+	type cachedBuild struct {
+		total, events, verifyBefore time.Duration
+		spans                       agent.Spans
+	}
+	// fill builds the first, which fills the cache and is not checked.
+	cachedAsk := func(history, fill bool) cachedBuild {
+		n++
+		id := fmt.Sprintf("overhead-%d", n)
+		a := cascade.Asks(host, cascade.Submit{Plan: "p-bench", Module: "cached", AskID: id,
+			Source: planner.Source{Repo: gitDir, Commit: commit, Path: "app"}})[0]
+		a.Bases = []mesh.Base{base}
+		if history {
+			tb.use(bkHist)
+		} else {
+			tb.use(bk)
+		}
+		t0 := time.Now()
+		publishAsk(b, js, a)
+		arrived := ev.wait(b, mesh.EventBuilt, a.ID, 5*time.Minute)
+		begun, ended := tw.span()
+		c := cachedBuild{total: arrived.Sub(t0), events: begun.Sub(t0) + arrived.Sub(ended), spans: tw.lastSpans()}
+		c.verifyBefore = verifyAsBefore(b, a.Image, tb.lastResult(), "latest")
+		ev.wait(b, logFinal, a.ID, 10*time.Second)
+		for _, step := range []string{" COPY ", " RUN "} {
+			if fill {
+				break
+			}
+			if cached, found := ev.cached(a.ID, step); !found || !cached {
+				b.Fatalf("ask %s: the%s step found %t, cached %t; want it cached\n%s", a.ID, step, found, cached, strings.Join(ev.logs[a.ID], "\n"))
+			}
+		}
+		return c
+	}
+	var cachedNow, cachedHist []cachedBuild
 	for b.Loop() {
 		warmR, warmA, warmD, warmB = measure(true, func(int) string { return commit }, nil)
 		coldR, coldA, coldD, coldB = measure(false, func(int) string {
@@ -493,7 +544,50 @@ func BenchmarkAgentOverhead(b *testing.B) {
 		}
 		viaAgent(last, false) // the clone fetches it once, unmeasured
 		prunedR, prunedA, prunedD, prunedB = measure(false, func(int) string { return last }, prune)
+		// Fully cached (cachedAsk), the two builders in turn.
+		cachedAsk(false, true) // the first fills the registry cache, unmeasured
+		for i := range cachedRuns {
+			if i%2 == 0 {
+				cachedNow = append(cachedNow, cachedAsk(false, false))
+				cachedHist = append(cachedHist, cachedAsk(true, false))
+			} else {
+				cachedHist = append(cachedHist, cachedAsk(true, false))
+				cachedNow = append(cachedNow, cachedAsk(false, false))
+			}
+		}
 	}
+	tb.use(bk)
+	cachedMedian := func(cs []cachedBuild, f func(cachedBuild) time.Duration) float64 {
+		var ds []time.Duration
+		for _, c := range cs {
+			ds = append(ds, f(c))
+		}
+		return ms(median(ds))
+	}
+	for _, k := range []struct {
+		kind string
+		cs   []cachedBuild
+	}{{"cached", cachedNow}, {"cached-history", cachedHist}} {
+		var totals []time.Duration
+		for _, c := range k.cs {
+			totals = append(totals, c.total)
+		}
+		slices.Sort(totals)
+		b.ReportMetric(ms(quantile(totals, 0.50)), k.kind+"-p50-ms")
+		b.ReportMetric(ms(quantile(totals, 0.90)), k.kind+"-p90-ms")
+		b.ReportMetric(cachedMedian(k.cs, func(c cachedBuild) time.Duration { return c.events }), k.kind+"-events-ms")
+		for _, span := range []string{agent.SpanCheckout, agent.SpanPing, agent.SpanSolve, agent.SpanCacheImport, agent.SpanExport, agent.SpanCacheExport, agent.SpanVerify} {
+			b.ReportMetric(cachedMedian(k.cs, func(c cachedBuild) time.Duration { return c.spans.Took(span) }), k.kind+"-"+span+"-ms")
+		}
+		// The solve less its parts buildkitd reports: the frontend, the
+		// session's transfers, the cache lookups, the history record.
+		b.ReportMetric(cachedMedian(k.cs, func(c cachedBuild) time.Duration {
+			return c.spans.Took(agent.SpanSolve) - c.spans.Took(agent.SpanCacheImport) - c.spans.Took(agent.SpanExport) - c.spans.Took(agent.SpanCacheExport)
+		}), k.kind+"-solve-other-ms")
+	}
+	b.ReportMetric(cachedMedian(cachedNow, func(c cachedBuild) time.Duration { return c.verifyBefore }), "cached-verify-before-ms")
+	b.ReportMetric(float64(len(cachedNow)), "cached-builds")
+
 	for _, k := range []struct {
 		kind         string
 		ratio        float64
@@ -527,6 +621,7 @@ type timedWorker struct {
 	w            agent.Worker
 	mu           sync.Mutex
 	begun, ended time.Time
+	spans        agent.Spans
 }
 
 func (t *timedWorker) Work(ctx context.Context, a mesh.Ask, log func(string)) (agent.Result, error) {
@@ -534,9 +629,16 @@ func (t *timedWorker) Work(ctx context.Context, a mesh.Ask, log func(string)) (a
 	res, err := t.w.Work(ctx, a, log)
 	ended := time.Now()
 	t.mu.Lock()
-	t.begun, t.ended = begun, ended
+	t.begun, t.ended, t.spans = begun, ended, res.Spans
 	t.mu.Unlock()
 	return res, err
+}
+
+// lastSpans are the last Work's spans, its checkout's among them.
+func (t *timedWorker) lastSpans() agent.Spans {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.spans
 }
 
 func (t *timedWorker) span() (begun, ended time.Time) {
@@ -552,21 +654,67 @@ type timedBuilder struct {
 	mu  sync.Mutex
 	d   time.Duration
 	ref string
+	res agent.Result
 }
 
 func (t *timedBuilder) Build(ctx context.Context, req agent.BuildRequest) (agent.Result, error) {
-	t0 := time.Now()
-	res, err := t.b.Build(ctx, req)
 	t.mu.Lock()
-	t.d, t.ref = time.Since(t0), res.Ref
+	b := t.b
+	t.mu.Unlock()
+	t0 := time.Now()
+	res, err := b.Build(ctx, req)
+	t.mu.Lock()
+	t.d, t.ref, t.res = time.Since(t0), res.Ref, res
 	t.mu.Unlock()
 	return res, err
+}
+
+// use makes b the builder the next builds go to.
+func (t *timedBuilder) use(b agent.Builder) {
+	t.mu.Lock()
+	t.b = b
+	t.mu.Unlock()
 }
 
 func (t *timedBuilder) last() (time.Duration, string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.d, t.ref
+}
+
+func (t *timedBuilder) lastResult() agent.Result {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.res
+}
+
+// verifyAsBefore reads back an image pushed with attestations the way
+// BuildKit.Build did before it verified in three round trips: one call
+// after another, each starting afresh (a registry.Client of its own: its
+// ping, then its request) — resolve the index, read it, read the
+// attestation manifest, move the tag to the image, read the image's size.
+// It returns how long that took.
+func verifyAsBefore(tb testing.TB, repo string, res agent.Result, tag string) time.Duration {
+	tb.Helper()
+	if res.Attestations == nil || res.Attestations.Manifest == "" {
+		tb.Fatalf("%s was pushed without attestations: %+v", res.Ref, res.Attestations)
+	}
+	ctx := context.Background()
+	fresh := func() *registry.Client { return registry.NewClient(registry.WithInsecure(true)) }
+	index := repo + "@" + res.Attestations.Index
+	t0 := time.Now()
+	for _, call := range []func() error{
+		func() error { _, err := fresh().Resolve(ctx, index); return err },
+		func() error { _, err := fresh().Get(ctx, index); return err },
+		func() error { _, err := fresh().Get(ctx, repo+"@"+res.Attestations.Manifest); return err },
+		func() error { return fresh().Tag(ctx, res.Ref, tag) },
+		func() error { _, err := fresh().Size(ctx, res.Ref); return err },
+	} {
+		if err := call(); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	return time.Since(t0)
 }
 
 // benchTiny: MESHBUILD_BENCH=tiny, which `make test` sets when it runs

@@ -70,6 +70,14 @@ type BuildKitOptions struct {
 	// Empty (the default) makes none, and each build's log says so: with
 	// no outside registry the generator must come from the mesh's own.
 	SBOMGenerator string
+	// History records every build in buildkitd's build history (what
+	// `buildctl debug history` and `docker buildx history` list), as
+	// buildctl's builds are. Off by default: recording writes a history
+	// provenance of the build (mode=max, with its resource usage) to the
+	// daemon's store before the solve answers — tens of milliseconds on
+	// every build, the larger part of a fully cached one — and the farm
+	// keeps its own record of every build (its events and log.<ask>).
+	History bool
 }
 
 // minKeepAlive is the ping interval BuildKit's gRPC server tolerates (the
@@ -88,6 +96,11 @@ func (o BuildKitOptions) withDefaults() (BuildKitOptions, error) {
 	}
 	if o.Provenance == "" {
 		o.Provenance = ProvenanceMax
+	}
+	if o.Registry == nil {
+		// One client for every build: its connections and token
+		// exchanges are reused from one verification to the next.
+		o.Registry = registry.NewClient()
 	}
 	switch {
 	case o.DialTimeout < 0:
@@ -206,16 +219,19 @@ type BuildRequest struct {
 // ctx returns its error.
 func (b *BuildKit) Build(ctx context.Context, req BuildRequest) (Result, error) {
 	begun := time.Now()
+	var spans Spans
 	opt, err := b.solveOpt(req)
 	if err != nil {
 		return Result{}, err
 	}
+	t := time.Now()
 	if err := b.Ping(ctx); err != nil {
 		if cerr := ctx.Err(); cerr != nil {
 			return Result{}, context.Cause(ctx)
 		}
 		return Result{}, err
 	}
+	spans.add(SpanPing, time.Since(t))
 
 	if req.Log != nil {
 		_, notes := b.attestAttrs(req)
@@ -232,47 +248,30 @@ func (b *BuildKit) Build(ctx context.Context, req BuildRequest) (Result, error) 
 			p.update(s)
 		}
 	}()
+	t = time.Now()
 	resp, err := b.c.Solve(ctx, nil, opt, ch) // closes ch
 	<-done
 	p.flush()
 	if err != nil {
 		return Result{}, b.solveError(ctx, req, p, err)
 	}
+	spans.add(SpanSolve, time.Since(t))
+	spans = append(spans, p.solveSpans()...)
+	t = time.Now()
 
 	dgst := resp.ExporterResponse["containerimage.digest"]
 	if _, perr := digest.Parse(dgst); perr != nil {
 		return Result{}, classified(ErrPush, fmt.Sprintf("buildkitd returned no image digest for %s (%q)", req.Image, dgst), perr)
 	}
-	ref := req.Image + "@" + dgst
-	got, err := b.opts.Registry.Resolve(ctx, ref)
+	pushed, err := b.verify(ctx, req, dgst)
 	if err != nil {
-		return Result{}, registryError(ctx, "verifying "+ref, err)
+		return Result{}, err
 	}
-	if got != dgst {
-		return Result{}, classified(ErrPush, fmt.Sprintf("registry resolves %s to %s", ref, got), nil)
-	}
-	// With attestations BuildKit pushed an index: the image is the image
-	// manifest in it, the rest is reported beside it.
-	image, att, err := b.pushedImage(ctx, req.Image, dgst, req.Platform)
-	if err != nil {
-		return Result{}, registryError(ctx, "reading "+ref, err)
-	}
-	dgst, ref = image, req.Image+"@"+image
-	if att != nil && req.Tag != "" {
-		// The index was pushed by digest only: the tag names the image,
-		// as it does without attestations.
-		if err := b.opts.Registry.Tag(ctx, ref, req.Tag); err != nil {
-			return Result{}, registryError(ctx, "tagging "+ref, err)
-		}
-	}
-	size, err := b.opts.Registry.Size(ctx, ref)
-	if err != nil {
-		return Result{}, registryError(ctx, "reading "+ref, err)
-	}
+	spans.add(SpanVerify, time.Since(t))
 	steps, hits := p.counts()
 	return Result{
-		Digest: dgst, Ref: ref, Bytes: size,
-		Steps: steps, CacheHits: hits, Duration: time.Since(begun), Attestations: att,
+		Digest: pushed.digest, Ref: req.Image + "@" + pushed.digest, Bytes: pushed.size,
+		Steps: steps, CacheHits: hits, Duration: time.Since(begun), Attestations: pushed.att, Spans: spans,
 	}, nil
 }
 
@@ -350,6 +349,8 @@ func (b *BuildKit) solveOpt(req BuildRequest) (client.SolveOpt, error) {
 		LocalMounts:   map[string]fsutil.FS{"context": ctxFS, "dockerfile": dfFS},
 		Exports:       []client.ExportEntry{{Type: client.ExporterImage, Attrs: exp}},
 		Session:       []session.Attachable{b.auth},
+		// Not recorded in buildkitd's build history (BuildKitOptions.History).
+		Internal: !b.opts.History,
 	}
 	if req.Cache != "" {
 		cache := map[string]string{"ref": req.Cache}

@@ -369,6 +369,28 @@ func TestBuildRegistryCache(t *testing.T) {
 	if second.CacheHits == 0 || second.Digest != first.Digest {
 		t.Errorf("second daemon: %d cache hits, digest %s (first %s)\n%s", second.CacheHits, second.Digest, first.Digest, out.String())
 	}
+	// Where the time went: the solve, with the cache's import and export
+	// and the image's export inside it, and the verification after.
+	for _, span := range []string{SpanPing, SpanSolve, SpanCacheImport, SpanExport, SpanCacheExport, SpanVerify} {
+		if second.Spans.Took(span) <= 0 {
+			t.Errorf("the build reports no %s span: %s", span, second.Spans)
+		}
+	}
+	if inner := second.Spans.Took(SpanCacheImport) + second.Spans.Took(SpanExport) + second.Spans.Took(SpanCacheExport); inner > second.Spans.Took(SpanSolve) {
+		t.Errorf("the solve's parts (%s) take longer than the solve: %s", inner, second.Spans)
+	}
+}
+
+func TestSpansString(t *testing.T) {
+	s := Spans{{SpanCheckout, 4 * time.Millisecond}, {SpanPing, time.Millisecond}, {SpanSolve, 120 * time.Millisecond},
+		{SpanCacheImport, 12 * time.Millisecond}, {SpanExport, 40 * time.Millisecond}, {SpanVerify, 6 * time.Millisecond}}
+	want := "checkout 4ms, ping 1ms, solve 120ms (cache-import 12ms, export 40ms), verify 6ms"
+	if got := s.String(); got != want {
+		t.Errorf("String() = %q, want %q", got, want)
+	}
+	if got := s.Took(SpanExport); got != 40*time.Millisecond {
+		t.Errorf("Took(export) = %s", got)
+	}
 }
 
 // The Dockerfile is looked for before the daemon is asked.
@@ -613,5 +635,24 @@ func TestBuildDaemonDies(t *testing.T) {
 	}
 	if took := time.Since(start); took > 20*time.Second {
 		t.Errorf("took %s", took)
+	}
+}
+
+// Solves stay out of buildkitd's build history unless History asks for it.
+func TestSolvesAreRecordedInHistoryOnlyWhenAsked(t *testing.T) {
+	dir := buildContext(t, map[string]string{"Dockerfile": "FROM scratch\n"})
+	for _, history := range []bool{false, true} {
+		b, err := NewBuildKit("unix:///nonexistent/buildkitd.sock", BuildKitOptions{History: history})
+		if err != nil {
+			t.Fatal(err)
+		}
+		opt, err := b.solveOpt(BuildRequest{ContextDir: dir, Ask: mesh.Ask{Image: "127.0.0.1:5000/app"}})
+		b.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if opt.Internal == history {
+			t.Errorf("History %t: the solve's Internal is %t, want %t", history, opt.Internal, !history)
+		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+	"time"
 
 	"github.com/moby/buildkit/client"
 	digest "github.com/opencontainers/go-digest"
@@ -46,9 +47,12 @@ type vertex struct {
 	name      string
 	started   bool
 	completed bool
-	cached    bool
-	err       string
-	lastLine  string
+	// start and end are the daemon's times of the vertex's start and
+	// completion.
+	start, end time.Time
+	cached     bool
+	err        string
+	lastLine   string
 }
 
 type logKey struct {
@@ -80,6 +84,7 @@ func (p *progress) update(s *client.SolveStatus) {
 		}
 		if v.Started != nil && !x.started {
 			x.started = true
+			x.start = *v.Started
 			p.line(fmt.Sprintf("#%d %s", x.n, x.name))
 		}
 		if v.Cached && !x.cached {
@@ -93,6 +98,7 @@ func (p *progress) update(s *client.SolveStatus) {
 		}
 		if v.Completed != nil && !x.completed {
 			x.completed = true
+			x.end = *v.Completed
 			if v.Started != nil && !x.cached && x.err == "" {
 				p.line(fmt.Sprintf("#%d DONE %.1fs", x.n, v.Completed.Sub(*v.Started).Seconds()))
 			}
@@ -155,6 +161,45 @@ func (p *progress) counts() (steps, hits int) {
 		}
 	}
 	return steps, hits
+}
+
+// took is how long the vertices whose names match ran, by the daemon's
+// clock: from the first one's start to the last one's completion.
+func (p *progress) took(match func(name string) bool) time.Duration {
+	var first, last time.Time
+	for _, x := range p.vertices {
+		if !match(x.name) || !x.started || !x.completed {
+			continue
+		}
+		if first.IsZero() || x.start.Before(first) {
+			first = x.start
+		}
+		if x.end.After(last) {
+			last = x.end
+		}
+	}
+	return last.Sub(first)
+}
+
+// Vertex names of the solve's spans (spans.go).
+var (
+	cacheImportRE = regexp.MustCompile(`^importing cache manifest from `)
+	imageExportRE = regexp.MustCompile(`^exporting to image`)
+	cacheExportRE = regexp.MustCompile(`^(exporting cache to |preparing build cache for export)`)
+)
+
+// solveSpans are the parts of the solve the daemon reported.
+func (p *progress) solveSpans() Spans {
+	var s Spans
+	for _, x := range []struct {
+		name string
+		re   *regexp.Regexp
+	}{{SpanCacheImport, cacheImportRE}, {SpanExport, imageExportRE}, {SpanCacheExport, cacheExportRE}} {
+		if d := p.took(x.re.MatchString); d > 0 {
+			s.add(x.name, d)
+		}
+	}
+	return s
 }
 
 // failedIn reports whether the vertex that failed matches.

@@ -34,6 +34,8 @@ type Result struct {
 	// Attestations are the provenance and SBOM pushed with the image, if
 	// any (attest.go).
 	Attestations *mesh.Attestations
+	// Spans are where the work's time went, in order (spans.go).
+	Spans Spans
 }
 
 // Builder is the part of BuildKit a BuildWorker calls.
@@ -62,10 +64,12 @@ type BuildWorker struct {
 func (w *BuildWorker) Work(ctx context.Context, ask mesh.Ask, log func(string)) (Result, error) {
 	w.lastRegistry.saw(ask.Image)
 	log("checking out " + ask.Source.Repo + " at " + ask.Source.Commit)
+	t := time.Now()
 	dir, commit, err := w.Sources.CheckoutCommit(ctx, ask.Source)
 	if err != nil {
 		return Result{}, err
 	}
+	checkout := time.Since(t)
 	defer w.Sources.Release(dir)
 	tag := w.Tag
 	if tag == "" {
@@ -79,5 +83,7 @@ func (w *BuildWorker) Work(ctx context.Context, ask mesh.Ask, log func(string)) 
 		return Result{}, err
 	}
 	res.Commit = commit
+	res.Spans = append(Spans{{Name: SpanCheckout, Took: checkout}}, res.Spans...)
+	log("took: " + res.Spans.String())
 	return res, nil
 }

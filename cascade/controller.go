@@ -1096,8 +1096,9 @@ func (c *Controller) settle(ctx context.Context, held map[string]bool) bool {
 	return some
 }
 
-// prune removes the oldest settled plans beyond Config.KeepPlans, at most
-// once every Config.PruneEvery.
+// prune removes the oldest settled plans beyond Config.KeepPlans, and the
+// input keys that went with them (Store.PruneKeys), at most once every
+// Config.PruneEvery.
 func (c *Controller) prune(ctx context.Context) {
 	if time.Since(c.lastPrune) < c.cfg.PruneEvery {
 		return
@@ -1107,6 +1108,17 @@ func (c *Controller) prune(ctx context.Context) {
 		c.log.Warn("pruning old plans", "err", err)
 	} else if n > 0 {
 		c.log.Info("pruned old plans", "removed", n, "kept", c.cfg.KeepPlans)
+	}
+	keys, err := c.store.PruneKeys(ctx)
+	for k, r := range keys {
+		if c.keys[k].Plan == r.Plan { // not built again since
+			delete(c.keys, k)
+		}
+	}
+	if err != nil {
+		c.log.Warn("pruning input keys", "err", err)
+	} else if len(keys) > 0 {
+		c.log.Info("pruned input keys", "removed", len(keys))
 	}
 }
 

@@ -358,7 +358,8 @@ func Load(p planner.Plan, r PlanRecord, mods map[string]ModuleStatus) (*State, e
 // Prune removes the oldest settled plans beyond the newest keep, with their
 // module entries, so that the bucket (64 MiB at most) never fills: a full
 // bucket would refuse every write of a running plan. Running plans are never
-// removed. It returns how many plans it removed.
+// removed. It returns how many plans it removed; PruneKeys, called after it,
+// removes the input keys that went with them.
 func (s *Store) Prune(ctx context.Context, keep int) (int, error) {
 	recs, err := s.Plans(ctx) // newest first
 	if err != nil {
@@ -387,6 +388,56 @@ func (s *Store) Prune(ctx context.Context, keep int) (int, error) {
 			}
 		}
 		removed++
+	}
+	return removed, nil
+}
+
+// PruneKeys removes the input keys whose plan the store no longer holds,
+// except those still referred to: by a module of a plan it holds (one
+// settled unchanged reuses the key it was addressed by), or by a module's
+// current image (current.<module>: a key built to that module's current
+// digest keeps it settling unchanged while its inputs stay the same,
+// however old the plan that built it). It returns the records it removed,
+// by input key.
+func (s *Store) PruneKeys(ctx context.Context) (map[string]KeyRecord, error) {
+	plans := map[string]bool{}
+	if err := s.each(ctx, keyPlan+"*", func(key string, _ []byte) error {
+		p, _ := planOfKey(key)
+		plans[p] = true
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	used := map[string]bool{}
+	if err := s.each(ctx, keyModule+">", func(key string, data []byte) error {
+		var m ModuleStatus
+		if err := json.Unmarshal(data, &m); err != nil {
+			return fmt.Errorf("decoding %s: %w", key, err)
+		}
+		used[m.Key] = true
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	currents, err := s.Currents(ctx)
+	if err != nil {
+		return nil, err
+	}
+	keys, err := s.Keys(ctx)
+	if err != nil {
+		return nil, err
+	}
+	removed := map[string]KeyRecord{}
+	for k, r := range keys {
+		cur, ok := currents[r.Module]
+		switch {
+		case plans[r.Plan], used[k], ok && cur.Digest == r.Digest:
+			continue
+		}
+		if err := s.kv.Purge(ctx, InputKeyKey(k)); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+			return removed, fmt.Errorf("pruning input key %s of plan %s: %w", k, r.Plan, err)
+		}
+		removed[k] = r
 	}
 	return removed, nil
 }

@@ -3,6 +3,7 @@ package cascade_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -55,5 +56,84 @@ func TestPruneKeepsRunningAndTheNewestSettledPlans(t *testing.T) {
 	}
 	if mods, _ := st.Modules(ctx, "p-1"); len(mods) != 1 {
 		t.Errorf("the running plan's modules are gone")
+	}
+}
+
+// Input keys go with the plans that built them, but for those a kept plan
+// or a module's current image still refers to.
+func TestPruneKeysGoWithTheirPlans(t *testing.T) {
+	s := natstest.Server(t, nil)
+	_, js := natstest.Connect(t, s)
+	ctx := context.Background()
+	if _, err := mesh.Raise(ctx, js, testenv.Catalogue(t, nil), 1); err != nil {
+		t.Fatal(err)
+	}
+	st, err := cascade.OpenStore(ctx, js, "build-controller")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dg := func(n int) string { return fmt.Sprintf("sha256:%064d", n) }
+	// p-0 and p-2 are pruned (keep 2 settled: p-3, p-4); p-1 runs.
+	outcomes := []cascade.Outcome{cascade.OutcomeBuilt, cascade.OutcomeRunning, cascade.OutcomeFailed, cascade.OutcomeBuilt, cascade.OutcomeBuilt}
+	for i, o := range outcomes {
+		id := fmt.Sprintf("p-%d", i)
+		rec := cascade.PlanRecord{ID: id, Seq: uint64(i + 1), Outcome: o, Created: time.Now(), Trigger: planner.Trigger{Kind: planner.KindPush, Repo: repo, Commit: id}}
+		if _, err := st.CreatePlan(ctx, rec); err != nil {
+			t.Fatal(err)
+		}
+	}
+	values := map[string]any{
+		// Built by a pruned plan, referred to by nothing: goes.
+		cascade.InputKeyKey("k-old"): cascade.KeyRecord{Module: "a", Digest: dg(1), Plan: "p-0"},
+		// Built by a pruned plan to b's current image: stays.
+		cascade.InputKeyKey("k-current"): cascade.KeyRecord{Module: "b", Digest: dg(2), Plan: "p-0"},
+		cascade.CurrentKey("b"):          cascade.Current{Module: "b", Digest: dg(2), Plan: "p-0", Seq: 1},
+		// Built by a pruned plan to an image b is no longer at: goes.
+		cascade.InputKeyKey("k-was-current"): cascade.KeyRecord{Module: "b", Digest: dg(3), Plan: "p-2"},
+		// Built by a pruned plan, reused (settled unchanged) by a kept one: stays.
+		cascade.InputKeyKey("k-reused"):  cascade.KeyRecord{Module: "c", Digest: dg(4), Plan: "p-2"},
+		cascade.ModuleKey("p-4", "c"):    cascade.ModuleStatus{Module: "c", Key: "k-reused", State: cascade.Unchanged, Digest: dg(4)},
+		cascade.ModuleKey("p-0", "c"):    cascade.ModuleStatus{Module: "c", Key: "k-pruned-plan-module"},
+		cascade.InputKeyKey("k-kept"):    cascade.KeyRecord{Module: "d", Digest: dg(5), Plan: "p-3"},
+		cascade.InputKeyKey("k-running"): cascade.KeyRecord{Module: "e", Digest: dg(6), Plan: "p-1"},
+		// Its plan was pruned before keys were: goes.
+		cascade.InputKeyKey("k-orphan"): cascade.KeyRecord{Module: "f", Digest: dg(7), Plan: "p-gone"},
+	}
+	if err := st.Put(ctx, values); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := st.Prune(ctx, 2); err != nil || n != 2 {
+		t.Fatalf("pruned %d plans (%v), want 2", n, err)
+	}
+	removed, err := st.PruneKeys(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var gone []string
+	for k := range removed {
+		gone = append(gone, k)
+	}
+	slices.Sort(gone)
+	if fmt.Sprint(gone) != "[k-old k-orphan k-was-current]" {
+		t.Errorf("PruneKeys removed %v, want [k-old k-orphan k-was-current]", gone)
+	}
+	if r := removed["k-old"]; r.Plan != "p-0" || r.Module != "a" {
+		t.Errorf("removed k-old is reported as %+v", r)
+	}
+	keys, err := st.Keys(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var left []string
+	for k := range keys {
+		left = append(left, k)
+	}
+	slices.Sort(left)
+	if fmt.Sprint(left) != "[k-current k-kept k-reused k-running]" {
+		t.Errorf("the bucket keeps %v, want [k-current k-kept k-reused k-running]", left)
+	}
+	// Again: nothing more goes.
+	if again, err := st.PruneKeys(ctx); err != nil || len(again) != 0 {
+		t.Errorf("a second PruneKeys removed %v (%v), want nothing", again, err)
 	}
 }

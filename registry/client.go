@@ -23,10 +23,17 @@ import (
 //
 // A nil *Client is the default client: credentials from the docker config
 // keychain, HTTPS except to loopback and private hosts.
+//
+// Calls share connections and token exchanges: the client keeps one
+// go-containerregistry Puller and Pusher (remote.Reuse), so that a registry
+// is pinged and a token fetched once per repository, not once per call.
 type Client struct {
 	keychain  authn.Keychain
 	insecure  bool
 	transport http.RoundTripper
+
+	puller *remote.Puller
+	pusher *remote.Pusher
 }
 
 // ClientOption configures a [Client], in the manner of go-containerregistry's
@@ -78,6 +85,10 @@ func NewClient(opts ...ClientOption) *Client {
 			c.transport = t
 		}
 	}
+	// NewPuller and NewPusher make no request and fail only on a bad
+	// option, which these are not; without them every call starts afresh.
+	c.puller, _ = remote.NewPuller(c.options()...)
+	c.pusher, _ = remote.NewPusher(c.options()...)
 	return c
 }
 
@@ -99,8 +110,20 @@ func (c *Client) Insecure() bool { return c != nil && c.insecure }
 var backoff = remote.Backoff{Duration: 200 * time.Millisecond, Factor: 2, Jitter: 0.1, Steps: 2}
 
 func (c *Client) remote(ctx context.Context) []remote.Option {
+	opts := append(c.options(), remote.WithContext(ctx))
+	if c.puller != nil {
+		opts = append(opts, remote.Reuse(c.puller))
+	}
+	if c.pusher != nil {
+		opts = append(opts, remote.Reuse(c.pusher))
+	}
+	return opts
+}
+
+// options are the client's remote options but the context.
+func (c *Client) options() []remote.Option {
 	return []remote.Option{
-		remote.WithContext(ctx), remote.WithRetryBackoff(backoff),
+		remote.WithRetryBackoff(backoff),
 		remote.WithAuthFromKeychain(c.keychain), remote.WithTransport(c.transport),
 	}
 }

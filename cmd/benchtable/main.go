@@ -150,8 +150,9 @@ var (
 	disp  = suite{pkg: "./agent", bench: "BenchmarkDispatch"}
 	over  = suite{pkg: "./agent", bench: "BenchmarkAgentOverhead"}
 	fleet = suite{pkg: "./internal/demo", bench: "BenchmarkFleetSpeedup"}
+	rebld = suite{pkg: "./internal/demo", bench: "BenchmarkFleetRebuild"}
 
-	suites = []suite{fan, dag, opt, thru, disp, over, fleet}
+	suites = []suite{fan, dag, opt, thru, disp, over, fleet, rebld}
 )
 
 // schedule is what a scheduling row shows beside its figure: the pure
@@ -170,6 +171,18 @@ func own(kind string) func(m metrics) string {
 	}
 }
 
+// cachedSplit is what a fully cached build's row shows beside its figure:
+// where the time went, medians of the kind's builds.
+func cachedSplit(kind string) func(m metrics) string {
+	return func(m metrics) string {
+		return fmt.Sprintf("p90 %.0f ms; medians of %.0f builds: events %.1f ms, checkout %.1f ms, ping %.1f ms, solve %.1f ms (cache import %.1f ms, export and push of the image and its attestations %.1f ms, cache export %.1f ms, the rest — frontend, transfers, cache lookups%s — %.1f ms), verify %.1f ms%s",
+			m[kind+"-p90-ms"], m["cached-builds"], m[kind+"-events-ms"], m[kind+"-checkout-ms"], m[kind+"-ping-ms"], m[kind+"-solve-ms"],
+			m[kind+"-cache-import-ms"], m[kind+"-export-ms"], m[kind+"-cache-export-ms"], map[bool]string{true: ", the history record"}[kind == "cached-history"],
+			m[kind+"-solve-other-ms"], m[kind+"-verify-ms"],
+			map[bool]string{true: fmt.Sprintf(" (verified as before: %.1f ms)", m["cached-verify-before-ms"])}[kind == "cached"])
+	}
+}
+
 // fleetSpeedup is what the fleet's row on k machines shows beside its
 // figure: both runs, what the DAG allows with the one-machine build times,
 // and the builds' own slow-down.
@@ -179,6 +192,10 @@ func fleetSpeedup(k int) func(m metrics) string {
 			m["one-machine-s"], k, m["makespan-s"], m["speedup"], m["list-speedup/K"], m["bound-speedup/K"], m["sim-cascade-speedup/K"], m["one-build-s"], m["build-s"], k, m["over-sim-s"])
 	}
 }
+
+// buildxVersion is the buildx BenchmarkFleetRebuild bakes with
+// (internal/demo, BuildxVersion).
+const buildxVersion = "v0.38.2"
 
 // learned is how the learned rows are run.
 const learned = "durations learned from a first run, re-run with each build taking a seeded lognormal factor (σ 0.18: two thirds within ±20 %) of what it took"
@@ -240,6 +257,24 @@ var rows = []row{
 		bench: "BenchmarkAgentOverhead", metric: "cold-own-ms", format: "%.1f", beside: own("cold")},
 	{figure: "the agent's own time per ask, outside BuildKit: cold build cache (pruned before each build; same commit)", suite: over,
 		bench: "BenchmarkAgentOverhead", metric: "pruned-own-ms", format: "%.1f", beside: own("pruned")},
+	{figure: "a fully cached build's cost on its machine: ask published → built, every step cached, registry cache imported and exported (the ask as the controller makes it): p50", suite: over,
+		bench: "BenchmarkAgentOverhead", metric: "cached-p50-ms", format: "%.1f", beside: cachedSplit("cached"), atMost: 100},
+	{figure: "the same, before: every solve recorded in buildkitd's history (BuildKitOptions.History), in turn with the above: p50", suite: over,
+		bench: "BenchmarkAgentOverhead", metric: "cached-history-p50-ms", format: "%.1f", beside: cachedSplit("cached-history")},
+	{figure: "a rebuild with nothing changed, examples/fleet on 3 machines (own buildkitds, one slot each): the farm (`builds rebuild` of every module: all unchanged, nothing dispatched) ÷ `buildx bake` of the same targets on one buildkitd, every step cached there", suite: rebld,
+		bench: "BenchmarkFleetRebuild", metric: "nothing-farm/bake", format: "%.3f",
+		beside: func(m metrics) string {
+			return fmt.Sprintf("medians of %.0f: the farm %.0f ms (request → plan seen settled), bake %.0f ms (buildx %s, remote driver, the bake file generated from the catalogue, images pushed to the same registry); %.0f modules",
+				m["runs"], m["nothing-farm-ms"], m["nothing-bake-ms"], buildxVersion, m["modules"])
+		},
+		atMost: 0.5},
+	{figure: "a change to a file the base's Dockerfile never copies, examples/fleet on 3 machines: the plan (push → settled) ÷ the base's build in it", suite: rebld,
+		bench: "BenchmarkFleetRebuild", metric: "change/base-build", format: "%.2f",
+		beside: func(m metrics) string {
+			return fmt.Sprintf("medians of %.0f: the base built (every step cached, the digest it had), the other %.0f modules unchanged, checked each time; the plan %.0f ms, the base's build %.0f ms (its cold build: %.0f ms)",
+				m["runs"], m["modules"]-1, m["change-farm-ms"], m["change-base-build-ms"], m["cold-base-build-ms"])
+		},
+		atMost: 2},
 	{figure: "fleet speed-up ÷ K, K = 2: examples/fleet (39 modules, each + 1 s sleep) on 2 buildkitds of max-parallelism 1 vs one", suite: fleet,
 		bench: "BenchmarkFleetSpeedup/K=2", metric: "speedup/K", format: "%.3f", beside: fleetSpeedup(2),
 		best: "bound-speedup/K"},

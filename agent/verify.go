@@ -1,0 +1,108 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/meshbuild/meshbuild/mesh"
+)
+
+// pushed is what a build pushed, as the registry holds it.
+type pushed struct {
+	// digest is the image manifest's: the image, not the index pushed
+	// with attestations.
+	digest string
+	// size is the image's bytes in the registry: manifest, config, layers.
+	size int64
+	att  *mesh.Attestations
+}
+
+// verify reads back what buildkitd pushed as dgst to req.Image, in as few
+// round trips as the answer needs: the manifest at dgst (which the
+// registry must serve under that digest), then at once the image manifest
+// (its size; the manifest itself when no index was pushed), the
+// attestation manifest (its statements) and, for an index pushed by
+// digest only, the tag moved to the image. Its errors wrap ErrPush (the
+// registry does not hold what was pushed) or ErrInfra.
+func (b *BuildKit) verify(ctx context.Context, req BuildRequest, dgst string) (pushed, error) {
+	ref := req.Image + "@" + dgst
+	desc, err := b.opts.Registry.Get(ctx, ref)
+	if err != nil {
+		return pushed{}, registryError(ctx, "verifying "+ref, err)
+	}
+	if got := desc.Digest.String(); got != dgst {
+		return pushed{}, classified(ErrPush, fmt.Sprintf("registry resolves %s to %s", ref, got), nil)
+	}
+	// With attestations BuildKit pushed an index: the image is the image
+	// manifest in it, the rest is reported beside it.
+	image, attDesc, isIndex, err := imageIn(desc, req.Platform)
+	if err != nil {
+		return pushed{}, classified(ErrPush, "reading "+ref+": "+err.Error(), err)
+	}
+	out := pushed{digest: image.Digest.String()}
+	imageRef := req.Image + "@" + out.digest
+	if !isIndex {
+		size, err := imageSize(desc.Manifest, desc.Size)
+		if err != nil {
+			return pushed{}, classified(ErrPush, "reading "+ref+": "+err.Error(), err)
+		}
+		out.size = size
+		return out, nil
+	}
+
+	out.att = &mesh.Attestations{Index: dgst}
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		m, err := b.opts.Registry.Get(gctx, imageRef)
+		if err != nil {
+			return registryError(ctx, "reading "+imageRef, err)
+		}
+		if out.size, err = imageSize(m.Manifest, m.Size); err != nil {
+			return classified(ErrPush, "reading "+imageRef+": "+err.Error(), err)
+		}
+		return nil
+	})
+	if attDesc != nil {
+		out.att.Manifest = attDesc.Digest.String()
+		g.Go(func() error {
+			var err error
+			out.att.Provenance, out.att.SBOM, err = b.statements(gctx, req.Image, out.att.Manifest)
+			if err != nil {
+				return registryError(ctx, "reading "+req.Image+"@"+out.att.Manifest, err)
+			}
+			return nil
+		})
+	}
+	if req.Tag != "" {
+		// The index was pushed by digest only: the tag names the image,
+		// as it does without attestations.
+		g.Go(func() error {
+			if err := b.opts.Registry.Tag(gctx, imageRef, req.Tag); err != nil {
+				return registryError(ctx, "tagging "+imageRef, err)
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return pushed{}, err
+	}
+	return out, nil
+}
+
+// imageSize is the bytes of the image whose manifest is raw (size bytes
+// itself): the manifest, its config and its layers, as stored.
+func imageSize(raw []byte, size int64) (int64, error) {
+	m, err := v1.ParseManifest(bytes.NewReader(raw))
+	if err != nil {
+		return 0, err
+	}
+	total := size + m.Config.Size
+	for _, l := range m.Layers {
+		total += l.Size
+	}
+	return total, nil
+}
