@@ -552,6 +552,7 @@ func (e ends) next(t *testing.T, o agent.Outcome, d time.Duration) agent.End {
 			if x.Outcome == o {
 				return x
 			}
+			t.Logf("(skipped an end: %+v)", x)
 		case <-timeout:
 			t.Fatalf("no %s within %s", o, d)
 		}

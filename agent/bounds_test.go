@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -207,6 +208,12 @@ func TestAnAskIsBuiltOnceAcrossABusOutage(t *testing.T) {
 	startObserved(t, s, "m2", g.on("m2"), nil, ended)
 	submit(t, js, ask("outage"))
 	first := recv(t, g.began, 5*time.Second)
+	// m2 holds the seat (its claims bucket bound, its status served)
+	// before the bus goes.
+	testenv.WaitFor(t, 30*time.Second, "m2 holding the seat", func() bool {
+		sts, err := agent.AskStatus(context.Background(), js.Conn(), time.Second)
+		return err == nil && slices.ContainsFunc(sts, func(st agent.Status) bool { return st.Machine == "m2" })
+	})
 	s.Shutdown()
 	s.WaitForShutdown()
 	time.Sleep(testAckWait + 500*time.Millisecond) // the outage: longer than the ack wait

@@ -10,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/meshbuild/meshbuild/internal/backoff"
 	"github.com/meshbuild/meshbuild/mesh"
 )
 
@@ -58,15 +59,28 @@ const (
 )
 
 // askClaims binds the seat's ask claims bucket; nil if it is not raised
-// (claims are then off, and said so).
+// (claims are then off, and said so). A bus that does not answer is waited
+// for: an agent that starts during an outage must not build without claims.
 func (a *Agent) askClaims(ctx context.Context) jetstream.KeyValue {
 	name := mesh.AskClaimsBucket(mesh.BuildSeat)
-	kv, err := a.js.KeyValue(ctx, name)
-	if err != nil {
-		a.log.Warn("no ask claims bucket: an ask redelivered while its holder still works on it may be built twice; raise the catalogue with this version", "bucket", name, "err", err)
-		return nil
+	for attempt := 1; ; attempt++ {
+		kv, err := a.js.KeyValue(ctx, name)
+		switch {
+		case err == nil:
+			return kv
+		case errors.Is(err, jetstream.ErrBucketNotFound):
+			a.log.Warn("no ask claims bucket: an ask redelivered while its holder still works on it may be built twice; raise the catalogue with this version", "bucket", name)
+			return nil
+		case ctx.Err() != nil:
+			return nil
+		}
+		if attempt == 1 {
+			a.log.Warn("the ask claims bucket does not answer; waiting for it before pulling", "bucket", name, "err", err)
+		}
+		if backoff.Wait(ctx, bindRetry.Delay(attempt)) != nil {
+			return nil
+		}
 	}
-	return kv
 }
 
 // claim claims ask id for this machine.
