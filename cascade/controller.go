@@ -1247,12 +1247,9 @@ func (c *Controller) planWindow() int {
 // a holder that just announced built may not have asked for its next yet.
 func (c *Controller) fillIdle(ctx context.Context) bool {
 	var held []*State
-	queued := map[*State]int{}
 	for _, st := range c.plans {
-		// One count a plan: Counts walks every module.
-		if n := st.Counts(); n.Ready > 0 {
+		if st.Counts().Ready > 0 {
 			held = append(held, st)
-			queued[st] = n.Queued
 		}
 	}
 	if len(held) == 0 {
@@ -1271,20 +1268,13 @@ func (c *Controller) fillIdle(ctx context.Context) bool {
 	still := false
 	for _, st := range held {
 		if idle > 0 {
-			st.Window = queued[st] + idle
+			st.Window = st.Counts().Queued + idle
 			subs := st.Fill(now)
 			idle -= len(subs)
 			c.enqueue(st, subs)
 			st.Window = c.planWindow()
-			switch {
-			case len(subs) == 0:
-				still = true // none left its ready modules
-			case !still:
-				still = st.Counts().Ready > 0
-			}
-			continue
 		}
-		still = true // still ready, none filled
+		still = still || st.Counts().Ready > 0
 	}
 	return still
 }
