@@ -94,18 +94,24 @@ func (a *Agent) claim(ctx context.Context, id string) (*claim, claimVerdict, err
 	now := time.Now()
 	mine := askClaim{Holder: a.cfg.Machine, Until: now.Add(a.lease)}
 	for range 3 {
+		// Create first: an ask's first delivery (nearly every one) finds
+		// no claim, and is claimed in one round trip instead of a read
+		// and a create. Create is create-if-absent (or if deleted), so
+		// an existing claim refuses it, and is read and judged below as
+		// before. (Fleet performance, issue 9: one server request less
+		// per ask; the claim itself is unchanged.)
+		rev, err := c.kv.Create(ctx, c.key, mustJSON(mine))
+		switch {
+		case err == nil:
+			c.rev, c.v = rev, mine
+			return c, claimed, nil
+		case !errors.Is(err, jetstream.ErrKeyExists):
+			return c, claimFailed, fmt.Errorf("claiming ask %s: %w", id, err)
+		}
 		e, err := c.kv.Get(ctx, c.key)
 		switch {
 		case errors.Is(err, jetstream.ErrKeyNotFound):
-			rev, err := c.kv.Create(ctx, c.key, mustJSON(mine))
-			if errors.Is(err, jetstream.ErrKeyExists) {
-				continue // raced another holder: look again
-			}
-			if err != nil {
-				return c, claimFailed, fmt.Errorf("claiming ask %s: %w", id, err)
-			}
-			c.rev, c.v = rev, mine
-			return c, claimed, nil
+			continue // deleted since: create again
 		case err != nil:
 			return c, claimFailed, fmt.Errorf("reading the claim of ask %s: %w", id, err)
 		}
@@ -121,7 +127,7 @@ func (a *Agent) claim(ctx context.Context, id string) (*claim, claimVerdict, err
 			return c, claimHeld, nil
 		}
 		mine.InfraSince = old.InfraSince
-		rev, err := c.kv.Update(ctx, c.key, mustJSON(mine), e.Revision())
+		rev, err = c.kv.Update(ctx, c.key, mustJSON(mine), e.Revision())
 		if err != nil {
 			continue // changed under us: look again
 		}

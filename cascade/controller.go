@@ -66,9 +66,13 @@ type Controller struct {
 	obs     Observer
 	module  string
 
-	cat   *mesh.Catalogue
-	ix    *planner.Index
-	store *Store
+	cat *mesh.Catalogue
+	// catPlatforms is cat.Platforms(), kept with cat: every flush that
+	// holds asks reads it, and deriving it parses every module's
+	// platforms.
+	catPlatforms []string
+	ix           *planner.Index
+	store        *Store
 
 	plans   map[string]*State
 	current map[string]Current
@@ -92,6 +96,14 @@ type Controller struct {
 	// lastBuild is each module's last build duration, the estimate that
 	// ranks a new plan's asks.
 	lastBuild map[string]time.Duration
+	// storedBuild is each module's estimate as the store has it (see
+	// estimateMoved).
+	storedBuild map[string]time.Duration
+	// forecasts are the running plans' forecasts last written with their
+	// records (see record); forecastOwed are the plans whose record was
+	// written with an older one, to be written again once it is due.
+	forecasts    map[string]Forecast
+	forecastOwed map[string]bool
 
 	// a batch's pending effects
 	dirty    map[string]any
@@ -118,7 +130,8 @@ func New(cfg Config, js jetstream.JetStream, cat *mesh.Catalogue, log *slog.Logg
 	}
 	return &Controller{
 		cfg: cfg, js: js, nc: js.Conn(), log: log, obs: obs, module: module,
-		cat: cat, ix: planner.NewIndex(cat),
+		cat: cat, catPlatforms: cat.Platforms(), ix: planner.NewIndex(cat),
+		storedBuild: map[string]time.Duration{}, forecasts: map[string]Forecast{}, forecastOwed: map[string]bool{},
 		plans: map[string]*State{}, current: map[string]Current{}, askSeq: map[string]uint64{},
 		cmds: make(chan command, 64), lastBuild: map[string]time.Duration{},
 		keys: map[string]KeyRecord{}, trees: treeCache(cfg),
@@ -260,14 +273,25 @@ func (c *Controller) Run(ctx context.Context) error {
 	defer tick.Stop()
 	for {
 		var batch []jetstream.Msg
-		var look <-chan time.Time
+		var look, forecast <-chan time.Time
 		if c.held {
 			look = time.After(c.cfg.IdleLook)
+		}
+		if due, ok := c.forecastDue(); ok {
+			forecast = time.After(time.Until(due))
 		}
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-look:
+		case <-forecast:
+			// Records written with an older forecast get a fresh one.
+			for id := range c.forecastOwed {
+				if st := c.plans[id]; st != nil {
+					c.touch(st)
+				}
+				delete(c.forecastOwed, id)
+			}
 		case m, ok := <-events:
 			if !ok {
 				return errors.New("the event consumer stopped")
@@ -356,6 +380,7 @@ func (c *Controller) resume(ctx context.Context) error {
 		return err
 	}
 	for m, d := range est {
+		c.storedBuild[m] = d
 		if _, ok := c.lastBuild[m]; !ok {
 			c.lastBuild[m] = d
 		}
@@ -622,7 +647,10 @@ func (c *Controller) built(st *State, ev mesh.Built, now time.Time) {
 	c.touch(st, ev.Module)
 	if ev.Duration > 0 {
 		c.lastBuild[ev.Module] = ev.Duration
-		c.dirty[EstimateKey(ev.Module)] = ev.Duration
+		if estimateMoved(c.storedBuild[ev.Module], ev.Duration) {
+			c.storedBuild[ev.Module] = ev.Duration
+			c.dirty[EstimateKey(ev.Module)] = ev.Duration
+		}
 	}
 	if ms, _ := st.Module(ev.Module); ms.State == Built && ms.Key != "" && ms.Digest == ev.Digest {
 		rec := KeyRecord{Digest: ms.Digest, Image: ms.Image, Module: ms.Module, Plan: st.Plan, Commit: ms.Commit}
@@ -1016,14 +1044,74 @@ func (c *Controller) persist(ctx context.Context) error {
 
 // record is a plan's record with, while it runs, its forecast: from the
 // modules' last build times, spread over the holders last seen.
+//
+// The forecast is computed again at most every ForecastEvery: a record
+// written sooner carries the last one (its At says when it was made).
 func (c *Controller) record(st *State) PlanRecord {
 	r := Record(st)
-	if r.Outcome == OutcomeRunning {
-		f := st.Forecast(c.lastBuild, time.Now().UTC(), c.platforms.holders)
-		r.Forecast = &f
+	if r.Outcome != OutcomeRunning {
+		delete(c.forecasts, st.Plan)
+		delete(c.forecastOwed, st.Plan)
+		return r
 	}
+	now := time.Now().UTC()
+	f, ok := c.forecasts[st.Plan]
+	if !ok || now.Sub(f.At) >= ForecastEvery || now.Before(f.At) {
+		f = st.Forecast(c.lastBuild, now, c.platforms.holders)
+		c.forecasts[st.Plan] = f
+		delete(c.forecastOwed, st.Plan)
+	} else {
+		c.forecastOwed[st.Plan] = true
+	}
+	r.Forecast = &f
 	return r
 }
+
+// forecastDue is when the first record written with an older forecast is
+// to be written again with a fresh one (ForecastEvery after the one it
+// carries), if any is.
+func (c *Controller) forecastDue() (time.Time, bool) {
+	var due time.Time
+	for id := range c.forecastOwed {
+		f, ok := c.forecasts[id]
+		if !ok || c.plans[id] == nil {
+			delete(c.forecastOwed, id)
+			continue
+		}
+		if at := f.At.Add(ForecastEvery); due.IsZero() || at.Before(due) {
+			due = at
+		}
+	}
+	return due, !due.IsZero()
+}
+
+// estimateMoved reports whether a module's build duration now differs
+// enough from the one stored to be written again: by more than a tenth,
+// or than EstimateSlack, whichever is larger. The estimate only ranks asks
+// (and forecasts); the controller ranks by the exact last duration it
+// holds in memory, and the stored copy is what a restarted controller
+// starts from, where a difference this small changes no ranking that
+// matters. Writing it on every build was one store write per module.
+func estimateMoved(stored, now time.Duration) bool {
+	if stored <= 0 {
+		return true
+	}
+	diff := now - stored
+	if diff < 0 {
+		diff = -diff
+	}
+	return diff > max(stored/10, EstimateSlack)
+}
+
+// EstimateSlack is the smallest change of a module's build duration that
+// is written to the store (estimateMoved).
+const EstimateSlack = 500 * time.Millisecond
+
+// ForecastEvery is how often, at most, a running plan's forecast is
+// computed again for its record (CriticalPath walks every module); a
+// record written sooner carries the last one, which says when it was made
+// (Forecast.At).
+const ForecastEvery = time.Second
 
 // finished reports whether a module in state s has its result (built,
 // unchanged, failed, blocked, cancelled): what persist stores before what it
@@ -1209,7 +1297,7 @@ func (c *Controller) fillIdle(ctx context.Context) bool {
 // consumers of every platform.
 func (c *Controller) idleHolders(ctx context.Context) (int, error) {
 	idle := 0
-	for _, p := range c.cat.Platforms() {
+	for _, p := range c.catPlatforms {
 		info, err := c.platformInfo(ctx, p)
 		if err != nil {
 			return 0, err

@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -161,7 +163,11 @@ func fleetRun(tb testing.TB, sz fleetSize) map[string]float64 {
 	// Throughput: zero-length builds.
 	zero := d
 	zero.Dur = make([]float64, d.Len())
-	cpu0 := bus.cpu()
+	var subjects *subjectCounter
+	if os.Getenv("MESHBUILD_FLEET_SUBJECTS") != "" {
+		subjects = countSubjects(tb, nc)
+	}
+	cpu0, ops0, pcpu0 := bus.cpu(), bus.ops(tb), processCPU()
 	var rates []float64
 	var first time.Duration
 	f.firstStart = true
@@ -174,7 +180,16 @@ func fleetRun(tb testing.TB, sz fleetSize) map[string]float64 {
 	out["modules/s"] = rates[len(rates)/2]
 	out["slowest-modules/s"] = rates[0]
 	out["first-start-ms"] = msOf(first / time.Duration(len(rates)))
-	out["server-cpu-ms/module"] = 1000 * (bus.cpu() - cpu0).Seconds() / float64(sz.plans*d.Len())
+	built := float64(sz.plans * d.Len())
+	out["server-cpu-ms/module"] = 1000 * (bus.cpu() - cpu0).Seconds() / built
+	out["bench-cpu-ms/module"] = 1000 * (processCPU() - pcpu0).Seconds() / built
+	ops := bus.ops(tb)
+	out["server-in-msgs/module"] = (ops.In - ops0.In) / built
+	out["server-out-msgs/module"] = (ops.Out - ops0.Out) / built
+	out["server-js-api/module"] = (ops.API - ops0.API) / built
+	if subjects != nil {
+		subjects.report(tb, int(built))
+	}
 
 	// Makespan once the durations are known.
 	if sz.makespan {
@@ -257,12 +272,14 @@ func natsServerBinary(tb testing.TB) string {
 type natsProcs struct {
 	urls string
 	pids []int
+	// monitors are the nodes' monitoring endpoints (http://host:port).
+	monitors []string
 }
 
 func startNATSProcs(tb testing.TB, nodes int) *natsProcs {
 	tb.Helper()
 	bin := natsServerBinary(tb)
-	clients, routes := natstest.FreePorts(tb, nodes), natstest.FreePorts(tb, nodes)
+	clients, routes, mons := natstest.FreePorts(tb, nodes), natstest.FreePorts(tb, nodes), natstest.FreePorts(tb, nodes)
 	var rs, us []string
 	for i := range nodes {
 		rs = append(rs, fmt.Sprintf("nats://127.0.0.1:%d", routes[i]))
@@ -271,7 +288,8 @@ func startNATSProcs(tb testing.TB, nodes int) *natsProcs {
 	p := &natsProcs{urls: strings.Join(us, ",")}
 	for i := range nodes {
 		dir := tb.TempDir()
-		conf := fmt.Sprintf("server_name: n%d\nlisten: 127.0.0.1:%d\n", i+1, clients[i])
+		conf := fmt.Sprintf("server_name: n%d\nlisten: 127.0.0.1:%d\nhttp: 127.0.0.1:%d\n", i+1, clients[i], mons[i])
+		p.monitors = append(p.monitors, fmt.Sprintf("http://127.0.0.1:%d", mons[i]))
 		if nodes == 1 {
 			conf += fmt.Sprintf("jetstream { store_dir: %q }\n", filepath.Join(dir, "js"))
 		} else {
@@ -352,6 +370,119 @@ func procStatus(pid int, field string) float64 {
 		}
 	}
 	return 0
+}
+
+// serverOps are a server's message and JetStream API counters (/varz),
+// summed over the nodes.
+type serverOps struct {
+	In, Out, API float64
+}
+
+// ops reads the nodes' counters now.
+func (p *natsProcs) ops(tb testing.TB) serverOps {
+	var total serverOps
+	for _, m := range p.monitors {
+		resp, err := http.Get(m + "/varz")
+		if err != nil {
+			tb.Fatalf("reading %s/varz: %v", m, err)
+		}
+		var v struct {
+			InMsgs    float64 `json:"in_msgs"`
+			OutMsgs   float64 `json:"out_msgs"`
+			JetStream struct {
+				Stats struct {
+					API struct {
+						Total float64 `json:"total"`
+					} `json:"api"`
+				} `json:"stats"`
+			} `json:"jetstream"`
+		}
+		err = json.NewDecoder(resp.Body).Decode(&v)
+		resp.Body.Close()
+		if err != nil {
+			tb.Fatalf("decoding %s/varz: %v", m, err)
+		}
+		total.In += v.InMsgs
+		total.Out += v.OutMsgs
+		total.API += v.JetStream.Stats.API.Total
+	}
+	return total
+}
+
+// processCPU is this process's CPU time so far (user + system): the
+// controller's and every simulated agent's.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// subjectCounter counts the messages the server routes during a phase, by
+// kind of subject: a diagnostic (MESHBUILD_FLEET_SUBJECTS=1) of where the
+// server's operations per module go. Its own subscription costs the server
+// a delivery per message, so the figures reported are taken without it.
+type subjectCounter struct {
+	mu  sync.Mutex
+	by  map[string]int
+	sub *nats.Subscription
+}
+
+func countSubjects(tb testing.TB, nc *nats.Conn) *subjectCounter {
+	sc := &subjectCounter{by: map[string]int{}}
+	var err error
+	sc.sub, err = nc.Subscribe(">", func(m *nats.Msg) {
+		sc.mu.Lock()
+		sc.by[subjectKind(m.Subject)]++
+		sc.mu.Unlock()
+	})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	sc.sub.SetPendingLimits(-1, -1)
+	if err := nc.Flush(); err != nil {
+		tb.Fatal(err)
+	}
+	return sc
+}
+
+// subjectKind is a subject without what varies per message (ids, keys,
+// inboxes).
+func subjectKind(s string) string {
+	t := strings.Split(s, ".")
+	switch {
+	case strings.HasPrefix(s, "_INBOX."):
+		return "_INBOX (replies, deliveries)"
+	case strings.HasPrefix(s, "$JS.ACK."):
+		return "$JS.ACK." + t[2] + " (acks)"
+	case strings.HasPrefix(s, "$KV.ASKS_") && len(t) > 2:
+		return "$KV." + t[1] + ".<ask>"
+	case strings.HasPrefix(s, "$KV.") && len(t) > 2:
+		return "$KV." + t[1] + "." + t[2]
+	case strings.HasPrefix(s, "$JS.API.DIRECT.GET.") && len(t) > 4:
+		return "$JS.API.DIRECT.GET." + t[4]
+	case strings.HasPrefix(s, "$JS.API.") && len(t) > 4:
+		return strings.Join(t[:min(len(t), 5)], ".")
+	case len(t) > 5:
+		return strings.Join(t[:5], ".") + ".*"
+	}
+	return s
+}
+
+func (sc *subjectCounter) report(tb testing.TB, modules int) {
+	_ = sc.sub.Unsubscribe()
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	kinds := slices.Sorted(maps.Keys(sc.by))
+	slices.SortStableFunc(kinds, func(a, b string) int { return sc.by[b] - sc.by[a] })
+	var sb strings.Builder
+	total := 0
+	for _, k := range kinds {
+		total += sc.by[k]
+		fmt.Fprintf(&sb, "\n  %8.3f  %s", float64(sc.by[k])/float64(modules), k)
+	}
+	tb.Logf("messages per module by subject (%.3f in all):%s", float64(total)/float64(modules), sb.String())
 }
 
 // cpu is the nodes' CPU time so far (user + system).

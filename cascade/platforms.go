@@ -97,7 +97,8 @@ func (s *State) platformStarted(i, k int, ev mesh.Started) bool {
 		}
 		p.State, p.On = Building, ev.On
 		if m.State == Queued {
-			m.State, m.Started = Building, ev.At
+			s.set(m, Building)
+			m.Started = ev.At
 		}
 	case m.State == Cancelling && p.State == Queued:
 		p.State, p.On = Building, ev.On
@@ -221,6 +222,9 @@ type Unindexed struct {
 // index is not yet recorded, in plan order. It changes nothing: after a
 // restart, the same modules are returned until their index is.
 func (s *State) Unindexed() []Unindexed {
+	if s.ensure(); !s.ix.multi {
+		return nil // no module is built for several platforms
+	}
 	var out []Unindexed
 	for _, m := range s.Modules {
 		if (m.State != Queued && m.State != Building) || !allBuilt(m.Platforms) {

@@ -48,7 +48,7 @@ func (w platformWatch) served(platform string, now time.Time, within time.Durati
 func (c *Controller) watchPlatforms(ctx context.Context) bool {
 	now := time.Now()
 	holders := 0
-	for _, p := range c.cat.Platforms() {
+	for _, p := range c.catPlatforms {
 		info, err := c.platformInfo(ctx, p)
 		if err != nil {
 			c.log.Warn("reading a platform's holders", "platform", p, "err", err)

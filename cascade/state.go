@@ -379,6 +379,25 @@ type index struct {
 	topo      []int // a topological order (bases first)
 	remaining []int // in-plan bases not built
 	rank      []float64
+	// census is how many modules are in each state, kept by set: Counts,
+	// Outcome and Fill read it instead of walking every module (the
+	// controller asks them on every event and flush of a plan of
+	// thousands).
+	census map[ModuleState]int
+	// tiers is the plan's number of tiers; multi whether any module is
+	// built for several platforms (Unindexed has nothing to find
+	// otherwise).
+	tiers int
+	multi bool
+}
+
+// set moves module m (an element of s.Modules) to state to, keeping the
+// census. Every change of a module's state goes through it.
+func (s *State) set(m *ModuleStatus, to ModuleState) {
+	s.ensure()
+	s.ix.census[m.State]--
+	s.ix.census[to]++
+	m.State = to
 }
 
 func (s *State) ensure() {
@@ -395,7 +414,12 @@ func buildIndex(ms []ModuleStatus) (*index, error) {
 	var errs []error
 	n := len(ms)
 	ix := &index{pos: make(map[string]int, n), deps: make([][]int, n), bases: make([][]int, n),
-		remaining: make([]int, n), rank: make([]float64, n)}
+		remaining: make([]int, n), rank: make([]float64, n), census: map[ModuleState]int{}}
+	for _, m := range ms {
+		ix.census[m.State]++
+		ix.tiers = max(ix.tiers, m.Tier+1)
+		ix.multi = ix.multi || len(platformsOf(m)) > 1
+	}
 	for i, m := range ms {
 		if _, dup := ix.pos[m.Module]; dup {
 			errs = append(errs, fmt.Errorf("module %q listed twice", m.Module))
@@ -540,6 +564,10 @@ func (s *State) Fill(now time.Time) []Submit {
 	if !s.Cancelled.IsZero() {
 		return nil
 	}
+	// Nothing ready, or no room: the census says so without a walk.
+	if n := s.ix.census; n[Ready] == 0 || (s.Window > 0 && n[Queued] >= s.Window) {
+		return nil
+	}
 	var ready []int
 	queued := 0
 	for i := range s.Modules {
@@ -587,7 +615,7 @@ func (s *State) Started(ev mesh.Started) bool {
 	m := &s.Modules[i]
 	switch {
 	case m.State == Queued:
-		m.State = Building
+		s.set(m, Building)
 	case m.State == Building && ev.At.After(m.Started) && ev.On != m.On:
 	case m.State == Cancelling && m.Started.IsZero():
 		// Taken by a holder just as the plan was cancelled: it stays
@@ -630,7 +658,8 @@ func (s *State) Built(ev mesh.Built, now time.Time) []Submit {
 	if m.State != Queued && m.State != Building {
 		return nil
 	}
-	m.State, m.Commit, m.Digest, m.Image = Built, ev.Commit, ev.Digest, ev.Image
+	s.set(m, Built)
+	m.Commit, m.Digest, m.Image = ev.Commit, ev.Digest, ev.Image
 	m.Attestations = ev.Attestations
 	if ev.On != "" {
 		m.On = ev.On
@@ -666,7 +695,8 @@ func (s *State) Failed(ev mesh.Failed, now time.Time) []string {
 	if m.State != Queued && m.State != Building {
 		return nil
 	}
-	m.State, m.Reason, m.Message = Failed, ev.Reason, cut(ev.Message, maxMessage)
+	s.set(m, Failed)
+	m.Reason, m.Message = ev.Reason, cut(ev.Message, maxMessage)
 	m.Log = trimLog(ev.Log)
 	if ev.On != "" {
 		m.On = ev.On
@@ -685,7 +715,8 @@ func (s *State) Failed(ev mesh.Failed, now time.Time) []string {
 			if dm.State != Waiting {
 				continue // already blocked (by an earlier failure), or cancelled
 			}
-			dm.State, dm.BlockedBy = Blocked, m.Module
+			s.set(dm, Blocked)
+			dm.BlockedBy = m.Module
 			blocked = append(blocked, dm.Module)
 			queue = append(queue, d)
 		}
@@ -710,7 +741,7 @@ func (s *State) Retry(module string, now time.Time) (Submit, error) {
 		return Submit{}, fmt.Errorf("retrying %q: %w: it is %s", module, ErrNotFailed, s.Modules[i].State)
 	}
 	m := &s.Modules[i]
-	m.State = Waiting
+	s.set(m, Waiting)
 	subs := s.submit([]int{i}, now)
 	s.reblock(i)
 	return subs[0], nil
@@ -746,7 +777,8 @@ func (s *State) reblock(i int) {
 		}
 		switch {
 		case len(by) == 0:
-			dm.State, dm.BlockedBy = Waiting, ""
+			s.set(dm, Waiting)
+			dm.BlockedBy = ""
 		case !slices.Contains(by, dm.BlockedBy):
 			dm.BlockedBy = slices.Min(by)
 		}
@@ -774,9 +806,10 @@ func (s *State) Cancel(now time.Time) (cancelAsks []string) {
 		switch m.State {
 		case Queued, Building:
 			cancelAsks = append(cancelAsks, inFlightAsks(*m)...)
-			m.State = Cancelling
+			s.set(m, Cancelling)
 		case Waiting, Ready:
-			m.State, m.Finished = Cancelled, now
+			s.set(m, Cancelled)
+			m.Finished = now
 		}
 	}
 	slices.Sort(cancelAsks)
@@ -838,7 +871,8 @@ func (s *State) ExpireCancelling(now time.Time, bound time.Duration) []string {
 
 // stopped settles a cancelling module as cancelled.
 func (s *State) stopped(m *ModuleStatus, on, reason, message string, now time.Time) {
-	m.State, m.Finished = Cancelled, now
+	s.set(m, Cancelled)
+	m.Finished = now
 	if on != "" {
 		m.On = on
 	}
@@ -879,32 +913,13 @@ func (c Counts) inFlight() int { return c.Waiting + c.Ready + c.Queued + c.Build
 
 // Counts counts the modules in each state.
 func (s *State) Counts() Counts {
-	c := Counts{Total: len(s.Modules)}
-	for _, m := range s.Modules {
-		switch m.State {
-		case Waiting:
-			c.Waiting++
-		case Ready:
-			c.Ready++
-		case Queued:
-			c.Queued++
-		case Building:
-			c.Building++
-		case Built:
-			c.Built++
-		case Unchanged:
-			c.Unchanged++
-		case Failed:
-			c.Failed++
-		case Blocked:
-			c.Blocked++
-		case Cancelling:
-			c.Cancelling++
-		case Cancelled:
-			c.Cancelled++
-		}
+	s.ensure()
+	n := s.ix.census
+	return Counts{
+		Total: len(s.Modules), Waiting: n[Waiting], Ready: n[Ready], Queued: n[Queued], Building: n[Building],
+		Built: n[Built], Unchanged: n[Unchanged], Failed: n[Failed], Blocked: n[Blocked],
+		Cancelling: n[Cancelling], Cancelled: n[Cancelled],
 	}
-	return c
 }
 
 // Outcome is the plan's result: running until settled; then cancelled if it
@@ -949,7 +964,8 @@ func (s *State) submit(ready []int, now time.Time) []Submit {
 		m := &s.Modules[i]
 		m.Attempt++
 		m.Ask = AskID(s.Plan, m.Module, m.Attempt)
-		m.State, m.Queued = Queued, now
+		s.set(m, Queued)
+		m.Queued = now
 		m.Started, m.Finished, m.Duration = time.Time{}, time.Time{}, 0
 		m.On, m.Reason, m.Message, m.Log, m.BlockedBy = "", "", "", nil, ""
 		m.Commit, m.Digest, m.Image, m.Reuses, m.Waiting = "", "", "", "", ""
@@ -1116,7 +1132,8 @@ func (s *State) release(i int, now time.Time) {
 	m.Key = s.keyOf(i)
 	if m.Key != "" && s.known != nil && !s.Trigger.Force {
 		if rec, ok := s.known(m.Key); ok && rec.Digest != "" {
-			m.State, m.Digest, m.Image, m.Reuses = Unchanged, rec.Digest, rec.Image, rec.Plan
+			s.set(m, Unchanged)
+			m.Digest, m.Image, m.Reuses = rec.Digest, rec.Image, rec.Plan
 			m.Commit, m.Finished = m.Source.Commit, now
 			s.reused = append(s.reused, m.Module)
 			s.touch(now)
@@ -1124,7 +1141,7 @@ func (s *State) release(i int, now time.Time) {
 			return
 		}
 	}
-	m.State = Ready
+	s.set(m, Ready)
 }
 
 // releaseDependents counts module i done for its dependents and releases

@@ -108,8 +108,21 @@ func wantModules(t *testing.T, subs []Submit, want ...string) {
 func checkInvariants(t *testing.T, s *State) {
 	t.Helper()
 	status := map[string]ModuleStatus{}
+	census := map[ModuleState]int{}
 	for _, m := range s.Modules {
 		status[m.Module] = m
+		census[m.State]++
+	}
+	// The census Counts and Fill read is what a walk of the modules finds.
+	for st, n := range s.ix.census {
+		if census[st] != n {
+			t.Errorf("census: %d %s, the modules say %d", n, st, census[st])
+		}
+	}
+	for st, n := range census {
+		if s.ix.census[st] != n {
+			t.Errorf("census: %d %s, the modules say %d", s.ix.census[st], st, n)
+		}
 	}
 	var upstream func(m string, target string) bool
 	upstream = func(m, target string) bool {

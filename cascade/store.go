@@ -115,9 +115,8 @@ type PlanRecord struct {
 func Record(s *State) PlanRecord {
 	r := PlanRecord{ID: s.Plan, Seq: s.Seq, Trigger: s.Trigger, Summary: s.Summary, Outcome: s.Outcome(),
 		Counts: s.Counts(), Created: s.Created, Updated: s.Updated, External: s.External}
-	for _, m := range s.Modules {
-		r.Tiers = max(r.Tiers, m.Tier+1)
-	}
+	s.ensure()
+	r.Tiers = s.ix.tiers
 	if r.Outcome != OutcomeRunning {
 		r.Finished = s.Updated
 	}

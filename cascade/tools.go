@@ -159,7 +159,7 @@ func (c *Controller) command(ctx context.Context, cmd command) Reply {
 	fail := func(err error) Reply { return Reply{Error: err.Error(), Code: codeOf(err)} }
 	switch cmd.kind {
 	case "catalogue":
-		c.cat, c.ix = cmd.cat, planner.NewIndex(cmd.cat)
+		c.cat, c.catPlatforms, c.ix = cmd.cat, cmd.cat.Platforms(), planner.NewIndex(cmd.cat)
 		return Reply{}
 	case ToolRebuild:
 		if cmd.req.ID == "" || len(cmd.req.Modules) == 0 {

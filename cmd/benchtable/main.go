@@ -24,6 +24,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -36,6 +37,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -49,7 +51,12 @@ type suite struct {
 	bench string
 	// sub is the -bench pattern of the sub-benchmarks; empty runs all.
 	sub string
+	// timeout is go test's -timeout; 0 is defaultTimeout.
+	timeout time.Duration
 }
+
+// defaultTimeout is a suite's go test -timeout unless it sets its own.
+const defaultTimeout = 20 * time.Minute
 
 func (s suite) pattern() string {
 	p := "^" + s.bench + "$"
@@ -60,8 +67,9 @@ func (s suite) pattern() string {
 }
 
 // command is how to run benchmarks matching pattern in the suite's package.
-func command(pkg, pattern string) []string {
-	return []string{"go", "test", "-run", "XXX", "-bench", pattern, "-benchtime", "1x", "-timeout", "20m", pkg}
+func command(s suite, pattern string) []string {
+	timeout := cmp.Or(s.timeout, defaultTimeout)
+	return []string{"go", "test", "-run", "XXX", "-bench", pattern, "-benchtime", "1x", "-timeout", strings.TrimSuffix(timeout.String(), "0s"), s.pkg}
 }
 
 func shell(args []string) string {
@@ -139,7 +147,7 @@ func (r row) reproduce() string {
 	for i, l := range levels {
 		levels[i] = "^" + regexp.QuoteMeta(l) + "$"
 	}
-	return "`" + shell(command(r.suite.pkg, strings.Join(levels, "/"))) + "`"
+	return "`" + shell(command(r.suite, strings.Join(levels, "/"))) + "`"
 }
 
 var (
@@ -151,8 +159,12 @@ var (
 	over  = suite{pkg: "./agent", bench: "BenchmarkAgentOverhead"}
 	fleet = suite{pkg: "./internal/demo", bench: "BenchmarkFleetSpeedup"}
 	rebld = suite{pkg: "./internal/demo", bench: "BenchmarkFleetRebuild"}
+	// thousand is BenchmarkFleet1000: 50 and 1,000 simulated machines on
+	// one server and on a cluster of three, the server in its own
+	// process; its four runs take longer than the other suites.
+	thousand = suite{pkg: "./cascade", bench: "BenchmarkFleet1000", timeout: 90 * time.Minute}
 
-	suites = []suite{fan, dag, opt, thru, disp, over, fleet, rebld}
+	suites = []suite{fan, dag, opt, thru, disp, over, fleet, rebld, thousand}
 )
 
 // schedule is what a scheduling row shows beside its figure: the pure
@@ -196,6 +208,45 @@ func fleetSpeedup(k int) func(m metrics) string {
 // buildxVersion is the buildx BenchmarkFleetRebuild bakes with
 // (internal/demo, BuildxVersion).
 const buildxVersion = "v0.38.2"
+
+// fleetBus names BenchmarkFleet1000's buses in the rows' figures.
+var fleetBus = map[string]string{"single": "one server", "cluster3": "a three-node cluster (R3, sync always)"}
+
+// fleetRows are BenchmarkFleet1000's rows for one bus ("single" or
+// "cluster3"): dispatch and throughput at 50 and at 1,000 machines side
+// by side, then the makespan and the server's memory at 1,000.
+func fleetRows(bus string) []row {
+	name := func(agents int) string { return fmt.Sprintf("BenchmarkFleet1000/%s/agents=%d", bus, agents) }
+	on := fleetBus[bus]
+	dispatch := func(m metrics) string {
+		return fmt.Sprintf("200 asks to idle agents, one connection each; p50 %.2f ms, max %.2f ms", m["p50-ms"], m["max-ms"])
+	}
+	throughput := func(m metrics) string {
+		return fmt.Sprintf("median of %s; slowest %.0f/s · per module: server CPU %.3f ms, this process's CPU (controller and every agent) %.3f ms, %.1f messages into the server (%.2f JetStream API requests) · server peak RSS %.0f MiB",
+			map[string]string{"single": "3 plans", "cluster3": "1 plan"}[bus], m["slowest-modules/s"], m["server-cpu-ms/module"], m["bench-cpu-ms/module"], m["server-in-msgs/module"], m["server-js-api/module"], m["server-rss-MiB"])
+	}
+	var out []row
+	for _, agents := range []int{50, 1000} {
+		out = append(out, row{figure: fmt.Sprintf("dispatch p99, ask published → started, %d machines on one seat, %s", agents, on), suite: thousand,
+			bench: name(agents), metric: "p99-ms", format: "%.2f", beside: dispatch, atMost: 5})
+	}
+	for _, agents := range []int{50, 1000} {
+		out = append(out, row{figure: fmt.Sprintf("controller throughput, 10,000 modules, zero-length builds, %d machines, %s", agents, on), suite: thousand,
+			bench: name(agents), metric: "modules/s", format: "%.0f", beside: throughput, atLeast: 2000})
+	}
+	return append(out,
+		row{figure: "makespan ÷ bound, 10,000 modules (lognormal, durations learned), 1,000 machines, " + on, suite: thousand,
+			bench: name(1000), metric: "makespan/lb", format: "%.3f", atMost: 1.05,
+			beside: func(m metrics) string {
+				return fmt.Sprintf("%.1f s against a bound of %.1f s (1 unit = 400 ms)", m["makespan-s"], m["lb-s"])
+			}},
+		row{figure: "server memory, peak resident set, 1,000 machines, " + on + " (MiB)", suite: thousand,
+			bench: name(1000), metric: "server-rss-MiB", format: "%.0f",
+			beside: func(m metrics) string {
+				return fmt.Sprintf("the largest node's peak over the whole run; fetch errors logged by the agents: %.0f", m["fetch-errors"])
+			}},
+	)
+}
 
 // learned is how the learned rows are run.
 const learned = "durations learned from a first run, re-run with each build taking a seeded lognormal factor (σ 0.18: two thirds within ±20 %) of what it took"
@@ -283,6 +334,8 @@ var rows = []row{
 		best: "bound-speedup/K"},
 }
 
+func init() { rows = append(rows, slices.Concat(fleetRows("single"), fleetRows("cluster3"))...) }
+
 func main() {
 	only := flag.String("only", "", "run only the rows whose benchmark matches this regexp (prints the table; writes no document)")
 	verbose := flag.Bool("v", false, "stream go test's output to stderr")
@@ -362,7 +415,7 @@ func run(ctx context.Context, o options, stdout, stderr io.Writer) int {
 			continue
 		}
 		n++
-		args := command(s.pkg, s.pattern())
+		args := command(s, s.pattern())
 		fmt.Fprintf(stderr, "benchtable: [%d/%d] %s\n", n, len(want), shell(args))
 		t0 := time.Now()
 		out, err := goTest(ctx, root, args, o.verbose, stderr)
