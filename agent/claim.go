@@ -137,9 +137,9 @@ func (a *Agent) claim(ctx context.Context, id string) (*claim, claimVerdict, err
 	return c, claimFailed, fmt.Errorf("claiming ask %s: it kept changing", id)
 }
 
-// claimLease is the lease of an ask's claim: lease when set, else the
-// holders' ack wait (mesh.HolderAckWait when the consumer has none), so
-// that a dead holder's ask is taken by another within about the ack wait.
+// claimLease is the lease of an ask's claim: lease when set, else
+// claimLeasePerAckWait of the holders' ack waits (of mesh.HolderAckWait
+// when the consumer has none).
 func claimLease(lease, ackWait time.Duration) time.Duration {
 	switch {
 	case lease > 0:
