@@ -137,3 +137,27 @@ func TestUnservedAsksSayWhichPlatformTheyWaitFor(t *testing.T) {
 		t.Fatalf("taken: changed %v, %d asks, note %q", changed, n, stateOf(t, s, "base").Waiting)
 	}
 }
+
+// A module whose only platform waited for a machine, then was built, says
+// nothing of waiting once settled, whether or not the watch looked again
+// (the e2e test once showed "built … waiting: no linux/arm64 machine
+// online" after the arm machine built it).
+func TestASettledModuleSaysNothingOfWaiting(t *testing.T) {
+	ms := []*mesh.Manifest{
+		{Module: "armonly", Build: &mesh.Build{Repo: "https://git.example/fleet.git", Path: "armonly", Platforms: []string{"linux/arm64"}}},
+	}
+	p, err := planner.New(mesh.NewCatalogue(ms), planner.Trigger{Kind: planner.KindPush, Repo: "https://git.example/fleet.git", Commit: "c0ffee"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := NewState(p, t0)
+	sub := byModule(t, s.Start(at(0)), "armonly")
+	if _, n := s.Unserved(func(p string) bool { return p != "linux/arm64" }); n != 1 || stateOf(t, s, "armonly").Waiting == "" {
+		t.Fatalf("%d unserved, note %q: want the ask noted", n, stateOf(t, s, "armonly").Waiting)
+	}
+	s.Started(mesh.Started{Ask: sub.AskID, Plan: sub.Plan, Module: "armonly", On: "arm", At: at(1)})
+	s.Built(mesh.Built{Ask: sub.AskID, Plan: sub.Plan, Module: "armonly", On: "arm", Digest: digest("armonly", 1)}, at(2))
+	if m := stateOf(t, s, "armonly"); m.State != Built || m.Waiting != "" {
+		t.Fatalf("%s with note %q: want built and no note", m.State, m.Waiting)
+	}
+}

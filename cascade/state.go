@@ -398,6 +398,10 @@ func (s *State) set(m *ModuleStatus, to ModuleState) {
 	s.ix.census[m.State]--
 	s.ix.census[to]++
 	m.State = to
+	if to != Queued && to != Building {
+		// Only an ask in the queue waits for a machine (Unserved).
+		m.Waiting = ""
+	}
 }
 
 func (s *State) ensure() {
