@@ -204,10 +204,12 @@ func TestAnAskIsBuiltOnceAcrossABusOutage(t *testing.T) {
 	// m1's heartbeats would not reach a server that is away; with none at
 	// all, the redelivery after the outage is certain.
 	startAgent(t, s, "m1", g.on("m1"), func(c *agent.Config) { c.Heartbeat, c.ClaimLease = time.Hour, time.Minute })
+	submit(t, js, ask("outage"))
+	// m1 holds the ask before m2 starts: had both been idle, m2 (the one
+	// watched for the hand-back) could have taken it.
+	first := recv(t, g.began, 5*time.Second)
 	ended := make(ends, 10)
 	startObserved(t, s, "m2", g.on("m2"), nil, ended)
-	submit(t, js, ask("outage"))
-	first := recv(t, g.began, 5*time.Second)
 	// m2 holds the seat (its claims bucket bound, its status served)
 	// before the bus goes.
 	testenv.WaitFor(t, 30*time.Second, "m2 holding the seat", func() bool {
