@@ -147,7 +147,7 @@ func newFaultFarm(t *testing.T, bus *natstest.TestCluster, replicas int) *faultF
 	cfg := cascade.DefaultConfig()
 	cfg.Replicas = replicas
 	cfg.Registry, cfg.RegistryClient = reg.host, registry.NewClient(registry.WithInsecure(true))
-	c, err := cascade.New(cfg, cjs, testenv.Catalogue(t, faultGraph), nil, nil)
+	c, err := cascade.New(cfg, cjs, testenv.Catalogue(t, faultGraph), testenv.Log(t, "controller"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -183,7 +183,7 @@ func newFaultFarm(t *testing.T, bus *natstest.TestCluster, replicas int) *faultF
 		acfg.Grace = 0
 		acfg.RetryDelay = 100 * time.Millisecond
 		acfg.ClaimLease = 2 * time.Second
-		a, err := agent.New(acfg, ajs, f.builds, nil, nil)
+		a, err := agent.New(acfg, ajs, f.builds, testenv.Log(t, m), nil)
 		if err != nil {
 			t.Fatal(err)
 		}

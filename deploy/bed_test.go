@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
-	"strings"
 	"testing"
 	"time"
 
@@ -245,13 +244,4 @@ func (b *bed) seatMsgs() uint64 {
 func count(c prometheus.Counter) float64 { return testutil.ToFloat64(c) }
 
 // testLog logs through t.Log, so a failing test shows what happened.
-func testLog(t *testing.T) *slog.Logger {
-	return slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
-}
-
-type tWriter struct{ t *testing.T }
-
-func (w tWriter) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimSpace(string(p)))
-	return len(p), nil
-}
+func testLog(t *testing.T) *slog.Logger { return testenv.Log(t, "deploy") }
