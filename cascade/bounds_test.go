@@ -58,6 +58,59 @@ func (w killerOn) Work(ctx context.Context, a mesh.Ask, log func(string)) (agent
 // infrastructure, blocks its dependents, the other modules are built, and
 // a retry (a new ask) builds it.
 func TestAPoisonAskIsBoundedAndTheFleetGoesOn(t *testing.T) {
+	h := newPoisonHarness(t)
+	h.startKillers(4)
+	plan := h.push("c1", "push-c1")
+	h.checkPoisoned(plan)
+	if _, err := cascade.Call(context.Background(), h.nc, "build-controller", cascade.ToolRetry, cascade.Request{Plan: plan, Module: "poison"}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 30*time.Second, "the retried plan to be built", func() bool {
+		r, err := h.store().Plan(context.Background(), plan)
+		return err == nil && r.Outcome == cascade.OutcomeBuilt
+	})
+}
+
+// A poison ask given up on while no controller runs: the server's word is
+// kept (mesh.GaveUpStream), and the controller that starts next fails the
+// module from it, as if it had been running: the plan does not show the
+// module queued until its retain passes.
+func TestAnAskGivenUpWhileNoControllerRunsFailsItsModuleWhenOneStarts(t *testing.T) {
+	h := newPoisonHarness(t)
+	plan := h.push("c1", "push-c1")
+	queued := func() bool {
+		mods, err := h.store().Modules(context.Background(), plan)
+		return err == nil && mods["poison"].State == cascade.Queued
+	}
+	testenv.WaitFor(t, 20*time.Second, "poison's ask in the queue", queued)
+	h.stopControllerNow()
+	h.startKillers(4)
+	kept := func() uint64 {
+		st, err := h.js.Stream(context.Background(), mesh.GaveUpStream(mesh.BuildSeat))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.CachedInfo().State.Msgs
+	}
+	testenv.WaitFor(t, 60*time.Second, "the server to give up on poison's ask, its word kept", func() bool { return kept() == 1 })
+	if !queued() {
+		t.Fatal("with no controller running, poison is no longer stored queued")
+	}
+	h.startController()
+	h.checkPoisoned(plan)
+	testenv.WaitFor(t, 10*time.Second, "the advisory worked and acknowledged", func() bool { return kept() == 0 })
+	q, err := h.js.Stream(context.Background(), mesh.SeatStream(mesh.BuildSeat))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := q.CachedInfo().State.Msgs; n != 0 {
+		t.Fatalf("%d asks left in the queue, want the given-up one taken out", n)
+	}
+}
+
+// newPoisonHarness is a controller and no agents on a graph with a poison
+// module, its seat's consumer giving up after 3 deliveries of 1 s each.
+func newPoisonHarness(t *testing.T) *poisonHarness {
 	graph := map[string][]string{"poison": nil, "after": {"poison"}, "fine": nil}
 	h := newHarness(t, graph, 0)
 	spec := mesh.BuildConsumerSpec(mesh.DefaultPlatform, 1)
@@ -65,8 +118,18 @@ func TestAPoisonAskIsBoundedAndTheFleetGoesOn(t *testing.T) {
 	if _, err := h.js.UpdateConsumer(context.Background(), spec.Stream, spec.Config); err != nil {
 		t.Fatal(err)
 	}
-	k := &killer{work: h.w, conns: map[string]*nats.Conn{}}
-	for i := range 4 {
+	return &poisonHarness{harness: h, k: &killer{work: h.w, conns: map[string]*nats.Conn{}}}
+}
+
+type poisonHarness struct {
+	*harness
+	k *killer
+}
+
+// startKillers starts n agents whose worker kills its agent on poison.
+func (h *poisonHarness) startKillers(n int) {
+	t := h.t
+	for i := range n {
 		machine := fmt.Sprintf("m%d", i+1)
 		nc, err := nats.Connect(h.s.ClientURL())
 		if err != nil {
@@ -75,7 +138,10 @@ func TestAPoisonAskIsBoundedAndTheFleetGoesOn(t *testing.T) {
 		js, _ := jetstream.New(nc)
 		cfg := agent.DefaultConfig()
 		cfg.Machine, cfg.FetchWait, cfg.ClaimLease, cfg.Heartbeat = machine, 500*time.Millisecond, time.Second, 300*time.Millisecond
-		a, err := agent.New(cfg, js, k.on(machine, nc), nil, nil)
+		// A killed agent's build waits for its context: no grace, or
+		// each one's stop waits the default grace out.
+		cfg.Grace = 0
+		a, err := agent.New(cfg, js, h.k.on(machine, nc), nil, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -84,7 +150,13 @@ func TestAPoisonAskIsBoundedAndTheFleetGoesOn(t *testing.T) {
 		go func() { defer close(done); _ = a.Run(ctx) }()
 		t.Cleanup(func() { cancel(); <-done; nc.Close() })
 	}
-	plan := h.push("c1", "push-c1")
+}
+
+// checkPoisoned waits for the plan to settle: poison failed for
+// infrastructure after 3 deliveries, after blocked by it, fine built.
+func (h *poisonHarness) checkPoisoned(plan string) {
+	t := h.t
+	t.Helper()
 	rec, mods := h.settle(plan, 60*time.Second)
 	if rec.Outcome != cascade.OutcomeFailed || mods["fine"].State != cascade.Built {
 		t.Fatalf("plan %+v, fine %s: want failed, fine built", rec, mods["fine"].State)
@@ -96,13 +168,6 @@ func TestAPoisonAskIsBoundedAndTheFleetGoesOn(t *testing.T) {
 	if a := mods["after"]; a.State != cascade.Blocked || a.BlockedBy != "poison" {
 		t.Fatalf("after: %s by %q, want blocked by poison", a.State, a.BlockedBy)
 	}
-	if _, err := cascade.Call(context.Background(), h.nc, "build-controller", cascade.ToolRetry, cascade.Request{Plan: plan, Module: "poison"}); err != nil {
-		t.Fatal(err)
-	}
-	testenv.WaitFor(t, 30*time.Second, "the retried plan to be built", func() bool {
-		r, err := h.store().Plan(context.Background(), plan)
-		return err == nil && r.Outcome == cascade.OutcomeBuilt
-	})
 }
 
 // An ask nobody takes within the seat's retain is dropped by the queue;

@@ -236,13 +236,13 @@ func (c *Controller) Run(ctx context.Context) error {
 			_ = s.Unsubscribe()
 		}
 	}()
-	gaveUp := make(chan *nats.Msg, 64)
-	advisories := mesh.MaxDeliveriesAdvisory(mesh.SeatStream(mesh.BuildSeat), "*")
-	advSub, err := c.nc.ChanSubscribe(advisories, gaveUp)
+	// The asks the server gave up on, from the stream that kept its
+	// advisories while no controller ran as well as now.
+	gaveUp, stopGaveUp, err := c.consumeGaveUp(ctx)
 	if err != nil {
-		return fmt.Errorf("subscribing to %s: %w", advisories, err)
+		return err
 	}
-	defer func() { _ = advSub.Unsubscribe() }()
+	defer stopGaveUp()
 	cons, err := c.js.Consumer(ctx, mesh.EventsStream, mesh.ModuleConsumer(c.module))
 	if err != nil {
 		return fmt.Errorf("binding the controller's consumer: %w", err)
@@ -327,8 +327,13 @@ func (c *Controller) Run(ctx context.Context) error {
 			}
 		case cmd := <-c.cmds:
 			cmd.reply <- c.command(ctx, cmd)
-		case m := <-gaveUp:
-			c.abandoned(ctx, m.Data, time.Now().UTC())
+		case m, ok := <-gaveUp:
+			if !ok {
+				return errors.New("the consumer of given-up asks stopped")
+			}
+			c.abandoned(ctx, m.Data(), time.Now().UTC())
+			// Acknowledged with the batch, once the failure is stored.
+			batch = append(batch, m)
 		case <-tick.C:
 			c.observe()
 			now := time.Now().UTC()
@@ -518,10 +523,55 @@ func (c *Controller) expireAsks(now time.Time) bool {
 	return changed
 }
 
+// consumeGaveUp binds the controller's consumer of the build seat's
+// GaveUpStream and delivers its advisories on a channel, closed if the
+// consumer stops; stop ends it, putting back what was fetched and not
+// worked.
+func (c *Controller) consumeGaveUp(ctx context.Context) (<-chan jetstream.Msg, func(), error) {
+	stream := mesh.GaveUpStream(mesh.BuildSeat)
+	cons, err := c.js.Consumer(ctx, stream, mesh.GaveUpConsumer())
+	if err != nil {
+		return nil, nil, fmt.Errorf("binding the consumer of given-up asks (%s/%s): %w", stream, mesh.GaveUpConsumer(), err)
+	}
+	it, err := cons.Messages(jetstream.PullMaxMessages(16))
+	if err != nil {
+		return nil, nil, fmt.Errorf("consuming %s: %w", stream, err)
+	}
+	out := make(chan jetstream.Msg)
+	done := make(chan struct{})
+	go func() {
+		defer close(out)
+		for {
+			m, err := it.Next()
+			if err != nil {
+				if !errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+					c.log.Warn("the consumer of given-up asks stopped", "err", err)
+				}
+				return
+			}
+			select {
+			case out <- m:
+			case <-done:
+				_ = m.Nak()
+				return
+			}
+		}
+	}()
+	stop := func() {
+		close(done)
+		it.Stop()
+		for m := range out {
+			_ = m.Nak()
+		}
+	}
+	return out, stop, nil
+}
+
 // abandoned works the server's word that it gave up on an ask of the build
-// seat (delivered its consumer's max delivery count, never settled): the
-// module fails for infrastructure, its dependents are blocked, and the
-// ask is taken out of the queue.
+// seat (delivered its consumer's max delivery count, never settled; data
+// is the advisory): the module fails for infrastructure, its dependents
+// are blocked, and the ask is taken out of the queue. An advisory of an ask
+// no running plan waits for (settled, or retried since) only takes it out.
 func (c *Controller) abandoned(ctx context.Context, data []byte, now time.Time) {
 	var adv struct {
 		Stream     string `json:"stream"`

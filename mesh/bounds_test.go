@@ -2,6 +2,7 @@ package mesh_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -13,12 +14,13 @@ import (
 // The bounds the mesh derives hold on a real server under the derived
 // permissions: the seat's consumer gives up on an ask after
 // HolderMaxDeliver deliveries, its holders claim asks in the bucket they
-// share (and the shop, a user of the seat, cannot), and the controller
-// hears when the server gives up on an ask.
+// share (and the shop, a user of the seat, cannot), and the server's word
+// that it gave up on an ask is kept in the seat's GaveUpStream until the
+// controller pulls and acknowledges it.
 func TestTheSeatsBoundsUnderDerivedPermissions(t *testing.T) {
 	c := mesh.NewCatalogue(fixture())
 	_, connect := principals(t, c)
-	cnc, cjs, _ := connect("controller")
+	_, cjs, _ := connect("controller")
 	if _, err := mesh.Raise(ctx(t), cjs, c, 1); err != nil {
 		t.Fatal(err)
 	}
@@ -29,12 +31,48 @@ func TestTheSeatsBoundsUnderDerivedPermissions(t *testing.T) {
 	if got := cons.CachedInfo().Config.MaxDeliver; got != mesh.HolderMaxDeliver {
 		t.Fatalf("the seat's consumer delivers an ask %d times, want %d", got, mesh.HolderMaxDeliver)
 	}
-	adv := mesh.MaxDeliveriesAdvisory(mesh.SeatStream(mesh.BuildSeat), "*")
-	if _, err := cnc.SubscribeSync(adv); err != nil {
+	// A real give-up: one delivery allowed, a short ack wait, an ask
+	// taken by a holder and never settled.
+	cfg := cons.CachedInfo().Config
+	cfg.MaxDeliver, cfg.AckWait = 1, 200*time.Millisecond
+	if _, err := cjs.UpdateConsumer(ctx(t), mesh.SeatStream(mesh.BuildSeat), cfg); err != nil {
 		t.Fatal(err)
 	}
-	if err := cnc.Flush(); err != nil || cnc.LastError() != nil {
-		t.Fatalf("the controller subscribing to %s: %v %v", adv, err, cnc.LastError())
+	if _, err := cjs.Publish(ctx(t), mesh.BuildSubject(mesh.DefaultPlatform), []byte(`{}`)); err != nil {
+		t.Fatal(err)
+	}
+	_, ajs, _ := connect("build-agent")
+	held, err := ajs.Consumer(ctx(t), mesh.SeatStream(mesh.BuildSeat), mesh.BuildConsumer(mesh.DefaultPlatform))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := held.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for range b.Messages() {
+		n++ // held, never settled
+	}
+	if n != 1 {
+		t.Fatalf("the holder fetched %d asks (%v), want 1", n, b.Error())
+	}
+	gaveUp, err := cjs.Consumer(ctx(t), mesh.GaveUpStream(mesh.BuildSeat), mesh.GaveUpConsumer())
+	if err != nil {
+		t.Fatalf("the controller binding its consumer of given-up asks: %v", err)
+	}
+	msg, err := gaveUp.Next(jetstream.FetchMaxWait(10 * time.Second))
+	if err != nil {
+		t.Fatalf("the server's max-deliveries advisory, kept in %s: %v", mesh.GaveUpStream(mesh.BuildSeat), err)
+	}
+	if !strings.Contains(string(msg.Data()), `"deliveries":1`) {
+		t.Fatalf("the kept advisory says %s, want one delivery", msg.Data())
+	}
+	if err := msg.DoubleAck(ctx(t)); err != nil {
+		t.Fatalf("the controller acknowledging a given-up ask: %v", err)
+	}
+	if st, err := cjs.Stream(ctx(t), mesh.GaveUpStream(mesh.BuildSeat)); err != nil || st.CachedInfo().State.Msgs != 0 {
+		t.Fatalf("the advisory, worked, is still kept (%v)", err)
 	}
 
 	bucket := mesh.AskClaimsBucket(mesh.BuildSeat)

@@ -1,6 +1,7 @@
 package mesh
 
 import (
+	"slices"
 	"sort"
 	"time"
 
@@ -35,7 +36,8 @@ const (
 	// HolderMaxDeliver bounds how often a seat's ask is delivered: an ask
 	// delivered this many times and never settled (a poison ask that kills
 	// every holder that takes it) is given up by the server, which
-	// announces it (MaxDeliveriesAdvisory) and the controller fails it.
+	// announces it (MaxDeliveriesAdvisory, kept in GaveUpStream) and the
+	// controller fails it.
 	// Holders hand an ask back rarely (stopping, a sick machine, a claim
 	// alive elsewhere) and retry infrastructure failures by time, with
 	// delays of up to a minute, so a healthy ask never comes near it.
@@ -85,6 +87,10 @@ func (c *Catalogue) Derive(replicas int) Wire {
 			w.Streams = append(w.Streams, spec)
 			w.Consumers = append(w.Consumers, SeatConsumerSpecs(s, c.Platforms(), replicas)...)
 			w.Buckets = append(w.Buckets, AskClaimsBucketSpec(s, replicas))
+			if slices.Contains(ControllerUses, s.Seat) {
+				w.Streams = append(w.Streams, GaveUpStreamSpec(s, replicas))
+				w.Consumers = append(w.Consumers, GaveUpConsumerSpec(s, replicas))
+			}
 		}
 	}
 	for _, m := range c.Modules {
@@ -186,6 +192,35 @@ func SeatStreamSpec(s Seat, replicas int) (StreamSpec, bool) {
 			Duplicates: min(DuplicateWindow, SeatRetain(s)), Discard: jetstream.DiscardOld,
 		},
 	}, true
+}
+
+// GaveUpStreamSpec derives the stream that keeps the server's advisories of
+// the asks it gave up on in seat s's queue (GaveUpStream), for a seat the
+// controller submits to. It is a work queue: an advisory the controller has
+// worked (the module failed, the ask taken out of the queue) is gone. One
+// older than the seat's retain is about an ask the queue itself dropped.
+func GaveUpStreamSpec(s Seat, replicas int) StreamSpec {
+	return StreamSpec{
+		Why: "the controller hears of every ask the server gave up on in " + SeatStream(s.Seat) + ", even one given up while no controller ran",
+		Config: jetstream.StreamConfig{
+			Name: GaveUpStream(s.Seat), Subjects: []string{MaxDeliveriesAdvisory(SeatStream(s.Seat), "*")},
+			Retention: jetstream.WorkQueuePolicy, MaxAge: SeatRetain(s),
+			Storage: jetstream.FileStorage, Replicas: replicas,
+		},
+	}
+}
+
+// GaveUpConsumerSpec derives the controller's durable consumer on seat s's
+// GaveUpStream.
+func GaveUpConsumerSpec(s Seat, replicas int) ConsumerSpec {
+	return ConsumerSpec{
+		Stream: GaveUpStream(s.Seat),
+		Why:    "the holder of " + ControllerSeat + " works the asks the server gave up on in " + SeatStream(s.Seat),
+		Config: jetstream.ConsumerConfig{
+			Durable: GaveUpConsumer(), AckPolicy: jetstream.AckExplicitPolicy,
+			DeliverPolicy: jetstream.DeliverAllPolicy, Replicas: replicas,
+		},
+	}
 }
 
 // HolderMaxWaiting is the most pull requests a holders' consumer keeps

@@ -44,7 +44,9 @@
 //	an event log or log.*          kept in stream LOGS (bounded by size), not EVENTS
 //	holders of seat s              one durable pull consumer, holders-<s>, on SEAT_<s>
 //	                               (an ask delivered HolderMaxDeliver times is given up,
-//	                               announced on $JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.…)
+//	                               announced on $JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.…,
+//	                               kept in stream GAVEUP_<s> for the controller's consumer
+//	                               holders-mesh-controller, for a seat the controller uses)
 //	holders of seat s claim asks   key-value bucket ASKS_<s>, one key per ask id
 //	module m consumes …            durable consumer module-<m> on EVENTS (and on LOGS for log events)
 //	module m, state b              key-value bucket <m>_<b> (stream KV_<m>_<b>)
@@ -54,7 +56,7 @@
 // The functions are ModuleEventSubject, ModuleToolSubject,
 // SeatAcceptSubject, SeatEventSubject, SeatToolSubject, EventStream,
 // SeatStream, SeatConsumer, ModuleConsumer, AckSubject, KVBucket,
-// ClaimsBucket, ClaimKey, AskClaimsBucket, AskClaimKey, MaxDeliveriesAdvisory and WireName. Local names hold no dots where a token is expected and no "_",
+// ClaimsBucket, ClaimKey, AskClaimsBucket, AskClaimKey, MaxDeliveriesAdvisory, GaveUpStream, GaveUpConsumer and WireName. Local names hold no dots where a token is expected and no "_",
 // so two declarations cannot derive the same name.
 //
 // # What is refused

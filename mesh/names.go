@@ -23,8 +23,9 @@ const (
 	tokTool   = "tool"
 	tokAccept = "accept"
 
-	seatStreamPrefix = "SEAT_"
-	logEventPrefix   = "log"
+	seatStreamPrefix   = "SEAT_"
+	gaveUpStreamPrefix = "GAVEUP_"
+	logEventPrefix     = "log"
 )
 
 // ReservedTokens are the derivation's own tokens; a verb, event or tool may
@@ -167,3 +168,14 @@ func AskClaimKey(ask string) string { return ask }
 func MaxDeliveriesAdvisory(stream, consumer string) string {
 	return "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES." + stream + "." + consumer
 }
+
+// GaveUpStream is the stream that keeps the server's max-deliveries
+// advisories for seat s's queue (MaxDeliveriesAdvisory of SeatStream(s), any
+// consumer) until the controller has worked them: an advisory is a plain
+// message, and one sent while no controller listens would otherwise be lost,
+// leaving the given-up ask's module queued until its retain passes.
+func GaveUpStream(seat string) string { return gaveUpStreamPrefix + seat }
+
+// GaveUpConsumer is the name of the one durable consumer on every
+// GaveUpStream: the holders of mesh-controller pull from it.
+func GaveUpConsumer() string { return SeatConsumer(ControllerSeat) }

@@ -150,8 +150,9 @@ func (c *Catalogue) ControllerPermissions(principal string) Permissions {
 		// The controller asks the holders of the seats it uses to cancel
 		// work in flight and to say how they are (the seat's tools).
 		p.pub[SeatToolSubject(s, "*")] = true
-		// It hears when the server gives up on one of their asks.
-		p.sub[MaxDeliveriesAdvisory(SeatStream(s), "*")] = true
+		// It works the asks the server gave up on in their queues, kept
+		// in GaveUpStream (it pulls through the JetStream API and acks).
+		p.pub[AckSubject(GaveUpStream(s), GaveUpConsumer())] = true
 	}
 	// The controller writes every node's declaration and answers a node's
 	// enrolment at the address its payload names.

@@ -193,6 +193,9 @@ func isMeshStream(name string) bool {
 	if _, ok := SeatFromStream(name); ok {
 		return true
 	}
+	if strings.HasPrefix(name, gaveUpStreamPrefix) {
+		return true
+	}
 	if name == KVStream(ClaimsBucket()) {
 		return true
 	}
