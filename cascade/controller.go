@@ -243,43 +243,13 @@ func (c *Controller) Run(ctx context.Context) error {
 		return err
 	}
 	defer stopGaveUp()
-	cons, err := c.js.Consumer(ctx, mesh.EventsStream, mesh.ModuleConsumer(c.module))
-	if err != nil {
-		return fmt.Errorf("binding the controller's consumer: %w", err)
-	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(c.cfg.Batch))
-	if err != nil {
-		return fmt.Errorf("consuming events: %w", err)
-	}
-	events := make(chan jetstream.Msg, c.cfg.Batch)
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		defer close(events)
-		for {
-			m, err := it.Next()
-			if err != nil {
-				if !errors.Is(err, jetstream.ErrMsgIteratorClosed) {
-					c.log.Warn("event consumer stopped", "err", err)
-				}
-				return
-			}
-			events <- m
-		}
-	})
 	// On the way out, events fetched and not worked go back at once, so
-	// the next holder of mesh-controller has them without an ack wait (a
-	// drain needs the bus: cut off from it, just stop).
-	defer func() {
-		if c.nc.IsConnected() {
-			it.Drain()
-		} else {
-			it.Stop()
-		}
-		for m := range events {
-			_ = m.Nak()
-		}
-		wg.Wait()
-	}()
+	// the next holder of mesh-controller has them without an ack wait.
+	events, stopEvents, err := c.consume(ctx, mesh.EventsStream, mesh.ModuleConsumer(c.module), c.cfg.Batch, "events")
+	if err != nil {
+		return err
+	}
+	defer stopEvents()
 	c.log.Info("controller running", "module", c.module, "plans", len(c.plans))
 
 	tick := time.NewTicker(c.cfg.ObserveEvery)
@@ -523,46 +493,51 @@ func (c *Controller) expireAsks(now time.Time) bool {
 	return changed
 }
 
-// consumeGaveUp binds the controller's consumer of the build seat's
-// GaveUpStream and delivers its advisories on a channel, closed if the
-// consumer stops; stop ends it, putting back what was fetched and not
-// worked.
+// consumeGaveUp consumes the build seat's GaveUpStream: the advisories of
+// the asks the server gave up on.
 func (c *Controller) consumeGaveUp(ctx context.Context) (<-chan jetstream.Msg, func(), error) {
-	stream := mesh.GaveUpStream(mesh.BuildSeat)
-	cons, err := c.js.Consumer(ctx, stream, mesh.GaveUpConsumer())
+	return c.consume(ctx, mesh.GaveUpStream(mesh.BuildSeat), mesh.GaveUpConsumer(), 16, "given-up asks")
+}
+
+// consume binds the durable consumer on stream and delivers its messages
+// on a channel, closed if the consumer stops. stop ends it: what was
+// fetched and not worked goes back at once (naked), so the next holder of
+// mesh-controller has it without an ack wait; a drain needs the bus, so
+// cut off from it, it just stops.
+func (c *Controller) consume(ctx context.Context, stream, consumer string, batch int, what string) (<-chan jetstream.Msg, func(), error) {
+	cons, err := c.js.Consumer(ctx, stream, consumer)
 	if err != nil {
-		return nil, nil, fmt.Errorf("binding the consumer of given-up asks (%s/%s): %w", stream, mesh.GaveUpConsumer(), err)
+		return nil, nil, fmt.Errorf("binding the consumer of %s (%s/%s): %w", what, stream, consumer, err)
 	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(16))
+	it, err := cons.Messages(jetstream.PullMaxMessages(batch))
 	if err != nil {
-		return nil, nil, fmt.Errorf("consuming %s: %w", stream, err)
+		return nil, nil, fmt.Errorf("consuming %s (%s/%s): %w", what, stream, consumer, err)
 	}
-	out := make(chan jetstream.Msg)
-	done := make(chan struct{})
-	go func() {
+	out := make(chan jetstream.Msg, batch)
+	var wg sync.WaitGroup
+	wg.Go(func() {
 		defer close(out)
 		for {
 			m, err := it.Next()
 			if err != nil {
 				if !errors.Is(err, jetstream.ErrMsgIteratorClosed) {
-					c.log.Warn("the consumer of given-up asks stopped", "err", err)
+					c.log.Warn("consumer stopped", "of", what, "err", err)
 				}
 				return
 			}
-			select {
-			case out <- m:
-			case <-done:
-				_ = m.Nak()
-				return
-			}
+			out <- m
 		}
-	}()
+	})
 	stop := func() {
-		close(done)
-		it.Stop()
+		if c.nc.IsConnected() {
+			it.Drain()
+		} else {
+			it.Stop()
+		}
 		for m := range out {
 			_ = m.Nak()
 		}
+		wg.Wait()
 	}
 	return out, stop, nil
 }
