@@ -2,7 +2,6 @@ package natstest
 
 import (
 	"fmt"
-	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -86,25 +85,6 @@ func Cluster(tb testing.TB, n int) *TestCluster {
 	return c
 }
 
-// FreePorts reserves n distinct loopback ports and releases them.
-func FreePorts(tb testing.TB, n int) []int {
-	tb.Helper()
-	var lns []net.Listener
-	var ports []int
-	for range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			tb.Fatal(err)
-		}
-		lns = append(lns, ln)
-		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
-	}
-	for _, ln := range lns {
-		ln.Close()
-	}
-	return ports
-}
-
 func (c *TestCluster) start(i int) error {
 	o := *c.opts[i]
 	s, err := server.NewServer(&o)
@@ -114,7 +94,16 @@ func (c *TestCluster) start(i int) error {
 	go s.Start()
 	if !s.ReadyForConnections(20 * time.Second) {
 		s.Shutdown()
-		return fmt.Errorf("nats server %s not ready in 20s", o.ServerName)
+		s.WaitForShutdown()
+		why := ""
+		for _, p := range []int{o.Port, o.Cluster.Port} {
+			if p > 0 {
+				if h := holder(p); h != "" {
+					why += "; port " + fmt.Sprint(p) + ": " + h
+				}
+			}
+		}
+		return fmt.Errorf("nats server %s not ready in 20s%s", o.ServerName, why)
 	}
 	c.mu.Lock()
 	c.srv[i] = s

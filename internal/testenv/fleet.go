@@ -3,7 +3,6 @@ package testenv
 import (
 	"bytes"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -11,6 +10,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/meshbuild/meshbuild/internal/natstest"
 )
 
 // ExampleFleet is examples/fleet in the repository.
@@ -61,28 +62,12 @@ func BuildkitdBin(t testing.TB) string {
 }
 
 // FreePorts returns a loopback address whose port and the n-1 ports after
-// it are free.
+// it are free, outside the kernel's ephemeral range (natstest.FreePortRun:
+// a port given up and taken again, as a restarted `builds up` does, is
+// never some outgoing connection's source port meanwhile).
 func FreePorts(t testing.TB, n int) string {
 	t.Helper()
-next:
-	for range 50 {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		port := ln.Addr().(*net.TCPAddr).Port
-		ln.Close()
-		for i := 1; i < n; i++ {
-			l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port+i))
-			if err != nil {
-				continue next
-			}
-			l.Close()
-		}
-		return "127.0.0.1:" + strconv.Itoa(port)
-	}
-	t.Fatalf("no %d free ports in a row", n)
-	return ""
+	return "127.0.0.1:" + strconv.Itoa(natstest.FreePortRun(t, n))
 }
 
 // Scrape GETs url (a /metrics) and returns the body.
