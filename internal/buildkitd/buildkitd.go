@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/moby/buildkit/client"
+	"golang.org/x/sys/unix"
 )
 
 var (
@@ -126,6 +127,13 @@ type Buildkitd struct {
 	exited  chan struct{}
 	waitErr error
 
+	// mu orders signalling the daemon's process group against reaping
+	// the daemon: once reaped, its pid — the group's id — may be given
+	// to any new process on the machine, and a signal to the group would
+	// reach whatever group that process leads.
+	mu     sync.Mutex
+	reaped bool
+
 	stopOnce sync.Once
 	stopErr  error
 }
@@ -204,7 +212,15 @@ func start(ctx context.Context, o Options) (*Buildkitd, error) {
 	}
 	b.cmd = cmd
 	go func() {
+		// Until it is reaped the exited daemon is a zombie holding its
+		// pid, so its group is still its own: what it left running there
+		// (steps, runc) is killed, then it is reaped.
+		waitExit(cmd.Process.Pid)
+		b.mu.Lock()
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 		b.waitErr = cmd.Wait()
+		b.reaped = true
+		b.mu.Unlock()
 		close(b.exited)
 	}()
 
@@ -290,30 +306,50 @@ func (b *Buildkitd) Exited() <-chan struct{} { return b.exited }
 func (b *Buildkitd) Log() string { return b.tail.String() }
 
 // Stop ends the daemon: SIGTERM to its process group, SIGKILL after
-// StopTimeout; then whatever it left mounted under Root is unmounted. It is
-// safe to call more than once.
+// StopTimeout; what it leaves running in its group is killed when it exits;
+// then whatever it left mounted under Root is unmounted. It is safe to call
+// more than once.
 func (b *Buildkitd) Stop() error {
 	b.stopOnce.Do(func() {
 		defer b.cleanup()
 		if b.cmd == nil || b.cmd.Process == nil {
 			return
 		}
-		pgid := b.cmd.Process.Pid
-		_ = syscall.Kill(-pgid, syscall.SIGTERM)
+		b.signalGroup(syscall.SIGTERM)
 		select {
 		case <-b.exited:
 		case <-time.After(b.stopIn):
-			_ = syscall.Kill(-pgid, syscall.SIGKILL)
+			b.signalGroup(syscall.SIGKILL)
 			<-b.exited
 			b.stopErr = fmt.Errorf("buildkitd did not stop within %s of SIGTERM; killed", b.stopIn)
 		}
-		// Steps the daemon ran may outlive it in its group.
-		_ = syscall.Kill(-pgid, syscall.SIGKILL)
 		if err := unmountUnder(b.root); err != nil && b.stopErr == nil {
 			b.stopErr = err
 		}
 	})
 	return b.stopErr
+}
+
+// signalGroup sends sig to the daemon's process group unless the daemon
+// has been reaped (then its group is gone, and its id may be another's).
+func (b *Buildkitd) signalGroup(sig syscall.Signal) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.reaped {
+		_ = syscall.Kill(-b.cmd.Process.Pid, sig)
+	}
+}
+
+// waitExit blocks until process pid has exited, leaving it unreaped
+// (waitid with WNOWAIT).
+func waitExit(pid int) {
+	var info unix.Siginfo
+	for {
+		err := unix.Waitid(unix.P_PID, pid, &info, unix.WEXITED|unix.WNOWAIT, nil)
+		if err != unix.EINTR {
+			return
+		}
+	}
 }
 
 // unmountUnder detaches every mount below dir, deepest first: a daemon

@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -130,5 +133,69 @@ func TestStartStop(t *testing.T) {
 	}
 	if !strings.Contains(log.String(), "running server on") {
 		t.Errorf("daemon log not passed to Stderr:\n%s", log.String())
+	}
+}
+
+// TestStopAfterTheDaemonDiedSignalsNoOtherGroup: once a daemon that died
+// is reaped, its pid — its process group's id — is free, and the kernel may
+// give it to the next process started on the machine (pids wrap at
+// kernel.pid_max, 32768 here, within minutes of a test run). Here that is
+// done on purpose, as CRIU does, through kernel.ns_last_pid: a `sleep`
+// leading a group of its own is given the dead daemon's pid. Stop must not
+// signal that group.
+func TestStopAfterTheDaemonDiedSignalsNoOtherGroup(t *testing.T) {
+	if os.Getenv("MESHBUILD_BUILDKIT") != "1" {
+		t.Skip("needs buildkitd: set MESHBUILD_BUILDKIT=1 (make test does)")
+	}
+	wd, _ := os.Getwd()
+	b, err := Start(context.Background(), Options{Bin: filepath.Join(wd, "..", "..", "bin", "buildkitd"), Root: t.TempDir(), MaxParallelism: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := b.cmd.Process.Pid
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-b.Exited():
+	case <-time.After(30 * time.Second):
+		t.Fatal("the killed daemon was not seen to exit in 30s")
+	}
+	// Other processes (and this one's threads) may take the pid first:
+	// try again.
+	var other *exec.Cmd
+	for range 200 {
+		if err := os.WriteFile("/proc/sys/kernel/ns_last_pid", []byte(strconv.Itoa(pid-1)), 0); err != nil {
+			t.Fatalf("setting the next pid (make test runs as root): %v", err)
+		}
+		cmd := exec.Command("sleep", "60")
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		if cmd.Process.Pid == pid {
+			other = cmd
+			break
+		}
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	}
+	if other == nil {
+		t.Fatalf("no process could be started with the dead daemon's pid %d in 200 tries", pid)
+	}
+	var waitErr error
+	exited := make(chan struct{})
+	go func() { waitErr = other.Wait(); close(exited) }()
+	t.Cleanup(func() { _ = other.Process.Kill(); <-exited })
+
+	if err := b.Stop(); err != nil {
+		t.Errorf("Stop: %v", err)
+	}
+	// A signal sent by Stop is pending when Stop returns; sleep dies of it
+	// within milliseconds.
+	select {
+	case <-exited:
+		t.Fatalf("the process given the dead daemon's pid %d, leading its own group, ended when Stop ran: %v", pid, waitErr)
+	case <-time.After(time.Second):
 	}
 }
