@@ -1046,7 +1046,7 @@ func (c *Controller) persist(ctx context.Context) error {
 		case PlanRecord:
 			records[k] = v
 		case ModuleStatus:
-			if !v.State.finished() {
+			if !v.State.Finished() {
 				released[k] = v
 				continue
 			}
@@ -1151,10 +1151,10 @@ const EstimateSlack = 500 * time.Millisecond
 // (Forecast.At).
 const ForecastEvery = time.Second
 
-// finished reports whether a module in state s has its result (built,
-// unchanged, failed, blocked, cancelled): what persist stores before what it
-// released.
-func (s ModuleState) finished() bool {
+// Finished reports whether a module in state s has its result in its plan
+// (built, unchanged, failed, blocked, cancelled; until a retry): what
+// persist stores before what it released, and what a watch waits for.
+func (s ModuleState) Finished() bool {
 	return s == Built || s == Unchanged || s == Failed || s == Blocked || s == Cancelled
 }
 

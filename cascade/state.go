@@ -912,6 +912,9 @@ func (s *State) Pending() []Submit {
 // a Retry, which un-settles the plan.)
 func (s *State) Settled() bool { return s.Counts().inFlight() == 0 }
 
+// Finished counts the modules that have their result (ModuleState.Finished).
+func (c Counts) Finished() int { return c.Built + c.Unchanged + c.Failed + c.Blocked + c.Cancelled }
+
 // inFlight counts the modules that can still progress.
 func (c Counts) inFlight() int { return c.Waiting + c.Ready + c.Queued + c.Building + c.Cancelling }
 

@@ -78,9 +78,13 @@ func Watch(ctx context.Context, st *cascade.Store, plan string, w io.Writer, tty
 // progress renders a plan's counts, as a bar on a terminal.
 func progress(r cascade.PlanRecord, bar bool) string {
 	c := r.Counts
-	done := c.Built + c.Failed + c.Blocked + c.Cancelled
-	text := fmt.Sprintf("%s %d/%d built, %d building, %d queued, %d waiting, %d failed, %d blocked",
-		r.ID, c.Built, c.Total, c.Building, c.Queued, planview.Waiting(c), c.Failed, c.Blocked)
+	done := c.Finished()
+	unchanged := ""
+	if c.Unchanged > 0 {
+		unchanged = fmt.Sprintf(", %d unchanged", c.Unchanged)
+	}
+	text := fmt.Sprintf("%s %d/%d built%s, %d building, %d queued, %d waiting, %d failed, %d blocked",
+		r.ID, c.Built, c.Total, unchanged, c.Building, c.Queued, planview.Waiting(c), c.Failed, c.Blocked)
 	if !bar || c.Total == 0 {
 		return text
 	}

@@ -282,7 +282,7 @@ func follow(ctx context.Context, f *farm.Farm, store *cascade.Store, plan string
 	got, err := planview.Watch(ctx, store, plan, planview.Options{
 		Appear: planWait,
 		Changed: func(pl planview.Plan, m *cascade.ModuleStatus, was cascade.ModuleState) {
-			if m != nil && planview.Finished(m.State) && was != m.State {
+			if m != nil && m.State.Finished() && was != m.State {
 				p.line(planview.ModuleLine(*m))
 				p.draw(pl.Record, time.Since(begun))
 			}
@@ -350,7 +350,7 @@ func (p *progress) draw(rec cascade.PlanRecord, elapsed time.Duration) {
 	barWidth := min(30, p.width-len(status)-4)
 	done := 0
 	if c.Total > 0 && barWidth > 0 {
-		done = barWidth * (c.Built + c.Failed + c.Blocked + c.Cancelled) / c.Total
+		done = barWidth * c.Finished() / c.Total
 	}
 	bar := ""
 	if barWidth > 0 {

@@ -33,17 +33,11 @@ func (p Plan) Settled() bool {
 		return false
 	}
 	for _, m := range p.Modules {
-		if !Finished(m.State) {
+		if !m.State.Finished() {
 			return false
 		}
 	}
 	return true
-}
-
-// Finished reports whether a module's state is final in its plan (until a
-// retry).
-func Finished(s cascade.ModuleState) bool {
-	return s == cascade.Built || s == cascade.Failed || s == cascade.Blocked || s == cascade.Cancelled
 }
 
 // DefaultAppear is how long Watch waits for a plan that is not made yet:
