@@ -337,6 +337,9 @@ func watchAndShow(ctx context.Context, g *globals, b *bus, id string) error {
 	if err == nil && rec.Outcome != cascade.OutcomeBuilt {
 		return ErrFailed
 	}
+	if err == nil && rec.Counts.Total > 0 && rec.Counts.Unchanged == rec.Counts.Total {
+		fmt.Fprintf(g.errw, "nothing was built: every module's inputs were built before (each reuses that digest); to build them again: builds rebuild --force MODULE...\n")
+	}
 	return err
 }
 
