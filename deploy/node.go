@@ -113,6 +113,10 @@ type carried struct {
 type appliedState struct {
 	Revision uint64          `json:"revision"`
 	Modules  []AppliedModule `json:"modules"`
+	// Declaration is the declaration applied, which a node started again
+	// resumes (its consumer has acknowledged it and delivers only newer
+	// ones). A file kept before it was recorded has none.
+	Declaration *Declaration `json:"declaration,omitempty"`
 }
 
 // NewNode returns a node runtime.
@@ -211,6 +215,7 @@ func (n *Node) Run(ctx context.Context) error {
 	}
 	defer it.Stop()
 	go func() { <-ctx.Done(); it.Stop() }()
+	n.resume(ctx)
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	wg.Go(func() { n.heartbeats(ctx) })
@@ -336,7 +341,7 @@ func (n *Node) Apply(ctx context.Context, msg jetstream.Msg) {
 		return
 	}
 	n.mu.Lock()
-	n.applied = appliedState{Revision: d.Revision, Modules: mods}
+	n.applied = appliedState{Revision: d.Revision, Modules: mods, Declaration: &d}
 	n.mu.Unlock()
 	if err := n.save(); err != nil {
 		n.log.Error("keeping the applied revision", "err", err)
@@ -344,6 +349,32 @@ func (n *Node) Apply(ctx context.Context, msg jetstream.Msg) {
 	n.log.Info("applied", "revision", d.Revision, "modules", len(mods), "took", time.Since(start).Round(time.Millisecond))
 	n.outcome(Applied, start)
 	n.settle(ctx, msg, Report{Kind: Applied, Revision: d.Revision, Applied: d.Revision, Modules: mods}, start)
+}
+
+// resume runs again what the applied declaration declares, as the node had
+// it before it stopped: its carried modules started, the state of its
+// modules served. An image applied is not pulled or handed to the apply
+// hook again (apply does that only for a digest that changed). A file kept
+// without the declaration resumes from the modules it lists, issued no
+// buckets until the next declaration.
+func (n *Node) resume(ctx context.Context) {
+	n.mu.Lock()
+	d, applied := n.applied.Declaration, n.applied
+	n.mu.Unlock()
+	if d == nil {
+		if len(applied.Modules) == 0 {
+			return
+		}
+		d = &Declaration{Version: WireVersion, Node: n.cfg.Name, Revision: applied.Revision}
+		for _, m := range applied.Modules {
+			d.Modules = append(d.Modules, DeclaredModule{Module: m.Module, Digest: m.Digest})
+		}
+	}
+	if _, err := n.apply(ctx, *d); err != nil {
+		n.log.Error("resuming the applied declaration", "revision", d.Revision, "err", err)
+		return
+	}
+	n.log.Info("resumed the applied declaration", "revision", d.Revision, "modules", len(d.Modules))
 }
 
 // seen notes a declaration of revision rev, tells the revisions, and

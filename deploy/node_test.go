@@ -4,6 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -398,5 +402,88 @@ func TestUnassignedBuildAgentHandsBack(t *testing.T) {
 		v := b.nodes()["n1"]
 		return v.Applied == 2 && len(v.Modules) == 0
 	})
+	b.noViolations()
+}
+
+// TestARestartedNodeResumesItsCarriedModules: a node stopped and started
+// again (a reboot, `builds up` run again on its state) has acknowledged its
+// declaration, so its consumer has nothing for it; it resumes the one it
+// applied: its build agent runs again and builds the next ask, with no new
+// declaration. The same from a state file kept before the declaration was
+// recorded in it. (A restarted node ran nothing until the next assignment.)
+func TestARestartedNodeResumesItsCarriedModules(t *testing.T) {
+	cat := testenv.Catalogue(t, nil)
+	agentModule, _ := cat.Module("build-agent")
+	b := newBed(t, []string{"n1"}, cat.ModulePermissions(agentModule))
+	b.controller(deploy.DefaultControllerConfig())
+	w := &holdWorker{}
+	carry := map[string]deploy.RunFunc{"build-agent": func(ctx context.Context) error {
+		_, js := b.connect("build-agent", nil)
+		cfg := agent.DefaultConfig()
+		cfg.Machine, cfg.FetchWait, cfg.Grace, cfg.Platforms = "n1", 500*time.Millisecond, 0, []string{mesh.DefaultPlatform}
+		a, err := agent.New(cfg, js, w, nil, nil)
+		if err != nil {
+			return err
+		}
+		return a.Run(ctx)
+	}}
+	dir := t.TempDir()
+	stop := func(n *deploy.Node, r running) {
+		t.Helper()
+		r.cancel()
+		select {
+		case <-r.done:
+		case <-time.After(30 * time.Second):
+			t.Fatal("the node did not stop in 30s")
+		}
+		if n.Running("build-agent") {
+			t.Fatal("the stopped node's build agent still runs")
+		}
+	}
+	n, _ := b.node("n1", dir, carry)
+	r := run(b.ctx, n.Run)
+	testenv.WaitFor(t, 10*time.Second, "n1 to enrol", func() bool { _, ok := b.nodes()["n1"]; return ok })
+	assign(t, b, mesh.AssignTool, "build-agent", "n1")
+	testenv.WaitFor(t, 10*time.Second, "n1 to start its build agent", func() bool { return n.Running("build-agent") })
+	applied := n.Applied()
+	stop(n, r)
+
+	for i, kept := range []string{"the declaration", "an older file without it"} {
+		if i == 1 {
+			file := filepath.Join(dir, "applied.json")
+			data, err := os.ReadFile(file)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var old map[string]any
+			if err := json.Unmarshal(data, &old); err != nil {
+				t.Fatal(err)
+			}
+			if _, ok := old["declaration"]; !ok {
+				t.Fatalf("%s keeps no declaration: %s", file, data)
+			}
+			delete(old, "declaration")
+			data, _ = json.Marshal(old)
+			if err := os.WriteFile(file, data, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		n, _ := b.node("n1", dir, carry)
+		r := run(b.ctx, n.Run)
+		testenv.WaitFor(t, 10*time.Second, "the restarted n1 ("+kept+") to start its build agent", func() bool { return n.Running("build-agent") })
+		if n.Applied() != applied {
+			t.Fatalf("the restarted node applied revision %d, want %d resumed (no new declaration)", n.Applied(), applied)
+		}
+		ask := mesh.Ask{Version: mesh.AskVersion, ID: fmt.Sprintf("ask-%d", i), Plan: "p", Module: "app", Image: "reg.example/app",
+			Source: mesh.Source{Repo: testenv.FleetRepo, Commit: "c1", Path: "app"}, Platform: mesh.DefaultPlatform}
+		data, _ := json.Marshal(ask)
+		if _, err := b.ajs.Publish(b.ctx, mesh.BuildSubject(mesh.DefaultPlatform), data, jetstream.WithMsgID(ask.ID)); err != nil {
+			t.Fatal(err)
+		}
+		testenv.WaitFor(t, 20*time.Second, "the restarted n1's build agent ("+kept+") to build "+ask.ID, func() bool {
+			return slices.Contains(w.builtAsks(), ask.ID)
+		})
+		stop(n, r)
+	}
 	b.noViolations()
 }
