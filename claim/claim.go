@@ -620,7 +620,12 @@ func Hold(ctx context.Context, js jetstream.JetStream, seat string, scope Scope,
 			o.log.Warn("releasing the seat", "err", rerr)
 		}
 		rcancel()
-		if errors.Is(lost, ErrLost) && ctx.Err() == nil {
+		if ctx.Err() != nil {
+			// Stopping: what fn said on its way out (a consumer it was
+			// binding, cancelled) is not a failure.
+			return nil
+		}
+		if errors.Is(lost, ErrLost) {
 			o.log.Error("stopped working after losing the seat; standing by", "seat", seat, "scope", scope.String(), "fn_err", err)
 			continue
 		}

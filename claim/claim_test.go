@@ -3,6 +3,7 @@ package claim_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -433,5 +434,40 @@ func TestHoldersClaimUnderTheirDerivedPermissions(t *testing.T) {
 		case <-time.After(3 * time.Second):
 			t.Fatalf("no permissions violation for %s", want)
 		}
+	}
+}
+
+// TestHoldReturnsNilWhenStopped: Hold returns nil when its context is done,
+// whatever fn said on its way out (a controller stopped while a part of it
+// was still binding a consumer returned "context canceled" as its error:
+// CI35, TestAStandbyControllerTakesOverMidPlan); an error fn returns while
+// the seat is held is Hold's error.
+func TestHoldReturnsNilWhenStopped(t *testing.T) {
+	_, dial := bus(t)
+	_, js := dial()
+	ctx, stop := context.WithCancel(context.Background())
+	started := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		done <- claim.Hold(ctx, js, "mesh-controller", claim.Mesh(), "A", func(ctx context.Context) error {
+			close(started)
+			<-ctx.Done()
+			return fmt.Errorf("binding a consumer: %w", ctx.Err())
+		}, short...)
+	}()
+	<-started
+	stop()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Hold stopped by its context = %v, want nil", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Hold did not return after its context was done")
+	}
+	broke := errors.New("the catalogue is unreadable")
+	err := claim.Hold(context.Background(), js, "mesh-controller", claim.Mesh(), "A", func(context.Context) error { return broke }, short...)
+	if !errors.Is(err, broke) {
+		t.Fatalf("Hold whose fn failed while holding = %v, want fn's error", err)
 	}
 }
