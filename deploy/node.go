@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/meshbuild/meshbuild/internal/backoff"
 	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/registry"
 	"github.com/meshbuild/meshbuild/state"
@@ -522,6 +523,10 @@ func lastLines(s string, k int) string {
 	return strings.Join(lines, " | ")
 }
 
+// carriedRestart is how long a carried module that stopped waits before it
+// is started again: 1s, doubled per stop in a row, at most 30s.
+var carriedRestart = backoff.Policy{First: time.Second, Max: 30 * time.Second}
+
 // start runs a carried module unless it runs already. It lives as long as
 // the node runs (ctx), or until it is unassigned.
 func (n *Node) start(ctx context.Context, module string, run RunFunc) {
@@ -536,8 +541,26 @@ func (n *Node) start(ctx context.Context, module string, run RunFunc) {
 	n.log.Info("starting a carried module", "module", module)
 	go func() {
 		defer close(c.done)
-		if err := run(cctx); err != nil && cctx.Err() == nil {
-			n.log.Error("carried module stopped", "module", module, "err", err)
+		// While it is declared, a carried module that stops is started
+		// again, as a service manager would: a build agent refused its
+		// machine's seat because the claim of the agent before it (a node
+		// killed and started again) has not lapsed yet takes it once it
+		// has.
+		for attempt := 1; ; attempt++ {
+			began := time.Now()
+			err := run(cctx)
+			if cctx.Err() != nil {
+				return
+			}
+			if time.Since(began) > carriedRestart.Max {
+				attempt = 1 // it ran a while: a new failure, not the same one
+			}
+			d := carriedRestart.Delay(attempt)
+			n.log.Error("carried module stopped; starting it again", "module", module, "err", err, "in", d)
+			if backoff.Wait(cctx, d) != nil {
+				return
+			}
+			n.log.Info("starting a carried module again", "module", module, "attempt", attempt+1)
 		}
 	}()
 	go func() {

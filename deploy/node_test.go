@@ -487,3 +487,48 @@ func TestARestartedNodeResumesItsCarriedModules(t *testing.T) {
 	}
 	b.noViolations()
 }
+
+// TestACarriedModuleThatStopsIsStartedAgain: while it is declared, a
+// carried module that stops (a build agent refused its machine's seat while
+// the claim of the one before it has not lapsed) is started again, after a
+// growing delay; unassigned, it is stopped for good.
+func TestACarriedModuleThatStopsIsStartedAgain(t *testing.T) {
+	b := newBed(t, []string{"n1"})
+	b.controller(deploy.DefaultControllerConfig())
+	var mu sync.Mutex
+	var starts []time.Time
+	carry := map[string]deploy.RunFunc{"base": func(ctx context.Context) error {
+		mu.Lock()
+		starts = append(starts, time.Now())
+		n := len(starts)
+		mu.Unlock()
+		if n <= 2 {
+			return errors.New("machine \"n1\" already has a build agent")
+		}
+		<-ctx.Done()
+		return nil
+	}}
+	count := func() int { mu.Lock(); defer mu.Unlock(); return len(starts) }
+	n, _ := b.node("n1", t.TempDir(), carry)
+	run(b.ctx, n.Run)
+	testenv.WaitFor(t, 10*time.Second, "n1 to enrol", func() bool { _, ok := b.nodes()["n1"]; return ok })
+	assign(t, b, mesh.AssignTool, "base", "n1")
+	testenv.WaitFor(t, 20*time.Second, "the carried module started a third time", func() bool { return count() == 3 })
+	mu.Lock()
+	first, second := starts[1].Sub(starts[0]), starts[2].Sub(starts[1])
+	mu.Unlock()
+	if first < 900*time.Millisecond || second < 2*first-100*time.Millisecond {
+		t.Errorf("restarted after %s, then %s: want a first delay of 1s, doubled", first, second)
+	}
+	if !n.Running("base") {
+		t.Fatal("the module started again does not run")
+	}
+	assign(t, b, mesh.UnassignTool, "base", "n1")
+	testenv.WaitFor(t, 10*time.Second, "n1 to report the declaration without base", func() bool {
+		v := b.nodes()["n1"]
+		return v.Applied == 2 && len(v.Modules) == 0
+	})
+	if n.Running("base") || count() != 3 {
+		t.Fatalf("unassigned, the module runs (%v) or was started again (%d starts)", n.Running("base"), count())
+	}
+}
