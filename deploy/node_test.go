@@ -517,8 +517,9 @@ func TestACarriedModuleThatStopsIsStartedAgain(t *testing.T) {
 	mu.Lock()
 	first, second := starts[1].Sub(starts[0]), starts[2].Sub(starts[1])
 	mu.Unlock()
-	if first < 900*time.Millisecond || second < 2*first-100*time.Millisecond {
-		t.Errorf("restarted after %s, then %s: want a first delay of 1s, doubled", first, second)
+	// Lower bounds only: a loaded machine adds to a wait, never takes off.
+	if first < 900*time.Millisecond || second < 1900*time.Millisecond {
+		t.Errorf("restarted after %s, then %s: want at least 1s, then 2s (doubled)", first, second)
 	}
 	if !n.Running("base") {
 		t.Fatal("the module started again does not run")
