@@ -149,15 +149,21 @@ func TestCancelOfARealBuildWaitsForTheAgentsWord(t *testing.T) {
 	})
 	got := states()
 	// Queued may be overwritten by building within one batch; the rest
-	// must come in order.
-	var want []cascade.ModuleState
+	// must come in order. Cancelling is what the cancel's answer said
+	// (checked above); the store's history may not show it: the bucket
+	// keeps one value per key, so a watcher that lags (two loaded cores
+	// under -race: CI38) skips a value superseded before it was delivered,
+	// and an agent that answers within the controller's batch lands in the
+	// same write. What it must never show is anything after cancelled.
+	var seq []cascade.ModuleState
 	for _, st := range got {
 		if st != cascade.Queued {
-			want = append(want, st)
+			seq = append(seq, st)
 		}
 	}
-	if !slices.Equal(want, []cascade.ModuleState{cascade.Building, cascade.Cancelling, cascade.Cancelled}) {
-		t.Errorf("slow went %v, want queued/building → cancelling → cancelled", got)
+	if !slices.Equal(seq, []cascade.ModuleState{cascade.Building, cascade.Cancelling, cascade.Cancelled}) &&
+		!slices.Equal(seq, []cascade.ModuleState{cascade.Building, cascade.Cancelled}) {
+		t.Errorf("slow went %v, want queued/building → (cancelling →) cancelled", got)
 	}
 	n := 0
 	builtEvents.Range(func(any, any) bool { n++; return true })
