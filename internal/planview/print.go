@@ -128,7 +128,11 @@ func countsLine(rec cascade.PlanRecord) string {
 		line += ": " + strings.Join(parts, ", ")
 	}
 	if !rec.Finished.IsZero() && !rec.Created.IsZero() {
-		line += " in " + duration(rec.Finished.Sub(rec.Created))
+		if d := rec.Finished.Sub(rec.Created); d < 50*time.Millisecond {
+			line += ", settled at once" // nothing was built: every module unchanged, or none
+		} else {
+			line += " in " + duration(d)
+		}
 	}
 	return line
 }

@@ -2,6 +2,7 @@ package planview
 
 import (
 	"bytes"
+	"strings"
 	"testing"
 	"time"
 
@@ -34,5 +35,18 @@ machines
 `
 	if b.String() != want {
 		t.Errorf("PrintPlan:\n%s\nwant:\n%s", b.String(), want)
+	}
+}
+
+// A plan whose every module is unchanged settles the moment it is made:
+// its summary says so rather than "in -".
+func TestPrintPlanOfNothingBuiltSaysItSettledAtOnce(t *testing.T) {
+	created := time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
+	rec := cascade.PlanRecord{ID: "r-1", Summary: "rebuild base", Outcome: cascade.OutcomeBuilt,
+		Counts: cascade.Counts{Unchanged: 1, Total: 1}, Created: created, Finished: created.Add(3 * time.Millisecond)}
+	var b bytes.Buffer
+	PrintPlan(&b, rec, map[string]cascade.ModuleStatus{"base": {Module: "base", State: cascade.Unchanged, Digest: "sha256:0123456789abcdef", Reuses: "p-0"}})
+	if !strings.Contains(b.String(), "  1 modules: 1 unchanged, settled at once\n") {
+		t.Errorf("PrintPlan:\n%s\nwant its summary to say it settled at once", b.String())
 	}
 }
