@@ -5,11 +5,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/meshbuild/meshbuild/cascade"
-	"github.com/meshbuild/meshbuild/internal/natstest"
-	"github.com/meshbuild/meshbuild/mesh"
+	"github.com/meshbuild/meshbuild/internal/testenv"
 )
 
 // TestWatchAndPlansCountUnchangedModules: a plan whose modules settle
@@ -18,16 +15,8 @@ import (
 // a column for them. (The watch did not count unchanged as finished and
 // followed such a plan for ever.)
 func TestWatchAndPlansCountUnchangedModules(t *testing.T) {
-	s := natstest.Server(t, nil)
-	_, js := natstest.Connect(t, s)
+	s, st := testenv.PlanStore(t)
 	ctx := context.Background()
-	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: mesh.KVBucket("build-controller", cascade.StateBucket)}); err != nil {
-		t.Fatal(err)
-	}
-	st, err := cascade.OpenStore(ctx, js, "build-controller")
-	if err != nil {
-		t.Fatal(err)
-	}
 	if err := st.Put(ctx, map[string]any{
 		cascade.PlanKey("p1"): cascade.PlanRecord{ID: "p1", Outcome: cascade.OutcomeBuilt, Counts: cascade.Counts{Built: 1, Unchanged: 2, Total: 3}},
 		cascade.ModuleKey("p1", "base"): cascade.ModuleStatus{Module: "base", State: cascade.Built, On: "m1",

@@ -6,26 +6,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/meshbuild/meshbuild/cascade"
-	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/internal/planview"
-	"github.com/meshbuild/meshbuild/mesh"
+	"github.com/meshbuild/meshbuild/internal/testenv"
 )
 
 func store(t *testing.T) *cascade.Store {
 	t.Helper()
-	s := natstest.Server(t, nil)
-	_, js := natstest.Connect(t, s)
-	ctx := context.Background()
-	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: mesh.KVBucket("build-controller", cascade.StateBucket)}); err != nil {
-		t.Fatal(err)
-	}
-	st, err := cascade.OpenStore(ctx, js, "build-controller")
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, st := testenv.PlanStore(t)
 	return st
 }
 
