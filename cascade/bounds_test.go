@@ -299,11 +299,14 @@ func TestAStoreThatRefusesWritesDoesNotWedgeTheController(t *testing.T) {
 	testenv.WaitFor(t, 20*time.Second, "the plan reported unstored", func() bool {
 		return strings.Contains(logs.String(), "could not store plan state") && strings.Contains(logs.String(), plan)
 	})
-	// Not wedged: a tool answers at once.
-	tctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	// Not wedged: a tool answers. Between flushes of StoreRetryFor
+	// (300ms) each; a wedged controller never does. The bound is not a
+	// measurement: 2s was exceeded once on two loaded cores under -race
+	// (CI43).
+	tctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if _, err := cascade.Call(tctx, h.nc, "build-controller", cascade.ToolRetry, cascade.Request{Plan: "none"}); !errors.Is(err, cascade.ErrNoPlan) {
-		t.Fatalf("a tool while the store refuses: %v, want ErrNoPlan at once", err)
+		t.Fatalf("a tool while the store refuses: %v, want ErrNoPlan within 10s", err)
 	}
 	if n := len(h.w.asksOf("b")); n != 0 {
 		t.Fatalf("b asked for %d times before its state was stored", n)
