@@ -519,6 +519,12 @@ func (c *Controller) consume(ctx context.Context, stream, consumer string, batch
 		defer close(out)
 		for {
 			m, err := it.Next()
+			if errors.Is(err, jetstream.ErrNoHeartbeat) {
+				// The server missed its heartbeats (a cluster without
+				// quorum, a bus away): the iterator goes on pulling.
+				c.log.Warn("consumer missed its heartbeats; still pulling", "of", what)
+				continue
+			}
 			if err != nil {
 				if !errors.Is(err, jetstream.ErrMsgIteratorClosed) {
 					c.log.Warn("consumer stopped", "of", what, "err", err)

@@ -174,6 +174,9 @@ func (c *Controller) Run(ctx context.Context) error {
 		defer close(msgs)
 		for {
 			m, err := it.Next()
+			if errors.Is(err, jetstream.ErrNoHeartbeat) {
+				continue // the server missed heartbeats: the iterator goes on pulling
+			}
 			if err != nil {
 				if !errors.Is(err, jetstream.ErrMsgIteratorClosed) {
 					c.log.Warn("seat consumer stopped", "seat", mesh.ControllerSeat, "err", err)

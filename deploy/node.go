@@ -223,6 +223,10 @@ func (n *Node) Run(ctx context.Context) error {
 	n.log.Info("node running", "applied", n.Applied())
 	for {
 		msg, err := it.Next()
+		if errors.Is(err, jetstream.ErrNoHeartbeat) {
+			n.log.Warn("declarations: the server missed its heartbeats; still pulling")
+			continue
+		}
 		if err != nil {
 			if ctx.Err() != nil || errors.Is(err, jetstream.ErrMsgIteratorClosed) {
 				return nil
