@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -15,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/meshbuild/meshbuild/claim"
 	"github.com/meshbuild/meshbuild/internal/backoff"
 	"github.com/meshbuild/meshbuild/mesh"
 )
@@ -43,8 +45,11 @@ type Agent struct {
 	started  time.Time
 	running  running
 	health   health
-	// claims is the seat's ask claims bucket; nil when it is not raised.
-	claims jetstream.KeyValue
+	// claims are the seat's ask claims as this machine sees them; nil when
+	// the bucket is not raised.
+	claims *claim.Asks
+	// nonce makes this agent's event ids its own (report).
+	nonce string
 	// bound are the consumers bound, set by Run.
 	bound atomic.Pointer[bound]
 }
@@ -77,7 +82,7 @@ func New(cfg Config, js jetstream.JetStream, worker Worker, log *slog.Logger, ob
 	if obs == nil {
 		obs = nopObserver{}
 	}
-	return &Agent{cfg: cfg, js: js, nc: js.Conn(), worker: worker, log: log, obs: obs, started: time.Now()}, nil
+	return &Agent{cfg: cfg, js: js, nc: js.Conn(), worker: worker, log: log, obs: obs, started: time.Now(), nonce: rand.Text()[:16]}, nil
 }
 
 // Run works asks until ctx is done. Then it stops fetching, lets the builds
@@ -401,7 +406,7 @@ func (a *Agent) publishLog(b mesh.LogBatch) {
 	if err != nil {
 		return
 	}
-	if err := a.nc.Publish(mesh.SeatEventSubject(mesh.BuildSeat, mesh.LogEvent(b.Ask)), data); err != nil {
+	if err := a.nc.Publish(mesh.HolderEventSubject(mesh.BuildSeat, a.cfg.Machine, mesh.LogEvent(b.Ask)), data); err != nil {
 		a.log.Warn("publishing build output", "ask", b.Ask, "err", err)
 	}
 }

@@ -42,16 +42,21 @@ type Config struct {
 	// RetryDelay is the first retry's delay; it doubles per attempt up to
 	// MaxRetryDelay (a minute by default).
 	RetryDelay, MaxRetryDelay time.Duration
-	// ClaimLease is how long an ask's claim stays alive without renewal:
-	// a redelivered ask whose claim is alive is left to its holder, so the
-	// ask of a holder that died is taken by another once both the ack wait
-	// and the lease have passed. The holder renews it every third of the
-	// lease; it must outlast a bus outage for the ask to be built once
-	// across it. Zero (the default) is four of the holders' consumer's ack
-	// waits (mesh.HolderAckWait, 30s: 2m): a bus outage of up to about
-	// 1m20s-2m is survived, and a dead holder's ask is taken within about
-	// the ack wait and the lease.
+	// ClaimLease is how long an ask's claim stays alive without renewal, on
+	// the server's clock (the key's TTL): a redelivered ask whose claim is
+	// alive is left to its holder, so the ask of a holder that died is
+	// taken by another once both the ack wait and the lease have passed.
+	// The holder renews it every third of the lease. Zero (the default) is
+	// three quarters of the holders' consumer's ack wait (mesh.HolderAckWait,
+	// 8s: 6s): a dead machine's ask is built elsewhere within about the ack
+	// wait. A holder cut off from the bus for longer loses the ask, and
+	// what it says of it later is refused by the controller.
 	ClaimLease time.Duration
+	// SeatToken is the token of this machine's claim of its seat
+	// (claim.Lease.Token): every ask claim is bound to it, so the asks of a
+	// machine whose seat claim lapsed are another machine's at once. Empty
+	// binds them to nothing.
+	SeatToken string
 	// ProbeTimeout bounds one probe of the machine (its BuildKit answers).
 	ProbeTimeout time.Duration
 	// ProbeEvery is how often an idle, healthy machine is probed before it
@@ -81,7 +86,7 @@ type Config struct {
 func DefaultConfig() Config {
 	host, _ := os.Hostname()
 	return Config{
-		Machine:        host,
+		Machine:        mesh.MachineNameOf(host),
 		Slots:          1,
 		Grace:          30 * time.Second,
 		RetryFor:       5 * time.Minute,
@@ -101,6 +106,8 @@ func (c Config) Validate() error {
 	switch {
 	case c.Machine == "":
 		return fmt.Errorf("%w: machine is empty: set --machine", ErrConfig)
+	case mesh.ValidMachineName(mesh.KindAgent, c.Machine) != nil:
+		return fmt.Errorf("%w: --machine: %v", ErrConfig, mesh.ValidMachineName(mesh.KindAgent, c.Machine))
 	case c.Slots < 1:
 		return fmt.Errorf("%w: slots %d: want 1 or more", ErrConfig, c.Slots)
 	case c.RetryFor < 0:

@@ -23,18 +23,27 @@ func (a *Agent) handle(work context.Context, msg jetstream.Msg) {
 	switch {
 	case err != nil:
 		out = a.refuse(msg, ask, attempt, err)
+		if mesh.ValidAskID(ask.ID) && ask.Plan != "" {
+			// Refused by its holder: claimed first, so that the
+			// controller takes the refusal as this machine's word.
+			if c, verdict, _ := a.claim(work, ask.ID, attempt); verdict == claimed {
+				a.settle(work, msg, log, out, c)
+				return
+			}
+		}
 	default:
 		log = log.With("ask", ask.ID, "module", ask.Module, "plan", ask.Plan)
-		c, verdict, err := a.claim(work, ask.ID)
+		c, verdict, err := a.claim(work, ask.ID, attempt)
 		switch verdict {
 		case claimDone:
 			// Its outcome was announced (its holder lost the ack to a bus
 			// outage): settled, not built again.
-			out = outcome{End: End{Outcome: OutcomeDone}, how: ack, err: fmt.Errorf("its outcome, %s, was announced", c.v.Done)}
+			out = outcome{End: End{Outcome: OutcomeDone}, how: ack, err: fmt.Errorf("its outcome, %s, was announced on %s", c.found.Done.Outcome, c.found.Done.Machine)}
 		case claimHeld:
-			// Redelivered while its holder still works on it: left to it.
-			wait := max(time.Until(c.v.Until), a.cfg.RetryDelay)
-			out = handedBack(0, wait, fmt.Errorf("claimed by %s until %s", c.v.Holder, c.v.Until.Format(time.RFC3339)))
+			// Redelivered while its holder still works on it: left to it,
+			// and looked at again within half a lease (a dead holder's
+			// claim lapses within one).
+			out = handedBack(0, max(a.lease/2, time.Second), claimedBy(c.found.Held))
 		case claimFailed:
 			out = handedBack(0, a.cfg.RetryDelay, err)
 		default:
@@ -78,7 +87,7 @@ func (a *Agent) refuse(msg jetstream.Msg, ask mesh.Ask, attempt int, err error) 
 
 // work builds one ask, announcing started and heartbeating while it works,
 // and returns its outcome.
-func (a *Agent) work(ctx context.Context, msg jetstream.Msg, ask mesh.Ask, attempt int, c *claim, log *slog.Logger) outcome {
+func (a *Agent) work(ctx context.Context, msg jetstream.Msg, ask mesh.Ask, attempt int, c *hold, log *slog.Logger) outcome {
 	a.inFlight.Add(1)
 	defer a.inFlight.Add(-1)
 	begun := time.Now()
@@ -87,8 +96,10 @@ func (a *Agent) work(ctx context.Context, msg jetstream.Msg, ask mesh.Ask, attem
 		On: a.cfg.Machine, Attempt: attempt, At: begun.UTC(),
 	})
 
-	buildCtx, stop := a.running.start(ctx, ask.ID)
-	beating := a.heartbeat(ctx, msg, c, log)
+	held, release := c.context(ctx)
+	defer release()
+	buildCtx, stop := a.running.start(held, ask.ID)
+	beating := a.heartbeat(ctx, msg, log)
 	logs := newLogBatcher(a.publishLog, ask.ID, a.cfg.LogBatchLines, a.cfg.LogFlush, a.cfg.FailedLogLines)
 	res, err := a.worker.Work(buildCtx, ask, logs.Line)
 	cause := stop() // from here a cancel no longer reaches this build
@@ -96,6 +107,11 @@ func (a *Agent) work(ctx context.Context, msg jetstream.Msg, ask mesh.Ask, attem
 	logs.Close()
 	took := time.Since(begun)
 
+	if lerr := c.lost(); lerr != nil {
+		// Cut off or stalled for a lease: the ask is another machine's
+		// now. Nothing is announced (the controller would refuse it).
+		return outcome{End: End{Outcome: OutcomeHandedBack, Took: took}, how: nak, err: fmt.Errorf("not announced: %w", lerr), lost: true}
+	}
 	switch {
 	case errors.Is(cause, ErrCancelled):
 		// Even a build that finished as the cancel came is not announced
@@ -107,7 +123,7 @@ func (a *Agent) work(ctx context.Context, msg jetstream.Msg, ask mesh.Ask, attem
 	case err != nil && errors.Is(cause, ErrStopped):
 		return handedBack(took, 0, ErrStopped)
 	case err == nil:
-		return a.built(ask, res, took)
+		return a.built(ask, attempt, res, took)
 	}
 	reason := Classify(err)
 	if reason == mesh.ReasonInfra {
@@ -117,45 +133,41 @@ func (a *Agent) work(ctx context.Context, msg jetstream.Msg, ask mesh.Ask, attem
 			a.sick(perr)
 			return handedBack(took, 0, fmt.Errorf("this machine cannot build (%s): %w", oneLine(perr), err))
 		}
-		if c.v.InfraSince.IsZero() {
-			c.v.InfraSince = begun // kept in the claim when it is released
-			if md, merr := msg.Metadata(); c.kv == nil && merr == nil {
+		if c.infraSince.IsZero() {
+			c.infraSince = begun // kept in the claim when it is released
+			if md, merr := msg.Metadata(); c.lease == nil && merr == nil {
 				// No claims to keep it across deliveries: count from
 				// when the ask was queued.
-				c.v.InfraSince = md.Timestamp
+				c.infraSince = md.Timestamp
 			}
 		}
-		if spent := time.Since(c.v.InfraSince); spent < a.cfg.RetryFor {
+		if spent := time.Since(c.infraSince); spent < a.cfg.RetryFor {
 			return outcome{End: End{Outcome: OutcomeRetried, Reason: reason, Took: took}, how: nak, delay: a.cfg.retryDelay(attempt), err: err}
 		}
-		err = fmt.Errorf("%w (failing on infrastructure since %s, more than --retry-for %s)", err, c.v.InfraSince.UTC().Format(time.RFC3339), a.cfg.RetryFor)
+		err = fmt.Errorf("%w (failing on infrastructure since %s, more than --retry-for %s)", err, c.infraSince.UTC().Format(time.RFC3339), a.cfg.RetryFor)
 	}
 	return a.failed(ask, attempt, reason, ask.ID+"-failed", took, err, logs.Tail())
 }
 
 // heartbeat tells the server every a.beat that the ask is still being
-// worked on (InProgress), and renews its claim every third of the claim's
-// lease (renewEvery), until the returned func is called.
-func (a *Agent) heartbeat(ctx context.Context, msg jetstream.Msg, c *claim, log *slog.Logger) (stop func()) {
+// worked on (InProgress), until the returned func is called. (The ask's
+// claim renews itself: claim.AskLease.)
+func (a *Agent) heartbeat(ctx context.Context, msg jetstream.Msg, log *slog.Logger) (stop func()) {
 	done := make(chan struct{})
 	finished := make(chan struct{})
 	go func() {
 		defer close(finished)
 		beat := time.NewTicker(a.beat)
 		defer beat.Stop()
-		renew := time.NewTicker(renewEvery(a.lease))
-		defer renew.Stop()
 		for {
 			select {
 			case <-done:
 				return
+			case <-ctx.Done():
+				return
 			case <-beat.C:
 				if err := msg.InProgress(); err != nil {
 					log.Warn("heartbeat failed", "err", err)
-				}
-			case <-renew.C:
-				if err := c.renew(ctx, a.lease); err != nil {
-					log.Warn("renewing the ask's claim failed", "err", err)
 				}
 			}
 		}

@@ -92,6 +92,7 @@ type outcome struct {
 	err   error         // why it failed, retried or went back; logged
 
 	record *mesh.BuildRecord // the machine's record of the build, kept once settled; nil for none
+	lost   bool              // the ask's claim was lost: nothing is written to it
 }
 
 // handedBack gives an ask back to the queue after delay, for err.
@@ -101,7 +102,7 @@ func handedBack(took, delay time.Duration, err error) outcome {
 
 // built is the outcome of a pushed image: the one place a Result becomes
 // the built event.
-func (a *Agent) built(ask mesh.Ask, res Result, took time.Duration) outcome {
+func (a *Agent) built(ask mesh.Ask, attempt int, res Result, took time.Duration) outcome {
 	commit := res.Commit
 	if commit == "" {
 		commit = ask.Source.Commit
@@ -111,10 +112,10 @@ func (a *Agent) built(ask mesh.Ask, res Result, took time.Duration) outcome {
 	rec.Digest, rec.Commit = res.Digest, commit
 	return outcome{
 		End:   End{Outcome: OutcomeBuilt, Took: took, Bytes: res.Bytes, CacheHits: res.CacheHits},
-		event: mesh.EventBuilt, id: ask.ID + "-built",
+		event: mesh.EventBuilt, id: fmt.Sprintf("%s-built-%d", ask.ID, attempt),
 		body: mesh.Built{
 			Version: mesh.AskVersion, Ask: ask.ID, Plan: ask.Plan, Module: ask.Module,
-			Commit: commit, Digest: res.Digest, Image: res.Ref, On: a.cfg.Machine,
+			Commit: commit, Digest: res.Digest, Image: res.Ref, On: a.cfg.Machine, Attempt: attempt,
 			Duration: took, Bytes: res.Bytes, CacheHits: res.CacheHits, Steps: res.Steps, At: at,
 			Attestations: res.Attestations,
 		},
@@ -147,22 +148,23 @@ func (a *Agent) failed(ask mesh.Ask, attempt int, reason, dedupe string, took ti
 // count and log. An outcome that could not be announced is not settled —
 // the ask is handed back instead — so nothing acknowledged is ever
 // unannounced.
-func (a *Agent) settle(ctx context.Context, msg jetstream.Msg, log *slog.Logger, out outcome, c *claim) {
+func (a *Agent) settle(ctx context.Context, msg jetstream.Msg, log *slog.Logger, out outcome, c *hold) {
 	if out.event != "" {
 		if err := a.report(ctx, out.event, out.id, out.body); err != nil {
 			log.Error(string(out.Outcome)+" but not announced: giving the ask back", "err", err)
 			out = handedBack(out.Took, a.cfg.RetryDelay, err)
 		}
 	}
-	if c != nil {
-		var err error
+	if c != nil && !out.lost {
+		event, why := out.event, ""
 		if out.how == nak {
-			err = c.release(ctx)
-		} else {
-			err = c.done(ctx, out.event)
+			event = ""
+			if out.err != nil {
+				why = oneLine(out.err)
+			}
 		}
-		if err != nil {
-			log.Warn("writing the ask's claim", "err", err)
+		if err := c.settle(ctx, event, why); err != nil {
+			log.Warn("settling the ask's claim", "err", err)
 		}
 	}
 	var err error
@@ -215,7 +217,10 @@ var announceRetry = backoff.Policy{First: 100 * time.Millisecond, Max: 5 * time.
 // announceAttempts bounds report's attempts.
 const announceAttempts = 9
 
-// report publishes one of the seat's events, deduplicated by id, retrying
+// report publishes one of the seat's events on this machine's subject
+// (mesh.HolderEventSubject), deduplicated by id and this agent's nonce (an
+// id another principal could guess and take first would have the stream
+// drop the genuine event as a duplicate: issue 19), retrying
 // for a while (announceRetry, announceAttempts): an outcome is announced
 // before its ask is settled. It returns an error when the event could not
 // be announced. It carries on when ctx is cancelled (a stopping agent still
@@ -226,7 +231,8 @@ func (a *Agent) report(ctx context.Context, event, id string, v any) error {
 		a.log.Error("encoding an event", "event", event, "err", err)
 		return fmt.Errorf("encoding %s: %w", event, err)
 	}
-	subj := mesh.SeatEventSubject(mesh.BuildSeat, event)
+	subj := mesh.HolderEventSubject(mesh.BuildSeat, a.cfg.Machine, event)
+	id += "-" + a.nonce
 	ctx = context.WithoutCancel(ctx)
 	err = announceRetry.Retry(ctx, announceAttempts, nil, func() error {
 		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)

@@ -19,6 +19,10 @@ type Config struct {
 	// latest digest; nil is registry.NewClient() (credentials from the
 	// docker config).
 	RegistryClient *registry.Client
+	// Images is how the controller checks that a built digest is an image
+	// in the module's repository before it trusts it (the fence); nil is
+	// the registry, through RegistryClient.
+	Images ImageChecker
 	// Replicas of every stream and bucket the controller raises; 0 is 1.
 	Replicas int
 	// Batch is how many events are worked between two writes of the
@@ -132,6 +136,9 @@ func (c Config) withDefaults() Config {
 	def(&c.CancelWait, DefaultCancelWait)
 	def(&c.ToolTimeout, DefaultToolTimeout)
 	def(&c.StoreRetryFor, DefaultStoreRetryFor)
+	if c.Images == nil {
+		c.Images = registryImages{c.RegistryClient}
+	}
 	return c
 }
 

@@ -93,6 +93,12 @@ type Controller struct {
 	askPlatform map[string]string
 	// platforms is what the controller saw of each platform's holders.
 	platforms platformWatch
+	// asks is the build seat's ask claims bucket the fence reads; nil
+	// until Run opens it.
+	asks jetstream.KeyValue
+	// attempts is the latest attempt of each ask whose start was applied:
+	// an outcome of an older one is refused (the fence).
+	attempts map[string]int
 	// lastBuild is each module's last build duration, the estimate that
 	// ranks a new plan's asks.
 	lastBuild map[string]time.Duration
@@ -137,6 +143,7 @@ func New(cfg Config, js jetstream.JetStream, cat *mesh.Catalogue, log *slog.Logg
 		keys: map[string]KeyRecord{}, trees: treeCache(cfg),
 		seatConsumers: map[string]jetstream.Consumer{}, askPlatform: map[string]string{},
 		platforms: platformWatch{since: time.Now(), seen: map[string]time.Time{}},
+		attempts:  map[string]int{},
 	}, nil
 }
 
@@ -224,6 +231,12 @@ func (c *Controller) Run(ctx context.Context) error {
 	if c.store, err = OpenStore(ctx, c.js, c.module); err != nil {
 		return err
 	}
+	if c.asks, err = c.js.KeyValue(ctx, mesh.AskClaimsBucket(mesh.BuildSeat)); err != nil {
+		// Raised above with the catalogue; a catalogue without the build
+		// seat has no outcomes to fence.
+		c.log.Warn("no ask claims bucket: every outcome of the build seat is refused", "err", err)
+		c.asks = nil
+	}
 	if err := c.resume(ctx); err != nil {
 		return err
 	}
@@ -292,9 +305,14 @@ func (c *Controller) Run(ctx context.Context) error {
 					break drain
 				}
 			}
+			verdicts := c.fence(ctx, batch)
+			kept := batch[:0]
 			for _, m := range batch {
-				c.event(ctx, m)
+				if !c.event(ctx, m, verdicts) {
+					kept = append(kept, m)
+				}
 			}
+			batch = kept
 		case cmd := <-c.cmds:
 			cmd.reply <- c.command(ctx, cmd)
 		case m, ok := <-gaveUp:
@@ -434,9 +452,9 @@ const replayMargin = time.Minute
 // again later, and applying an event twice changes nothing.
 func (c *Controller) replay(ctx context.Context, since time.Time) error {
 	subjects := []string{
-		mesh.SeatEventSubject(mesh.BuildSeat, mesh.EventStarted),
-		mesh.SeatEventSubject(mesh.BuildSeat, mesh.EventBuilt),
-		mesh.SeatEventSubject(mesh.BuildSeat, mesh.EventFailed),
+		mesh.HolderEventSubject(mesh.BuildSeat, mesh.AnyHolder, mesh.EventStarted),
+		mesh.HolderEventSubject(mesh.BuildSeat, mesh.AnyHolder, mesh.EventBuilt),
+		mesh.HolderEventSubject(mesh.BuildSeat, mesh.AnyHolder, mesh.EventFailed),
 	}
 	cons, err := c.js.OrderedConsumer(ctx, mesh.EventsStream, jetstream.OrderedConsumerConfig{
 		FilterSubjects: subjects, DeliverPolicy: jetstream.DeliverByStartTimePolicy, OptStartTime: &since,
@@ -457,7 +475,7 @@ func (c *Controller) replay(ctx context.Context, since time.Time) error {
 		got := 0
 		for m := range batch.Messages() {
 			got++
-			c.event(ctx, m)
+			c.event(ctx, m, nil)
 		}
 		if got == 0 {
 			break
@@ -616,19 +634,22 @@ func (c *Controller) load(ctx context.Context, r PlanRecord) (*State, error) {
 
 // event works one event of the controller's consumer. Every event is read
 // with mesh.DecodeEvent (its version checked); one that cannot be read is
-// refused once (Term) and holds up nothing.
-func (c *Controller) event(ctx context.Context, m jetstream.Msg) {
+// refused once (Term) and holds up nothing. An outcome of the build seat is
+// applied only if the fence lets it (verdicts, from fence; one missing is
+// checked here). It reports whether it settled the message itself
+// (refused, or to be looked at again): the caller acknowledges the others
+// once the batch is stored.
+func (c *Controller) event(ctx context.Context, m jetstream.Msg, verdicts map[jetstream.Msg]*verdict) (settled bool) {
 	now := time.Now().UTC()
-	refuse := func(err error) {
+	refuse := func(err error) bool {
 		c.log.Warn("refusing an event", "subject", m.Subject(), "err", err)
 		_ = m.Term()
+		return true
 	}
-	switch m.Subject() {
-	case mesh.SeatEventSubject(mesh.GitSeat, mesh.EventPushed):
+	if m.Subject() == mesh.SeatEventSubject(mesh.GitSeat, mesh.EventPushed) {
 		ev, err := mesh.DecodeEvent[mesh.Pushed](m.Data())
 		if err != nil {
-			refuse(err)
-			return
+			return refuse(err)
 		}
 		t := planner.Trigger{Kind: planner.KindPush, Repo: ev.Repo, Commit: ev.Commit, Ref: ev.Ref, Paths: ev.Paths}
 		// A push's plan is as new as the push's place on the bus, not as
@@ -641,12 +662,33 @@ func (c *Controller) event(ctx context.Context, m jetstream.Msg) {
 		if _, _, err := c.createPlan(ctx, t, now, at); err != nil {
 			c.log.Warn("no plan for a push", "repo", ev.Repo, "commit", ev.Commit, "err", err)
 		}
-	case mesh.SeatEventSubject(mesh.BuildSeat, mesh.EventStarted):
-		ev, err := mesh.DecodeEvent[mesh.Started](m.Data())
-		if err != nil {
-			refuse(err)
-			return
+		return false
+	}
+	seat, _, event, ok := mesh.SplitHolderEventSubject(m.Subject())
+	if !ok || seat != mesh.BuildSeat {
+		return false // not the controller's to work
+	}
+	v, checked := verdicts[m]
+	if !checked {
+		v = c.check(ctx, m)
+	}
+	switch {
+	case v != nil && v.retry:
+		c.log.Warn("cannot check an event yet; looking again shortly", "subject", m.Subject(), "err", v.err)
+		_ = m.NakWithDelay(fenceRetry)
+		return true
+	case v != nil:
+		c.refuse(m, v)
+		return true
+	}
+	switch event {
+	case mesh.EventStarted:
+		ev, _ := mesh.DecodeEvent[mesh.Started](m.Data())
+		if c.stale(ev.Ask, ev.Attempt) {
+			c.refuse(m, &verdict{reason: RefusedStale, err: fmt.Errorf("attempt %d of ask %s started after attempt %d", ev.Attempt, ev.Ask, c.attempts[ev.Ask])})
+			return true
 		}
+		c.attempts[ev.Ask] = max(c.attempts[ev.Ask], ev.Attempt)
 		if st := c.plans[ev.Plan]; st != nil && st.Started(ev) {
 			c.touch(st, ev.Module)
 			if ms, _ := st.Module(ev.Module); ms.State == Cancelling {
@@ -655,33 +697,43 @@ func (c *Controller) event(ctx context.Context, m jetstream.Msg) {
 				c.cancelOnHolders([]string{ev.Ask})
 			}
 		}
-	case mesh.SeatEventSubject(mesh.BuildSeat, mesh.EventBuilt):
-		ev, err := mesh.DecodeEvent[mesh.Built](m.Data())
-		if err != nil {
-			refuse(err)
-			return
+	case mesh.EventBuilt:
+		ev, _ := mesh.DecodeEvent[mesh.Built](m.Data())
+		if c.stale(ev.Ask, ev.Attempt) {
+			c.refuse(m, &verdict{reason: RefusedStale, err: fmt.Errorf("built by attempt %d of ask %s, after attempt %d started", ev.Attempt, ev.Ask, c.attempts[ev.Ask])})
+			return true
 		}
+		// The image is the module's own repository's, whatever the event
+		// says: that is where the fence found the digest.
+		ev.Image = c.Image(ev.Module) + "@" + ev.Digest
+		delete(c.attempts, ev.Ask)
 		st := c.plans[ev.Plan]
 		if st == nil {
-			return
+			return false
 		}
 		if _, ok := st.Module(ev.Module); !ok {
-			return
+			return false
 		}
 		c.built(st, ev, now)
-	case mesh.SeatEventSubject(mesh.BuildSeat, mesh.EventFailed):
-		ev, err := mesh.DecodeEvent[mesh.Failed](m.Data())
-		if err != nil {
-			refuse(err)
-			return
+	case mesh.EventFailed:
+		ev, _ := mesh.DecodeEvent[mesh.Failed](m.Data())
+		if c.stale(ev.Ask, ev.Attempt) {
+			c.refuse(m, &verdict{reason: RefusedStale, err: fmt.Errorf("failed by attempt %d of ask %s, after attempt %d started", ev.Attempt, ev.Ask, c.attempts[ev.Ask])})
+			return true
 		}
+		delete(c.attempts, ev.Ask)
 		if st := c.plans[ev.Plan]; st != nil {
 			blocked := st.Failed(ev, now)
 			c.touch(st, ev.Module)
 			c.touch(st, blocked...)
 		}
 	}
+	return false
 }
+
+// fenceRetry is how soon an event the fence could not check (the registry
+// or the bus did not answer) is looked at again.
+const fenceRetry = 2 * time.Second
 
 // built applies a built event (a holder's, or an index the controller
 // pushed): the module's state, its estimate, its current image and the asks

@@ -95,6 +95,7 @@ type Option func(*options) error
 type options struct {
 	lease, renew time.Duration
 	log          *slog.Logger
+	clock        func() time.Time
 }
 
 // WithLease sets how long a claim outlives its holder's last renewal: the
@@ -108,6 +109,14 @@ func WithLease(d time.Duration) Option {
 // again; the default is a third of the lease.
 func WithRenew(d time.Duration) Option {
 	return func(o *options) error { o.renew = d; return nil }
+}
+
+// WithClock sets the clock a claim's record reads its times from (since,
+// renewed): for people only. Whether a claim is alive is judged on the
+// server's clock alone (the key's TTL), never on this one, so a holder
+// whose clock is wrong holds exactly as long as one whose clock is right.
+func WithClock(now func() time.Time) Option {
+	return func(o *options) error { o.clock = now; return nil }
 }
 
 // WithLogger has the claim say what it does (standby, takeover, loss).
@@ -128,6 +137,12 @@ func makeOptions(opts []Option) (options, error) {
 	}
 	if o.lease < time.Second || o.lease%time.Second != 0 {
 		return o, fmt.Errorf("%w: lease %s: the server counts a claim's lease in whole seconds; use 1s or more, e.g. %s", ErrOption, o.lease, DefaultLease)
+	}
+	if o.lease > mesh.ClaimMaxLease {
+		return o, fmt.Errorf("%w: lease %s: at most %s (the claims bucket keeps nothing longer)", ErrOption, o.lease, mesh.ClaimMaxLease)
+	}
+	if o.clock == nil {
+		o.clock = time.Now
 	}
 	if o.renew == 0 {
 		o.renew = o.lease / 3
@@ -204,7 +219,7 @@ func claim(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, s
 	if scope.node != "" {
 		kind = mesh.ScopeNode
 	}
-	now := time.Now().UTC()
+	now := o.clock().UTC()
 	rec := Record{Seat: seat, Scope: kind, Node: scope.node, Holder: holder, Since: now, Renewed: now,
 		Lease: o.lease.String(), Token: rand.Text()}
 	data, _ := json.Marshal(rec)
@@ -213,7 +228,7 @@ func claim(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, s
 		sent := time.Now()
 		rev, err := kv.Create(ctx, key, data, jetstream.KeyTTL(o.lease))
 		if err == nil {
-			return newLease(js, kv, key, rec, rev, sent, o), nil
+			return newSeatLease(js, kv, key, rec, rev, sent, o), nil
 		}
 		if !errors.Is(err, jetstream.ErrKeyExists) {
 			return nil, fmt.Errorf("claiming %s (%s): %w", seat, scope, err)
@@ -299,6 +314,12 @@ type Lease struct {
 	rec Record
 	o   options
 
+	// subject is the key's subject (renewals are published on it), what
+	// names the claim in logs and errors, token tells this claim from any
+	// other on the key, and value is its record renewed at a time.
+	subject, what, token string
+	value                func(renewed time.Time) []byte
+
 	mu  sync.Mutex
 	rev uint64
 	err error
@@ -310,12 +331,32 @@ type Lease struct {
 	done     chan struct{}
 }
 
-func newLease(js jetstream.JetStream, kv jetstream.KeyValue, key string, rec Record, rev uint64, sent time.Time, o options) *Lease {
-	l := &Lease{js: js, kv: kv, key: key, rec: rec, o: o, rev: rev,
+// newSeatLease is the lease of seat claim rec, stored at revision rev.
+func newSeatLease(js jetstream.JetStream, kv jetstream.KeyValue, key string, rec Record, rev uint64, sent time.Time, o options) *Lease {
+	l := newLease(js, kv, mesh.ClaimsBucket(), key, rec.Token, rec.Seat+" ("+rec.scope().String()+")", rev, sent, o,
+		func(at time.Time) []byte {
+			r := rec
+			r.Renewed = at
+			data, _ := json.Marshal(r)
+			return data
+		})
+	l.rec = rec
+	return l
+}
+
+// newLease starts renewing the claim on key of bucket, identified by token,
+// from revision rev (sent when its write was sent).
+func newLease(js jetstream.JetStream, kv jetstream.KeyValue, bucket, key, token, what string, rev uint64, sent time.Time, o options, value func(time.Time) []byte) *Lease {
+	l := &Lease{js: js, kv: kv, key: key, o: o, rev: rev,
+		subject: mesh.KVKeySubject(bucket, key), what: what, token: token, value: value,
 		lost: make(chan struct{}), stop: make(chan struct{}), done: make(chan struct{})}
 	go l.renew(sent)
 	return l
 }
+
+// Token tells this claim from any other on its key: what a claim bound to
+// it (an ask's, to its machine's) records.
+func (l *Lease) Token() string { return l.token }
 
 // Record is what the claim says: holder, since, lease.
 func (l *Lease) Record() Record { return l.rec }
@@ -381,16 +422,16 @@ func (l *Lease) Release(ctx context.Context) error {
 			err = nil // lapsed: nothing to remove
 		case gerr != nil:
 			err = gerr
-		case json.Unmarshal(e.Value(), &cur) != nil || cur.Token != l.rec.Token:
+		case json.Unmarshal(e.Value(), &cur) != nil || cur.Token != l.token:
 			err = nil // another's now: not ours to remove
 		default:
 			err = l.kv.Delete(ctx, l.key, jetstream.LastRevision(e.Revision()))
 		}
 	}
 	if err != nil {
-		return fmt.Errorf("releasing %s (%s): %w (the claim lapses within %s)", l.rec.Seat, l.rec.scope(), err, l.o.lease)
+		return fmt.Errorf("releasing %s: %w (the claim lapses within %s)", l.what, err, l.o.lease)
 	}
-	l.o.log.Info("released the seat", "seat", l.rec.Seat, "scope", l.rec.scope().String())
+	l.o.log.Info("released the claim", "claim", l.what)
 	return nil
 }
 
@@ -415,9 +456,9 @@ func (l *Lease) renew(sent time.Time) {
 	defer deadline.Stop()
 	tick := time.NewTicker(l.o.renew)
 	defer tick.Stop()
-	subject := mesh.KVKeySubject(mesh.ClaimsBucket(), l.key)
+	subject := l.subject
 	expired := func() {
-		l.lose(fmt.Errorf("%w: %s (%s): no renewal succeeded within the lease (%s)", ErrLost, l.rec.Seat, l.rec.scope(), l.o.lease))
+		l.lose(fmt.Errorf("%w: %s: no renewal succeeded within the lease (%s)", ErrLost, l.what, l.o.lease))
 	}
 	for {
 		select {
@@ -432,9 +473,7 @@ func (l *Lease) renew(sent time.Time) {
 		l.mu.Lock()
 		rev := l.rev
 		l.mu.Unlock()
-		rec := l.rec
-		rec.Renewed = at.UTC()
-		data, _ := json.Marshal(rec)
+		data := l.value(l.o.clock().UTC())
 		// A renewal in flight may not outlast the claim it renews.
 		end := at.Add(l.o.renew)
 		if giveUp.Before(end) {
@@ -460,7 +499,7 @@ func (l *Lease) renew(sent time.Time) {
 			return
 		}
 		if !wrongLastSequence(err) {
-			l.o.log.Warn("renewing the seat's claim failed; retrying", "seat", l.rec.Seat, "scope", l.rec.scope().String(), "err", err)
+			l.o.log.Warn("renewing the claim failed; retrying", "claim", l.what, "err", err)
 			continue
 		}
 		// The key moved on without us: maybe our own renewal whose
@@ -469,7 +508,7 @@ func (l *Lease) renew(sent time.Time) {
 		cur, rerr := read(rctx, l.kv, l.key)
 		rcancel()
 		switch {
-		case rerr == nil && cur.Token == l.rec.Token:
+		case rerr == nil && cur.Token == l.token:
 			gctx, gcancel := context.WithDeadline(ctx, giveUp)
 			e, gerr := l.kv.Get(gctx, l.key)
 			gcancel()
@@ -478,14 +517,17 @@ func (l *Lease) renew(sent time.Time) {
 				l.rev = e.Revision()
 				l.mu.Unlock()
 			}
-		case rerr == nil:
+		case rerr == nil && l.rec.Seat != "":
 			l.lose(fmt.Errorf("%w: %w", ErrLost, &ClaimedError{Record: cur}))
 			return
+		case rerr == nil:
+			l.lose(fmt.Errorf("%w: %s: another claim has the key now", ErrLost, l.what))
+			return
 		case errors.Is(rerr, jetstream.ErrKeyNotFound) || errors.Is(rerr, jetstream.ErrKeyDeleted):
-			l.lose(fmt.Errorf("%w: %s (%s): the claim lapsed on the server", ErrLost, l.rec.Seat, l.rec.scope()))
+			l.lose(fmt.Errorf("%w: %s: the claim lapsed on the server", ErrLost, l.what))
 			return
 		default:
-			l.o.log.Warn("reading the seat's claim failed; retrying", "seat", l.rec.Seat, "err", rerr)
+			l.o.log.Warn("reading the claim failed; retrying", "claim", l.what, "err", rerr)
 		}
 	}
 }
@@ -502,7 +544,7 @@ func wrongLastSequence(err error) bool {
 func (l *Lease) giveUp() time.Duration { return l.o.lease - l.o.renew/2 }
 
 func (l *Lease) lose(err error) {
-	l.o.log.Error("lost the seat: stop working as its holder", "seat", l.rec.Seat, "scope", l.rec.scope().String(), "err", err)
+	l.o.log.Error("lost the claim: stop working as its holder", "claim", l.what, "err", err)
 	l.end(err)
 }
 

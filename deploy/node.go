@@ -68,7 +68,7 @@ func DefaultNodeConfig() NodeConfig {
 
 // Validate refuses a config that cannot work.
 func (c NodeConfig) Validate() error {
-	if err := mesh.ValidNodeName(c.Name); err != nil {
+	if err := mesh.ValidMachineName(mesh.KindNode, c.Name); err != nil {
 		return fmt.Errorf("%w: %v", ErrConfig, err)
 	}
 	switch {

@@ -121,7 +121,7 @@ func decode[T any](data []byte, v *T) error {
 
 // Validate refuses an enrolment the controller cannot act on.
 func (e Enrol) Validate() error {
-	if err := mesh.ValidNodeName(e.Node); err != nil {
+	if err := mesh.ValidMachineName(mesh.KindNode, e.Node); err != nil {
 		return fmt.Errorf("%w: %v", ErrMalformed, err)
 	}
 	switch {

@@ -116,6 +116,9 @@ var (
 	idRE     = regexp.MustCompile(`^[A-Za-z0-9_-]{1,128}$`)
 )
 
+// ValidAskID reports whether id can be an ask's id (and a claim's key).
+func ValidAskID(id string) bool { return idRE.MatchString(id) }
+
 // DecodeAsk parses and checks an ask. Every error wraps ErrMalformedAsk or
 // ErrAskVersion and says which field is wrong.
 func DecodeAsk(data []byte) (Ask, error) {
@@ -167,14 +170,18 @@ type Started struct {
 
 // Built is announced when an image is pushed and resolvable by digest.
 type Built struct {
-	Version   int           `json:"version"`
-	Ask       string        `json:"ask"`
-	Plan      string        `json:"plan"`
-	Module    string        `json:"module"`
-	Commit    string        `json:"commit"`
-	Digest    string        `json:"digest"`
-	Image     string        `json:"image"` // repository@digest
-	On        string        `json:"on"`
+	Version int    `json:"version"`
+	Ask     string `json:"ask"`
+	Plan    string `json:"plan"`
+	Module  string `json:"module"`
+	Commit  string `json:"commit"`
+	Digest  string `json:"digest"`
+	Image   string `json:"image"` // repository@digest
+	On      string `json:"on"`
+	// Attempt is the ask's delivery that was built (1 the first): the
+	// controller accepts it only for the attempt the machine's claim
+	// records.
+	Attempt   int           `json:"attempt,omitempty"`
 	Duration  time.Duration `json:"duration"`
 	Bytes     int64         `json:"bytes"`
 	CacheHits int           `json:"cache_hits"`

@@ -135,8 +135,8 @@ func (c *Catalogue) ConsumedSubject(ref string) (string, bool) {
 	if !ok {
 		return "", false
 	}
-	if _, _, isSeat := c.Seat(emitter); isSeat {
-		return SeatEventSubject(emitter, event), true
+	if s, _, isSeat := c.Seat(emitter); isSeat {
+		return SeatEventSubjectOf(s, event), true
 	}
 	return ModuleEventSubject(emitter, event), true
 }

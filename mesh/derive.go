@@ -31,6 +31,9 @@ const (
 	// leaves where a claim lapsed (its holder stopped renewing). The marker
 	// is what tells a waiting claimant the seat is free.
 	ClaimMarkerTTL = time.Hour
+	// ClaimMaxLease is the longest lease a claim may carry, and the claims
+	// bucket's max age: what a claim written without a TTL lives at most.
+	ClaimMaxLease = 10 * time.Minute
 	// ClaimMaxValue bounds one claim's record.
 	ClaimMaxValue = 4 << 10
 	// HolderMaxDeliver bounds how often a seat's ask is delivered: an ask
@@ -111,6 +114,10 @@ func ClaimsBucketSpec(replicas int) BucketSpec {
 		Why: "one holder per seat and scope (design 29 §5)",
 		Config: jetstream.KeyValueConfig{
 			Bucket: ClaimsBucket(), History: 1, LimitMarkerTTL: ClaimMarkerTTL,
+			// Nothing written here outlives its writer by more than the
+			// longest lease: a write without a TTL (its own key, by a
+			// holder's credentials) still goes.
+			TTL:          ClaimMaxLease,
 			MaxValueSize: ClaimMaxValue, MaxBytes: BucketMaxBytes,
 			Storage: jetstream.FileStorage, Replicas: max(replicas, 1),
 		},
@@ -130,7 +137,7 @@ func (c *Catalogue) eventStreams(replicas int) []StreamSpec {
 	}
 	for _, s := range c.Seats() {
 		for _, e := range s.Emits {
-			add(e, SeatEventSubject(s.Seat, e))
+			add(e, SeatEventSubjectOf(s, e))
 		}
 	}
 	for _, m := range c.Modules {
@@ -298,14 +305,17 @@ func holderConsumer(name string, replicas int, filters ...string) jetstream.Cons
 }
 
 // AskClaimsBucketSpec derives the bucket seat s's holders claim asks in
-// (AskClaimsBucket). A claim outlives its ask: the bucket keeps it for the
-// seat's retain and the queue's duplicate window after.
+// (AskClaimsBucket). A live claim carries its lease as the key's TTL, so it
+// lapses on the server's clock; a settled one (its outcome, or the budget
+// an ask spent on infrastructure) outlives its ask: the bucket keeps it for
+// the seat's retain and the queue's duplicate window after.
 func AskClaimsBucketSpec(s Seat, replicas int) BucketSpec {
 	return BucketSpec{
 		Why: "the holders of " + s.Seat + " claim the asks they work",
 		Config: jetstream.KeyValueConfig{
 			Bucket: AskClaimsBucket(s.Seat), History: 1, TTL: SeatRetain(s) + DuplicateWindow,
-			MaxValueSize: 4 << 10, MaxBytes: BucketMaxBytes,
+			LimitMarkerTTL: ClaimMarkerTTL,
+			MaxValueSize:   4 << 10, MaxBytes: BucketMaxBytes,
 			Storage: jetstream.FileStorage, Replicas: replicas,
 		},
 	}

@@ -22,6 +22,7 @@ const (
 	tokEvent  = "event"
 	tokTool   = "tool"
 	tokAccept = "accept"
+	tokOn     = "on"
 
 	seatStreamPrefix   = "SEAT_"
 	gaveUpStreamPrefix = "GAVEUP_"
@@ -67,6 +68,42 @@ func SeatAcceptAll(seat string) string {
 // SeatEventSubject is where a holder of seat s publishes the seat's event e.
 func SeatEventSubject(seat, event string) string {
 	return Root + "." + tokSeat + "." + seat + "." + tokEvent + "." + WireName(event)
+}
+
+// HolderEventSubject is where the holder on machine of a node-scoped seat s
+// publishes the seat's event e: "mesh.seat.<s>.on.<machine>.event.<e>". The
+// machine is a token of the subject, so the permission a machine's
+// credentials carry pins it (MachinePermissions): an outcome names who said
+// it, and no machine can speak for another (issue 19). "*" as machine is
+// every holder's: what a subscriber, a stream or a consumer filters on.
+func HolderEventSubject(seat, machine, event string) string {
+	return Root + "." + tokSeat + "." + seat + "." + tokOn + "." + machine + "." + tokEvent + "." + WireName(event)
+}
+
+// AnyHolder is the machine token of HolderEventSubject that matches every
+// holder.
+const AnyHolder = "*"
+
+// SeatEventSubjectOf is where seat s's event e is published by whoever holds
+// it: every holder's HolderEventSubject for a node-scoped seat (machines
+// speak for themselves), SeatEventSubject for a mesh-scoped one (one holder).
+// Streams, consumers and subscribers filter on it.
+func SeatEventSubjectOf(s Seat, event string) string {
+	if s.Scope == ScopeNode {
+		return HolderEventSubject(s.Seat, AnyHolder, event)
+	}
+	return SeatEventSubject(s.Seat, event)
+}
+
+// SplitHolderEventSubject is the inverse of HolderEventSubject: the seat,
+// the machine and the event (in its wire spelling) a subject names; ok is
+// false for any other subject.
+func SplitHolderEventSubject(subject string) (seat, machine, event string, ok bool) {
+	t := strings.SplitN(subject, ".", 7)
+	if len(t) != 7 || t[0] != Root || t[1] != tokSeat || t[3] != tokOn || t[5] != tokEvent {
+		return "", "", "", false
+	}
+	return t[2], t[4], t[6], true
 }
 
 // SeatToolSubject is the request/reply subject of seat s's tool t.
@@ -158,9 +195,21 @@ func KVKeySubject(bucket, key string) string { return "$KV." + bucket + "." + ke
 // lower case) can ever derive it.
 func AskClaimsBucket(seat string) string { return "ASKS_" + seat }
 
-// AskClaimKey is the key of ask id in its seat's AskClaimsBucket. Ask ids
-// have no dots (cascade.AskID), so the key is the id.
-func AskClaimKey(ask string) string { return ask }
+// AskClaimKey is the key of machine's claim of ask id in its seat's
+// AskClaimsBucket: "<ask>.<machine>". Each machine writes only its own keys
+// (the permission pins the last token), so a claim names its holder and no
+// machine can write, renew or delete another's. Ask ids and machine names
+// have no dots.
+func AskClaimKey(ask, machine string) string { return ask + "." + machine }
+
+// AskClaimKeys is the key filter of every machine's claim of ask id.
+func AskClaimKeys(ask string) string { return AskClaimKey(ask, "*") }
+
+// MachineAskClaims is every key subject machine may write in seat s's
+// AskClaimsBucket: its own claims of any ask.
+func MachineAskClaims(seat, machine string) string {
+	return KVKeySubject(AskClaimsBucket(seat), AskClaimKey("*", machine))
+}
 
 // MaxDeliveriesAdvisory is the subject the server announces on when it gives
 // up on a message of a stream's consumer: it was delivered the consumer's

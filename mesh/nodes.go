@@ -51,6 +51,11 @@ func ValidNodeName(name string) error {
 	return nil
 }
 
+// MachineNameOf is the machine name a host name gives: its first label,
+// lowercased, with what a name may not hold written '-' ("Build-1.example.com"
+// is "build-1").
+func MachineNameOf(host string) string { return suggestNodeName(host) }
+
 func suggestNodeName(name string) string {
 	out := []byte{}
 	for _, r := range name {
@@ -143,7 +148,7 @@ func NodePermissions(node string) Permissions {
 	}
 	p.pub[SeatAcceptSubject(ControllerSeat, EnrolVerb)] = true
 	p.pub[SeatAcceptSubject(ControllerSeat, ReportVerb)] = true
-	p.sub[InboxPrefix(node)+".>"] = true
+	p.sub[InboxPrefix(PrincipalID(KindNode, node))+".>"] = true
 	p.sub[NodeAnswerAll(node)] = true
-	return p.done(node, false)
+	return p.done(PrincipalID(KindNode, node), false)
 }

@@ -1,6 +1,7 @@
 package mesh
 
 import (
+	"fmt"
 	"sort"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -61,11 +62,37 @@ const ControllerJetStream = "$JS.API.>"
 
 // ModulePermissions derives module m's permission set: its own namespace,
 // the seats it holds, the seats it uses (publish on accepts only), its
-// consumers and its buckets.
+// consumers and its buckets. A module's own credentials speak for no
+// machine: the grants of a node-scoped seat it holds (its events, its
+// claims, its ask claims) are a machine's (MachinePermissions).
 func (c *Catalogue) ModulePermissions(m *Manifest) Permissions {
+	return c.holderPermissions(m, "", PrincipalID(KindModule, m.Module))
+}
+
+// MachinePermissions derives the set of the build agent on machine: the
+// build agent module's set, with every grant of the node-scoped seats it
+// holds pinned to the machine — it publishes the seats' events only on the
+// subjects that name it (HolderEventSubject), writes only its own seat
+// claim (ClaimKey) and its own ask claims (MachineAskClaims), writes only
+// its own build records, and reads only its own inbox
+// (InboxPrefix(PrincipalID(KindAgent, machine))). No machine can speak for,
+// lock out or read the deliveries of another (issue 19).
+func (c *Catalogue) MachinePermissions(machine string) (Permissions, error) {
+	if err := ValidMachineName(KindAgent, machine); err != nil {
+		return Permissions{}, err
+	}
+	m, ok := c.Module(AgentModule)
+	if !ok {
+		return Permissions{}, fmt.Errorf("the catalogue has no module %s: a build machine's permissions are that module's, pinned to the machine", AgentModule)
+	}
+	return c.holderPermissions(m, machine, PrincipalID(KindAgent, machine)), nil
+}
+
+// holderPermissions is module m's set as principal, holding its node-scoped
+// seats on machine (none when machine is empty).
+func (c *Catalogue) holderPermissions(m *Manifest, machine, principal string) Permissions {
 	p := permSet{pub: map[string]bool{}, sub: map[string]bool{}}
-	inbox := InboxPrefix(m.Module) + ".>"
-	p.sub[inbox] = true
+	p.sub[InboxPrefix(principal)+".>"] = true
 	for _, e := range m.Emits {
 		p.pub[ModuleEventSubject(m.Module, e)] = true
 	}
@@ -73,30 +100,47 @@ func (c *Catalogue) ModulePermissions(m *Manifest) Permissions {
 		p.sub[ModuleToolSubject(m.Module, t)] = true
 	}
 	for _, s := range c.HeldSeats(m) {
-		for _, e := range s.Emits {
-			p.pub[SeatEventSubject(s.Seat, e)] = true
+		node := s.Scope == ScopeNode
+		if node && machine == "" {
+			// Nobody in particular: it may not speak for any machine.
+		} else {
+			for _, e := range s.Emits {
+				if node {
+					p.pub[HolderEventSubject(s.Seat, machine, e)] = true
+				} else {
+					p.pub[SeatEventSubject(s.Seat, e)] = true
+				}
+			}
+			// A holder claims its seat before it pulls: it writes its own
+			// claim and reads the bucket (who holds it, since when).
+			if node {
+				p.pub[KVKeySubject(ClaimsBucket(), ClaimKey(s.Seat, machine))] = true
+			} else {
+				p.pub[ClaimSubjects(s.Seat)] = true
+			}
+			for _, g := range bucketReadGrants(ClaimsBucket()) {
+				p.pub[g] = true
+			}
 		}
 		for _, t := range s.Serves {
 			p.sub[SeatToolSubject(s.Seat, t)] = true
 		}
-		if len(s.Accepts) > 0 {
+		if len(s.Accepts) > 0 && (!node || machine != "") {
 			for _, cons := range c.HolderConsumers(s) {
 				for _, g := range consumerGrants(SeatStream(s.Seat), cons) {
 					p.pub[g] = true
 				}
 			}
-			// Before it builds, a holder claims the ask in the bucket
-			// the seat's holders share.
-			p.pub[KVSubjects(AskClaimsBucket(s.Seat))] = true
+			// Before it builds, a holder claims the ask in the bucket the
+			// seat's holders share: under its own keys on a machine.
+			if node {
+				p.pub[MachineAskClaims(s.Seat, machine)] = true
+			} else {
+				p.pub[KVSubjects(AskClaimsBucket(s.Seat))] = true
+			}
 			for _, g := range bucketReadGrants(AskClaimsBucket(s.Seat)) {
 				p.pub[g] = true
 			}
-		}
-		// A holder claims its seat before it pulls: it writes the seat's
-		// claims and reads the bucket (who holds it, since when).
-		p.pub[ClaimSubjects(s.Seat)] = true
-		for _, g := range bucketReadGrants(ClaimsBucket()) {
-			p.pub[g] = true
 		}
 	}
 	for _, s := range m.Uses {
@@ -109,7 +153,13 @@ func (c *Catalogue) ModulePermissions(m *Manifest) Permissions {
 	}
 	for _, b := range m.State {
 		name := KVBucket(m.Module, b.Name)
-		p.pub[KVSubjects(name)] = true
+		switch {
+		case machine != "" && m.Module == AgentModule && b.Name == AgentBuildsBucket:
+			// A machine writes its own records only.
+			p.pub[KVKeySubject(name, BuildRecordKey("*", machine))] = true
+		default:
+			p.pub[KVSubjects(name)] = true
+		}
 		for _, g := range bucketReadGrants(name) {
 			p.pub[g] = true
 		}
@@ -121,7 +171,7 @@ func (c *Catalogue) ModulePermissions(m *Manifest) Permissions {
 			}
 		}
 	}
-	return p.done(m.Module, len(m.Serves) > 0 || servesAny(c.HeldSeats(m)))
+	return p.done(principal, len(m.Serves) > 0 || servesAny(c.HeldSeats(m)))
 }
 
 // ControllerPermissions derives the controller's set: that of every module

@@ -2,6 +2,8 @@ package mesh
 
 import (
 	"fmt"
+	"slices"
+	"strings"
 
 	"github.com/nats-io/jwt/v2"
 )
@@ -31,10 +33,42 @@ const (
 // PrincipalKinds lists the kinds, for help texts and errors.
 var PrincipalKinds = []string{KindController, KindOperator, KindAgent, KindNode, KindModule}
 
+// PrincipalID is the one name of the principal of kind kind called name:
+// "controller" and "operator" for the two that are one of a kind, else
+// "<kind>_<name>" ("agent_m1", "node_m1", "module_scanner"). Local names
+// never hold '_', so no two principals share an id, and none can take
+// another's inbox (InboxPrefix) by the name it is issued with.
+func PrincipalID(kind, name string) string {
+	switch kind {
+	case KindController, KindOperator:
+		return kind
+	}
+	return kind + "_" + name
+}
+
+// ReservedMachineNames are names no machine (agent or node) may be issued
+// or enrol under: the principals that are one of a kind, the kinds, and the
+// mesh's own prefix.
+var ReservedMachineNames = []string{ControllerPrincipal, OperatorPrincipal, KindAgent, KindNode, KindModule, AgentModule, Root, "all", "any"}
+
+// ValidMachineName refuses a name that cannot name a build machine of kind
+// (agent or node): one that is not a subject token and durable name
+// (ValidNodeName), or that is reserved (ReservedMachineNames, or starting
+// "mesh-").
+func ValidMachineName(kind, name string) error {
+	if err := ValidNodeName(name); err != nil {
+		return err
+	}
+	if slices.Contains(ReservedMachineNames, name) || strings.HasPrefix(name, Root+"-") {
+		return fmt.Errorf("%s name %q is reserved (it names another principal, or the mesh's own): choose the machine's host name, such as build-1", kind, name)
+	}
+	return nil
+}
+
 // PrincipalPermissions returns the derived set of the principal of kind
-// kind: the controller, an operator, the build agent, node name (carrying
+// kind: the controller, an operator, the build agent on machine name, node name (carrying
 // NodeCarries: NodePrincipalPermissions) or module name (name is required
-// for node and module only). It derives nothing
+// for agent, node and module). It derives nothing
 // itself: it calls the one derivation of that principal.
 func (c *Catalogue) PrincipalPermissions(kind, name string) (Permissions, error) {
 	switch kind {
@@ -43,11 +77,10 @@ func (c *Catalogue) PrincipalPermissions(kind, name string) (Permissions, error)
 	case KindOperator:
 		return c.OperatorPermissions(OperatorPrincipal), nil
 	case KindAgent:
-		m, ok := c.Module(AgentModule)
-		if !ok {
-			return Permissions{}, fmt.Errorf("the catalogue has no module %s: the agent's permissions are that module's", AgentModule)
+		if name == "" {
+			return Permissions{}, fmt.Errorf("agent principal without a name: every build machine has credentials of its own; name the machine (e.g. agent build-1)")
 		}
-		return c.ModulePermissions(m), nil
+		return c.MachinePermissions(name)
 	case KindNode:
 		// What every build machine's node carries, of what the catalogue
 		// has: a catalogue without a build agent issues none.
@@ -82,7 +115,7 @@ var NodeCarries = []string{AgentModule}
 // a bucket, read where one reads it, nothing on any other bucket. Every
 // module carries names must be in the catalogue.
 func (c *Catalogue) NodePrincipalPermissions(name string, carries []string) (Permissions, error) {
-	if err := ValidNodeName(name); err != nil {
+	if err := ValidMachineName(KindNode, name); err != nil {
 		return Permissions{}, err
 	}
 	for _, m := range carries {

@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/meshbuild/meshbuild/cascade"
 )
 
 // Plan outcomes and states pre-initialised (cascade.Outcome* values).
@@ -24,6 +26,8 @@ type Controller struct {
 	unserved *prometheus.GaugeVec // platform
 	// remaining is each running plan's estimated remaining time.
 	remaining *prometheus.GaugeVec // plan
+	// refused counts the outcomes the controller refused, by reason.
+	refused *prometheus.CounterVec // reason
 
 	mu       sync.Mutex
 	seen     map[string]bool // states ever reported, set to 0 when they go
@@ -61,9 +65,16 @@ func NewController(reg prometheus.Registerer) *Controller {
 			Name: "meshbuild_controller_plan_remaining_seconds",
 			Help: "Each running plan's estimated remaining time: the longer of its remaining critical path (modules' last build times, less what the building ones have done) and its remaining work over the machines. The series goes when the plan settles.",
 		}, []string{"plan"}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "meshbuild_controller_refused_events_total",
+			Help: "Outcomes of the build seat the controller refused and that changed nothing, by reason: not from the machine that holds the ask (unclaimed, speaker, attempt, stale, outcome), a built digest the registry does not hold (unresolved, not-image), unreadable (malformed).",
+		}, []string{"reason"}),
 		seen: map[string]bool{}, seenPlat: map[string]bool{}, running: map[string]bool{},
 	}
-	reg.MustRegister(c.plans, c.settled, c.duration, c.blocked, c.unserved, c.remaining)
+	reg.MustRegister(c.plans, c.settled, c.duration, c.blocked, c.unserved, c.remaining, c.refused)
+	for _, r := range cascade.RefusedReasons {
+		c.refused.WithLabelValues(r)
+	}
 	for _, s := range planStates {
 		c.plans.WithLabelValues(s)
 		c.seen[s] = true
@@ -74,6 +85,10 @@ func NewController(reg prometheus.Registerer) *Controller {
 	}
 	return c
 }
+
+// RefusedEvent counts an outcome the controller refused
+// (cascade.RefusedObserver).
+func (c *Controller) RefusedEvent(reason string) { c.refused.WithLabelValues(reason).Inc() }
 
 // PlanSettled records a plan that settled.
 func (c *Controller) PlanSettled(outcome string, d time.Duration) {

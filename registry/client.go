@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
 )
@@ -154,6 +155,21 @@ func (c *Client) Resolve(ctx context.Context, ref string) (string, error) {
 		return "", loginHint(fmt.Errorf("resolving %s: %w", ref, err), r.Context().RegistryStr())
 	}
 	return desc.Digest.String(), nil
+}
+
+// Head returns the descriptor of the manifest ref names (its digest, size
+// and media type), asking the registry with a HEAD request.
+func (c *Client) Head(ctx context.Context, ref string) (*v1.Descriptor, error) {
+	c = c.or()
+	r, err := c.parse(ref)
+	if err != nil {
+		return nil, err
+	}
+	desc, err := remote.Head(r, c.remote(ctx)...)
+	if err != nil {
+		return nil, loginHint(fmt.Errorf("resolving %s: %w", ref, err), r.Context().RegistryStr())
+	}
+	return desc, nil
 }
 
 // Get fetches the manifest ref names, with its descriptor, for a caller

@@ -37,9 +37,9 @@ func run() int {
 	cfg := agent.DefaultConfig()
 	fs := flag.NewFlagSet("build-agent", flag.ContinueOnError)
 	natsURL := fs.String("nats", daemon.Env("MESHBUILD_NATS", "nats://127.0.0.1:4222"), "NATS server URL(s), comma separated (MESHBUILD_NATS)")
-	creds := fs.String("creds", daemon.Env("MESHBUILD_CREDS", ""), "NATS credentials file: `builds creds issue --principal agent` (MESHBUILD_CREDS)")
+	creds := fs.String("creds", daemon.Env("MESHBUILD_CREDS", ""), "NATS credentials file of this machine: builds creds issue KEYS --principal agent NAME (MESHBUILD_CREDS)")
 	tls := daemon.TLSFlags(fs)
-	machine := fs.String("machine", daemon.Env("MESHBUILD_MACHINE", cfg.Machine), "this machine's name in every outcome (MESHBUILD_MACHINE)")
+	machine := fs.String("machine", daemon.Env("MESHBUILD_MACHINE", cfg.Machine), "this machine's name in every outcome; default the machine its --creds were issued for, else the host name's first label (MESHBUILD_MACHINE)")
 	bk := fs.String("buildkit", daemon.Env("MESHBUILD_BUILDKIT_ADDR", "unix:///run/buildkit/buildkitd.sock"), "address of this machine's buildkitd (MESHBUILD_BUILDKIT_ADDR)")
 	reg := fs.String("registry", daemon.Env("MESHBUILD_REGISTRY", ""), "the mesh's registry HOST:PORT: while it does not answer (unreachable, 5xx) this machine is unhealthy and takes no asks; default the registry of the last ask's image (MESHBUILD_REGISTRY)")
 	insecure := fs.Bool("registry-insecure", daemon.Env("MESHBUILD_REGISTRY_INSECURE", "") == "true", "plain http to the registry, for a local one (MESHBUILD_REGISTRY_INSECURE=true)")
@@ -56,14 +56,21 @@ func run() int {
 	lease := fs.Duration("lease", envDuration("MESHBUILD_LEASE", claim.DefaultLease), "how long this agent's claim of its machine's seat outlives it (whole seconds; MESHBUILD_LEASE)")
 	fs.DurationVar(&cfg.RetryFor, "retry-for", cfg.RetryFor, "how long an ask's infrastructure failures are retried (delays from 2s doubling to 1m) before it is failed{infra}")
 	fs.DurationVar(&cfg.ProbeEvery, "probe-every", cfg.ProbeEvery, "how often an idle machine checks that its buildkitd and its registry answer (a sick one stops taking asks and probes with backoff until they do)")
-	fs.DurationVar(&cfg.ClaimLease, "claim-lease", cfg.ClaimLease, "how long an ask's claim outlives its holder's last renewal (renewed every third of it): a redelivered ask claimed within it is left to its holder, so it is the longest bus outage a build survives without being built twice, and a killed agent's ask waits the ack wait and this; 0: four ack waits (2m)")
+	fs.DurationVar(&cfg.ClaimLease, "claim-lease", cfg.ClaimLease, "how long an ask's claim outlives its holder's last renewal on the server's clock (renewed every third of it): a killed agent's ask is built elsewhere within about the ack wait (8s), and an agent cut off from the bus for longer loses its ask; 0: three quarters of the ack wait (6s)")
 	var insteadOf listFlag
 	fs.Var(&insteadOf, "git-instead-of", "URL=PATH: fetch repositories starting with URL from PATH instead (repeatable)")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		return 2
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	cfg.Machine, cfg.Slots, cfg.Platforms = *machine, *slots, daemon.SplitList(*platforms)
+	machineSet := daemon.Env("MESHBUILD_MACHINE", "") != ""
+	fs.Visit(func(f *flag.Flag) { machineSet = machineSet || f.Name == "machine" })
+	m, err := daemon.AgentMachine(*creds, *machine, machineSet)
+	if err != nil {
+		log.Error("bad flag", "err", err)
+		return 2
+	}
+	cfg.Machine, cfg.Slots, cfg.Platforms = m, *slots, daemon.SplitList(*platforms)
 	io, err := daemon.ParseInsteadOf(insteadOf)
 	if err != nil {
 		log.Error("bad flag", "err", err)
@@ -78,7 +85,7 @@ func run() int {
 	}
 	err = daemon.RunAgent(ctx, daemon.AgentOptions{
 		NATS: *natsURL, Creds: *creds, TLS: *tls, Agent: cfg, BuildKit: *bk, BuildKitOptions: bkOpts, RegistryClient: registry.NewClient(registry.WithInsecure(*insecure)), Registry: *reg,
-		Workspace: *workspace, InsteadOf: io, Catalogue: *catalogue, Observer: obs, Log: log, Lease: *lease,
+		Workspace: *workspace, InsteadOf: io, Catalogue: *catalogue, Observer: obs, Log: log, Lease: *lease, MachineSet: machineSet,
 	})
 	if err != nil {
 		log.Error("build-agent stopped", "err", err)

@@ -53,7 +53,7 @@ func run() int {
 	fs.DurationVar(&cfg.Heartbeat, "heartbeat", cfg.Heartbeat, "how often the node tells the controller it is alive")
 	metricsAddr := fs.String("metrics", daemon.Env("MESHBUILD_METRICS", ""), "serve /metrics on this address, e.g. :9466: the node's revision lag and applies, and its build agent's (MESHBUILD_METRICS)")
 	// The build agent this node carries when build-agent is assigned to it.
-	agentCreds := fs.String("agent-creds", daemon.Env("MESHBUILD_AGENT_CREDS", ""), "NATS credentials of the build agent this node runs: `builds creds issue --principal agent` (default: --creds) (MESHBUILD_AGENT_CREDS)")
+	agentCreds := fs.String("agent-creds", daemon.Env("MESHBUILD_AGENT_CREDS", ""), "NATS credentials of the build agent this node runs, issued for this machine: builds creds issue KEYS --principal agent NAME (default: --creds) (MESHBUILD_AGENT_CREDS)")
 	bk := fs.String("buildkit", daemon.Env("MESHBUILD_BUILDKIT_ADDR", "unix:///run/buildkit/buildkitd.sock"), "address of this machine's buildkitd (MESHBUILD_BUILDKIT_ADDR)")
 	workspace := fs.String("workspace", daemon.Env("MESHBUILD_WORKSPACE", ""), "the build agent's clones and checkouts (default: STATE/workspace) (MESHBUILD_WORKSPACE)")
 	slots := fs.Int("slots", 1, "asks the build agent works at once")
@@ -94,7 +94,7 @@ func run() int {
 	ac := agentConfig(cfg.Name, cfg.Platforms, *slots)
 	ac.Grace = *grace
 	cfg.Carried = map[string]deploy.RunFunc{"build-agent": buildAgent(daemon.AgentOptions{
-		NATS: *natsURL, Creds: *agentCreds, TLS: *tls, Agent: ac, BuildKit: *bk, RegistryClient: cfg.Registry,
+		NATS: *natsURL, Creds: *agentCreds, TLS: *tls, Agent: ac, MachineSet: true, BuildKit: *bk, RegistryClient: cfg.Registry,
 		Workspace: *workspace, InsteadOf: io, Catalogue: *catalogue, Log: log.With("module", "build-agent"), Observer: aobs,
 	})}
 	topts, err := tls.Options()
@@ -102,7 +102,7 @@ func run() int {
 		log.Error("bad flag", "err", err)
 		return 2
 	}
-	nc, js, err := daemon.Connect(*natsURL, *creds, cfg.Name, "mesh-node "+cfg.Name, topts...)
+	nc, js, err := daemon.Connect(*natsURL, *creds, mesh.PrincipalID(mesh.KindNode, cfg.Name), "mesh-node "+cfg.Name, topts...)
 	if err != nil {
 		log.Error("connecting", "err", err)
 		return 1

@@ -32,7 +32,7 @@ build-agent by default): their own state to write, their reads to read.`,
   builds creds issue /etc/meshbuild/nats --catalogue catalogue --principal controller --out controller.creds
   builds creds issue /etc/meshbuild/nats --catalogue catalogue --principal node m1 --out m1.creds
   builds creds issue /etc/meshbuild/nats --catalogue catalogue --principal node m2 --carries build-agent,scanner --out m2.creds
-  builds creds issue /etc/meshbuild/nats --catalogue catalogue --principal agent --out agent.creds`,
+  builds creds issue /etc/meshbuild/nats --catalogue catalogue --principal agent m1 --out agent-m1.creds`,
 	}
 	c.AddCommand(&cobra.Command{
 		Use:   "init DIR",
@@ -54,12 +54,12 @@ build-agent by default): their own state to write, their reads to read.`,
 	var carries []string
 	issue := &cobra.Command{
 		Use:   "issue DIR --principal KIND [NAME] --out FILE",
-		Short: "Write the credentials of one principal (controller, operator, agent, node NAME, module NAME)",
+		Short: "Write the credentials of one principal (controller, operator, agent NAME, node NAME, module NAME)",
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) == 1 || len(args) == 2 {
 				return nil
 			}
-			return argsError(cmd, args, "the key directory, and the principal's name for node and module")
+			return argsError(cmd, args, "the key directory, and the principal's name for agent, node and module")
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(args) == 2 {
@@ -71,17 +71,21 @@ build-agent by default): their own state to write, their reads to read.`,
 			if out == "" {
 				return fmt.Errorf("no --out FILE: say where to write the credentials (e.g. %s.creds)", kind)
 			}
-			if (kind == mesh.KindNode || kind == mesh.KindModule) && name == "" {
+			named := kind == mesh.KindNode || kind == mesh.KindModule || kind == mesh.KindAgent
+			if named && name == "" {
+				if kind == mesh.KindAgent {
+					return fmt.Errorf("--principal agent needs the build machine's name: every machine has credentials of its own (--principal agent NAME)")
+				}
 				return fmt.Errorf("--principal %s needs its name: --principal %s NAME", kind, kind)
 			}
-			if (kind != mesh.KindNode && kind != mesh.KindModule) && name != "" {
-				return fmt.Errorf("--principal %s takes no name (%q): only node and module do", kind, name)
+			if !named && name != "" {
+				return fmt.Errorf("--principal %s takes no name (%q): only agent, node and module do", kind, name)
 			}
 			if kind != mesh.KindNode && cmd.Flags().Changed("carries") {
 				return fmt.Errorf("--carries is for --principal node: the modules a node's runtime carries")
 			}
-			if kind == mesh.KindNode {
-				if err := mesh.ValidNodeName(name); err != nil {
+			if kind == mesh.KindNode || kind == mesh.KindAgent {
+				if err := mesh.ValidMachineName(kind, name); err != nil {
 					return err
 				}
 			}

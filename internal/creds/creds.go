@@ -224,10 +224,12 @@ func (k *Keys) ServerOptions() (*server.Options, error) {
 
 // Issue makes the credentials of a principal with permission set p: a new
 // user key, its JWT signed by the account key with p's allow lists, as a
-// .creds file's contents. name is the user's name in the JWT (who it is,
-// e.g. "build-agent m1"); empty is p.Principal.
+// .creds file's contents. The user's name in the JWT is p.Principal (the
+// principal's one id, mesh.PrincipalID: what PrincipalOf reads back);
+// name, who it is for people (e.g. "build-agent m1"), is used when the set
+// names no principal.
 func (k *Keys) Issue(p mesh.Permissions, name string) ([]byte, error) {
-	if name == "" {
+	if p.Principal != "" {
 		name = p.Principal
 	}
 	user, err := nkeys.CreateUser()
@@ -273,4 +275,22 @@ func writeSecret(path string, b []byte) error {
 		return fmt.Errorf("writing %s: %w", path, err)
 	}
 	return nil
+}
+
+// PrincipalOf reads the principal a .creds file speaks for: the id its JWT
+// was issued under (mesh.PrincipalID), e.g. "agent_m1".
+func PrincipalOf(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("credentials %s: %w", path, err)
+	}
+	token, err := jwt.ParseDecoratedJWT(b)
+	if err != nil {
+		return "", fmt.Errorf("credentials %s: %w", path, err)
+	}
+	uc, err := jwt.DecodeUserClaims(token)
+	if err != nil {
+		return "", fmt.Errorf("credentials %s: %w", path, err)
+	}
+	return uc.Name, nil
 }

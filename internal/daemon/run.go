@@ -29,6 +29,7 @@ import (
 	"github.com/meshbuild/meshbuild/claim"
 	"github.com/meshbuild/meshbuild/deploy"
 	"github.com/meshbuild/meshbuild/internal/backoff"
+	"github.com/meshbuild/meshbuild/internal/creds"
 	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/registry"
 )
@@ -131,12 +132,58 @@ type AgentOptions struct {
 	// Lease is how long the agent's claim of its machine's seat outlives
 	// it. 0 is claim.DefaultLease.
 	Lease time.Duration
+	// MachineSet says the machine's name was given (--machine): then it
+	// must be the one the credentials were issued for; otherwise the
+	// credentials' machine is taken.
+	MachineSet bool
+}
+
+// machineOfCreds is the build machine a credentials file was issued for
+// (`builds creds issue … --principal agent NAME`); ok is false for
+// credentials of any other principal.
+func machineOfCreds(path string) (string, bool, error) {
+	id, err := creds.PrincipalOf(path)
+	if err != nil {
+		return "", false, err
+	}
+	m, ok := strings.CutPrefix(id, mesh.PrincipalID(mesh.KindAgent, ""))
+	return m, ok, nil
+}
+
+// AgentMachine is the machine an agent with credentials file creds runs as:
+// every build machine speaks only for itself, so it is the machine the
+// credentials were issued for. machine is the name given (set: by
+// --machine), which must then be that one; unset, it is the default, used
+// only with credentials of another principal or none.
+func AgentMachine(creds, machine string, set bool) (string, error) {
+	if creds == "" {
+		return machine, nil
+	}
+	m, ok, err := machineOfCreds(creds)
+	switch {
+	case err != nil:
+		return "", fmt.Errorf("%w: %w", agent.ErrConfig, err)
+	case !ok:
+		return machine, nil // another principal's: the server says what it may do
+	case m == machine || !set:
+		return m, nil
+	}
+	return "", fmt.Errorf("%w: the credentials in %s are build machine %s's, and --machine is %s: every machine speaks only for itself; issue this one its own (builds creds issue KEYS --principal agent %s), or drop --machine",
+		agent.ErrConfig, creds, m, machine, machine)
+}
+
+func agentMachine(o *AgentOptions) (err error) {
+	o.Agent.Machine, err = AgentMachine(o.Creds, o.Agent.Machine, o.MachineSet)
+	return err
 }
 
 // RunAgent runs a build agent until ctx is done.
 func RunAgent(ctx context.Context, o AgentOptions) error {
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)
+	}
+	if err := agentMachine(&o); err != nil {
+		return err
 	}
 	if err := o.Agent.Validate(); err != nil {
 		return err
@@ -184,7 +231,7 @@ func RunAgent(ctx context.Context, o AgentOptions) error {
 	if err != nil {
 		return fmt.Errorf("%w: %w", agent.ErrConfig, err)
 	}
-	nc, js, err := Connect(o.NATS, o.Creds, mesh.AgentModule, "build-agent "+o.Agent.Machine, topts...)
+	nc, js, err := Connect(o.NATS, o.Creds, mesh.PrincipalID(mesh.KindAgent, o.Agent.Machine), "build-agent "+o.Agent.Machine, topts...)
 	if err != nil {
 		return err
 	}
@@ -211,6 +258,9 @@ func RunAgent(ctx context.Context, o AgentOptions) error {
 	}()
 	ctx, cancelHeld := lease.Context(ctx)
 	defer cancelHeld()
+	// The machine's ask claims are bound to its seat claim: when it lapses
+	// they are void, and another machine takes its asks at once.
+	o.Agent.SeatToken = lease.Token()
 	if o.Catalogue != "" {
 		o.Agent.Known = knownModules(o.Catalogue, o.Log)
 	}

@@ -1,0 +1,219 @@
+package cascade
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
+	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/meshbuild/meshbuild/claim"
+	"github.com/meshbuild/meshbuild/mesh"
+	"github.com/meshbuild/meshbuild/registry"
+)
+
+// The fence (issue 19): the controller checks before it trusts. An outcome
+// of the build seat (started, built, failed) counts only
+//
+//   - from the machine its subject names (the server pins that token to the
+//     machine's own credentials: mesh.HolderEventSubject), speaking of
+//     itself (the event's "on" is that machine);
+//   - from the holder of the ask: that machine's claim of the ask
+//     (claim.ReadAsk) exists, is for the event's attempt, and, once
+//     settled, settled with this outcome;
+//   - for the ask's current attempt: none older than an attempt whose start
+//     the controller has seen;
+//   - and, for built, once its digest resolves in the registry, in the
+//     module's own repository, as an image manifest or index.
+//
+// Anything else is refused: counted by reason, logged with the machine and
+// the reason, and it changes nothing — no plan, input key, current image
+// or machine list. A refused event is settled (Term), so it is never
+// redelivered; the genuine outcome, published under the holder's own
+// message id, still lands.
+
+// Reasons an outcome is refused (meshbuild_controller_refused_events_total).
+const (
+	RefusedSubject    = "subject"    // not on a holder's subject
+	RefusedSpeaker    = "speaker"    // its "on" names another machine than its subject
+	RefusedUnclaimed  = "unclaimed"  // the machine holds no claim of the ask
+	RefusedAttempt    = "attempt"    // not the attempt the machine's claim records
+	RefusedStale      = "stale"      // an attempt older than one already started
+	RefusedOutcome    = "outcome"    // the claim was settled with another outcome
+	RefusedUnresolved = "unresolved" // a built digest the registry does not hold
+	RefusedNotImage   = "not-image"  // a built digest that is not an image manifest or index
+	RefusedMalformed  = "malformed"  // an event that cannot be read
+)
+
+// RefusedReasons are every reason, for metrics to pre-initialise.
+var RefusedReasons = []string{RefusedSubject, RefusedSpeaker, RefusedUnclaimed, RefusedAttempt, RefusedStale,
+	RefusedOutcome, RefusedUnresolved, RefusedNotImage, RefusedMalformed}
+
+// RefusedObserver is told of every event the controller refuses, by
+// reason. An Observer that implements it is told.
+type RefusedObserver interface {
+	RefusedEvent(reason string)
+}
+
+// ImageChecker tells whether a digest names an image the registry holds in
+// a repository. CheckImage returns nil for an image manifest or index, an
+// error matching ErrNoImage when the registry answers that it holds no such
+// manifest there (or holds something else), and any other error when the
+// registry could not be asked (the event is then looked at again later).
+type ImageChecker interface {
+	CheckImage(ctx context.Context, repo, digest string) error
+}
+
+// ErrNoImage is matched by an ImageChecker's answer that the registry does
+// not hold the image.
+var ErrNoImage = errors.New("no such image")
+
+// registryImages checks images with a registry client: a HEAD of
+// repo@digest.
+type registryImages struct{ c *registry.Client }
+
+func (r registryImages) CheckImage(ctx context.Context, repo, digest string) error {
+	desc, err := r.c.Head(ctx, repo+"@"+digest)
+	var terr *transport.Error
+	switch {
+	case errors.As(err, &terr) && (terr.StatusCode == http.StatusNotFound || terr.StatusCode == http.StatusBadRequest):
+		return fmt.Errorf("%w: %s@%s: %v", ErrNoImage, repo, digest, err)
+	case err != nil:
+		return err
+	case !desc.MediaType.IsImage() && !desc.MediaType.IsIndex():
+		return fmt.Errorf("%w: %s@%s is a %s, not an image manifest or index", ErrNoImage, repo, digest, desc.MediaType)
+	case desc.Digest.String() != digest:
+		return fmt.Errorf("%w: %s@%s resolves to %s", ErrNoImage, repo, digest, desc.Digest)
+	}
+	return nil
+}
+
+// verdict is the fence's answer on one event: nil to apply it; refused
+// with a reason; or retry (the registry or the bus could not be asked).
+type verdict struct {
+	reason string
+	err    error
+	retry  bool
+}
+
+// fenceTimeout bounds the checks of one event.
+const fenceTimeout = 10 * time.Second
+
+// fenceParallel bounds the checks made at once for a batch.
+const fenceParallel = 32
+
+// outcomeOf reads a build seat outcome's fields the fence checks: the ask,
+// the machine it claims to be on, its attempt, and for built its module
+// and digest.
+type outcomeOf struct {
+	event, ask, on, module, digest string
+	attempt                        int
+}
+
+// fence checks the outcomes in a batch at once (in parallel: each takes a
+// read of the claims bucket, a built a registry request too) and returns
+// their verdicts by message; messages that are not outcomes have none.
+func (c *Controller) fence(ctx context.Context, batch []jetstream.Msg) map[jetstream.Msg]*verdict {
+	out := map[jetstream.Msg]*verdict{}
+	var mu sync.Mutex
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(fenceParallel)
+	for _, m := range batch {
+		if _, _, _, ok := mesh.SplitHolderEventSubject(m.Subject()); !ok {
+			continue
+		}
+		g.Go(func() error {
+			v := c.check(gctx, m)
+			mu.Lock()
+			out[m] = v
+			mu.Unlock()
+			return nil
+		})
+	}
+	_ = g.Wait()
+	return out
+}
+
+// check is the fence's verdict on one holder's event.
+func (c *Controller) check(ctx context.Context, m jetstream.Msg) *verdict {
+	ctx, cancel := context.WithTimeout(ctx, fenceTimeout)
+	defer cancel()
+	seat, machine, event, _ := mesh.SplitHolderEventSubject(m.Subject())
+	if seat != mesh.BuildSeat {
+		return &verdict{reason: RefusedSubject, err: fmt.Errorf("seat %s is not the build seat", seat)}
+	}
+	o, err := readOutcome(event, m.Data())
+	if err != nil {
+		return &verdict{reason: RefusedMalformed, err: err}
+	}
+	if o.on != machine {
+		return &verdict{reason: RefusedSpeaker, err: fmt.Errorf("it says it is on %q, and was published by machine %s", o.on, machine)}
+	}
+	if c.asks == nil {
+		return &verdict{reason: RefusedUnclaimed, err: errors.New("the ask claims bucket is not open")}
+	}
+	rec, ok, err := claim.ReadAsk(ctx, c.asks, o.ask, machine)
+	switch {
+	case err != nil:
+		return &verdict{retry: true, err: fmt.Errorf("reading the claim of ask %s on %s: %w", o.ask, machine, err)}
+	case !ok:
+		return &verdict{reason: RefusedUnclaimed, err: fmt.Errorf("machine %s holds no claim of ask %s", machine, o.ask)}
+	case rec.Attempt != o.attempt:
+		return &verdict{reason: RefusedAttempt, err: fmt.Errorf("machine %s claimed ask %s for attempt %d, not %d", machine, o.ask, rec.Attempt, o.attempt)}
+	case rec.Outcome != "" && event != mesh.EventStarted && rec.Outcome != event:
+		return &verdict{reason: RefusedOutcome, err: fmt.Errorf("machine %s settled ask %s as %s", machine, o.ask, rec.Outcome)}
+	}
+	if event != mesh.EventBuilt {
+		return nil
+	}
+	err = c.cfg.Images.CheckImage(ctx, c.Image(o.module), o.digest)
+	switch {
+	case errors.Is(err, ErrNoImage):
+		return &verdict{reason: RefusedUnresolved, err: err}
+	case err != nil:
+		return &verdict{retry: true, err: fmt.Errorf("resolving %s@%s: %w", c.Image(o.module), o.digest, err)}
+	}
+	return nil
+}
+
+// readOutcome reads what the fence checks of an outcome event.
+func readOutcome(event string, data []byte) (outcomeOf, error) {
+	switch event {
+	case mesh.EventStarted:
+		ev, err := mesh.DecodeEvent[mesh.Started](data)
+		return outcomeOf{event: event, ask: ev.Ask, on: ev.On, module: ev.Module, attempt: ev.Attempt}, err
+	case mesh.EventBuilt:
+		ev, err := mesh.DecodeEvent[mesh.Built](data)
+		if err == nil && !strings.HasPrefix(ev.Digest, "sha256:") {
+			err = fmt.Errorf("%w: built digest %q", mesh.ErrMalformedEvent, ev.Digest)
+		}
+		return outcomeOf{event: event, ask: ev.Ask, on: ev.On, module: ev.Module, digest: ev.Digest, attempt: ev.Attempt}, err
+	case mesh.EventFailed:
+		ev, err := mesh.DecodeEvent[mesh.Failed](data)
+		return outcomeOf{event: event, ask: ev.Ask, on: ev.On, module: ev.Module, attempt: ev.Attempt}, err
+	}
+	return outcomeOf{}, fmt.Errorf("%w: the build seat has no event %q", mesh.ErrMalformedEvent, event)
+}
+
+// refuse settles a refused event: counted, logged with the machine and the
+// reason, terminated so it is never redelivered.
+func (c *Controller) refuse(m jetstream.Msg, v *verdict) {
+	_, machine, _, _ := mesh.SplitHolderEventSubject(m.Subject())
+	if ro, ok := c.obs.(RefusedObserver); ok {
+		ro.RefusedEvent(v.reason)
+	}
+	c.log.Warn("refused an event: it changes nothing", "machine", machine, "subject", m.Subject(), "reason", v.reason, "err", v.err)
+	_ = m.Term()
+}
+
+// stale reports whether an outcome's attempt is older than one whose start
+// the controller has applied: a machine that lost the ask speaking late.
+func (c *Controller) stale(ask string, attempt int) bool {
+	return attempt < c.attempts[ask]
+}

@@ -1,0 +1,298 @@
+package claim
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/meshbuild/meshbuild/mesh"
+)
+
+// Ask claims: before a machine builds an ask it claims it, under its own key
+// (mesh.AskClaimKey: "<ask>.<machine>", which only that machine's
+// credentials may write), with a Lease like a seat's: the lease is the
+// key's TTL, so the claim lapses on the server's clock the moment its
+// holder stops renewing, whatever any machine's clock says. A claim is
+// also bound to its machine's seat claim (it records that claim's token):
+// once the machine's seat claim lapses or is released, its ask claims are
+// void at once, even inside their own lease.
+//
+// When the holder is done the claim is settled, not deleted: Finish records
+// the outcome announced (a redelivered ask is then acknowledged, not built
+// again), Release records that the ask went back to the queue and since
+// when it has been failing on infrastructure (the ask's retry budget, spent
+// by every attempt on any machine). Settled records carry no TTL: the bucket
+// keeps them for the ask's retain.
+
+// AskRecord is the value of a machine's claim of an ask.
+type AskRecord struct {
+	Ask     string `json:"ask"`
+	Machine string `json:"machine"`
+	// Holder says which process holds it, for people.
+	Holder string `json:"holder"`
+	// Attempt is the ask's delivery the claim was made for (1 the first).
+	Attempt int `json:"attempt"`
+	// Since and Renewed are the holder's clock: for people only.
+	Since   time.Time `json:"since"`
+	Renewed time.Time `json:"renewed"`
+	Lease   string    `json:"lease"`
+	Token   string    `json:"token"`
+	// Seat is the token of the machine's seat claim this claim is bound
+	// to; empty for a holder that has none.
+	Seat string `json:"seat,omitempty"`
+	// Outcome is the event announced (built, failed): the ask is settled.
+	Outcome string `json:"outcome,omitempty"`
+	// Released says why the ask went back to the queue; empty while held.
+	Released string `json:"released,omitempty"`
+	// InfraSince is when the ask began failing on infrastructure, on any
+	// machine: the start of its retry budget. Zero until it has.
+	InfraSince time.Time `json:"infra_since,omitzero"`
+}
+
+// Held reports whether the record is a holder's claim still working (not
+// settled). Whether it is alive is the key's: a lapsed claim is gone.
+func (r AskRecord) Held() bool { return r.Outcome == "" && r.Released == "" }
+
+// AskFound is what a machine finds of an ask's claims before it claims it.
+type AskFound struct {
+	// Done is a claim whose outcome was announced; nil for none.
+	Done *AskRecord
+	// Held is a live claim of another holder (or another slot of this
+	// machine's agent); nil for none.
+	Held *AskRecord
+	// InfraSince is the earliest start of the ask's infrastructure
+	// failures in any claim; zero for none.
+	InfraSince time.Time
+	// Attempts is the highest attempt any claim records.
+	Attempts int
+}
+
+// Asks is seat's ask claims bucket as machine's holder sees it.
+type Asks struct {
+	js                               jetstream.JetStream
+	kv                               jetstream.KeyValue
+	claims                           jetstream.KeyValue // the seat claims: what an ask claim is bound to
+	seat, machine, holder, seatToken string
+	o                                options
+}
+
+// ErrNoAskClaims is returned by OpenAsks when the seat's ask claims bucket is
+// not raised.
+var ErrNoAskClaims = errors.New("no ask claims bucket")
+
+// OpenAsks opens seat's ask claims bucket for machine's holder (holder names
+// the process for people). seatToken is the token of the machine's seat
+// claim (Lease.Token) every ask claim is bound to; empty binds them to
+// nothing. It returns an error matching ErrNoAskClaims when the bucket is
+// not raised.
+func OpenAsks(ctx context.Context, js jetstream.JetStream, seat, machine, holder, seatToken string, opts ...Option) (*Asks, error) {
+	o, err := makeOptions(opts)
+	if err != nil {
+		return nil, err
+	}
+	if err := mesh.ValidNodeName(machine); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrOption, err)
+	}
+	kv, err := js.KeyValue(ctx, mesh.AskClaimsBucket(seat))
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		return nil, fmt.Errorf("%w: %s (raise the catalogue with this version)", ErrNoAskClaims, mesh.AskClaimsBucket(seat))
+	}
+	if err != nil {
+		return nil, fmt.Errorf("opening the ask claims bucket %s: %w", mesh.AskClaimsBucket(seat), err)
+	}
+	a := &Asks{js: js, kv: kv, seat: seat, machine: machine, holder: holder, seatToken: seatToken, o: o}
+	if seatToken != "" {
+		if a.claims, err = js.KeyValue(ctx, mesh.ClaimsBucket()); err != nil {
+			return nil, fmt.Errorf("opening the claims bucket %s: %w", mesh.ClaimsBucket(), err)
+		}
+	}
+	return a, nil
+}
+
+// Lease is how long an ask claim outlives its holder's last renewal.
+func (a *Asks) Lease() time.Duration { return a.o.lease }
+
+// Renew is how often an ask claim is renewed.
+func (a *Asks) Renew() time.Duration { return a.o.renew }
+
+// ReadAsk reads machine's claim of ask in kv (a seat's ask claims bucket);
+// ok is false when there is none (never made, or lapsed).
+func ReadAsk(ctx context.Context, kv jetstream.KeyValue, ask, machine string) (rec AskRecord, ok bool, err error) {
+	e, err := kv.Get(ctx, mesh.AskClaimKey(ask, machine))
+	if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
+		return AskRecord{}, false, nil
+	}
+	if err != nil {
+		return AskRecord{}, false, err
+	}
+	if err := json.Unmarshal(e.Value(), &rec); err != nil {
+		return AskRecord{}, false, fmt.Errorf("claim %s is not an ask claim: %w", e.Key(), err)
+	}
+	return rec, true, nil
+}
+
+// Look reads every machine's claim of ask. A held claim whose machine's
+// seat claim is gone (or is another's now) is void and not reported held.
+// mine reports whether a held claim of this machine is one of its own
+// slots' (that claim is then reported held too).
+func (a *Asks) Look(ctx context.Context, ask string, mine func(AskRecord) bool) (AskFound, error) {
+	var f AskFound
+	lister, err := a.kv.ListKeysFiltered(ctx, mesh.AskClaimKeys(ask))
+	if errors.Is(err, jetstream.ErrNoKeysFound) {
+		return f, nil
+	}
+	if err != nil {
+		return f, fmt.Errorf("listing the claims of ask %s: %w", ask, err)
+	}
+	for key := range lister.Keys() {
+		_, machine, _ := cutLast(key)
+		rec, ok, err := ReadAsk(ctx, a.kv, ask, machine)
+		if err != nil {
+			return f, err
+		}
+		if !ok {
+			continue // lapsed while listing
+		}
+		f.Attempts = max(f.Attempts, rec.Attempt)
+		if !rec.InfraSince.IsZero() && (f.InfraSince.IsZero() || rec.InfraSince.Before(f.InfraSince)) {
+			f.InfraSince = rec.InfraSince
+		}
+		switch {
+		case rec.Outcome != "":
+			r := rec
+			f.Done = &r
+		case !rec.Held():
+		case rec.Machine == a.machine && !mine(rec):
+			// This machine's, from an agent that is gone (restarted here).
+		case a.bound(ctx, rec):
+			r := rec
+			f.Held = &r
+		}
+	}
+	return f, nil
+}
+
+// bound reports whether a held claim's machine still holds the seat claim
+// it is bound to. A claim bound to nothing is judged on its own lease.
+func (a *Asks) bound(ctx context.Context, rec AskRecord) bool {
+	if rec.Seat == "" || a.claims == nil {
+		return true
+	}
+	cur, err := read(ctx, a.claims, mesh.ClaimKey(a.seat, rec.Machine))
+	switch {
+	case errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted):
+		return false // the machine's seat lapsed or was released
+	case err != nil:
+		return true // unknown: the claim's own lease decides
+	}
+	return cur.Token == rec.Seat
+}
+
+func cutLast(key string) (string, string, bool) {
+	for i := len(key) - 1; i >= 0; i-- {
+		if key[i] == '.' {
+			return key[:i], key[i+1:], true
+		}
+	}
+	return key, "", false
+}
+
+// AskLease is a machine's held claim of an ask: a Lease that Finish or
+// Release settles.
+type AskLease struct {
+	*Lease
+	asks *Asks
+	rec  AskRecord
+}
+
+// Claim claims ask for this machine at attempt, carrying infraSince (the
+// ask's budget so far, from Look). It writes the machine's own key, with
+// the lease as its TTL, and renews it until Finish or Release, or until it
+// is lost (Lost, Context).
+func (a *Asks) Claim(ctx context.Context, ask string, attempt int, infraSince time.Time) (*AskLease, error) {
+	now := a.o.clock().UTC()
+	rec := AskRecord{Ask: ask, Machine: a.machine, Holder: a.holder, Attempt: attempt, Since: now, Renewed: now,
+		Lease: a.o.lease.String(), Token: rand.Text(), Seat: a.seatToken, InfraSince: infraSince}
+	data, _ := json.Marshal(rec)
+	key := mesh.AskClaimKey(ask, a.machine)
+	sent := time.Now()
+	ack, err := a.js.PublishMsg(ctx, &nats.Msg{Subject: mesh.KVKeySubject(mesh.AskClaimsBucket(a.seat), key), Data: data},
+		jetstream.WithMsgTTL(a.o.lease))
+	if err != nil {
+		return nil, fmt.Errorf("claiming ask %s: %w", ask, err)
+	}
+	l := newLease(a.js, a.kv, mesh.AskClaimsBucket(a.seat), key, rec.Token, "ask "+ask+" on "+a.machine, ack.Sequence, sent, a.o,
+		func(at time.Time) []byte {
+			r := rec
+			r.Renewed = at
+			data, _ := json.Marshal(r)
+			return data
+		})
+	return &AskLease{Lease: l, asks: a, rec: rec}, nil
+}
+
+// Record is what the claim says.
+func (l *AskLease) Record() AskRecord { return l.rec }
+
+// Finish settles the claim with the outcome announced: a delivery of the
+// ask that comes again is acknowledged without building.
+func (l *AskLease) Finish(ctx context.Context, outcome string) error {
+	v := l.rec
+	v.Outcome = outcome
+	return l.settle(ctx, v)
+}
+
+// Release settles the claim as handed back, for why, keeping since when the
+// ask has failed on infrastructure (zero for not).
+func (l *AskLease) Release(ctx context.Context, why string, infraSince time.Time) error {
+	v := l.rec
+	if why == "" {
+		why = "handed back"
+	}
+	v.Released, v.InfraSince = why, infraSince
+	return l.settle(ctx, v)
+}
+
+// settle stops renewing and writes v, with no TTL, if the key is still this
+// claim's.
+func (l *AskLease) settle(ctx context.Context, v AskRecord) error {
+	l.stopOnce.Do(func() { close(l.stop) })
+	<-l.done
+	l.mu.Lock()
+	held, rev := l.err == nil, l.rev
+	l.mu.Unlock()
+	if !held {
+		return fmt.Errorf("settling %s: %w", l.what, l.Err())
+	}
+	l.end(ErrReleased)
+	v.Renewed = l.o.clock().UTC()
+	data, _ := json.Marshal(v)
+	for range 3 {
+		_, err := l.js.PublishMsg(ctx, &nats.Msg{Subject: l.subject, Data: data}, jetstream.WithExpectLastSequencePerSubject(rev))
+		if err == nil {
+			l.rec = v
+			return nil
+		}
+		if !wrongLastSequence(err) {
+			return fmt.Errorf("settling %s: %w", l.what, err)
+		}
+		// A renewal whose answer was lost moved the key on: settle at its
+		// revision if it is still this claim.
+		e, gerr := l.kv.Get(ctx, l.key)
+		if gerr != nil {
+			return fmt.Errorf("settling %s: %w", l.what, gerr)
+		}
+		var cur AskRecord
+		if json.Unmarshal(e.Value(), &cur) != nil || cur.Token != l.token {
+			return fmt.Errorf("%w: settling %s: another claim has the key now", ErrLost, l.what)
+		}
+		rev = e.Revision()
+	}
+	return fmt.Errorf("settling %s: the key kept moving", l.what)
+}
