@@ -61,8 +61,8 @@ func TestAnAskWhoseOutcomeWasAnnouncedIsSettledWithoutBuilding(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	done, _ := json.Marshal(map[string]string{"done": mesh.EventBuilt})
-	if _, err := kv.Create(context.Background(), mesh.AskClaimKey("again"), done); err != nil {
+	done, _ := json.Marshal(map[string]any{"ask": "again", "machine": "m0", "attempt": 1, "outcome": mesh.EventBuilt})
+	if _, err := kv.Create(context.Background(), mesh.AskClaimKey("again", "m0"), done); err != nil {
 		t.Fatal(err)
 	}
 	var calls atomic.Int32
@@ -70,9 +70,21 @@ func TestAnAskWhoseOutcomeWasAnnouncedIsSettledWithoutBuilding(t *testing.T) {
 		calls.Add(1)
 		return agent.Result{Digest: "sha256:" + fmt.Sprintf("%064d", 1)}, nil
 	})
+	// Its first holder took it and lost the ack: it comes again.
+	submit(t, js, ask("again"))
+	cons, err := js.Consumer(context.Background(), mesh.SeatStream(mesh.BuildSeat), mesh.BuildConsumer(mesh.DefaultPlatform))
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for m := range batch.Messages() {
+		_ = m.Nak()
+	}
 	ended := make(ends, 10)
 	startObserved(t, s, "m1", w, nil, ended)
-	submit(t, js, ask("again"))
 	ended.next(t, agent.OutcomeDone, 10*time.Second)
 	testenv.WaitFor(t, 5*time.Second, "the ask settled", func() bool {
 		info := consumerInfo(t, js)

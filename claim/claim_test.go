@@ -370,9 +370,12 @@ func TestBadClaimsAreRefusedWithTheFix(t *testing.T) {
 // and cannot write the claim of a seat it does not hold.
 func TestHoldersClaimUnderTheirDerivedPermissions(t *testing.T) {
 	cat := testenv.Catalogue(t, map[string][]string{"a": nil})
-	agentModule, _ := cat.Module("build-agent")
+	machine, err := cat.MachinePermissions("m1")
+	if err != nil {
+		t.Fatal(err)
+	}
 	var users []*server.User
-	for _, p := range []mesh.Permissions{cat.ControllerPermissions("controller"), cat.ModulePermissions(agentModule)} {
+	for _, p := range []mesh.Permissions{cat.ControllerPermissions("controller"), machine} {
 		users = append(users, &server.User{Username: p.Principal, Password: "pw", Permissions: p.ServerPermissions()})
 	}
 	s := natstest.Server(t, &server.Options{Users: users})
@@ -397,7 +400,7 @@ func TestHoldersClaimUnderTheirDerivedPermissions(t *testing.T) {
 		t.Fatalf("controller claiming under its grant: %v", err)
 	}
 	release(t, c)
-	ajs := connect("build-agent")
+	ajs := connect(mesh.PrincipalID(mesh.KindAgent, "m1"))
 	a, err := claim.Claim(ctx, ajs, mesh.BuildSeat, claim.Node("m1"), "agent", short...)
 	if err != nil {
 		t.Fatalf("agent claiming under its grant: %v", err)
@@ -417,6 +420,24 @@ func TestHoldersClaimUnderTheirDerivedPermissions(t *testing.T) {
 	case err := <-violations:
 		t.Fatalf("a holder was refused: %v", err)
 	default:
+	}
+	// Attack (issue 19): machine m1 writes machine m2's claim, with no TTL,
+	// to lock m2 out. The server refuses it, and m2 claims its seat.
+	{
+		kv, err := ajs.KeyValue(ctx, mesh.ClaimsBucket())
+		if err != nil {
+			t.Fatal(err)
+		}
+		short, cancel := context.WithTimeout(ctx, 2*time.Second)
+		_, err = kv.Put(short, mesh.ClaimKey(mesh.BuildSeat, "m2"), []byte(`{"holder":"forger"}`))
+		cancel()
+		if err == nil {
+			t.Fatal("machine m1 wrote machine m2's claim")
+		}
+		if _, ok, _ := claim.Current(ctx, cjs, mesh.BuildSeat, claim.Node("m2")); ok {
+			t.Fatal("m2's seat is held after m1's forged write")
+		}
+		drain(violations)
 	}
 	// The agent holds no mesh seat: it cannot claim mesh-controller.
 	short, cancel := context.WithTimeout(ctx, 2*time.Second)
@@ -469,5 +490,15 @@ func TestHoldReturnsNilWhenStopped(t *testing.T) {
 	err := claim.Hold(context.Background(), js, "mesh-controller", claim.Mesh(), "A", func(context.Context) error { return broke }, short...)
 	if !errors.Is(err, broke) {
 		t.Fatalf("Hold whose fn failed while holding = %v, want fn's error", err)
+	}
+}
+
+func drain(ch chan error) {
+	for {
+		select {
+		case <-ch:
+		default:
+			return
+		}
 	}
 }

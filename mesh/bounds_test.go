@@ -41,7 +41,7 @@ func TestTheSeatsBoundsUnderDerivedPermissions(t *testing.T) {
 	if _, err := cjs.Publish(ctx(t), mesh.BuildSubject(mesh.DefaultPlatform), []byte(`{}`)); err != nil {
 		t.Fatal(err)
 	}
-	_, ajs, _ := connect("build-agent")
+	_, ajs, _ := connect("m1")
 	held, err := ajs.Consumer(ctx(t), mesh.SeatStream(mesh.BuildSeat), mesh.BuildConsumer(mesh.DefaultPlatform))
 	if err != nil {
 		t.Fatal(err)
@@ -76,20 +76,29 @@ func TestTheSeatsBoundsUnderDerivedPermissions(t *testing.T) {
 	}
 
 	bucket := mesh.AskClaimsBucket(mesh.BuildSeat)
-	_, js, _ := connect("build-agent")
+	_, js, _ := connect("m1")
 	kv, err := js.KeyValue(ctx(t), bucket)
 	if err != nil {
 		t.Fatalf("a holder binding %s: %v", bucket, err)
 	}
-	rev, err := kv.Create(ctx(t), mesh.AskClaimKey("p-1-a-1"), []byte(`{"holder":"m1"}`))
+	rev, err := kv.Create(ctx(t), mesh.AskClaimKey("p-1-a-1", "m1"), []byte(`{"holder":"m1"}`))
 	if err != nil {
 		t.Fatalf("a holder claiming an ask: %v", err)
 	}
-	if _, err := kv.Update(ctx(t), mesh.AskClaimKey("p-1-a-1"), []byte(`{"holder":"m1","done":"built"}`), rev); err != nil {
+	if _, err := kv.Update(ctx(t), mesh.AskClaimKey("p-1-a-1", "m1"), []byte(`{"holder":"m1","done":"built"}`), rev); err != nil {
 		t.Fatalf("a holder renewing its claim: %v", err)
 	}
-	if _, err := kv.Create(ctx(t), mesh.AskClaimKey("p-1-a-1"), []byte(`{"holder":"m2"}`)); err == nil {
-		t.Fatal("a second claim of the same ask was created")
+	if _, err := kv.Create(ctx(t), mesh.AskClaimKey("p-1-a-1", "m1"), []byte(`{"holder":"m2"}`)); err == nil {
+		t.Fatal("a second claim of the same key was created")
+	}
+	// Another machine cannot write m1's claim: its own keys only.
+	_, js2, _ := connect("m2")
+	if kv2, err := js2.KeyValue(ctx(t), bucket); err == nil {
+		short, cancel := context.WithTimeout(ctx(t), time.Second)
+		if _, err := kv2.Put(short, mesh.AskClaimKey("p-1-a-1", "m1"), []byte(`{"holder":"m2"}`)); err == nil {
+			t.Fatal("machine m2 wrote m1's claim of an ask")
+		}
+		cancel()
 	}
 
 	_, sjs, _ := connect("shop")

@@ -23,8 +23,11 @@ const (
 	// (Nats-Msg-Id), so a re-submit inside it is a no-op.
 	DuplicateWindow = time.Hour
 	// HolderAckWait is how long a holder may stay silent on an ask before it
-	// is redelivered; holders send InProgress well inside it.
-	HolderAckWait = 30 * time.Second
+	// is redelivered; holders send InProgress every third of it. It is how
+	// long a dead machine's ask waits before another takes it (its claim,
+	// with a lease of three quarters of it, has lapsed by then): issue 20's
+	// "a lost machine replaced in seconds". See README's table of leases.
+	HolderAckWait = 8 * time.Second
 	// ConsumerAckWait is the ack wait of a module's event consumer.
 	ConsumerAckWait = 30 * time.Second
 	// ClaimMarkerTTL is how long ClaimsBucket keeps the marker the server

@@ -47,7 +47,7 @@ func TestNodePermissionsAreExactlyDerived(t *testing.T) {
 		"mesh.seat.mesh-controller.accept.enrol",
 		"mesh.seat.mesh-controller.accept.report",
 	}
-	wantSub := []string{"_INBOX_n1.>", "mesh.node.n1.answer.>"}
+	wantSub := []string{"_INBOX_node_n1.>", "mesh.node.n1.answer.>"}
 	if !slices.Equal(p.Publish, wantPub) || !slices.Equal(p.Subscribe, wantSub) || p.Responses {
 		t.Fatalf("n1's permissions\n pub %v\n sub %v\nwant\n pub %v\n sub %v", p.Publish, p.Subscribe, wantPub, wantSub)
 	}

@@ -59,8 +59,10 @@ func TestTheBuildSeatSplitsByPlatform(t *testing.T) {
 	if !slices.Equal(names, []string{mesh.BuildConsumer("linux/amd64"), mesh.BuildConsumer("linux/arm64")}) {
 		t.Fatalf("build seat consumers %v", names)
 	}
-	agentModule, _ := c.Module("build-agent")
-	perms := c.ModulePermissions(agentModule)
+	perms, err := c.MachinePermissions("m1")
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, p := range c.Platforms() {
 		if !slices.Contains(perms.Publish, mesh.AckSubject(mesh.SeatStream(mesh.BuildSeat), mesh.BuildConsumer(p))) {
 			t.Errorf("the holder's grant lacks the ack grant of %s", p)

@@ -18,7 +18,6 @@ func TestPrincipalPermissions(t *testing.T) {
 	if err != nil || mesh.HasErrors(problems) {
 		t.Fatalf("the example fleet: %v %v", err, problems)
 	}
-	agent, _ := cat.Module(mesh.AgentModule)
 	git, _ := cat.Module("git")
 	for _, tc := range []struct {
 		kind, name string
@@ -26,7 +25,7 @@ func TestPrincipalPermissions(t *testing.T) {
 	}{
 		{mesh.KindController, "", cat.ControllerPermissions(mesh.ControllerPrincipal)},
 		{mesh.KindOperator, "", cat.OperatorPermissions(mesh.OperatorPrincipal)},
-		{mesh.KindAgent, "", cat.ModulePermissions(agent)},
+		{mesh.KindAgent, "m1", mustPerms(cat.MachinePermissions("m1"))},
 		{mesh.KindNode, "m1", cat.NodeStatePermissions("m1", []string{mesh.AgentModule})},
 		{mesh.KindModule, "git", cat.ModulePermissions(git)},
 	} {
@@ -116,4 +115,11 @@ func TestAllowListDropsWhatAWildcardAllows(t *testing.T) {
 			t.Errorf("AllowList(%v) = %v, want %v", tc.in, got, tc.want)
 		}
 	}
+}
+
+func mustPerms(p mesh.Permissions, err error) mesh.Permissions {
+	if err != nil {
+		panic(err)
+	}
+	return p
 }

@@ -179,6 +179,15 @@ func principals(t *testing.T, c *mesh.Catalogue) (urlOf func(user string) string
 		sets = append(sets, c.ModulePermissions(m))
 	}
 	sets = append(sets, c.ControllerPermissions("controller"))
+	if _, ok := c.Module(mesh.AgentModule); ok {
+		for _, m := range testMachines {
+			p, err := c.MachinePermissions(m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sets = append(sets, p)
+		}
+	}
 	opts := &natsServerOptions{}
 	for _, p := range sets {
 		opts.add(p)
@@ -186,6 +195,7 @@ func principals(t *testing.T, c *mesh.Catalogue) (urlOf func(user string) string
 	s := natstest.Server(t, opts.options())
 	connect = func(user string) (*nats.Conn, jetstream.JetStream, <-chan error) {
 		errs := make(chan error, 64)
+		user = testPrincipal(user)
 		nc, js := natstest.Connect(t, s, nats.UserInfo(user, "pw-"+user),
 			nats.CustomInboxPrefix(mesh.InboxPrefix(user)),
 			nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
@@ -197,6 +207,21 @@ func principals(t *testing.T, c *mesh.Catalogue) (urlOf func(user string) string
 		return nc, js, errs
 	}
 	return func(string) string { return s.ClientURL() }, connect
+}
+
+// testMachines are the build machines principals issues credentials to.
+var testMachines = []string{"m1", "m2"}
+
+// testPrincipal is the principal id a test names: a machine of
+// testMachines, the controller, or a module.
+func testPrincipal(name string) string {
+	switch {
+	case name == mesh.ControllerPrincipal:
+		return name
+	case slices.Contains(testMachines, name):
+		return mesh.PrincipalID(mesh.KindAgent, name)
+	}
+	return mesh.PrincipalID(mesh.KindModule, name)
 }
 
 // refused waits for the server to refuse an operation on subject.
@@ -250,7 +275,7 @@ func TestDerivedPermissionsOnARealServer(t *testing.T) {
 	})
 
 	t.Run("a holder fetches and acks under exactly its grant", func(t *testing.T) {
-		_, js, _ := connect("build-agent")
+		_, js, _ := connect("m1")
 		cons, err := js.Consumer(ctx(t), mesh.SeatStream(mesh.BuildSeat), mesh.BuildConsumer(mesh.DefaultPlatform))
 		if err != nil {
 			t.Fatalf("holder binding its consumer: %v", err)
@@ -276,8 +301,18 @@ func TestDerivedPermissionsOnARealServer(t *testing.T) {
 		if info.NumAckPending != 0 || info.AckFloor.Stream == 0 {
 			t.Fatalf("ack not recorded: pending %d floor %d", info.NumAckPending, info.AckFloor.Stream)
 		}
-		if _, err := js.Publish(ctx(t), mesh.SeatEventSubject(mesh.BuildSeat, "built"), []byte("{}")); err != nil {
+		if _, err := js.Publish(ctx(t), mesh.HolderEventSubject(mesh.BuildSeat, "m1", "built"), []byte("{}")); err != nil {
 			t.Fatalf("holder announcing built: %v", err)
+		}
+		// It speaks for itself only: not for m2, not on the seat's bare
+		// subject.
+		for _, other := range []string{mesh.HolderEventSubject(mesh.BuildSeat, "m2", "built"), mesh.SeatEventSubject(mesh.BuildSeat, "built")} {
+			short, cancel := context.WithTimeout(ctx(t), time.Second)
+			_, err := js.Publish(short, other, []byte("{}"))
+			cancel()
+			if err == nil {
+				t.Fatalf("machine m1 published on %s", other)
+			}
 		}
 	})
 
@@ -314,7 +349,7 @@ func TestDerivedPermissionsOnARealServer(t *testing.T) {
 
 	t.Run("the controller receives every event it follows", func(t *testing.T) {
 		ms, _ := c.Module("build-controller")
-		_, ajs, _ := connect("build-agent")
+		_, ajs, _ := connect("m1")
 		_, gjs, _ := connect("git")
 		_, sjs, _ := connect("shop")
 		publishers := map[string]jetstream.JetStream{"node-build-agent": ajs, "mesh-git": gjs, "shop": sjs}
@@ -322,6 +357,10 @@ func TestDerivedPermissionsOnARealServer(t *testing.T) {
 		for _, ref := range ms.Consumes {
 			emitter, _, _ := mesh.SplitRef(ref)
 			subj, _ := c.ConsumedSubject(ref)
+			if s, _, ok := c.Seat(emitter); ok && s.Scope == mesh.ScopeNode {
+				_, _, event, _ := mesh.SplitHolderEventSubject(subj)
+				subj = mesh.HolderEventSubject(emitter, "m1", event)
+			}
 			if _, err := publishers[emitter].Publish(ctx(t), subj, []byte(ref)); err != nil {
 				t.Fatalf("%s publishing %s: %v", emitter, subj, err)
 			}
