@@ -184,16 +184,17 @@ func events(t *testing.T, js jetstream.JetStream) record {
 		got := 0
 		for m := range batch.Messages() {
 			got++
-			switch m.Subject() {
-			case mesh.SeatEventSubject(mesh.BuildSeat, mesh.EventStarted):
+			_, _, event, _ := mesh.SplitHolderEventSubject(m.Subject())
+			switch event {
+			case mesh.EventStarted:
 				var e mesh.Started
 				_ = json.Unmarshal(m.Data(), &e)
 				r.Started = append(r.Started, e)
-			case mesh.SeatEventSubject(mesh.BuildSeat, mesh.EventBuilt):
+			case mesh.EventBuilt:
 				var e mesh.Built
 				_ = json.Unmarshal(m.Data(), &e)
 				r.Built = append(r.Built, e)
-			case mesh.SeatEventSubject(mesh.BuildSeat, mesh.EventFailed):
+			case mesh.EventFailed:
 				var e mesh.Failed
 				_ = json.Unmarshal(m.Data(), &e)
 				r.Failed = append(r.Failed, e)
@@ -278,9 +279,10 @@ func TestTwoAgentsThreeAsksOneAtATime(t *testing.T) {
 			t.Errorf("machine %s had %d asks in flight at once", m, n)
 		}
 	}
-	if info := consumerInfo(t, js); info.NumAckPending != 0 || info.NumPending != 0 {
-		t.Errorf("queue not drained: ack pending %d pending %d", info.NumAckPending, info.NumPending)
-	}
+	testenv.WaitFor(t, 5*time.Second, "the queue drained", func() bool {
+		info := consumerInfo(t, js)
+		return info.NumAckPending == 0 && info.NumPending == 0
+	})
 }
 
 // A killed agent's ask is built by another once the ack wait and the

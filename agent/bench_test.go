@@ -120,7 +120,7 @@ func watchSeat(tb testing.TB, nc *nats.Conn) *seatEvents {
 	e := &seatEvents{arrived: map[string]time.Time{}, failed: map[string]string{}, logs: map[string][]string{},
 		notify: make(chan struct{}, 1)}
 	// A build's output; its last batch arrives as event logFinal.
-	logs, err := nc.Subscribe(mesh.SeatEventSubject(mesh.BuildSeat, mesh.LogEvent(">")), func(m *nats.Msg) {
+	logs, err := nc.Subscribe(mesh.HolderEventSubject(mesh.BuildSeat, mesh.AnyHolder, mesh.LogEvent(">")), func(m *nats.Msg) {
 		at := time.Now()
 		var batch mesh.LogBatch
 		if json.Unmarshal(m.Data, &batch) != nil {
@@ -142,7 +142,7 @@ func watchSeat(tb testing.TB, nc *nats.Conn) *seatEvents {
 	}
 	tb.Cleanup(func() { _ = logs.Unsubscribe() })
 	for _, ev := range []string{mesh.EventStarted, mesh.EventBuilt, mesh.EventFailed} {
-		sub, err := nc.Subscribe(mesh.SeatEventSubject(mesh.BuildSeat, ev), func(m *nats.Msg) {
+		sub, err := nc.Subscribe(mesh.HolderEventSubject(mesh.BuildSeat, mesh.AnyHolder, ev), func(m *nats.Msg) {
 			at := time.Now()
 			var v struct {
 				Ask     string `json:"ask"`

@@ -26,9 +26,12 @@ import (
 // build; and it builds asks of that platform.
 func TestUngrantedPlatformsDoNotDelayTheStart(t *testing.T) {
 	cat := testenv.Catalogue(t, map[string][]string{"tool": nil}) // linux/amd64 only
-	agentModule, _ := cat.Module(mesh.AgentModule)
+	machine, err := cat.MachinePermissions("wide")
+	if err != nil {
+		t.Fatal(err)
+	}
 	var users []*server.User
-	for _, p := range []mesh.Permissions{cat.ControllerPermissions(mesh.ControllerPrincipal), cat.ModulePermissions(agentModule), cat.OperatorPermissions(mesh.OperatorPrincipal)} {
+	for _, p := range []mesh.Permissions{cat.ControllerPermissions(mesh.ControllerPrincipal), machine, cat.OperatorPermissions(mesh.OperatorPrincipal)} {
 		users = append(users, &server.User{Username: p.Principal, Password: "pw", Permissions: p.ServerPermissions()})
 	}
 	s := natstest.Server(t, &server.Options{Users: users})
@@ -43,7 +46,7 @@ func TestUngrantedPlatformsDoNotDelayTheStart(t *testing.T) {
 		t.Fatal(err)
 	}
 	onc, _ := connect(mesh.OperatorPrincipal)
-	_, ajs := connect(agentModule.Module)
+	_, ajs := connect(machine.Principal)
 
 	cfg := agent.DefaultConfig()
 	cfg.Machine, cfg.FetchWait = "wide", 500*time.Millisecond

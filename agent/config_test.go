@@ -39,17 +39,17 @@ func TestRetryDelayGrowsToItsBound(t *testing.T) {
 	}
 }
 
-// The shipped heartbeat is a third of the holders' ack wait — 10 s against
-// 30 s — and follows the consumer's ack wait when that is changed; a
+// The shipped heartbeat is a third of the holders' ack wait — 2.67 s against
+// 8 s — and follows the consumer's ack wait when that is changed; a
 // heartbeat set in the config wins.
 func TestTheDefaultHeartbeatIsAThirdOfTheConsumersAckWait(t *testing.T) {
 	shipped := mesh.SeatConsumerSpec(mesh.Seat{Seat: mesh.BuildSeat}, 1).Config.AckWait
-	if shipped != 30*time.Second || DefaultConfig().Heartbeat != 0 {
-		t.Fatalf("the shipped ack wait is %s and heartbeat %s; this test expects 30s and the derived default", shipped, DefaultConfig().Heartbeat)
+	if shipped != 8*time.Second || DefaultConfig().Heartbeat != 0 {
+		t.Fatalf("the shipped ack wait is %s and heartbeat %s; this test expects 8s and the derived default", shipped, DefaultConfig().Heartbeat)
 	}
 	for _, tc := range []struct{ set, ackWait, want time.Duration }{
-		{0, shipped, 10 * time.Second},
-		{0, 0, 10 * time.Second}, // unknown: the holders' ack wait
+		{0, shipped, shipped / 3},
+		{0, 0, shipped / 3}, // unknown: the holders' ack wait
 		{0, 3 * time.Second, time.Second},
 		{2 * time.Second, shipped, 2 * time.Second},
 	} {

@@ -123,7 +123,7 @@ func waitBuilt(t *testing.T, js jetstream.JetStream, asks ...string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	cons, err := js.OrderedConsumer(ctx, mesh.EventsStream, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{mesh.SeatEventSubject(mesh.BuildSeat, mesh.EventBuilt)}})
+		FilterSubjects: []string{mesh.HolderEventSubject(mesh.BuildSeat, mesh.AnyHolder, mesh.EventBuilt)}})
 	if err != nil {
 		t.Fatal(err)
 	}

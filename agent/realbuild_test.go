@@ -227,7 +227,7 @@ func awaitOutput(t *testing.T, s *server.Server, ask, suffix string) <-chan stru
 	nc, _ := natstest.Connect(t, s)
 	seen := make(chan struct{})
 	closed := false
-	_, err := nc.Subscribe(mesh.SeatEventSubject(mesh.BuildSeat, mesh.LogEvent(ask)), func(m *nats.Msg) {
+	_, err := nc.Subscribe(mesh.HolderEventSubject(mesh.BuildSeat, mesh.AnyHolder, mesh.LogEvent(ask)), func(m *nats.Msg) {
 		var b mesh.LogBatch
 		if json.Unmarshal(m.Data, &b) != nil || closed {
 			return

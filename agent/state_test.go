@@ -40,8 +40,11 @@ func newKeepBus(t *testing.T) *keepBus {
 		t.Fatal(err)
 	}
 	users := []*server.User{{Username: "admin", Password: "pw"}}
+	m1, _ := cat.MachinePermissions("m1")
+	m2, _ := cat.MachinePermissions("m2")
+	_ = agentMod
 	for _, p := range []mesh.Permissions{
-		cat.ModulePermissions(agentMod), node, mesh.NodePermissions("m2"),
+		m1, m2, node, mesh.NodePermissions("m2"),
 		cat.ControllerPermissions(mesh.ControllerPrincipal), cat.OperatorPermissions(mesh.OperatorPrincipal),
 	} {
 		users = append(users, &server.User{Username: p.Principal, Password: "pw", Permissions: p.ServerPermissions()})
@@ -54,8 +57,12 @@ func newKeepBus(t *testing.T) *keepBus {
 	return b
 }
 
-// js connects as user; the server's refusals go to b.refused.
+// js connects as user (a node's name is node NAME's principal); the
+// server's refusals go to b.refused.
 func (b *keepBus) js(t *testing.T, user string) jetstream.JetStream {
+	if user == "m1" || user == "m2" {
+		user = mesh.PrincipalID(mesh.KindNode, user)
+	}
 	_, js := natstest.Connect(t, b.s, nats.UserInfo(user, "pw"), nats.CustomInboxPrefix(mesh.InboxPrefix(user)),
 		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
 			select {
@@ -83,7 +90,7 @@ func (b *keepBus) start(t *testing.T, machine string, w agent.Worker, st agent.S
 	cfg.Machine, cfg.State = machine, st
 	cfg.FetchWait = 500 * time.Millisecond
 	obs := make(ends, 16)
-	a, err := agent.New(cfg, b.js(t, mesh.AgentModule), w, nil, obs)
+	a, err := agent.New(cfg, b.js(t, mesh.PrincipalID(mesh.KindAgent, machine)), w, nil, obs)
 	if err != nil {
 		t.Fatal(err)
 	}

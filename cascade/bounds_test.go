@@ -243,7 +243,7 @@ func builtEvents(t *testing.T, js jetstream.JetStream, module string) int {
 	t.Helper()
 	ctx := context.Background()
 	cons, err := js.OrderedConsumer(ctx, mesh.EventsStream, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{mesh.SeatEventSubject(mesh.BuildSeat, mesh.EventBuilt)},
+		FilterSubjects: []string{mesh.HolderEventSubject(mesh.BuildSeat, mesh.AnyHolder, mesh.EventBuilt)},
 	})
 	if err != nil {
 		t.Fatal(err)

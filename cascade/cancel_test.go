@@ -81,7 +81,7 @@ func TestCancelOfARealBuildWaitsForTheAgentsWord(t *testing.T) {
 	wg.Go(func() { _ = a.Run(ctx); anc.Close() })
 
 	var builtEvents sync.Map
-	sub, err := nc.Subscribe(mesh.SeatEventSubject(mesh.BuildSeat, mesh.EventBuilt), func(m *nats.Msg) { builtEvents.Store(string(m.Data), true) })
+	sub, err := nc.Subscribe(mesh.HolderEventSubject(mesh.BuildSeat, mesh.AnyHolder, mesh.EventBuilt), func(m *nats.Msg) { builtEvents.Store(string(m.Data), true) })
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -302,7 +302,7 @@ func (f *faultFarm) builtEvents(id string) map[string][]mesh.Built {
 	// A node just restarted may not answer the JetStream API yet.
 	testenv.WaitFor(f.t, 30*time.Second, "an ordered consumer on "+mesh.EventsStream, func() bool {
 		cons, err = f.js.OrderedConsumer(ctx, mesh.EventsStream, jetstream.OrderedConsumerConfig{
-			FilterSubjects: []string{mesh.SeatEventSubject(mesh.BuildSeat, mesh.EventBuilt)},
+			FilterSubjects: []string{mesh.HolderEventSubject(mesh.BuildSeat, mesh.AnyHolder, mesh.EventBuilt)},
 		})
 		if err != nil && !errors.Is(err, nats.ErrNoResponders) && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, nats.ErrTimeout) {
 			f.t.Fatal(err)

@@ -492,7 +492,7 @@ func TestBadRequestsGetClearErrors(t *testing.T) {
 	}
 	// A malformed event is refused once (Term), never redelivered, and
 	// holds up nothing behind it.
-	for _, subj := range []string{mesh.SeatEventSubject(mesh.GitSeat, mesh.EventPushed), mesh.SeatEventSubject(mesh.BuildSeat, mesh.EventBuilt)} {
+	for _, subj := range []string{mesh.SeatEventSubject(mesh.GitSeat, mesh.EventPushed), mesh.HolderEventSubject(mesh.BuildSeat, mesh.AnyHolder, mesh.EventBuilt)} {
 		if _, err := h.js.Publish(ctx, subj, []byte("{not json")); err != nil {
 			t.Fatal(err)
 		}

@@ -800,7 +800,7 @@ func (f *chaosFarm) builtEvents(ids []string) map[string][]mesh.Built {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	cons, err := f.js.OrderedConsumer(ctx, mesh.EventsStream, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{mesh.SeatEventSubject(mesh.BuildSeat, mesh.EventBuilt)},
+		FilterSubjects: []string{mesh.HolderEventSubject(mesh.BuildSeat, mesh.AnyHolder, mesh.EventBuilt)},
 		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy, OptStartSeq: f.builtSeq + 1,
 	})
 	if err != nil {
@@ -1182,9 +1182,11 @@ func classify(subject string, payload []byte) string {
 		return kindAPI
 	case strings.HasPrefix(subject, mesh.SeatAcceptSubject(mesh.BuildSeat, mesh.BuildVerb)+"."):
 		return kindAsk
-	case subject == mesh.SeatEventSubject(mesh.BuildSeat, mesh.EventStarted):
+	}
+	switch _, _, event, _ := mesh.SplitHolderEventSubject(subject); event {
+	case mesh.EventStarted:
 		return kindStarted
-	case subject == mesh.SeatEventSubject(mesh.BuildSeat, mesh.EventBuilt):
+	case mesh.EventBuilt:
 		return kindBuilt
 	}
 	return kindOther

@@ -608,7 +608,7 @@ func fleetDispatch(tb testing.TB, f *fleetFarm, nc *nats.Conn, n int) []time.Dur
 	builtc := make(chan string, 1)
 	var want atomic.Pointer[string]
 	for ev, ch := range map[string]chan string{mesh.EventStarted: started, mesh.EventBuilt: builtc} {
-		sub, err := nc.Subscribe(mesh.SeatEventSubject(mesh.BuildSeat, ev), func(m *nats.Msg) {
+		sub, err := nc.Subscribe(mesh.HolderEventSubject(mesh.BuildSeat, mesh.AnyHolder, ev), func(m *nats.Msg) {
 			if w := want.Load(); w != nil && strings.Contains(string(m.Data), `"`+*w+`"`) {
 				select {
 				case ch <- *w:

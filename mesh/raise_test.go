@@ -262,7 +262,7 @@ func TestDerivedPermissionsOnARealServer(t *testing.T) {
 		}
 		defer sub.Unsubscribe()
 		refused(t, errs, ask)
-		built := mesh.SeatEventSubject(mesh.BuildSeat, "built")
+		built := mesh.HolderEventSubject(mesh.BuildSeat, mesh.AnyHolder, "built")
 		if err := nc.Publish(built, []byte("{}")); err != nil {
 			t.Fatal(err)
 		}
@@ -306,7 +306,7 @@ func TestDerivedPermissionsOnARealServer(t *testing.T) {
 		}
 		// It speaks for itself only: not for m2, not on the seat's bare
 		// subject.
-		for _, other := range []string{mesh.HolderEventSubject(mesh.BuildSeat, "m2", "built"), mesh.SeatEventSubject(mesh.BuildSeat, "built")} {
+		for _, other := range []string{mesh.HolderEventSubject(mesh.BuildSeat, "m2", "built"), mesh.HolderEventSubject(mesh.BuildSeat, mesh.AnyHolder, "built")} {
 			short, cancel := context.WithTimeout(ctx(t), time.Second)
 			_, err := js.Publish(short, other, []byte("{}"))
 			cancel()

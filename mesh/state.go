@@ -90,7 +90,7 @@ func (c *Catalogue) NodeStatePermissions(node string, modules []string) Permissi
 			}
 		}
 	}
-	return p.done(node, base.Responses)
+	return p.done(PrincipalID(KindNode, node), base.Responses)
 }
 
 // operatorStateGrants are the operator's grants on module state: read and

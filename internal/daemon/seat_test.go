@@ -158,7 +158,7 @@ func builtEvents(t *testing.T, js jetstream.JetStream) map[string]int {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	cons, err := js.OrderedConsumer(ctx, mesh.EventsStream, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{mesh.SeatEventSubject(mesh.BuildSeat, mesh.EventBuilt)},
+		FilterSubjects: []string{mesh.HolderEventSubject(mesh.BuildSeat, mesh.AnyHolder, mesh.EventBuilt)},
 	})
 	if err != nil {
 		t.Fatal(err)
