@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -36,8 +37,13 @@ func (a *Agent) handle(work context.Context, msg jetstream.Msg) {
 		c, verdict, err := a.claim(work, ask.ID, attempt)
 		switch verdict {
 		case claimDone:
-			// Its outcome was announced (its holder lost the ack to a bus
-			// outage): settled, not built again.
+			// Its outcome was recorded (its holder lost the ack, or died
+			// announcing it): announced again under the same id, not
+			// built again.
+			if out, ok := a.adopt(work, ask, attempt, c); ok {
+				a.settle(work, msg, log, out, c)
+				return
+			}
 			out = outcome{End: End{Outcome: OutcomeDone}, how: ack, err: fmt.Errorf("its outcome, %s, was announced on %s", c.found.Done.Outcome, c.found.Done.Machine)}
 		case claimHeld:
 			// Redelivered while its holder still works on it: left to it,
@@ -53,6 +59,36 @@ func (a *Agent) handle(work context.Context, msg jetstream.Msg) {
 		}
 	}
 	a.settle(work, msg, log, out, nil)
+}
+
+// adopt is the outcome of an ask whose outcome another holder (or this
+// machine before it restarted) recorded in its claim: the same event, now
+// this machine's (on, attempt), under the id it was recorded with, so the
+// stream keeps it once whether or not the first holder's publish landed.
+// The ask is claimed for this machine first, so that the controller takes
+// the event as the holder's. ok is false for a record that carries no
+// event (it is then acknowledged as announced).
+func (a *Agent) adopt(ctx context.Context, ask mesh.Ask, attempt int, c *hold) (outcome, bool) {
+	rec := c.found.Done
+	if len(rec.Event) == 0 || rec.MsgID == "" || a.claims == nil {
+		return outcome{}, false
+	}
+	var body map[string]any
+	if err := json.Unmarshal(rec.Event, &body); err != nil {
+		return outcome{}, false
+	}
+	body["on"], body["attempt"] = a.cfg.Machine, attempt
+	l, err := a.claims.Claim(ctx, ask.ID, attempt, rec.InfraSince)
+	if err != nil {
+		return handedBack(0, a.cfg.RetryDelay, err), true
+	}
+	c.lease = l
+	out := outcome{End: End{Outcome: OutcomeDone}, event: rec.Outcome, id: rec.MsgID, body: body, how: ack,
+		adopted: rec.Machine, err: fmt.Errorf("its outcome, %s, was recorded on %s: announced again, not built", rec.Outcome, rec.Machine)}
+	if rec.Outcome == mesh.EventFailed {
+		out.how, out.why = term, "failed"
+	}
+	return out, true
 }
 
 // attemptOf is the ask's delivery count: 1 the first time.

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"fmt"
 	"log/slog"
@@ -93,6 +94,9 @@ type outcome struct {
 
 	record *mesh.BuildRecord // the machine's record of the build, kept once settled; nil for none
 	lost   bool              // the ask's claim was lost: nothing is written to it
+	// adopted is the machine whose announced outcome this one announces
+	// again (under its message id, in id); empty for this machine's own.
+	adopted string
 }
 
 // handedBack gives an ask back to the queue after delay, for err.
@@ -112,7 +116,7 @@ func (a *Agent) built(ask mesh.Ask, attempt int, res Result, took time.Duration)
 	rec.Digest, rec.Commit = res.Digest, commit
 	return outcome{
 		End:   End{Outcome: OutcomeBuilt, Took: took, Bytes: res.Bytes, CacheHits: res.CacheHits},
-		event: mesh.EventBuilt, id: fmt.Sprintf("%s-built-%d", ask.ID, attempt),
+		event: mesh.EventBuilt, id: ask.ID + "-built",
 		body: mesh.Built{
 			Version: mesh.AskVersion, Ask: ask.ID, Plan: ask.Plan, Module: ask.Module,
 			Commit: commit, Digest: res.Digest, Image: res.Ref, On: a.cfg.Machine, Attempt: attempt,
@@ -143,27 +147,27 @@ func (a *Agent) failed(ask mesh.Ask, attempt int, reason, dedupe string, took ti
 	}
 }
 
-// settle carries an outcome out: announce, then mark or release the ask's
-// claim (c, nil for an ask not claimed here), then settle the ask, then
-// count and log. An outcome that could not be announced is not settled —
-// the ask is handed back instead — so nothing acknowledged is ever
-// unannounced.
+// settle carries an outcome out: record it in the ask's claim (c, nil for
+// an ask not claimed here) with its message id, announce it, then settle
+// the ask, then count and log. An outcome that could not be recorded or
+// announced is not settled — the ask is handed back instead, and whoever
+// takes it next announces the recorded outcome under the same id — so
+// nothing acknowledged is ever unannounced, and nothing announced is built
+// again.
 func (a *Agent) settle(ctx context.Context, msg jetstream.Msg, log *slog.Logger, out outcome, c *hold) {
-	if out.event != "" {
-		if err := a.report(ctx, out.event, out.id, out.body); err != nil {
+	switch {
+	case out.event != "":
+		if err := a.announce(ctx, out, c); err != nil {
 			log.Error(string(out.Outcome)+" but not announced: giving the ask back", "err", err)
 			out = handedBack(out.Took, a.cfg.RetryDelay, err)
+			out.lost = true // the claim keeps the outcome for the next holder
 		}
-	}
-	if c != nil && !out.lost {
-		event, why := out.event, ""
-		if out.how == nak {
-			event = ""
-			if out.err != nil {
-				why = oneLine(out.err)
-			}
+	case c != nil && !out.lost:
+		why := ""
+		if out.err != nil {
+			why = oneLine(out.err)
 		}
-		if err := c.settle(ctx, event, why); err != nil {
+		if err := c.settle(ctx, "", why); err != nil {
 			log.Warn("settling the ask's claim", "err", err)
 		}
 	}
@@ -211,6 +215,63 @@ func (a *Agent) settle(ctx context.Context, msg jetstream.Msg, log *slog.Logger,
 	a.obs.Ended(out.End)
 }
 
+// announce records out's event in the ask's claim, under a message id of
+// its own (an adopted outcome keeps the id it was recorded with), then
+// publishes it. A publish the stream takes as a duplicate is read back: a
+// duplicate of this machine's own event, or of the machine's whose outcome
+// it adopts, is this event; one another principal published first under
+// the id (to have the genuine event dropped) is not, and the event is
+// published again under a fresh id.
+func (a *Agent) announce(ctx context.Context, out outcome, c *hold) error {
+	data, err := json.Marshal(out.body)
+	if err != nil {
+		return fmt.Errorf("encoding %s: %w", out.event, err)
+	}
+	id := out.id
+	if out.adopted == "" {
+		id += "-" + rand.Text()[:16]
+	}
+	if c != nil && c.lease != nil {
+		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		err := c.lease.Announce(actx, out.event, id, data)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("recording %s in the ask's claim: %w", out.event, err)
+		}
+	}
+	for range 2 {
+		ack, err := a.publish(ctx, out.event, id, data)
+		if err != nil {
+			return err
+		}
+		if !ack.Duplicate || a.ours(ctx, ack.Sequence, out.adopted) {
+			return nil
+		}
+		a.log.Warn("the stream took this outcome as a duplicate of another principal's event: announcing it again under a fresh id", "event", out.event, "id", id)
+		id = out.id + "-" + rand.Text()[:16]
+	}
+	return fmt.Errorf("announcing %s: its message ids were taken", out.event)
+}
+
+// ours reports whether the event the stream keeps at seq is this
+// machine's, or adopted's (the machine whose outcome is announced again).
+// An event that cannot be read is taken as ours: the id is unguessable
+// until it is recorded.
+func (a *Agent) ours(ctx context.Context, seq uint64, adopted string) bool {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	st, err := a.js.Stream(ctx, mesh.EventsStream)
+	if err != nil {
+		return true
+	}
+	m, err := st.GetMsg(ctx, seq)
+	if err != nil {
+		return true
+	}
+	_, machine, _, ok := mesh.SplitHolderEventSubject(m.Subject)
+	return ok && (machine == a.cfg.Machine || machine == adopted)
+}
+
 // announceRetry is how report waits between attempts to publish an event.
 var announceRetry = backoff.Policy{First: 100 * time.Millisecond, Max: 5 * time.Second}
 
@@ -231,13 +292,23 @@ func (a *Agent) report(ctx context.Context, event, id string, v any) error {
 		a.log.Error("encoding an event", "event", event, "err", err)
 		return fmt.Errorf("encoding %s: %w", event, err)
 	}
+	_, err = a.publish(ctx, event, id+"-"+a.nonce, data)
+	return err
+}
+
+// publish publishes one of the seat's events on this machine's subject,
+// deduplicated by id, retrying for a while (announceRetry,
+// announceAttempts). It carries on when ctx is cancelled (a stopping agent
+// still announces what it did).
+func (a *Agent) publish(ctx context.Context, event, id string, data []byte) (*jetstream.PubAck, error) {
 	subj := mesh.HolderEventSubject(mesh.BuildSeat, a.cfg.Machine, event)
-	id += "-" + a.nonce
 	ctx = context.WithoutCancel(ctx)
-	err = announceRetry.Retry(ctx, announceAttempts, nil, func() error {
+	var ack *jetstream.PubAck
+	err := announceRetry.Retry(ctx, announceAttempts, nil, func() error {
 		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
-		_, err := a.js.Publish(pctx, subj, data, jetstream.WithMsgID(id))
+		var err error
+		ack, err = a.js.Publish(pctx, subj, data, jetstream.WithMsgID(id))
 		if err != nil {
 			a.log.Warn("announcing failed", "subject", subj, "err", err)
 		}
@@ -246,5 +317,5 @@ func (a *Agent) report(ctx context.Context, event, id string, v any) error {
 	if err != nil {
 		a.log.Error("announcing failed; giving up", "subject", subj, "err", err)
 	}
-	return err
+	return ack, err
 }

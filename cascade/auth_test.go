@@ -25,11 +25,12 @@ import (
 // violation. A grant missing from a derivation fails here.
 func TestTheFarmRunsUnderItsDerivedPermissions(t *testing.T) {
 	cat := testenv.Catalogue(t, map[string][]string{"a": nil, "b": {"a"}, "c": {"a"}, "d": {"b", "c"}, "slow": {"a"}})
-	agentModule, _ := cat.Module("build-agent")
 	gitModule, _ := cat.Module("git")
+	m1, _ := cat.MachinePermissions("m1")
+	m2, _ := cat.MachinePermissions("m2")
 	sets := []mesh.Permissions{
 		cat.ControllerPermissions("controller"),
-		cat.ModulePermissions(agentModule),
+		m1, m2,
 		cat.ModulePermissions(gitModule),
 		cat.OperatorPermissions("operator"),
 	}
@@ -56,7 +57,7 @@ func TestTheFarmRunsUnderItsDerivedPermissions(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	_, cjs := connect("controller")
-	c, err := cascade.New(cascade.Config{Registry: "127.0.0.1:1"}, cjs, cat, nil, nil)
+	c, err := cascade.New(cascade.Config{Registry: "127.0.0.1:1", Images: testenv.AnyImage{}}, cjs, cat, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,7 +69,7 @@ func TestTheFarmRunsUnderItsDerivedPermissions(t *testing.T) {
 	w.fail["c"] = 1
 	w.sleep["slow"] = time.Minute
 	for _, m := range []string{"m1", "m2"} {
-		_, ajs := connect("build-agent")
+		_, ajs := connect(mesh.PrincipalID(mesh.KindAgent, m))
 		cfg := agent.DefaultConfig()
 		cfg.Machine, cfg.FetchWait = m, 500*time.Millisecond
 		a, err := agent.New(cfg, ajs, w, nil, nil)

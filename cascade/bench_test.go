@@ -118,6 +118,7 @@ func newBenchFarm(tb testing.TB, cat *mesh.Catalogue, cfg cascade.Config, agents
 	if cfg.Registry == "" {
 		cfg.Registry = "127.0.0.1:1"
 	}
+	cfg.Images = testenv.AnyImage{} // simulated builds push nothing
 	c, err := cascade.New(cfg, cjs, cat, nil, nil)
 	if err != nil {
 		tb.Fatal(err)

@@ -124,6 +124,7 @@ func (h *harness) startControllerWith(tweak func(*cascade.Config)) {
 	if tweak != nil {
 		tweak(&cfg)
 	}
+	cfg.Images = testenv.AnyImage{} // its workers push nothing
 	c, err := cascade.New(cfg, js, h.cat, h.log, nil)
 	if err != nil {
 		h.t.Fatal(err)

@@ -28,6 +28,7 @@ import (
 	"github.com/meshbuild/meshbuild/cascade"
 	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/internal/sim"
+	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
 )
 
@@ -542,6 +543,7 @@ func newFleetFarm(tb testing.TB, bus *natsProcs, cat *mesh.Catalogue, cfg cascad
 	if cfg.Registry == "" {
 		cfg.Registry = "127.0.0.1:1"
 	}
+	cfg.Images = testenv.AnyImage{} // simulated builds push nothing
 	c, err := cascade.New(cfg, cjs, cat, nil, nil)
 	if err != nil {
 		tb.Fatal(err)

@@ -47,7 +47,14 @@ type AskRecord struct {
 	// to; empty for a holder that has none.
 	Seat string `json:"seat,omitempty"`
 	// Outcome is the event announced (built, failed): the ask is settled.
+	// It is recorded before the event is published, with the event's
+	// message id and payload, so that a holder that takes the ask after
+	// this one died between the two announces the same outcome under the
+	// same id (the stream keeps it once) instead of building it again.
 	Outcome string `json:"outcome,omitempty"`
+	// MsgID is the announced event's message id; Event its payload.
+	MsgID string          `json:"msg_id,omitempty"`
+	Event json.RawMessage `json:"event,omitempty"`
 	// Released says why the ask went back to the queue; empty while held.
 	Released string `json:"released,omitempty"`
 	// InfraSince is when the ask began failing on infrastructure, on any
@@ -245,6 +252,15 @@ func (l *AskLease) Record() AskRecord { return l.rec }
 func (l *AskLease) Finish(ctx context.Context, outcome string) error {
 	v := l.rec
 	v.Outcome = outcome
+	return l.settle(ctx, v)
+}
+
+// Announce settles the claim with the outcome about to be announced, its
+// message id and its payload (event), before it is published: whoever
+// takes the ask next announces it again under the same id (AskFound.Done).
+func (l *AskLease) Announce(ctx context.Context, outcome, msgID string, event []byte) error {
+	v := l.rec
+	v.Outcome, v.MsgID, v.Event = outcome, msgID, event
 	return l.settle(ctx, v)
 }
 

@@ -37,6 +37,8 @@ type bed struct {
 	violations chan error
 	// creg is the registry of the last controller's metrics.
 	creg *prometheus.Registry
+	// known are the principals the server admits.
+	known map[string]bool
 }
 
 func newBed(t *testing.T, nodes []string, extra ...mesh.Permissions) *bed {
@@ -54,13 +56,15 @@ func newBedWith(t *testing.T, cat *mesh.Catalogue, sets ...mesh.Permissions) *be
 	t.Helper()
 	sets = append([]mesh.Permissions{cat.ControllerPermissions("controller"), cat.OperatorPermissions("operator")}, sets...)
 	users := []*server.User{{Username: "admin", Password: "pw"}}
+	known := map[string]bool{}
 	for _, p := range sets {
 		users = append(users, &server.User{Username: p.Principal, Password: "pw", Permissions: p.ServerPermissions()})
+		known[p.Principal] = true
 	}
 	s := natstest.Server(t, &server.Options{Users: users})
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	b := &bed{t: t, s: s, cat: cat, ctx: ctx, violations: make(chan error, 64)}
+	b := &bed{t: t, s: s, cat: cat, ctx: ctx, violations: make(chan error, 64), known: known}
 	b.anc, b.ajs = natstest.Connect(t, s, nats.UserInfo("admin", "pw"))
 	return b
 }
@@ -70,6 +74,9 @@ func newBedWith(t *testing.T, cat *mesh.Catalogue, sets ...mesh.Permissions) *be
 func (b *bed) connect(user string, errs chan error) (*nats.Conn, jetstream.JetStream) {
 	if errs == nil {
 		errs = b.violations
+	}
+	if !b.known[user] && b.known[mesh.PrincipalID(mesh.KindNode, user)] {
+		user = mesh.PrincipalID(mesh.KindNode, user) // a node, by its name
 	}
 	return natstest.Connect(b.t, b.s, nats.UserInfo(user, "pw"), nats.CustomInboxPrefix(mesh.InboxPrefix(user)),
 		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {

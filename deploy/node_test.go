@@ -348,12 +348,13 @@ func (w *holdWorker) builtAsks() []string {
 // build agent of another node builds it.
 func TestUnassignedBuildAgentHandsBack(t *testing.T) {
 	cat := testenv.Catalogue(t, nil)
-	agentModule, _ := cat.Module("build-agent")
-	b := newBed(t, []string{"n1", "n2"}, cat.ModulePermissions(agentModule))
+	m1, _ := cat.MachinePermissions("n1")
+	m2, _ := cat.MachinePermissions("n2")
+	b := newBed(t, []string{"n1", "n2"}, m1, m2)
 	b.controller(deploy.DefaultControllerConfig())
 	carry := func(machine string, w *holdWorker) map[string]deploy.RunFunc {
 		return map[string]deploy.RunFunc{"build-agent": func(ctx context.Context) error {
-			_, js := b.connect("build-agent", nil)
+			_, js := b.connect(mesh.PrincipalID(mesh.KindAgent, machine), nil)
 			cfg := agent.DefaultConfig()
 			cfg.Machine, cfg.FetchWait, cfg.Grace, cfg.Platforms = machine, 500*time.Millisecond, 0, []string{mesh.DefaultPlatform}
 			a, err := agent.New(cfg, js, w, nil, nil)
@@ -413,12 +414,12 @@ func TestUnassignedBuildAgentHandsBack(t *testing.T) {
 // recorded in it. (A restarted node ran nothing until the next assignment.)
 func TestARestartedNodeResumesItsCarriedModules(t *testing.T) {
 	cat := testenv.Catalogue(t, nil)
-	agentModule, _ := cat.Module("build-agent")
-	b := newBed(t, []string{"n1"}, cat.ModulePermissions(agentModule))
+	m1, _ := cat.MachinePermissions("n1")
+	b := newBed(t, []string{"n1"}, m1)
 	b.controller(deploy.DefaultControllerConfig())
 	w := &holdWorker{}
 	carry := map[string]deploy.RunFunc{"build-agent": func(ctx context.Context) error {
-		_, js := b.connect("build-agent", nil)
+		_, js := b.connect(mesh.PrincipalID(mesh.KindAgent, "n1"), nil)
 		cfg := agent.DefaultConfig()
 		cfg.Machine, cfg.FetchWait, cfg.Grace, cfg.Platforms = "n1", 500*time.Millisecond, 0, []string{mesh.DefaultPlatform}
 		a, err := agent.New(cfg, js, w, nil, nil)

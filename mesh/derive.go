@@ -318,7 +318,9 @@ func AskClaimsBucketSpec(s Seat, replicas int) BucketSpec {
 		Config: jetstream.KeyValueConfig{
 			Bucket: AskClaimsBucket(s.Seat), History: 1, TTL: SeatRetain(s) + DuplicateWindow,
 			LimitMarkerTTL: ClaimMarkerTTL,
-			MaxValueSize:   4 << 10, MaxBytes: BucketMaxBytes,
+			// A settled claim keeps the event it announced (a failed one
+			// with its log's tail).
+			MaxValueSize: 64 << 10, MaxBytes: BucketMaxBytes,
 			Storage: jetstream.FileStorage, Replicas: replicas,
 		},
 	}

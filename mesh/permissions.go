@@ -135,6 +135,12 @@ func (c *Catalogue) holderPermissions(m *Manifest, machine, principal string) Pe
 			// seat's holders share: under its own keys on a machine.
 			if node {
 				p.pub[MachineAskClaims(s.Seat, machine)] = true
+				// It reads back an event the stream took as a duplicate
+				// of its own, to tell its own earlier publish (or the
+				// outcome it adopts) from another's that took the id.
+				for _, g := range streamMsgGrants(EventsStream) {
+					p.pub[g] = true
+				}
 			} else {
 				p.pub[KVSubjects(AskClaimsBucket(s.Seat))] = true
 			}
@@ -242,6 +248,16 @@ func (c *Catalogue) OperatorPermissions(principal string) Permissions {
 	}
 	c.operatorStateGrants(p)
 	return p.done(principal, false)
+}
+
+// streamMsgGrants are what reading one message of a stream by its
+// sequence takes.
+func streamMsgGrants(stream string) []string {
+	return []string{
+		"$JS.API.STREAM.INFO." + stream,
+		"$JS.API.STREAM.MSG.GET." + stream,
+		"$JS.API.DIRECT.GET." + stream,
+	}
 }
 
 // streamReadGrants are what reading a stream through an ordered consumer

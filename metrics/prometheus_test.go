@@ -188,6 +188,7 @@ func startController(t *testing.T, s *server.Server, cat *mesh.Catalogue, obs ca
 	js := dial(t, s)
 	cfg := cascade.DefaultConfig()
 	cfg.Registry = "127.0.0.1:1"
+	cfg.Images = testenv.AnyImage{} // its workers push nothing
 	c, err := cascade.New(cfg, js, cat, nil, obs)
 	if err != nil {
 		t.Fatal(err)

@@ -34,11 +34,14 @@ func (logWork) Work(_ context.Context, a mesh.Ask, log func(string)) (agent.Resu
 // reports no permission violation.
 func TestOperatorCommandsUnderOperatorPermissions(t *testing.T) {
 	cat := testenv.Catalogue(t, map[string][]string{"a": nil, "b": {"a"}})
-	agentModule, _ := cat.Module("build-agent")
+	m1, err := cat.MachinePermissions("m1")
+	if err != nil {
+		t.Fatal(err)
+	}
 	var users []*server.User
 	for _, p := range []mesh.Permissions{
 		cat.ControllerPermissions("controller"),
-		cat.ModulePermissions(agentModule),
+		m1,
 		cat.OperatorPermissions("operator"),
 	} {
 		users = append(users, &server.User{Username: p.Principal, Password: "pw", Permissions: p.ServerPermissions()})
@@ -59,6 +62,7 @@ func TestOperatorCommandsUnderOperatorPermissions(t *testing.T) {
 	_, cjs := connect("controller")
 	ccfg := cascade.DefaultConfig()
 	ccfg.Registry = "127.0.0.1:1"
+	ccfg.Images = testenv.AnyImage{} // its workers push nothing
 	c, err := cascade.New(ccfg, cjs, cat, nil, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -66,7 +70,7 @@ func TestOperatorCommandsUnderOperatorPermissions(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx) }()
 	defer func() { cancel(); <-done }()
-	_, ajs := connect("build-agent")
+	_, ajs := connect(m1.Principal)
 	cfg := agent.DefaultConfig()
 	cfg.Machine, cfg.FetchWait = "m1", 500*time.Millisecond
 	a, err := agent.New(cfg, ajs, logWork{}, nil, nil)

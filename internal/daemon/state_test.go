@@ -22,7 +22,10 @@ import (
 func TestTheAgentFindsWhereToKeepItsRecords(t *testing.T) {
 	cat := testenv.Catalogue(t, nil)
 	agentMod, _ := cat.Module(mesh.AgentModule)
-	perms := cat.ModulePermissions(agentMod)
+	perms, err := cat.MachinePermissions("m1")
+	if err != nil {
+		t.Fatal(err)
+	}
 	s := natstest.Server(t, &server.Options{Users: []*server.User{
 		{Username: "admin", Password: "pw"},
 		{Username: perms.Principal, Password: "pw", Permissions: perms.ServerPermissions()},

@@ -1,0 +1,323 @@
+package cascade_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/meshbuild/meshbuild/agent"
+	"github.com/meshbuild/meshbuild/cascade"
+	"github.com/meshbuild/meshbuild/claim"
+	"github.com/meshbuild/meshbuild/internal/natstest"
+	"github.com/meshbuild/meshbuild/internal/testenv"
+	"github.com/meshbuild/meshbuild/mesh"
+	"github.com/meshbuild/meshbuild/planner"
+	"github.com/meshbuild/meshbuild/registry"
+)
+
+// fenceFarm is a farm on a server that enforces every principal's derived
+// set: the controller (checking digests in a real registry), build machines
+// m1 and m2 with their own credentials, mesh-git's holder and an operator.
+type fenceFarm struct {
+	t          *testing.T
+	s          *server.Server
+	host       string
+	cat        *mesh.Catalogue
+	violations chan string
+	refused    *refusals
+	store      *cascade.Store
+	ctx        context.Context
+	cancel     context.CancelFunc
+}
+
+// refusals counts the controller's refusals by reason (RefusedObserver).
+type refusals struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (r *refusals) PlanSettled(string, time.Duration) {}
+func (r *refusals) Plans(map[string]int, int)         {}
+func (r *refusals) RefusedEvent(reason string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.n[reason]++
+}
+func (r *refusals) count(reason string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.n[reason]
+}
+
+func newFenceFarm(t *testing.T, graph map[string][]string) *fenceFarm {
+	t.Helper()
+	cat := testenv.Catalogue(t, graph)
+	git, _ := cat.Module("git")
+	sets := []mesh.Permissions{cat.ControllerPermissions(mesh.ControllerPrincipal), cat.OperatorPermissions(mesh.OperatorPrincipal), cat.ModulePermissions(git)}
+	for _, m := range []string{"m1", "m2"} {
+		p, err := cat.MachinePermissions(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sets = append(sets, p)
+	}
+	var users []*server.User
+	for _, p := range sets {
+		users = append(users, &server.User{Username: p.Principal, Password: "pw", Permissions: p.ServerPermissions()})
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	f := &fenceFarm{t: t, s: natstest.Server(t, &server.Options{Users: users}), host: testenv.Registry(t), cat: cat,
+		violations: make(chan string, 64), refused: &refusals{n: map[string]int{}}, ctx: ctx, cancel: cancel}
+	_, cjs := f.connect(mesh.ControllerPrincipal)
+	cfg := cascade.DefaultConfig()
+	cfg.Registry, cfg.RegistryClient = f.host, registry.NewClient(registry.WithInsecure(true))
+	c, err := cascade.New(cfg, cjs, cat, testenv.Log(t, "controller"), f.refused)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { defer close(done); _ = c.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	_, ojs := f.connect(mesh.OperatorPrincipal)
+	testenv.WaitFor(t, 10*time.Second, "the controller to raise the catalogue", func() bool {
+		f.store, err = cascade.OpenStore(ctx, ojs, "build-controller")
+		return err == nil
+	})
+	return f
+}
+
+// connect dials as principal; the server's refusals go to f.violations.
+func (f *fenceFarm) connect(principal string) (*nats.Conn, jetstream.JetStream) {
+	return natstest.Connect(f.t, f.s, nats.UserInfo(principal, "pw"), nats.CustomInboxPrefix(mesh.InboxPrefix(principal)),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			select {
+			case f.violations <- principal + ": " + err.Error():
+			default:
+			}
+		}))
+}
+
+// agent runs machine's build agent, on its own credentials, with w.
+func (f *fenceFarm) agent(machine string, w agent.Worker) {
+	f.t.Helper()
+	_, js := f.connect(mesh.PrincipalID(mesh.KindAgent, machine))
+	cfg := agent.DefaultConfig()
+	cfg.Machine, cfg.FetchWait = machine, 500*time.Millisecond
+	a, err := agent.New(cfg, js, w, nil, nil)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { defer close(done); _ = a.Run(f.ctx) }()
+	f.t.Cleanup(func() { f.cancel(); <-done })
+}
+
+// push announces a push of commit as mesh-git's holder and returns its plan.
+func (f *fenceFarm) push(commit string) string {
+	f.t.Helper()
+	_, gjs := f.connect(mesh.PrincipalID(mesh.KindModule, "git"))
+	data, _ := json.Marshal(mesh.Pushed{Version: 1, Repo: testenv.FleetRepo, Commit: commit, At: time.Now().UTC()})
+	plan := planner.PlanID(planner.Trigger{Kind: planner.KindPush, Repo: testenv.FleetRepo, Commit: commit})
+	if _, err := gjs.Publish(f.ctx, mesh.SeatEventSubject(mesh.GitSeat, mesh.EventPushed), data, jetstream.WithMsgID(plan)); err != nil {
+		f.t.Fatal(err)
+	}
+	return plan
+}
+
+func (f *fenceFarm) module(plan, m string) cascade.ModuleStatus {
+	mods, _ := f.store.Modules(f.ctx, plan)
+	return mods[m]
+}
+
+// pushing is a worker that pushes a small real image for every ask to the
+// registry (so its digest resolves), holding the modules in hold until
+// released, and reporting a digest never pushed for the modules in lie.
+type pushing struct {
+	host  string
+	mu    sync.Mutex
+	hold  map[string]chan struct{}
+	lie   map[string]bool
+	began chan mesh.Ask
+}
+
+func (p *pushing) Work(ctx context.Context, a mesh.Ask, _ func(string)) (agent.Result, error) {
+	p.began <- a
+	p.mu.Lock()
+	gate := p.hold[a.Module]
+	p.mu.Unlock()
+	if gate != nil {
+		select {
+		case <-gate:
+		case <-ctx.Done():
+			return agent.Result{}, context.Cause(ctx)
+		}
+	}
+	if p.lie[a.Module] {
+		dg := "sha256:" + strings.Repeat("f", 64)
+		return agent.Result{Digest: dg, Ref: a.Image + "@" + dg}, nil
+	}
+	img, err := chaosImage(a)
+	if err != nil {
+		return agent.Result{}, err
+	}
+	dg, _ := img.Digest()
+	ref, err := name.NewDigest(a.Image+"@"+dg.String(), name.Insecure)
+	if err != nil {
+		return agent.Result{}, err
+	}
+	if err := remote.Write(ref, img, remote.WithContext(ctx)); err != nil {
+		return agent.Result{}, fmt.Errorf("%w: pushing %s: %v", agent.ErrPush, ref, err)
+	}
+	return agent.Result{Digest: dg.String(), Ref: ref.String()}, nil
+}
+
+// Attacks made with build machine m2's own credentials on a farm whose
+// server enforces them, while m1 builds mid (issue 19): every one is
+// refused by the server or by the controller, the genuine outcome arriving
+// after a forgery is accepted, and the plan ends built with the genuine
+// digests, none of it naming m2.
+func TestAnotherMachinesForgeriesChangeNothing(t *testing.T) {
+	f := newFenceFarm(t, map[string][]string{"base": nil, "mid": {"base"}, "leaf": {"mid"}})
+	release := make(chan struct{})
+	w := &pushing{host: f.host, hold: map[string]chan struct{}{"mid": release}, began: make(chan mesh.Ask, 16)}
+	f.agent("m1", w)
+	plan := f.push("c1")
+	var mid mesh.Ask
+	for mid.Module != "mid" {
+		select {
+		case mid = <-w.began:
+		case <-time.After(30 * time.Second):
+			t.Fatal("mid never began on m1")
+		}
+	}
+	testenv.WaitFor(t, 10*time.Second, "mid building on m1", func() bool {
+		ms := f.module(plan, "mid")
+		return ms.State == cascade.Building && ms.On == "m1"
+	})
+	forged := "sha256:" + strings.Repeat("f", 64)
+	built := func(on string) []byte {
+		data, _ := json.Marshal(mesh.Built{Version: mesh.AskVersion, Ask: mid.ID, Plan: plan, Module: "mid", Digest: forged,
+			Image: mid.Image + "@" + forged, On: on, Attempt: 1, At: time.Now().UTC()})
+		return data
+	}
+	m2nc, m2 := f.connect(mesh.PrincipalID(mesh.KindAgent, "m2"))
+	short := func() (context.Context, context.CancelFunc) { return context.WithTimeout(f.ctx, 2*time.Second) }
+
+	// 1. Speaking as m1: the server refuses the subject.
+	ctx, cancel := short()
+	_, err := m2.Publish(ctx, mesh.HolderEventSubject(mesh.BuildSeat, "m1", mesh.EventBuilt), built("m1"))
+	cancel()
+	if err == nil {
+		t.Fatal("m2 published on m1's subject")
+	}
+	// 2. On its own subject, naming itself, with the genuine message id's
+	// old spelling: the controller refuses it (m2 holds no claim of mid).
+	if _, err := m2.Publish(f.ctx, mesh.HolderEventSubject(mesh.BuildSeat, "m2", mesh.EventBuilt), built("m2"),
+		jetstream.WithMsgID(mid.ID+"-built-1")); err != nil {
+		t.Fatal(err)
+	}
+	// 3. On its own subject, saying it is m1.
+	if _, err := m2.Publish(f.ctx, mesh.HolderEventSubject(mesh.BuildSeat, "m2", mesh.EventBuilt), built("m1")); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 10*time.Second, "both forgeries refused", func() bool {
+		return f.refused.count(cascade.RefusedUnclaimed) >= 1 && f.refused.count(cascade.RefusedSpeaker) >= 1
+	})
+	if ms := f.module(plan, "mid"); ms.State != cascade.Building || ms.Digest != "" {
+		t.Fatalf("after the forgeries mid is %s with digest %q, want still building", ms.State, ms.Digest)
+	}
+	// 4. Writing or deleting m1's claim of the ask, and m1's seat claim.
+	akv, err := m2.KeyValue(f.ctx, mesh.AskClaimsBucket(mesh.BuildSeat))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel = short()
+	if _, err := akv.Put(ctx, mesh.AskClaimKey(mid.ID, "m1"), []byte(`{}`)); err == nil {
+		t.Fatal("m2 wrote m1's claim of the ask")
+	}
+	if err := akv.Delete(ctx, mesh.AskClaimKey(mid.ID, "m1")); err == nil {
+		t.Fatal("m2 deleted m1's claim of the ask")
+	}
+	ckv, err := m2.KeyValue(f.ctx, mesh.ClaimsBucket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ckv.Put(ctx, mesh.ClaimKey(mesh.BuildSeat, "m1"), []byte(`{}`)); err == nil {
+		t.Fatal("m2 wrote m1's seat claim")
+	}
+	cancel()
+	// 5. Reading m1's deliveries: the server refuses the subscription.
+	if _, err := m2nc.SubscribeSync(mesh.InboxPrefix(mesh.PrincipalID(mesh.KindAgent, "m1")) + ".>"); err != nil {
+		t.Fatal(err)
+	}
+	_ = m2nc.Flush()
+	testenv.WaitFor(t, 5*time.Second, "the server to refuse m2's subscription to m1's inbox", func() bool {
+		for {
+			select {
+			case v := <-f.violations:
+				if strings.Contains(v, "_INBOX_agent_m1") {
+					return true
+				}
+			default:
+				return false
+			}
+		}
+	})
+	if rec, ok, err := claim.ReadAsk(f.ctx, akv, mid.ID, "m1"); err != nil || !ok || !rec.Held() {
+		t.Fatalf("m1's claim of mid after the attacks: %+v %v %v", rec, ok, err)
+	}
+
+	// The genuine build lands, after the forgeries, and the plan ends built.
+	close(release)
+	testenv.WaitFor(t, 30*time.Second, "the plan built", func() bool {
+		rec, err := f.store.Plan(f.ctx, plan)
+		return err == nil && rec.Outcome == cascade.OutcomeBuilt
+	})
+	for _, m := range []string{"base", "mid", "leaf"} {
+		ms := f.module(plan, m)
+		if ms.On != "m1" || ms.Digest == forged || ms.Digest == "" {
+			t.Errorf("%s: on %q digest %q, want built on m1 with its genuine digest", m, ms.On, ms.Digest)
+		}
+		if _, err := registry.NewClient(registry.WithInsecure(true)).Resolve(f.ctx, f.host+"/"+m+"@"+ms.Digest); err != nil {
+			t.Errorf("%s's digest does not resolve: %v", m, err)
+		}
+	}
+	cur, err := f.store.Currents(f.ctx)
+	if err != nil || cur["mid"].Digest != f.module(plan, "mid").Digest {
+		t.Errorf("current mid %+v (%v), want the genuine digest", cur["mid"], err)
+	}
+}
+
+// A built naming a digest the registry does not hold is refused even from
+// the machine that holds the ask, and changes nothing.
+func TestABuiltOfADigestNotInTheRegistryIsRefused(t *testing.T) {
+	f := newFenceFarm(t, map[string][]string{"solo": nil})
+	w := &pushing{host: f.host, lie: map[string]bool{"solo": true}, began: make(chan mesh.Ask, 16)}
+	f.agent("m1", w)
+	plan := f.push("c1")
+	testenv.WaitFor(t, 30*time.Second, "the holder's built refused", func() bool {
+		return f.refused.count(cascade.RefusedUnresolved) >= 1
+	})
+	ms := f.module(plan, "solo")
+	if ms.State == cascade.Built || ms.Digest != "" {
+		t.Fatalf("solo is %s with digest %q after a built the registry does not hold", ms.State, ms.Digest)
+	}
+	cur, err := f.store.Currents(f.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c, ok := cur["solo"]; ok {
+		t.Fatalf("current solo is %+v", c)
+	}
+}
