@@ -190,46 +190,35 @@ func RunAgent(ctx context.Context, o AgentOptions) error {
 	}
 	defer nc.Close()
 	// One build agent per machine: it claims node-build-agent at its
-	// machine before it pulls, and stops if it loses the claim.
-	lease, err := claim.Claim(ctx, js, mesh.BuildSeat, claim.Node(o.Agent.Machine), claim.Process("build-agent"),
-		claim.WithLease(o.Lease), claim.WithLogger(o.Log))
-	if errors.Is(err, claim.ErrClaimed) {
-		return fmt.Errorf("machine %q already has a build agent: %w: stop that one, or start this one with another --machine", o.Agent.Machine, err)
-	}
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil // stopped while waiting for the claims bucket
-		}
-		return err
-	}
-	defer func() {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		if err := lease.Release(rctx); err != nil {
-			o.Log.Warn("releasing the machine's seat", "err", err)
-		}
-	}()
-	ctx, cancelHeld := lease.Context(ctx)
-	defer cancelHeld()
+	// machine before it pulls. A second agent on the machine is refused;
+	// the claim a killed predecessor on this host left is taken at once. A
+	// claim lost to a bus outage stops the work and is taken back when
+	// the bus returns: the agent never exits for an outage.
 	if o.Catalogue != "" {
 		o.Agent.Known = knownModules(o.Catalogue, o.Log)
-	}
-	if o.Agent.State == nil {
-		o.Agent.State = agentState(ctx, js, o.Agent.Machine, o.Log)
 	}
 	w := &agent.BuildWorker{
 		Sources:  &agent.Sources{Dir: o.Workspace, InsteadOf: o.InsteadOf},
 		Builder:  bk,
 		Registry: o.Registry,
 	}
-	a, err := agent.New(o.Agent, js, w, o.Log, o.Observer)
-	if err != nil {
-		return err
+	st := seat{js: js, seat: mesh.BuildSeat, scope: claim.Node(o.Agent.Machine), holder: claim.Process("build-agent"),
+		opts: []claim.Option{claim.WithLease(o.Lease)}, log: o.Log, refuse: true}
+	err = st.hold(ctx, func(ctx context.Context) error {
+		cfg := o.Agent
+		if cfg.State == nil {
+			cfg.State = agentState(ctx, js, cfg.Machine, o.Log)
+		}
+		a, err := agent.New(cfg, js, w, o.Log, o.Observer)
+		if err != nil {
+			return err
+		}
+		return a.Run(ctx)
+	})
+	if errors.Is(err, claim.ErrClaimed) {
+		return fmt.Errorf("machine %q already has a build agent: %w: stop that one, or start this one with another --machine", o.Agent.Machine, err)
 	}
-	if err := a.Run(ctx); err != nil {
-		return err
-	}
-	return lease.Err() // nil unless the claim was lost
+	return err
 }
 
 // ControllerOptions configure the controller process.
@@ -317,7 +306,9 @@ func RunController(ctx context.Context, o ControllerOptions) error {
 			close(o.Ready)
 		}
 	})
-	return claim.Hold(ctx, js, mesh.ControllerSeat, claim.Mesh(), claim.Process("build-controller"), func(ctx context.Context) error {
+	st := seat{js: js, seat: mesh.ControllerSeat, scope: claim.Mesh(), holder: claim.Process("build-controller"),
+		opts: []claim.Option{claim.WithLease(o.Lease)}, log: o.Log}
+	return st.hold(ctx, func(ctx context.Context) error {
 		// Taking the seat over: the catalogue as it is now.
 		if now, err := fingerprint(o.Catalogue); err == nil && now != loaded {
 			if fresh, err := LoadCatalogue(o.Catalogue, o.Log); err == nil {
@@ -325,7 +316,7 @@ func RunController(ctx context.Context, o ControllerOptions) error {
 			}
 		}
 		return runController(ctx, o, nc, js, cat, loaded, ready)
-	}, claim.WithLease(o.Lease), claim.WithLogger(o.Log))
+	})
 }
 
 // runController runs the controller while it holds mesh-controller.
