@@ -122,7 +122,7 @@ func fleetManifests(t *testing.T, dir string) {
 // (every module accepted)" and bound every worker platform.
 func TestABrokenCatalogueFailsClosedWithOneErrorAndARetry(t *testing.T) {
 	for _, tc := range []struct {
-		name  string
+		name     string
 		breakDir func(dir string) string // breaks dir, returns what the error must name
 	}{
 		{"unclosed YAML", func(dir string) string {
