@@ -196,44 +196,44 @@ func machinesCmd(g *globals) *cobra.Command {
 			rows := map[string]*Machine{}
 			for _, s := range live {
 				rows[s.Machine] = &Machine{Machine: s.Machine, Online: true, Health: s.Health, Why: s.Why, Slots: s.Slots, InFlight: s.InFlight,
-					Built: s.Built, Failed: s.Failed, LastSeen: s.At, Platforms: s.Platforms, Builds: s.Builds}
+					LastSeen: s.At, Platforms: s.Platforms, Builds: s.Builds}
 			}
-			// Machines seen in recent plans but not answering now.
-			recs, _ := b.store.Plans(ctx)
-			for i, r := range recs {
-				if i >= 10 {
-					break
-				}
-				mods, _ := b.store.Modules(ctx, r.ID)
-				for _, m := range mods {
-					// A module built for several platforms names each
-					// platform's machine.
-					for on := range strings.SplitSeq(m.On, ",") {
-						if on == "" {
-							continue
-						}
-						row := rows[on]
-						if row == nil {
-							row = &Machine{Machine: on}
-							rows[on] = row
-						}
-						if !row.Online {
-							switch m.State {
-							case cascade.Built:
-								row.Built++
-							case cascade.Failed:
-								row.Failed++
-							}
-							seen := m.Finished
-							if seen.IsZero() {
-								seen = m.Started
-							}
-							if seen.After(row.LastSeen) {
-								row.LastSeen = seen
-							}
-						}
+			// What each machine built and failed is counted from the plans
+			// the controller keeps, not from the agent's own counters
+			// (which start again at zero when it restarts); a machine not
+			// answering now is known from them too.
+			err = b.store.EachModule(ctx, func(_, _ string, m cascade.ModuleStatus) {
+				// A module built for several platforms names each
+				// platform's machine.
+				for on := range strings.SplitSeq(m.On, ",") {
+					if on == "" {
+						continue
+					}
+					row := rows[on]
+					if row == nil {
+						row = &Machine{Machine: on}
+						rows[on] = row
+					}
+					switch m.State {
+					case cascade.Built:
+						row.Built++
+					case cascade.Failed:
+						row.Failed++
+					}
+					if row.Online {
+						continue // it says when it was seen
+					}
+					seen := m.Finished
+					if seen.IsZero() {
+						seen = m.Started
+					}
+					if seen.After(row.LastSeen) {
+						row.LastSeen = seen
 					}
 				}
+			})
+			if err != nil {
+				return fmt.Errorf("reading the plans' modules: %w", err)
 			}
 			out := make([]Machine, 0, len(rows))
 			for _, name := range slices.Sorted(maps.Keys(rows)) {
