@@ -157,7 +157,8 @@ func parseHolder(h string) (name, host string, pid int, ok bool) {
 // and nobody's now: the claim of the lease this process lost (lost, by its
 // token), or one of a process of holder's name on this host whose pid is no
 // longer running (this process before a crash or kill). A live pid, another
-// host or another name is another holder's.
+// host or another name is another holder's; so is a host named localhost
+// (or unknown), which many machines may share.
 func ownStale(rec claim.Record, holder string, lost *claim.Record) (why string, ok bool) {
 	if lost != nil && rec.Token == lost.Token {
 		return "the claim this process held before the bus went away", true
@@ -166,6 +167,9 @@ func ownStale(rec claim.Record, holder string, lost *claim.Record) (why string, 
 	myName, myHost, myPid, ok2 := parseHolder(holder)
 	if !ok1 || !ok2 || name != myName || host != myHost || pid == myPid || pid <= 0 || running(pid) {
 		return "", false
+	}
+	if host == "localhost" || host == "unknown host" {
+		return "", false // a name many machines share: the pid may be another's
 	}
 	return fmt.Sprintf("pid %d on this host (%s) is no longer running", pid, host), true
 }
