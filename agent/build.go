@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -389,52 +390,76 @@ func contextNames(base mesh.Base) ([]string, error) {
 	return []string{base.Module, repo}, nil
 }
 
-// solveError classifies a failed solve.
+// solveError classifies a failed solve by the causes table (errors.go).
 //
-// What BuildKit's errors carry over the wire decides first: the daemon gone
-// (Unavailable) is infrastructure, a process that exited non-zero (a RUN)
-// the build's. BuildKit passes a registry's answer along only as text, so
-// for anything else the registries involved are asked directly: one that
-// cannot be reached or answers 5xx makes it infrastructure (resolving a
-// base fails so too, located at its FROM). Then an error located in the
-// Dockerfile or an op that failed is the build's, a failure while exporting
-// is the registry refusing the push, and anything else the build's.
+// What BuildKit's errors carry over the wire is read first: the daemon gone
+// (Unavailable), a process that exited non-zero (a RUN). A registry's
+// answer BuildKit passes along only as text (containerd's "unexpected
+// status from PUT request to …: 503 Service Unavailable", with the
+// registry's code and message on the lines after), so its status is read
+// from there; a push that failed for a reason of the registry's (5xx, or
+// no status at all) is asked of the registry again, with a probe upload to
+// the image's repository, so that its own words — the detail BuildKit
+// drops, "no space left on device" — reach the message. Registries that do
+// not answer a ping make it infrastructure too.
 func (b *BuildKit) solveError(ctx context.Context, req BuildRequest, p *progress, err error) error {
 	if ctx.Err() != nil {
 		return fmt.Errorf("build of %s: %w", req.Image, context.Cause(ctx))
 	}
 	msg := buildMessage(err, p)
-	if grpcerrors.Code(err) == codes.Unavailable {
-		return classified(ErrInfra, fmt.Sprintf("buildkitd at %s: %s", b.addr, msg), err)
-	}
+	f := &failure{err: err, step: stepSolve}
 	var exit *gatewaypb.ExitError
-	if errors.As(err, &exit) {
-		return classified(ErrBuild, msg, err)
-	}
-	for _, host := range registryHosts(req) {
-		if perr := b.opts.Registry.Ping(ctx, host); registry.IsInfra(perr) {
-			return classified(ErrInfra, fmt.Sprintf("registry %s unavailable: %s", host, msg), errors.Join(err, perr))
+	if p.failedIn(isExport) && grpcerrors.Code(err) != codes.Unavailable && !errors.As(err, &exit) {
+		// BuildKit drops the registry's detail: ask it again, in words.
+		f.step = stepPush
+		if perr := b.opts.Registry.ProbeUpload(ctx, req.Image); perr != nil && ctx.Err() == nil {
+			msg += "; the registry says: " + lastLine(perr.Error())
+			f.err = errors.Join(err, perr)
 		}
 	}
-	var solve *errdefs.SolveError
-	if errors.As(err, &solve) || len(errdefs.Sources(err)) > 0 {
-		return classified(ErrBuild, msg, err)
+	var downHost string
+	var downErr error
+	asked := false
+	f.down = func() (string, error) {
+		if !asked {
+			asked = true
+			for _, host := range registryHosts(req) {
+				if perr := b.opts.Registry.Ping(ctx, host); registry.IsInfra(perr) {
+					downHost, downErr = host, perr
+					break
+				}
+			}
+		}
+		return downHost, downErr
 	}
-	if p.failedIn(isExport) {
-		return classified(ErrPush, msg, err)
+	c := classOf(f)
+	switch c.name {
+	case "buildkitd unreachable":
+		return classified(c.class, fmt.Sprintf("buildkitd at %s: %s", b.addr, msg), f.err)
+	case "registry down":
+		return classified(c.class, fmt.Sprintf("registry %s unavailable: %s", downHost, msg), errors.Join(f.err, downErr))
+	case "disk full", "registry unreachable":
+		return classified(c.class, c.name+": "+msg, f.err)
 	}
-	return classified(ErrBuild, msg, err)
+	if f.status != 0 {
+		return classified(c.class, fmt.Sprintf("%s (%d %s): %s", c.name, f.status, http.StatusText(f.status), msg), f.err)
+	}
+	return classified(c.class, msg, f.err)
 }
 
-// registryError classifies a registry call made after the build.
+// registryError classifies a registry call made after the build by the
+// causes table: infrastructure when the registry could not be reached or
+// answered 5xx, 408 or 429; else the push's.
 func registryError(ctx context.Context, what string, err error) error {
 	if ctx.Err() != nil {
 		return fmt.Errorf("%s: %w", what, context.Cause(ctx))
 	}
-	if registry.IsInfra(err) {
-		return classified(ErrInfra, what+": "+lastLine(err.Error()), err)
+	f := &failure{err: err, step: stepRegistry}
+	c := classOf(f)
+	if f.status != 0 {
+		return classified(c.class, fmt.Sprintf("%s: %s (%d %s): %s", what, c.name, f.status, http.StatusText(f.status), lastLine(err.Error())), err)
 	}
-	return classified(ErrPush, what+": "+lastLine(err.Error()), err)
+	return classified(c.class, what+": "+c.name+": "+lastLine(err.Error()), err)
 }
 
 // registryHosts are the registries a build talks to: the target's, the
@@ -468,7 +493,12 @@ func registryHosts(req BuildRequest) []string {
 // line, located in the Dockerfile when BuildKit says where, and the failed
 // step's last line of output when it printed one.
 func buildMessage(err error, p *progress) string {
-	msg := strings.TrimPrefix(lastLine(err.Error()), "failed to solve: ")
+	msg := lastLine(err.Error())
+	if _, ok := registry.Status(err); ok {
+		// The registry's status and, on the lines after, its own words.
+		msg = registryWords(err)
+	}
+	msg = strings.TrimPrefix(msg, "failed to solve: ")
 	for _, src := range errdefs.Sources(err) {
 		if src.Info == nil || len(src.Ranges) == 0 || src.Ranges[0].Start == nil {
 			continue

@@ -56,6 +56,9 @@
 //
 // Every error a Worker returns wraps one class — ErrSource, ErrBuild,
 // ErrPush or ErrInfra — and Classify names the reason a failed carries.
+// What a build's failure is, by its cause (a registry's 5xx, 429 or full
+// disk: infrastructure; its 4xx refusal: the push's; a RUN that exited:
+// the build's), one ordered table decides: causes, in errors.go.
 // The first three are deterministic and reported once; an infrastructure
 // failure is retried with a delay that doubles from Config.RetryDelay up to
 // Config.MaxRetryDelay, and reported at the first failure more than

@@ -3,9 +3,17 @@ package agent
 import (
 	"context"
 	"errors"
+	"net/http"
 	"strings"
+	"syscall"
+
+	gatewaypb "github.com/moby/buildkit/frontend/gateway/pb"
+	"github.com/moby/buildkit/solver/errdefs"
+	"github.com/moby/buildkit/util/grpcerrors"
+	"google.golang.org/grpc/codes"
 
 	"github.com/meshbuild/meshbuild/mesh"
+	"github.com/meshbuild/meshbuild/registry"
 )
 
 // The classes of a failed ask, matched with errors.Is. Every error Sources
@@ -76,6 +84,132 @@ func Classify(err error) string {
 	default:
 		return mesh.ReasonInfra
 	}
+}
+
+// step is where in a build a failure happened: what an answer that no
+// earlier row of the causes table explains means depends on it.
+type step int
+
+const (
+	// stepSolve is BuildKit's solve before the export: resolving and
+	// pulling bases, the Dockerfile, its RUN steps.
+	stepSolve step = iota
+	// stepPush is BuildKit's export: pushing the image's blobs and
+	// manifests, and the tag.
+	stepPush
+	// stepRegistry is a registry call of the agent's own after the push
+	// (verifying the digest, reading the attestations, tagging).
+	stepRegistry
+)
+
+// failure is what the causes table reads of a failed step.
+type failure struct {
+	err  error
+	step step
+	// status is the registry's HTTP answer the error carries (0: none);
+	// at the push, where BuildKit passes the registry's code along in
+	// words but not its status, the status distribution answers that code
+	// with. said is that code ("BLOB_UPLOAD_UNKNOWN"), when found so.
+	status int
+	said   string
+	// down names a registry of the build that does not answer (a ping
+	// unreachable or 5xx), with its error; "" when all answer or none was
+	// asked. It is asked only when no earlier row decided.
+	down func() (host string, err error)
+}
+
+func (f *failure) text() string { return f.err.Error() }
+
+// cause is one row of the causes table: a name for people (and for the
+// message), the class it gives, and what it matches.
+type cause struct {
+	name  string
+	class error
+	match func(f *failure) bool
+}
+
+// causes is the agent's one table of failures by cause, in order: the
+// first row that matches decides the class. Infrastructure (ErrInfra) is
+// what may pass — retried by the agent within its --retry-for budget,
+// then failed{infra}; the deterministic classes (ErrBuild, ErrPush) are
+// reported once. A registry's own words (its status, its code and message,
+// its detail) stay in the message whatever the row.
+//
+//	row                            class   matches
+//	buildkitd unreachable          infra   gRPC Unavailable from the daemon
+//	a RUN exited non-zero          build   the daemon's ExitError
+//	disk full                      infra   ENOSPC, "no space left on device" (the registry's or the daemon's)
+//	registry rate limit (429)      infra   the registry answered 429 Too Many Requests
+//	registry timeout (408)         infra   the registry answered 408 Request Timeout
+//	registry failure (5xx)         infra   the registry answered 500–599
+//	registry lost the upload       infra   BLOB_UPLOAD_UNKNOWN at the push: the upload is gone
+//	                                       (a full disk, a restart, replicas without shared storage)
+//	registry refusal (4xx)         push    any other 4xx to a push or a call after it: 400 manifest
+//	                                       invalid, 401, 403 denied, 404 name unknown
+//	registry unreachable           infra   refused, reset, unresolvable, timed out (typed, or in words)
+//	registry down                  infra   a registry of the build does not answer a ping (unreachable, 5xx)
+//	the Dockerfile                 build   BuildKit located the error in the Dockerfile or an op failed
+//	a base refused (4xx)           build   a 4xx while resolving a base: the base is not there, or not ours to read
+//	the push                       push    anything else at the push or after it
+//	the build                      build   anything else
+var causes = []cause{
+	{"buildkitd unreachable", ErrInfra, func(f *failure) bool { return grpcerrors.Code(f.err) == codes.Unavailable }},
+	{"a RUN exited non-zero", ErrBuild, func(f *failure) bool {
+		var exit *gatewaypb.ExitError
+		return errors.As(f.err, &exit)
+	}},
+	{"disk full", ErrInfra, func(f *failure) bool {
+		return errors.Is(f.err, syscall.ENOSPC) || strings.Contains(f.text(), "no space left on device")
+	}},
+	{"registry rate limit", ErrInfra, func(f *failure) bool { return f.status == http.StatusTooManyRequests }},
+	{"registry timeout", ErrInfra, func(f *failure) bool { return f.status == http.StatusRequestTimeout }},
+	{"registry failure", ErrInfra, func(f *failure) bool { return f.status >= 500 }},
+	{"registry lost the upload", ErrInfra, func(f *failure) bool { return f.said == "BLOB_UPLOAD_UNKNOWN" }},
+	{"registry refusal", ErrPush, func(f *failure) bool { return f.status >= 400 && f.status < 500 && f.step != stepSolve }},
+	{"registry unreachable", ErrInfra, func(f *failure) bool { return registry.Unreachable(f.err) }},
+	{"registry down", ErrInfra, func(f *failure) bool {
+		if f.down == nil {
+			return false
+		}
+		host, _ := f.down()
+		return host != ""
+	}},
+	{"the Dockerfile", ErrBuild, func(f *failure) bool {
+		var solve *errdefs.SolveError
+		return f.step == stepSolve && (errors.As(f.err, &solve) || len(errdefs.Sources(f.err)) > 0)
+	}},
+	{"a base refused", ErrBuild, func(f *failure) bool { return f.status >= 400 && f.status < 500 }},
+	{"the push", ErrPush, func(f *failure) bool { return f.step != stepSolve }},
+	{"the build", ErrBuild, func(*failure) bool { return true }},
+}
+
+// classOf returns the first row of causes that matches f.
+func classOf(f *failure) cause {
+	if code, ok := registry.Status(f.err); ok {
+		f.status = code
+	} else if said, ok := registry.SaidIn(f.text()); ok && f.step == stepPush {
+		f.status, f.said = said.Status, said.Code
+	}
+	for _, c := range causes {
+		if c.match(f) {
+			return c
+		}
+	}
+	return causes[len(causes)-1]
+}
+
+// registryWords is what a registry said, in the words an error carries:
+// every line of its text (containerd puts the registry's code and message
+// on the lines after its status), joined on one line.
+func registryWords(err error) string {
+	var out []string
+	for _, l := range strings.Split(err.Error(), "\n") {
+		l = strings.TrimPrefix(strings.TrimSpace(l), "error: ")
+		if l != "" && !strings.Contains(strings.Join(out, ": "), l) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, ": ")
 }
 
 // lastLine returns the last non-empty line of s, trimmed: build tools put

@@ -200,25 +200,9 @@ func (c *Controller) raise(ctx context.Context, cat *mesh.Catalogue) (mesh.Raise
 	}
 }
 
-// unanswered reports whether err is the bus not answering in time (a
-// timeout, no responders, no stream response) or a cluster not able to
-// place a stream yet (a peer still offline as the cluster starts, or
-// JetStream's meta layer without a leader), not a refusal.
-func unanswered(err error) bool {
-	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) ||
-		errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse) {
-		return true
-	}
-	var api *jetstream.APIError
-	return errors.As(err, &api) && (api.ErrorCode == jsClusterNoPeers || api.ErrorCode == jsClusterNotAvailable)
-}
-
-// JetStream's error codes (nats-server's JSClusterNoPeersErrF and
-// JSClusterNotAvailErr) for a cluster that cannot place or answer yet.
-const (
-	jsClusterNoPeers      jetstream.ErrorCode = 10005 // "no suitable peers for placement"
-	jsClusterNotAvailable jetstream.ErrorCode = 10008 // "JetStream system temporarily unavailable"
-)
+// unanswered reports whether err is the bus not answering in time, not a
+// refusal (mesh.Unanswered).
+func unanswered(err error) bool { return mesh.Unanswered(err) }
 
 // Run raises the catalogue, resumes the plans in the store and works until
 // ctx is done.

@@ -122,11 +122,12 @@ func (f Forecast) String() string {
 		return fmt.Sprintf("waiting on %s (%s): %d of %d modules left on the critical path; no build times known yet, no finish estimate",
 			h.Module, what, len(f.Path), f.Left)
 	}
-	left := roundETA(h.Left)
+	s := fmt.Sprintf("waiting on %s (%s): %s of %s left on the critical path", h.Module, what, roundETA(h.Left), roundETA(f.PathLeft))
 	if h.Overdue {
-		left = "overdue"
+		// Its own estimate is spent: what is left of it is a guess, and
+		// the path is what to read.
+		s = fmt.Sprintf("waiting on %s (%s, past its %s estimate): %s left on the critical path", h.Module, what, roundETA(h.Estimate), roundETA(f.PathLeft))
 	}
-	s := fmt.Sprintf("waiting on %s (%s): %s of %s left on the critical path", h.Module, what, left, roundETA(f.PathLeft))
 	if f.Bound == BoundMachines {
 		s += fmt.Sprintf("; %s of work on %d machines is longer", roundETA(f.Work), f.Machines)
 	}

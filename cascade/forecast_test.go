@@ -73,8 +73,9 @@ func TestCriticalPathByHand(t *testing.T) {
 	if h, _ := late.Holding(); h.Module != "runtime" || !h.Overdue || h.Left <= 0 || h.Left >= 9*time.Minute {
 		t.Errorf("overdue: holding %+v", h)
 	}
-	if !strings.Contains(late.String(), "overdue of") {
-		t.Errorf("overdue line %q", late.String())
+	if line := late.String(); !strings.HasPrefix(line, "waiting on runtime (building on host-a1, past its 2m0s estimate): ") ||
+		!strings.Contains(line, " left on the critical path; finish ≈ ") || strings.Contains(line, "overdue of") {
+		t.Errorf("overdue line %q, want it past its estimate, then the path left", line)
 	}
 	// Runtime built: tool holds it up.
 	mods[2].State = Built

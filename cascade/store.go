@@ -289,6 +289,24 @@ func (s *Store) Modules(ctx context.Context, plan string) (map[string]ModuleStat
 	return out, err
 }
 
+// EachModule calls fn with every module of every plan in the store, in one
+// read: what the controller recorded of each (its state, its machine).
+func (s *Store) EachModule(ctx context.Context, fn func(plan, module string, m ModuleStatus)) error {
+	return s.each(ctx, keyModule+">", func(key string, data []byte) error {
+		var m ModuleStatus
+		if err := json.Unmarshal(data, &m); err != nil {
+			return fmt.Errorf("decoding %s: %w", key, err)
+		}
+		rest := strings.TrimPrefix(key, keyModule)
+		i := strings.LastIndex(rest, ".") // a module's name holds no dot
+		if i < 0 {
+			return nil
+		}
+		fn(rest[:i], rest[i+1:], m)
+		return nil
+	})
+}
+
 // Currents returns every module's current image.
 func (s *Store) Currents(ctx context.Context) (map[string]Current, error) {
 	out := map[string]Current{}

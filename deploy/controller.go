@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/meshbuild/meshbuild/cascade"
+	"github.com/meshbuild/meshbuild/internal/backoff"
 	"github.com/meshbuild/meshbuild/mesh"
 )
 
@@ -130,25 +131,35 @@ func controllerModule(cat *mesh.Catalogue, name string) (string, error) {
 // recorded node's consumer, and works enrolments, reports, assignments and
 // image changes until ctx is done.
 func (c *Controller) Run(ctx context.Context) error {
+	// Every assertion and read of the start is retried while the bus does
+	// not answer (a cluster regaining quorum), as the catalogue's raise
+	// is: one timeout does not stop the fleet.
 	if c.cfg.Raise {
-		if err := c.raise(ctx); err != nil {
+		if err := c.retry(ctx, "raising the catalogue", c.raise); err != nil {
 			return err
 		}
 	}
-	var err error
-	if c.store, err = OpenStore(ctx, c.js, c.module); err != nil {
+	if err := c.retry(ctx, "opening the fleet's store", func(ctx context.Context) (err error) {
+		c.store, err = OpenStore(ctx, c.js, c.module)
+		return err
+	}); err != nil {
 		return err
 	}
-	if err := c.load(ctx); err != nil {
+	if err := c.retry(ctx, "loading the fleet", c.load); err != nil {
 		return err
 	}
-	plans, err := c.js.KeyValue(ctx, mesh.KVBucket(c.module, cascade.StateBucket))
-	if err != nil {
-		return fmt.Errorf("opening the plans bucket for current images: %w", err)
-	}
-	currents, err := plans.WatchFiltered(ctx, []string{cascade.CurrentKey("*")}, jetstream.IgnoreDeletes())
-	if err != nil {
-		return fmt.Errorf("watching current images: %w", err)
+	var currents jetstream.KeyWatcher
+	if err := c.retry(ctx, "watching current images", func(ctx context.Context) error {
+		plans, err := c.js.KeyValue(ctx, mesh.KVBucket(c.module, cascade.StateBucket))
+		if err != nil {
+			return fmt.Errorf("opening the plans bucket for current images: %w", err)
+		}
+		if currents, err = plans.WatchFiltered(ctx, []string{cascade.CurrentKey("*")}, jetstream.IgnoreDeletes()); err != nil {
+			return fmt.Errorf("watching current images: %w", err)
+		}
+		return nil
+	}); err != nil {
+		return err
 	}
 	defer func() { _ = currents.Stop() }()
 	subs, err := c.serveTools()
@@ -160,9 +171,15 @@ func (c *Controller) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	cons, err := c.js.Consumer(ctx, mesh.SeatStream(mesh.ControllerSeat), mesh.SeatConsumer(mesh.ControllerSeat))
-	if err != nil {
-		return fmt.Errorf("binding the %s seat's consumer: %w", mesh.ControllerSeat, err)
+	var cons jetstream.Consumer
+	if err := c.retry(ctx, "binding the "+mesh.ControllerSeat+" seat's consumer", func(ctx context.Context) (err error) {
+		cons, err = c.js.Consumer(ctx, mesh.SeatStream(mesh.ControllerSeat), mesh.SeatConsumer(mesh.ControllerSeat))
+		if err != nil {
+			return fmt.Errorf("binding the %s seat's consumer: %w", mesh.ControllerSeat, err)
+		}
+		return nil
+	}); err != nil {
+		return err
 	}
 	it, err := cons.Messages(jetstream.PullMaxMessages(64))
 	if err != nil {
@@ -221,6 +238,23 @@ func (c *Controller) Run(ctx context.Context) error {
 			}
 		case cmd := <-c.cmds:
 			cmd.reply <- c.command(ctx, cmd)
+		}
+	}
+}
+
+// retry runs fn, again (with backoff, said in the log) while the bus does
+// not answer in time (mesh.Unanswered); a refusal, or ctx done, returns
+// its error at once.
+func (c *Controller) retry(ctx context.Context, what string, fn func(context.Context) error) error {
+	policy := backoff.Policy{First: 250 * time.Millisecond, Max: 5 * time.Second}
+	for attempt := 1; ; attempt++ {
+		err := fn(ctx)
+		if err == nil || ctx.Err() != nil || !mesh.Unanswered(err) {
+			return err
+		}
+		c.log.Warn(what+": the bus did not answer; retrying", "err", err, "attempt", attempt)
+		if backoff.Wait(ctx, policy.Delay(attempt)) != nil {
+			return err
 		}
 	}
 }

@@ -89,7 +89,7 @@ func (c *Catalogue) Derive(replicas int) Wire {
 	w.Streams = append(w.Streams, c.eventStreams(replicas)...)
 	w.Streams = append(w.Streams, NodesStreamSpec(replicas))
 	for _, s := range c.Seats() {
-		if spec, ok := SeatStreamSpec(s, replicas); ok {
+		if spec, ok := SeatStreamSpec(s, c.Platforms(), replicas); ok {
 			w.Streams = append(w.Streams, spec)
 			w.Consumers = append(w.Consumers, SeatConsumerSpecs(s, c.Platforms(), replicas)...)
 			w.Buckets = append(w.Buckets, AskClaimsBucketSpec(s, replicas))
@@ -187,15 +187,32 @@ func SeatRetain(s Seat) time.Duration {
 }
 
 // SeatStreamSpec derives seat s's work queue; ok is false for a seat that
-// accepts nothing.
-func SeatStreamSpec(s Seat, replicas int) (StreamSpec, bool) {
+// accepts nothing. Its subjects are exactly its holders' consumers'
+// filters (SeatConsumerSpecs, for the catalogue's platforms): every
+// accept, or, for a seat that splits by platform, each verb on each
+// platform the catalogue builds for. An ask published anywhere else under
+// the seat — the bare verb (…accept.build), a platform no module is built
+// for — is refused by the server at once (no stream answers it) instead of
+// being kept for the seat's retain with nobody to read it. Sorted, so that
+// raising twice changes nothing; a raise after the catalogue's platforms
+// changed updates them.
+func SeatStreamSpec(s Seat, platforms []string, replicas int) (StreamSpec, bool) {
 	if len(s.Accepts) == 0 {
 		return StreamSpec{}, false
 	}
+	var subjects []string
+	for _, c := range SeatConsumerSpecs(s, platforms, replicas) {
+		if c.Config.FilterSubject != "" {
+			subjects = append(subjects, c.Config.FilterSubject)
+		}
+		subjects = append(subjects, c.Config.FilterSubjects...)
+	}
+	sort.Strings(subjects)
+	subjects = slices.Compact(subjects)
 	return StreamSpec{
 		Why: "seat " + s.Seat + " accepts work",
 		Config: jetstream.StreamConfig{
-			Name: SeatStream(s.Seat), Subjects: []string{SeatAcceptAll(s.Seat)},
+			Name: SeatStream(s.Seat), Subjects: subjects,
 			Retention: jetstream.WorkQueuePolicy, MaxAge: SeatRetain(s),
 			Storage: jetstream.FileStorage, Replicas: replicas,
 			// The server refuses a window longer than the max age.

@@ -110,8 +110,10 @@
 //	state: [{name: plans, history: 1}]
 //
 // From these the mesh derives the work queue SEAT_node-build-agent on
-// mesh.seat.node-build-agent.accept.>, keeping an ask for 7 days; the
-// agents' shared consumer holders-node-build-agent; the events
+// mesh.seat.node-build-agent.accept.build.linux-amd64 (one subject per
+// platform the catalogue builds for, exactly its consumers' filters),
+// keeping an ask for 7 days; the agents' shared consumer
+// holders-node-build-agent-linux-amd64; the events
 // mesh.seat.node-build-agent.event.built (in EVENTS) and
 // mesh.seat.node-build-agent.event.log.<ask> (in LOGS); the controller's
 // consumer module-build-controller on EVENTS, filtering

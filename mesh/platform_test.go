@@ -73,7 +73,8 @@ func TestTheBuildSeatSplitsByPlatform(t *testing.T) {
 	_, js := natstest.Connect(t, s)
 	// A seat-wide consumer from before the split is replaced, not kept to
 	// overlap the platforms' filters.
-	seat, _ := mesh.SeatStreamSpec(mesh.Seat{Seat: mesh.BuildSeat, Accepts: []string{"build retain 7d"}}, 1)
+	seat, _ := mesh.SeatStreamSpec(mesh.Seat{Seat: mesh.BuildSeat, Accepts: []string{"build retain 7d"}}, c.Platforms(), 1)
+	seat.Config.Subjects = []string{mesh.SeatAcceptAll(mesh.BuildSeat)} // as it was before the split
 	if _, err := js.CreateStream(ctx(t), seat.Config); err != nil {
 		t.Fatal(err)
 	}

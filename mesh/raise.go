@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -25,6 +26,29 @@ type RaiseReport struct {
 
 // Changed reports whether the raise changed anything on the server.
 func (r RaiseReport) Changed() bool { return len(r.Created)+len(r.Updated) > 0 }
+
+// Unanswered reports whether err is the bus not answering in time (a
+// timeout, no responders, no stream response) or a cluster not able to
+// place a stream yet (a peer still offline as the cluster starts, or
+// JetStream's meta layer without a leader), not a refusal: an assertion
+// that met it is worth making again, and every process that raises or
+// asserts retries it (with backoff, said in the log) instead of stopping.
+func Unanswered(err error) bool {
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) ||
+		errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse) ||
+		errors.Is(err, nats.ErrConnectionReconnecting) {
+		return true
+	}
+	var api *jetstream.APIError
+	return errors.As(err, &api) && (api.ErrorCode == jsClusterNoPeers || api.ErrorCode == jsClusterNotAvailable)
+}
+
+// JetStream's error codes (nats-server's JSClusterNoPeersErrF and
+// JSClusterNotAvailErr) for a cluster that cannot place or answer yet.
+const (
+	jsClusterNoPeers      jetstream.ErrorCode = 10005 // "no suitable peers for placement"
+	jsClusterNotAvailable jetstream.ErrorCode = 10008 // "JetStream system temporarily unavailable"
+)
 
 // Raise asserts on the server every stream, consumer and bucket the catalogue
 // implies, idempotently: asserting twice changes nothing. Streams come first,

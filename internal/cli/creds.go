@@ -27,14 +27,15 @@ whose permissions are exactly the set its declaration derives (see
 ` + "`builds catalogue show`" + `), signed with the account's key. A node's set is
 its own plus the buckets of the modules its runtime may carry (--carries,
 build-agent by default): their own state to write, their reads to read.`,
-		Example: `  builds creds init /etc/meshbuild/nats
-  # in nats-server.conf: include /etc/meshbuild/nats/server.conf
+		Example: `  builds creds init /etc/meshbuild/nats --server-conf /etc/nats/nats-server.conf
+  # in /etc/nats/nats-server.conf (relative to its own directory): include ../meshbuild/nats/server.conf
   builds creds issue /etc/meshbuild/nats --catalogue catalogue --principal controller --out controller.creds
   builds creds issue /etc/meshbuild/nats --catalogue catalogue --principal node m1 --out m1.creds
   builds creds issue /etc/meshbuild/nats --catalogue catalogue --principal node m2 --carries build-agent,scanner --out m2.creds
   builds creds issue /etc/meshbuild/nats --catalogue catalogue --principal agent m1 --out agent-m1.creds`,
 	}
-	c.AddCommand(&cobra.Command{
+	var serverConf string
+	initCmd := &cobra.Command{
 		Use:   "init DIR",
 		Short: "Make the operator, account and system keys in DIR, and DIR/server.conf",
 		Args:  exactArgs(1),
@@ -45,11 +46,28 @@ build-agent by default): their own state to write, their reads to read.`,
 			}
 			conf := filepath.Join(k.Dir, creds.ServerConf)
 			fmt.Fprintf(g.out, "Keys made in %s (the .nk files are secret: keep them there, mode 0600).\n", k.Dir)
-			fmt.Fprintf(g.out, "Server configuration: %s\n  include it in every NATS server's configuration (include %s), beside jetstream {…}\n", conf, conf)
+			fmt.Fprintf(g.out, "Server configuration: %s\n", conf)
+			// nats-server reads an include relative to the directory of
+			// the file that includes it — an absolute path too — so the
+			// line to paste depends on where that file is.
+			at, where := serverConf, "the nats-server configuration "+serverConf
+			if at == "" {
+				at, where = creds.ServerConf, "a nats-server configuration in the current directory"
+			}
+			line, err := includeLine(conf, at)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(g.out, "  include it in every NATS server's configuration, beside jetstream {…}; nats-server reads an include relative to the directory of the file that includes it (even a path starting with /), so for %s write:\n  %s\n", where, line)
+			if serverConf == "" {
+				fmt.Fprintf(g.out, "  (--server-conf FILE prints the line for the configuration FILE)\n")
+			}
 			fmt.Fprintf(g.out, "Then issue each principal its credentials: builds creds issue %s --catalogue DIR --principal KIND [NAME] --out FILE\n", k.Dir)
 			return nil
 		},
-	})
+	}
+	initCmd.Flags().StringVar(&serverConf, "server-conf", "", "the nats-server configuration file that will include DIR/server.conf: the include line is printed for it")
+	c.AddCommand(initCmd)
 	var kind, name, catalogue, out string
 	var carries []string
 	issue := &cobra.Command{
@@ -139,4 +157,23 @@ build-agent by default): their own state to write, their reads to read.`,
 	_ = issue.MarkFlagRequired("principal")
 	c.AddCommand(issue)
 	return c
+}
+
+// includeLine is the line a nats-server configuration at serverConf writes
+// to include conf: the path of conf relative to serverConf's directory,
+// which is how nats-server resolves it.
+func includeLine(conf, serverConf string) (string, error) {
+	absConf, err := filepath.Abs(conf)
+	if err != nil {
+		return "", err
+	}
+	absServer, err := filepath.Abs(serverConf)
+	if err != nil {
+		return "", fmt.Errorf("--server-conf %s: %w", serverConf, err)
+	}
+	rel, err := filepath.Rel(filepath.Dir(absServer), absConf)
+	if err != nil {
+		return "", fmt.Errorf("%s cannot be named relative to %s: %w", absConf, filepath.Dir(absServer), err)
+	}
+	return "include " + filepath.ToSlash(rel), nil
 }

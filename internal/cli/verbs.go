@@ -196,44 +196,44 @@ func machinesCmd(g *globals) *cobra.Command {
 			rows := map[string]*Machine{}
 			for _, s := range live {
 				rows[s.Machine] = &Machine{Machine: s.Machine, Online: true, Health: s.Health, Why: s.Why, Slots: s.Slots, InFlight: s.InFlight,
-					Built: s.Built, Failed: s.Failed, LastSeen: s.At, Platforms: s.Platforms, Builds: s.Builds}
+					LastSeen: s.At, Platforms: s.Platforms, Builds: s.Builds}
 			}
-			// Machines seen in recent plans but not answering now.
-			recs, _ := b.store.Plans(ctx)
-			for i, r := range recs {
-				if i >= 10 {
-					break
-				}
-				mods, _ := b.store.Modules(ctx, r.ID)
-				for _, m := range mods {
-					// A module built for several platforms names each
-					// platform's machine.
-					for on := range strings.SplitSeq(m.On, ",") {
-						if on == "" {
-							continue
-						}
-						row := rows[on]
-						if row == nil {
-							row = &Machine{Machine: on}
-							rows[on] = row
-						}
-						if !row.Online {
-							switch m.State {
-							case cascade.Built:
-								row.Built++
-							case cascade.Failed:
-								row.Failed++
-							}
-							seen := m.Finished
-							if seen.IsZero() {
-								seen = m.Started
-							}
-							if seen.After(row.LastSeen) {
-								row.LastSeen = seen
-							}
-						}
+			// What each machine built and failed is counted from the plans
+			// the controller keeps, not from the agent's own counters
+			// (which start again at zero when it restarts); a machine not
+			// answering now is known from them too.
+			err = b.store.EachModule(ctx, func(_, _ string, m cascade.ModuleStatus) {
+				// A module built for several platforms names each
+				// platform's machine.
+				for on := range strings.SplitSeq(m.On, ",") {
+					if on == "" {
+						continue
+					}
+					row := rows[on]
+					if row == nil {
+						row = &Machine{Machine: on}
+						rows[on] = row
+					}
+					switch m.State {
+					case cascade.Built:
+						row.Built++
+					case cascade.Failed:
+						row.Failed++
+					}
+					if row.Online {
+						continue // it says when it was seen
+					}
+					seen := m.Finished
+					if seen.IsZero() {
+						seen = m.Started
+					}
+					if seen.After(row.LastSeen) {
+						row.LastSeen = seen
 					}
 				}
+			})
+			if err != nil {
+				return fmt.Errorf("reading the plans' modules: %w", err)
 			}
 			out := make([]Machine, 0, len(rows))
 			for _, name := range slices.Sorted(maps.Keys(rows)) {
@@ -304,11 +304,21 @@ func pushCmd(g *globals) *cobra.Command {
 				// made the plan yet.
 				before, existed = cascade.PlanRecord{ID: id, Outcome: cascade.OutcomeRunning}, true
 			}
+			// A push nobody plans yet is queued (EVENTS keeps it): said
+			// so, rather than a plan id that watch would not find.
+			queued := !existed && !b.controllerAnswers(ctx)
 			if g.json && !watch {
-				return writeJSON(g.out, map[string]any{"plan": id, "existed": existed})
+				return writeJSON(g.out, map[string]any{"plan": id, "existed": existed, "queued": queued})
 			}
 			if existed && !g.json {
 				fmt.Fprintln(g.progressOut(), existing(before, "--commit "+planner.ShortCommit(commit)))
+			}
+			if queued {
+				fmt.Fprintln(g.out, notPlannedYet(id, "the push is queued and is planned when build-controller runs"))
+				if watch {
+					return ErrFailed
+				}
+				return nil
 			}
 			if !watch {
 				if !existed {
@@ -327,7 +337,28 @@ func pushCmd(g *globals) *cobra.Command {
 	return c
 }
 
+// notPlannedYet says that plan id is not made because no controller
+// answers, what became of the request (why), and what to do.
+func notPlannedYet(id, why string) string {
+	return fmt.Sprintf("plan %s is not made yet: no controller answered, so %s; start build-controller, then follow it: builds watch %s", id, why, id)
+}
+
+// controllerAnswers reports whether a controller answers its tools now
+// (any reply, even a refusal, is an answer).
+func (b *bus) controllerAnswers(ctx context.Context) bool {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	_, err := cascade.Call(ctx, b.nc, controllerModule, cascade.ToolRetry, cascade.Request{Plan: "-"})
+	var te *cascade.ToolError
+	return err == nil || errors.As(err, &te)
+}
+
 func watchAndShow(ctx context.Context, g *globals, b *bus, id string) error {
+	if _, err := b.store.Plan(ctx, id); errors.Is(err, cascade.ErrNoPlan) && !b.controllerAnswers(ctx) {
+		// A push announced while no controller runs is planned when one
+		// starts: not "no plan".
+		return errors.New(notPlannedYet(id, "a push or rebuild announced meanwhile waits, queued, until one runs"))
+	}
 	p, err := Watch(ctx, b.store, id, g.progressOut(), isTTY(g.progressOut()))
 	if err != nil {
 		return err
@@ -448,6 +479,8 @@ func tool(ctx context.Context, g *globals, b *bus, name string, req cascade.Requ
 		return refused(r, err, "see `builds show "+req.Plan+"`")
 	case errors.Is(err, cascade.ErrUnknownModule):
 		return &refusal{err: err, msg: fmt.Sprintf("%s is not a module of plan %s; see `builds show %s` for its modules", req.Module, req.Plan, req.Plan)}
+	case errors.Is(err, cascade.ErrPlanCancelled):
+		return &refusal{err: err, msg: fmt.Sprintf("plan %s was cancelled, and a cancelled plan does not go on: %s is not retried in it; build it again in a new plan: builds rebuild %s", req.Plan, req.Module, req.Module)}
 	case err != nil:
 		return err
 	}

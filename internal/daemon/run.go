@@ -224,8 +224,23 @@ func RunAgent(ctx context.Context, o AgentOptions) error {
 	if o.Agent.Platforms, err = agent.ChoosePlatforms(worker, o.Agent.Platforms); err != nil {
 		return err
 	}
-	if !narrowed && o.Catalogue != "" {
-		o.Agent.Platforms = cataloguePlatforms(o.Catalogue, o.Agent.Platforms, o.Log)
+	// A catalogue that cannot be used fails closed: no ask is taken (none
+	// accepted blindly, no platform bound blindly) until it loads.
+	var cat *mesh.Catalogue
+	if o.Catalogue != "" {
+		if cat, err = agentCatalogue(ctx, o.Catalogue, catalogueRetry, o.Log); err != nil {
+			return nil // stopped while waiting for the catalogue
+		}
+		if !narrowed {
+			o.Agent.Platforms = cataloguePlatforms(cat, o.Agent.Platforms, o.Log)
+		}
+	}
+	// Only the platforms the credentials grant: a queue the agent may not
+	// read is not bound (no permission violations, no timeouts).
+	if o.Creds != "" {
+		if o.Agent.Platforms, err = grantedPlatforms(o.Creds, o.Agent.Platforms, o.Log); err != nil {
+			return err
+		}
 	}
 	topts, err := o.TLS.Options()
 	if err != nil {
@@ -237,49 +252,38 @@ func RunAgent(ctx context.Context, o AgentOptions) error {
 	}
 	defer nc.Close()
 	// One build agent per machine: it claims node-build-agent at its
-	// machine before it pulls, and stops if it loses the claim.
-	lease, err := claim.Claim(ctx, js, mesh.BuildSeat, claim.Node(o.Agent.Machine), claim.Process("build-agent"),
-		claim.WithLease(o.Lease), claim.WithLogger(o.Log))
-	if errors.Is(err, claim.ErrClaimed) {
-		return fmt.Errorf("machine %q already has a build agent: %w: stop that one, or start this one with another --machine", o.Agent.Machine, err)
-	}
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil // stopped while waiting for the claims bucket
-		}
-		return err
-	}
-	defer func() {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		if err := lease.Release(rctx); err != nil {
-			o.Log.Warn("releasing the machine's seat", "err", err)
-		}
-	}()
-	ctx, cancelHeld := lease.Context(ctx)
-	defer cancelHeld()
-	// The machine's ask claims are bound to its seat claim: when it lapses
-	// they are void, and another machine takes its asks at once.
-	o.Agent.SeatToken = lease.Token()
-	if o.Catalogue != "" {
-		o.Agent.Known = knownModules(o.Catalogue, o.Log)
-	}
-	if o.Agent.State == nil {
-		o.Agent.State = agentState(ctx, js, o.Agent.Machine, o.Log)
+	// machine before it pulls. A second agent on the machine is refused;
+	// the claim a killed predecessor on this host left is taken at once. A
+	// claim lost to a bus outage stops the work and is taken back when
+	// the bus returns: the agent never exits for an outage.
+	if cat != nil {
+		o.Agent.Known = knownModules(o.Catalogue, cat, o.Log)
 	}
 	w := &agent.BuildWorker{
 		Sources:  &agent.Sources{Dir: o.Workspace, InsteadOf: o.InsteadOf},
 		Builder:  bk,
 		Registry: o.Registry,
 	}
-	a, err := agent.New(o.Agent, js, w, o.Log, o.Observer)
-	if err != nil {
-		return err
+	st := seat{js: js, seat: mesh.BuildSeat, scope: claim.Node(o.Agent.Machine), holder: claim.Process("build-agent"),
+		opts: []claim.Option{claim.WithLease(o.Lease)}, log: o.Log, refuse: true}
+	err = st.hold(ctx, func(ctx context.Context, lease *claim.Lease) error {
+		cfg := o.Agent
+		// The machine's ask claims are bound to its seat claim: when it
+		// lapses they are void, and another machine takes its asks at once.
+		cfg.SeatToken = lease.Token()
+		if cfg.State == nil {
+			cfg.State = agentState(ctx, js, cfg.Machine, o.Log)
+		}
+		a, err := agent.New(cfg, js, w, o.Log, o.Observer)
+		if err != nil {
+			return err
+		}
+		return a.Run(ctx)
+	})
+	if errors.Is(err, claim.ErrClaimed) {
+		return fmt.Errorf("machine %q already has a build agent: %w: stop that one, or start this one with another --machine", o.Agent.Machine, err)
 	}
-	if err := a.Run(ctx); err != nil {
-		return err
-	}
-	return lease.Err() // nil unless the claim was lost
+	return err
 }
 
 // ControllerOptions configure the controller process.
@@ -367,7 +371,9 @@ func RunController(ctx context.Context, o ControllerOptions) error {
 			close(o.Ready)
 		}
 	})
-	return claim.Hold(ctx, js, mesh.ControllerSeat, claim.Mesh(), claim.Process("build-controller"), func(ctx context.Context) error {
+	st := seat{js: js, seat: mesh.ControllerSeat, scope: claim.Mesh(), holder: claim.Process("build-controller"),
+		opts: []claim.Option{claim.WithLease(o.Lease)}, log: o.Log}
+	return st.hold(ctx, func(ctx context.Context, _ *claim.Lease) error {
 		// Taking the seat over: the catalogue as it is now.
 		if now, err := fingerprint(o.Catalogue); err == nil && now != loaded {
 			if fresh, err := LoadCatalogue(o.Catalogue, o.Log); err == nil {
@@ -375,7 +381,7 @@ func RunController(ctx context.Context, o ControllerOptions) error {
 			}
 		}
 		return runController(ctx, o, nc, js, cat, loaded, ready)
-	}, claim.WithLease(o.Lease), claim.WithLogger(o.Log))
+	})
 }
 
 // runController runs the controller while it holds mesh-controller.
@@ -481,18 +487,11 @@ func fingerprint(dir string) (string, error) {
 // Workspace returns a default workspace directory for a machine.
 func Workspace(base, machine string) string { return filepath.Join(base, "agents", machine) }
 
-// knownModules says whether the catalogue in dir builds a module. A
-// catalogue with problems does not stop the agent (under systemd that is a
-// crash loop): the problems are logged and the last good catalogue kept,
-// or, before any was good, every module accepted, until the directory is
-// fixed. The directory is read again before a module is refused, so a
-// module added since is accepted.
-func knownModules(dir string, log *slog.Logger) func(string) bool {
-	cat, err := LoadCatalogue(dir, log)
-	if err != nil {
-		log.Error("the catalogue has problems: running without one (every module accepted) until it is fixed", "dir", dir, "err", err)
-		cat = nil
-	}
+// knownModules says whether the catalogue in dir, cat when the agent
+// started, builds a module. The directory is read again before a module is
+// refused, so a module added since is accepted; while the directory has
+// problems the last good catalogue is kept.
+func knownModules(dir string, cat *mesh.Catalogue, log *slog.Logger) func(string) bool {
 	var mu sync.Mutex
 	builds := func(c *mesh.Catalogue, m string) bool {
 		man, ok := c.Module(m)
@@ -501,20 +500,75 @@ func knownModules(dir string, log *slog.Logger) func(string) bool {
 	return func(m string) bool {
 		mu.Lock()
 		defer mu.Unlock()
-		if cat != nil && builds(cat, m) {
+		if builds(cat, m) {
 			return true
 		}
-		fresh, err := LoadCatalogue(dir, log)
-		switch {
-		case err == nil:
+		fresh, err := LoadCatalogue(dir, slog.New(slog.DiscardHandler))
+		if err != nil {
+			log.Warn("the catalogue has problems: keeping the last good one", "dir", dir, "err", catalogueProblem(dir, err))
+		} else {
 			cat = fresh
-		case cat == nil:
-			log.Warn("the catalogue still has problems: accepting the ask", "dir", dir, "module", m, "err", err)
-			return true
-		default:
-			log.Warn("the catalogue has problems: keeping the last good one", "dir", dir, "err", err)
 		}
 		return builds(cat, m)
+	}
+}
+
+// catalogueRetry is how often an agent tries a catalogue that could not be
+// used again.
+const catalogueRetry = 5 * time.Second
+
+// agentCatalogue loads the agent's catalogue, failing closed: while it
+// cannot be used (a directory missing or empty, a manifest that does not
+// parse or check) the agent takes no asks. It says so in one line naming
+// the file and the problem and when it tries again, says it again only if
+// the problem changes, and tries every retry until it loads or ctx ends.
+func agentCatalogue(ctx context.Context, dir string, retry time.Duration, log *slog.Logger) (*mesh.Catalogue, error) {
+	said := ""
+	for {
+		cat, err := LoadCatalogue(dir, slog.New(slog.DiscardHandler))
+		if err == nil {
+			if said != "" {
+				log.Info("the catalogue loads now: taking asks", "dir", dir)
+			}
+			return cat, nil
+		}
+		why := catalogueProblem(dir, err)
+		if why != said {
+			log.Error(fmt.Sprintf("the catalogue cannot be used: %s; taking no asks until it loads, trying again every %s", why, retry), "dir", dir)
+			said = why
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(retry):
+		}
+	}
+}
+
+// catalogueProblem is what is wrong with the catalogue in dir, in one
+// line naming the file: the load's error, or the first problem of the
+// check (with how many more, and the command that lists them).
+func catalogueProblem(dir string, err error) string {
+	if !errors.Is(err, ErrCatalogue) {
+		return err.Error()
+	}
+	_, problems, lerr := mesh.Load(dir)
+	if lerr != nil {
+		return lerr.Error()
+	}
+	var errs []string
+	for _, p := range problems {
+		if !p.Warning {
+			errs = append(errs, p.String())
+		}
+	}
+	switch len(errs) {
+	case 0:
+		return err.Error()
+	case 1:
+		return errs[0]
+	default:
+		return fmt.Sprintf("%s (and %d more: run `builds catalogue check %s`)", errs[0], len(errs)-1, dir)
 	}
 }
 
@@ -538,13 +592,9 @@ func workerPlatforms(ctx context.Context, bk *agent.BuildKit, log *slog.Logger) 
 }
 
 // cataloguePlatforms keeps, of the worker's platforms, those the catalogue
-// in dir builds for (each has a queue of its own); all of them when the
-// catalogue cannot be read, or shares none.
-func cataloguePlatforms(dir string, worker []string, log *slog.Logger) []string {
-	cat, problems, err := mesh.Load(dir)
-	if err != nil || mesh.HasErrors(problems) {
-		return worker
-	}
+// builds for (each has a queue of its own); all of them when it shares
+// none.
+func cataloguePlatforms(cat *mesh.Catalogue, worker []string, log *slog.Logger) []string {
 	builds := map[string]bool{}
 	for _, p := range cat.Platforms() {
 		if n, err := mesh.NormalizePlatform(p); err == nil {

@@ -93,26 +93,11 @@ func TestTheControllerRaisesACatalogueChange(t *testing.T) {
 	}
 }
 
-// An agent given a catalogue directory with problems does not stop: it
-// runs without one (every module accepted) until the directory is fixed,
-// then keeps the last good catalogue while it is broken again.
-func TestABadCatalogueDoesNotStopTheAgent(t *testing.T) {
+// fleetManifests writes the farm's own manifests and app's into dir.
+func fleetManifests(t *testing.T, dir string) {
+	t.Helper()
 	root, err := testenv.RepoRoot()
 	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	bad := filepath.Join(dir, "broken.yaml")
-	if err := os.WriteFile(bad, []byte("module: [not a name\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	var logs testenv.Buffer
-	known := knownModules(dir, slog.New(slog.NewTextHandler(&logs, nil)))
-	if !known("anything") || !strings.Contains(logs.String(), "problems") {
-		t.Fatalf("a broken catalogue: want every module accepted and the problems logged; logs: %s", logs.String())
-	}
-	// Fixed: the catalogue is read again and refuses what it does not build.
-	if err := os.Remove(bad); err != nil {
 		t.Fatal(err)
 	}
 	for _, m := range testenv.MeshModules {
@@ -127,14 +112,125 @@ func TestABadCatalogueDoesNotStopTheAgent(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "app.yaml"), []byte("module: app\nbuild:\n  repo: https://git.example/app.git\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if known("anything") || !known("app") {
-		t.Fatal("a fixed catalogue: want app accepted and anything refused")
+}
+
+// An agent given a catalogue it cannot use — a manifest whose YAML is not
+// closed, a directory that is missing or empty — fails closed: it says so
+// in one line naming the file (or directory) and the retry, once however
+// often it tries, takes no ask meanwhile (agentCatalogue does not return),
+// and goes on once the directory is fixed. Before, it ran "without one
+// (every module accepted)" and bound every worker platform.
+func TestABrokenCatalogueFailsClosedWithOneErrorAndARetry(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		breakDir func(dir string) string // breaks dir, returns what the error must name
+	}{
+		{"unclosed YAML", func(dir string) string {
+			fleetManifests(t, dir)
+			bad := filepath.Join(dir, "broken.yaml")
+			if err := os.WriteFile(bad, []byte("module: broken\nbuild:\n  repo: [https://git.example/b.git\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			return bad
+		}},
+		{"missing directory", func(dir string) string {
+			if err := os.Remove(dir); err != nil {
+				t.Fatal(err)
+			}
+			return dir
+		}},
+		{"empty directory", func(dir string) string { return dir }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "catalogue")
+			if err := os.Mkdir(dir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			names := tc.breakDir(dir)
+			var logs testenv.Buffer
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			type loaded struct {
+				cat *mesh.Catalogue
+				err error
+			}
+			done := make(chan loaded, 1)
+			go func() {
+				cat, err := agentCatalogue(ctx, dir, 20*time.Millisecond, slog.New(slog.NewTextHandler(&logs, nil)))
+				done <- loaded{cat, err}
+			}()
+			testenv.WaitFor(t, 10*time.Second, "the agent to say the catalogue cannot be used", func() bool {
+				return strings.Contains(logs.String(), "cannot be used")
+			})
+			// Tried again and again meanwhile: still one line, and nothing
+			// accepted.
+			time.Sleep(200 * time.Millisecond)
+			select {
+			case l := <-done:
+				t.Fatalf("agentCatalogue returned %v, %v with a broken catalogue: want it to wait", l.cat, l.err)
+			default:
+			}
+			lines := testenv.GrepLines(logs.String(), "cannot be used")
+			if n := strings.Count(lines, "\n") + 1; n != 1 {
+				t.Errorf("said %d times, want once:\n%s", n, lines)
+			}
+			for _, want := range []string{names, "taking no asks until it loads", "trying again every 20ms"} {
+				if !strings.Contains(lines, want) {
+					t.Errorf("the error %q does not say %q", lines, want)
+				}
+			}
+			t.Logf("%s", lines)
+
+			// Fixed: it loads, says so, and the agent goes on.
+			if err := os.RemoveAll(dir); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Mkdir(dir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			fleetManifests(t, dir)
+			var l loaded
+			select {
+			case l = <-done:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the fixed catalogue was not loaded")
+			}
+			if l.err != nil || l.cat == nil || !strings.Contains(logs.String(), "loads now") {
+				t.Fatalf("after the fix: %v, %v; logs: %s", l.cat, l.err, logs.String())
+			}
+		})
 	}
-	// Broken again: the last good one is kept.
+}
+
+// The agent refuses what its catalogue does not build, reads the directory
+// again before refusing (a module added since is accepted), and keeps the
+// last good catalogue while the directory is broken.
+func TestTheAgentsCatalogueKeepsTheLastGoodOne(t *testing.T) {
+	dir := t.TempDir()
+	fleetManifests(t, dir)
+	cat, err := LoadCatalogue(dir, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs testenv.Buffer
+	known := knownModules(dir, cat, slog.New(slog.NewTextHandler(&logs, nil)))
+	if known("anything") || !known("app") {
+		t.Fatal("want app accepted and anything refused")
+	}
+	if err := os.WriteFile(filepath.Join(dir, "tool.yaml"), []byte("module: tool\nbuild:\n  repo: https://git.example/tool.git\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if !known("tool") {
+		t.Fatal("a module added since was refused")
+	}
+	bad := filepath.Join(dir, "broken.yaml")
 	if err := os.WriteFile(bad, []byte("module: [not a name\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if known("anything") || !known("app") {
+	if known("anything") || !known("app") || !known("tool") {
 		t.Fatal("broken again: want the last good catalogue kept")
+	}
+	if !strings.Contains(logs.String(), "broken.yaml") {
+		t.Errorf("the warning does not name the broken file: %s", logs.String())
 	}
 }

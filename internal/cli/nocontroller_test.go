@@ -1,0 +1,63 @@
+package cli_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/meshbuild/meshbuild/cascade"
+	"github.com/meshbuild/meshbuild/internal/daemon"
+	"github.com/meshbuild/meshbuild/internal/natstest"
+)
+
+// Retrying a module of a cancelled plan says the plan was cancelled and
+// what to run instead. With the controller stopped, a push says that no
+// controller answered and the push is queued (not a plan id to follow),
+// and watching that plan says it is not made yet, not "no plan".
+func TestMessagesOfACancelledPlanAndOfAPushNobodyPlans(t *testing.T) {
+	s := natstest.Server(t, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ready := make(chan struct{})
+	errs := make(chan error, 1)
+	go func() {
+		errs <- daemon.RunController(ctx, daemon.ControllerOptions{NATS: s.ClientURL(), Catalogue: fleet(t),
+			Controller: cascade.Config{Registry: "127.0.0.1:1"}, Ready: ready})
+	}()
+	select {
+	case <-ready:
+	case err := <-errs:
+		t.Fatal(err)
+	}
+	url := s.ClientURL()
+
+	code, out, errw := run(t, "--nats", url, "rebuild", "--id", "c1", "base")
+	if code != 0 {
+		t.Fatalf("rebuild base: exit %d\n%s\n%s", code, out, errw)
+	}
+	plan := strings.TrimSuffix(strings.Fields(out)[1], ":")
+	if code, out, errw := run(t, "--nats", url, "cancel", plan); code != 0 {
+		t.Fatalf("cancel: exit %d\n%s\n%s", code, out, errw)
+	}
+	code, _, errw = run(t, "--nats", url, "retry", plan, "base")
+	if code != 1 || !strings.Contains(errw, "plan "+plan+" was cancelled") || !strings.Contains(errw, "builds rebuild base") {
+		t.Errorf("retry in a cancelled plan: exit %d, %q; want it cancelled, and the next step", code, errw)
+	}
+
+	// The controller stops.
+	cancel()
+	if err := <-errs; err != nil {
+		t.Fatal(err)
+	}
+	code, out, errw = run(t, "--nats", url, "push", "--repo", "https://git.example/fleet.git", "--commit", "d00d", "--path", "base/Dockerfile")
+	if code != 0 || !strings.Contains(out, "is not made yet: no controller answered, so the push is queued") || strings.Contains(out, "(follow it: builds watch") {
+		t.Fatalf("push with no controller: exit %d\n%s\n%s", code, out, errw)
+	}
+	queued := strings.Fields(out)[1]
+	code, _, errw = run(t, "--nats", url, "watch", queued)
+	if code != 1 || !strings.Contains(errw, "plan "+queued+" is not made yet: no controller answered") || strings.Contains(errw, "no plan "+queued) {
+		t.Errorf("watch of the queued push: exit %d, %q; want 'not made yet', not 'no plan'", code, errw)
+	}
+	t.Logf("push: %s", strings.TrimSpace(out))
+	t.Logf("watch: %s", strings.TrimSpace(errw))
+}

@@ -1,0 +1,127 @@
+package daemon
+
+import (
+	"context"
+	"log/slog"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/meshbuild/meshbuild/agent"
+	"github.com/meshbuild/meshbuild/internal/creds"
+	"github.com/meshbuild/meshbuild/internal/natstest"
+	"github.com/meshbuild/meshbuild/internal/testenv"
+	"github.com/meshbuild/meshbuild/mesh"
+)
+
+// Credentials issued from a catalogue grant its platforms' queues only:
+// grantedPlatforms keeps those, and refuses, naming the file and what to
+// do, when none of the machine's is granted.
+func TestAnAgentTakesOnlyThePlatformsItsCredentialsGrant(t *testing.T) {
+	keys, err := creds.Init(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	issue := func(cat *mesh.Catalogue) string {
+		p, err := cat.PrincipalPermissions(mesh.KindAgent, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		file := filepath.Join(t.TempDir(), "agent.creds")
+		if err := keys.IssueFile(p, "", file); err != nil {
+			t.Fatal(err)
+		}
+		return file
+	}
+	amd := issue(testenv.Catalogue(t, nil))
+	ms := append(testenv.MeshManifests(t), &mesh.Manifest{Module: "tool", Build: &mesh.Build{Repo: "r", Platforms: []string{"linux/arm64", "linux/amd64"}}})
+	both := issue(mesh.NewCatalogue(ms))
+	machine := []string{"linux/amd64", "linux/amd64/v2", "linux/386", "linux/arm64"}
+	log := slog.New(slog.DiscardHandler)
+	if got, err := grantedPlatforms(amd, machine, log); err != nil || !slices.Equal(got, []string{"linux/amd64"}) {
+		t.Errorf("amd64 credentials: %v, %v; want [linux/amd64]", got, err)
+	}
+	if got, err := grantedPlatforms(both, machine, log); err != nil || !slices.Equal(got, []string{"linux/amd64", "linux/arm64"}) {
+		t.Errorf("amd64+arm64 credentials: %v, %v; want both", got, err)
+	}
+	_, err = grantedPlatforms(amd, []string{"linux/arm64"}, log)
+	if err == nil || !strings.Contains(err.Error(), amd) || !strings.Contains(err.Error(), "builds creds issue") {
+		t.Errorf("no platform granted: %v, want an error naming the file and what to do", err)
+	}
+}
+
+// A build agent with its issued credentials on a server that enforces
+// them, on a machine whose buildkitd builds more platforms (amd64's
+// variants, 386) than the catalogue its credentials were issued from:
+// it binds the granted queue only and holds the seat — no permission
+// violation, no bind timing out on a queue it may not read.
+func TestAnAgentBindsOnlyTheQueuesItsCredentialsGrant(t *testing.T) {
+	bk := testenv.Buildkitd(t)
+	keys, err := creds.Init(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts, err := keys.ServerOptions()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := natstest.Server(t, opts)
+	cat := testenv.Catalogue(t, nil)
+	file := func(kind string) string {
+		p, err := cat.PrincipalPermissions(kind, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := filepath.Join(t.TempDir(), kind+".creds")
+		if err := keys.IssueFile(p, "", f); err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	ctl := file(mesh.KindController)
+	_, js := natstest.Connect(t, s, nats.UserCredentials(ctl), nats.CustomInboxPrefix(mesh.InboxPrefix(mesh.ControllerPrincipal)))
+	if _, err := mesh.Raise(context.Background(), js, cat, 1); err != nil {
+		t.Fatal(err)
+	}
+	var logs testenv.Buffer
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cfg := agent.DefaultConfig()
+	cfg.Machine = "m1"
+	done := make(chan error, 1)
+	go func() {
+		done <- RunAgent(ctx, AgentOptions{NATS: s.ClientURL(), Creds: file(mesh.KindAgent), Agent: cfg, BuildKit: bk, Workspace: t.TempDir(),
+			Log: slog.New(slog.NewTextHandler(&logs, nil))})
+	}()
+	testenv.WaitFor(t, 30*time.Second, "the agent to hold the build seat", func() bool {
+		select {
+		case err := <-done:
+			t.Fatalf("the agent stopped: %v\n%s", err, logs.String())
+		default:
+		}
+		return strings.Contains(logs.String(), "holding the build seat")
+	})
+	held := testenv.GrepLines(logs.String(), "holding the build seat")
+	if !strings.Contains(held, mesh.BuildConsumer(mesh.DefaultPlatform)) || strings.Contains(held, "386") || strings.Contains(held, "v2") {
+		t.Fatalf("the agent binds %s, want only %s", held, mesh.BuildConsumer(mesh.DefaultPlatform))
+	}
+	c, err := js.Consumer(ctx, mesh.SeatStream(mesh.BuildSeat), mesh.BuildConsumer(mesh.DefaultPlatform))
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 10*time.Second, "the agent to pull", func() bool {
+		info, err := c.Info(ctx)
+		return err == nil && info.NumWaiting > 0
+	})
+	if l := logs.String(); strings.Contains(strings.ToLower(l), "permissions violation") || strings.Contains(l, "timeout") {
+		t.Errorf("the agent met refusals or timeouts:\n%s", l)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("RunAgent: %v", err)
+	}
+}
