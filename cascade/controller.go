@@ -774,6 +774,7 @@ func (c *Controller) createPlan(ctx context.Context, t planner.Trigger, now time
 		return PlanRecord{}, false, fmt.Errorf("planning %s: %w", p.ID, err)
 	}
 	c.address(ctx, st)
+	c.previous(ctx, st)
 	st.SetKnown(c.known)
 	st.Seq = c.seq + 1
 	if at > 0 {
