@@ -303,6 +303,10 @@ func (b *BuildKit) solveOpt(req BuildRequest) (client.SolveOpt, error) {
 	if err != nil {
 		return client.SolveOpt{}, classified(ErrSource, "build context "+req.ContextDir, err)
 	}
+	dfData, err := os.ReadFile(dfPath)
+	if err != nil {
+		return client.SolveOpt{}, classified(ErrSource, fmt.Sprintf("reading Dockerfile %q", rel), err)
+	}
 	dfFS, err := fsutil.NewFS(filepath.Dir(dfPath))
 	if err != nil {
 		return client.SolveOpt{}, classified(ErrSource, "Dockerfile directory", err)
@@ -335,11 +339,21 @@ func (b *BuildKit) solveOpt(req BuildRequest) (client.SolveOpt, error) {
 	if req.Tag == "" {
 		exp["push-by-digest"] = "true"
 	}
+	annotations := manifestAnnotations(req, dfData)
+	for k, v := range annotations {
+		exp["annotation-manifest."+k] = v
+	}
 	if attrs["attest:provenance"] != "" || attrs["attest:sbom"] != "" {
 		// With attestations BuildKit pushes an index: it goes by digest,
-		// and Build tags the image in it (the image is what the mesh
-		// builds on; the index is reported beside it).
+		// and Build tags it once verified (the image in it is what the
+		// mesh builds on; the index is reported beside it). The
+		// attestation manifest names the image as its subject (an OCI
+		// artifact): a referrer of the image (see registry.Refer).
 		exp["name"], exp["push-by-digest"] = req.Image, "true"
+		exp["oci-artifact"] = "true"
+		for k, v := range indexAnnotations(req, annotations) {
+			exp["annotation-index."+k] = v
+		}
 	}
 	if b.opts.Registry.Insecure() {
 		exp["registry.insecure"] = "true"

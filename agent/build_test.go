@@ -129,10 +129,12 @@ func TestBuildFromBase(t *testing.T) {
 	if res.Ref != host+"/app@"+res.Digest {
 		t.Errorf("Ref = %s", res.Ref)
 	}
+	// The tag names the index of the image and its attestations; the
+	// identity behind it is the image.
 	for _, ref := range []string{host + "/app:c1", res.Ref} {
-		got, err := registry.NewClient().Resolve(ctx, ref)
+		got, err := registry.NewClient().Identity(ctx, ref)
 		if err != nil || got != res.Digest {
-			t.Errorf("Resolve(%s) = %s, %v; want %s", ref, got, err, res.Digest)
+			t.Errorf("Identity(%s) = %s, %v; want %s", ref, got, err, res.Digest)
 		}
 	}
 	if res.Steps != 4 || res.CacheHits != 0 || res.Bytes <= 0 || res.Duration <= 0 {

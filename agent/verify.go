@@ -25,8 +25,9 @@ type pushed struct {
 // round trips as the answer needs: the manifest at dgst (which the
 // registry must serve under that digest), then at once the image manifest
 // (its size; the manifest itself when no index was pushed), the
-// attestation manifest (its statements) and, for an index pushed by
-// digest only, the tag moved to the image. Its errors wrap ErrPush (the
+// attestation manifest (its statements); then the attestation manifest
+// made a referrer of the image and, for an index pushed by digest only,
+// the tag moved to the index. Its errors wrap ErrPush (the
 // registry does not hold what was pushed) or ErrInfra.
 func (b *BuildKit) verify(ctx context.Context, req BuildRequest, dgst string) (pushed, error) {
 	ref := req.Image + "@" + dgst
@@ -77,12 +78,26 @@ func (b *BuildKit) verify(ctx context.Context, req BuildRequest, dgst string) (p
 			return nil
 		})
 	}
-	if req.Tag != "" {
-		// The index was pushed by digest only: the tag names the image,
-		// as it does without attestations.
+	if err := g.Wait(); err != nil {
+		return pushed{}, err
+	}
+	// Once verified, where tools look for the attestations: the
+	// attestation manifest among the image's referrers, and the tag on
+	// the index (BuildKit's layout; the index was pushed by digest only).
+	g, gctx = errgroup.WithContext(ctx)
+	if attDesc != nil {
 		g.Go(func() error {
-			if err := b.opts.Registry.Tag(gctx, imageRef, req.Tag); err != nil {
-				return registryError(ctx, "tagging "+imageRef, err)
+			attRef := req.Image + "@" + out.att.Manifest
+			if err := b.opts.Registry.Refer(gctx, attRef); err != nil {
+				return registryError(ctx, "listing "+attRef+" among the referrers of "+out.digest, err)
+			}
+			return nil
+		})
+	}
+	if req.Tag != "" {
+		g.Go(func() error {
+			if err := b.opts.Registry.Tag(gctx, ref, req.Tag); err != nil {
+				return registryError(ctx, "tagging "+ref, err)
 			}
 			return nil
 		})

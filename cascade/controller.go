@@ -758,13 +758,13 @@ func (c *Controller) assemble(ctx context.Context, all bool) bool {
 		for _, u := range st.Unindexed() {
 			begun := time.Now()
 			rctx, cancel := context.WithTimeout(ctx, c.cfg.ResolveTimeout)
-			dg, err := c.cfg.RegistryClient.PushIndex(rctx, c.Image(u.Module), u.Manifests)
+			ms, _ := st.Module(u.Module)
+			dg, err := c.cfg.RegistryClient.PushIndex(rctx, c.Image(u.Module), u.Manifests, indexAnnotations(ms))
 			cancel()
 			if err != nil {
 				c.log.Warn("pushing a module's image index; retrying on the next tick", "plan", id, "module", u.Module, "err", err)
 				continue
 			}
-			ms, _ := st.Module(u.Module)
 			c.log.Info("pushed an image index", "plan", id, "module", u.Module, "digest", dg, "platforms", len(u.Manifests), "took", time.Since(begun))
 			c.built(st, mesh.Built{
 				Version: mesh.AskVersion, Ask: u.Ask, Plan: id, Module: u.Module, Commit: ms.Commit,
@@ -810,6 +810,7 @@ func (c *Controller) createPlan(ctx context.Context, t planner.Trigger, now time
 		return PlanRecord{}, false, fmt.Errorf("planning %s: %w", p.ID, err)
 	}
 	c.address(ctx, st)
+	c.previous(ctx, st)
 	st.SetKnown(c.known)
 	st.Seq = c.seq + 1
 	if at > 0 {
@@ -953,7 +954,8 @@ func (c *Controller) address(ctx context.Context, st *State) {
 }
 
 // currentDigest is a base's current digest: the newest plan's result, or
-// else what the registry's latest tag resolves to now.
+// else the identity of what the registry's latest tag names now (the
+// image, not the index of it and its attestations: registry.Identity).
 func (c *Controller) currentDigest(ctx context.Context, module string) (string, error) {
 	if cur, ok := c.current[module]; ok && cur.Digest != "" {
 		return cur.Digest, nil
@@ -961,7 +963,7 @@ func (c *Controller) currentDigest(ctx context.Context, module string) (string, 
 	ref := c.Image(module) + ":latest"
 	rctx, cancel := context.WithTimeout(ctx, c.cfg.ResolveTimeout)
 	defer cancel()
-	dg, err := c.cfg.RegistryClient.Resolve(rctx, ref)
+	dg, err := c.cfg.RegistryClient.Identity(rctx, ref)
 	if err != nil {
 		return "", fmt.Errorf("%w: base %s (%s: %v): build it first with `builds rebuild %s`", ErrNoBase, module, ref, err, module)
 	}

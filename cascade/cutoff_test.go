@@ -3,6 +3,8 @@ package cascade_test
 import (
 	"context"
 	"errors"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -182,6 +184,15 @@ func TestUnchangedInputsAreNotDispatchedAndTheCascadeStops(t *testing.T) {
 	if mods, keys := dispatched("r-first"); len(mods) != 3 || keys != 3 {
 		t.Fatalf("first plan dispatched %v with %d keys, want 3 asks each with a key", mods, keys)
 	}
+	why := func(plan string, forced bool, m cascade.ModuleStatus, verdict string) cascade.Why {
+		t.Helper()
+		w := cascade.WhyOf(plan, forced, m)
+		if w.Verdict != verdict {
+			t.Errorf("why %s in %s: %s (%s), want %s", m.Module, plan, w.Verdict, w.Summary, verdict)
+		}
+		return w
+	}
+	why("r-first", false, first["base"], "first build")
 
 	// 2. Nothing changed: nothing dispatched, all unchanged, reusing.
 	again := rebuild("again", false)
@@ -190,6 +201,9 @@ func TestUnchangedInputsAreNotDispatchedAndTheCascadeStops(t *testing.T) {
 		if st.Reuses != "r-first" || st.Digest != first[m].Digest {
 			t.Errorf("again: %s reuses %q at %s, want r-first's %s", m, st.Reuses, st.Digest, first[m].Digest)
 		}
+	}
+	if w := why("r-again", false, again["app"], "unchanged"); w.Reuses != "r-first" || !strings.Contains(w.Summary, "plan r-first built") {
+		t.Errorf("why app unchanged: %+v", w)
 	}
 	if mods, _ := dispatched("r-again"); len(mods) != 0 {
 		t.Fatalf("nothing changed, dispatched %v", mods)
@@ -205,6 +219,9 @@ func TestUnchangedInputsAreNotDispatchedAndTheCascadeStops(t *testing.T) {
 	if mods["base"].Digest != first["base"].Digest {
 		t.Errorf("base rebuilt for a README: %s, want the digest it had, %s", mods["base"].Digest, first["base"].Digest)
 	}
+	if w := why(readme, false, mods["base"], "inputs changed"); len(w.Changes) != 1 || w.Changes[0].Input != "context" || !slices.Equal(w.Changes[0].Paths, []string{"README.md"}) {
+		t.Errorf("why base after a README push: %+v, want its context changed in README.md", w.Changes)
+	}
 	if got, _ := dispatched(readme); len(got) != 1 || got[0] != "base" {
 		t.Errorf("a README dispatched %v, want base alone", got)
 	}
@@ -217,10 +234,18 @@ func TestUnchangedInputsAreNotDispatchedAndTheCascadeStops(t *testing.T) {
 			t.Errorf("after base/motd changed, %s kept digest %s", m, mods[m].Digest)
 		}
 	}
+	if w := why(motd, false, mods["base"], "inputs changed"); len(w.Changes) != 1 || !slices.Equal(w.Changes[0].Paths, []string{"motd"}) {
+		t.Errorf("why base after motd changed: %+v", w.Changes)
+	}
+	if w := why(motd, false, mods["app"], "inputs changed"); len(w.Changes) != 1 || w.Changes[0].Input != "base base" ||
+		w.Changes[0].Old != first["base"].Digest || w.Changes[0].New != mods["base"].Digest {
+		t.Errorf("why app after base changed: %+v, want base %s → %s", w.Changes, first["base"].Digest, mods["base"].Digest)
+	}
 
 	// 5. Forced: every module dispatched, whatever its key.
 	forced := rebuild("forced", true)
 	wantStates("r-forced", forced, map[string]cascade.ModuleState{"base": cascade.Built, "app": cascade.Built, "tool": cascade.Built})
+	why("r-forced", true, forced["tool"], "forced")
 	if got, _ := dispatched("r-forced"); len(got) != 3 {
 		t.Errorf("forced dispatched %v, want all three", got)
 	}

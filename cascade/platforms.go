@@ -35,7 +35,8 @@ type PlatformStatus struct {
 	// Attestations are what the platform's image was pushed with (its
 	// provenance and SBOM, by digest). The module's index, assembled from
 	// the platforms' image manifests, does not carry them: it is a pure
-	// function of the images, so that it stays reproducible.
+	// function of the images, so that it stays reproducible. The index the
+	// tag latest names does (registry.PushIndex).
 	Attestations *mesh.Attestations `json:"attestations,omitempty"`
 }
 
@@ -232,7 +233,11 @@ func (s *State) Unindexed() []Unindexed {
 		}
 		u := Unindexed{Plan: s.Plan, Module: m.Module, Ask: m.Ask}
 		for _, p := range m.Platforms {
-			u.Manifests = append(u.Manifests, Manifest{Platform: p.Platform, Digest: p.Digest})
+			mf := Manifest{Platform: p.Platform, Digest: p.Digest}
+			if p.Attestations != nil {
+				mf.Attestation = p.Attestations.Manifest
+			}
+			u.Manifests = append(u.Manifests, mf)
 		}
 		out = append(out, u)
 	}

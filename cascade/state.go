@@ -248,6 +248,13 @@ type ModuleStatus struct {
 	// Reuses is the plan whose build of the same key an unchanged module
 	// reuses.
 	Reuses string `json:"reuses,omitempty"`
+	// Inputs are the components of Key (see why.go); Previous is the
+	// module's build before this plan, from when the plan was made.
+	Inputs   *KeyInputs     `json:"inputs,omitempty"`
+	Previous *PreviousBuild `json:"previous,omitempty"`
+	// Why is WhyOf the module, filled in by readers (`builds show
+	// --json`); the state never sets it.
+	Why *Why `json:"why,omitempty"`
 	// Commit is the commit built, from the built event.
 	Commit string `json:"commit,omitempty"`
 	Digest string `json:"digest,omitempty"`
@@ -1065,6 +1072,8 @@ type Current struct {
 	Seq uint64 `json:"seq"`
 	// Created is the plan's creation time.
 	Created time.Time `json:"created"`
+	// Inputs are the components of the input key it was built from.
+	Inputs *KeyInputs `json:"inputs,omitempty"`
 }
 
 // Newer reports whether a may replace b as a module's current image: a's
@@ -1085,7 +1094,7 @@ func (s *State) Current(module string) (Current, bool) {
 		return Current{}, false
 	}
 	return Current{Module: m.Module, Digest: m.Digest, Image: m.Image, Commit: m.Commit, Plan: s.Plan,
-		Seq: s.Seq, Created: s.Created}, true
+		Seq: s.Seq, Created: s.Created, Inputs: m.Inputs}, true
 }
 
 // done reports whether a module in state st has its image: built, or
@@ -1136,7 +1145,7 @@ func (s *State) Reused() []string {
 // unchanged at once instead, releasing its dependents in turn.
 func (s *State) release(i int, now time.Time) {
 	m := &s.Modules[i]
-	m.Key = s.keyOf(i)
+	m.Key, m.Inputs = s.keyOf(i), s.inputsOf(i)
 	if m.Key != "" && s.known != nil && !s.Trigger.Force {
 		if rec, ok := s.known(m.Key); ok && rec.Digest != "" {
 			s.set(m, Unchanged)

@@ -12,9 +12,11 @@ cd "$root"
 die() { echo "install-deps: $*" >&2; exit 1; }
 
 # Debian packages, named by the command each provides.
-declare -A pkgs=([runc]=runc [busybox]=busybox-static [git]=git [prometheus]=prometheus)
+# docker-registry is Debian's distribution 2.8: a registry without the OCI
+# referrers API, on which the referrers tag schema is tested.
+declare -A pkgs=([runc]=runc [busybox]=busybox-static [git]=git [prometheus]=prometheus [docker-registry]=docker-registry)
 missing=()
-for cmd in runc busybox git prometheus; do
+for cmd in runc busybox git prometheus docker-registry; do
 	if ! command -v "$cmd" >/dev/null 2>&1; then
 		missing+=("${pkgs[$cmd]}")
 	fi
@@ -36,7 +38,7 @@ if ((${#missing[@]})); then
 	$sudo apt-get update -qq >/dev/null || die "apt-get update failed"
 	$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null \
 		|| die "apt-get install ${missing[*]} failed"
-	for cmd in runc busybox git prometheus; do
+	for cmd in runc busybox git prometheus docker-registry; do
 		command -v "$cmd" >/dev/null 2>&1 || die "$cmd still missing after apt-get install"
 	done
 fi
@@ -58,6 +60,18 @@ if ((build)); then
 	go build -o bin/ github.com/moby/buildkit/cmd/buildkitd github.com/moby/buildkit/cmd/buildctl \
 		|| die "go build of buildkitd and buildctl failed"
 	echo "$want" > bin/.buildkit-version
+fi
+
+# bin/buildx: docker/buildx pinned as a tool in tools/buildx/go.mod (a module
+# of its own: its docker/cli is not meshbuild's); the attestation tests read
+# what the farm pushed with `buildx imagetools inspect`, as users do.
+bxwant="$(cd tools/buildx && go list -m -f '{{.Version}}' github.com/docker/buildx)" || die "go list of the buildx module failed"
+if [[ ! -x bin/buildx || $bxwant != "$(cat bin/.buildx-version 2>/dev/null || true)" ]]; then
+	echo "install-deps: building bin/buildx (buildx $bxwant)" >&2
+	mkdir -p bin
+	(cd tools/buildx && go build -ldflags "-X github.com/docker/buildx/version.Version=$bxwant" -o ../../bin/buildx github.com/docker/buildx/cmd/buildx) \
+		|| die "go build of buildx failed"
+	echo "$bxwant" > bin/.buildx-version
 fi
 
 # The OCI distribution-spec conformance tool that registry's TestConformance

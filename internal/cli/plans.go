@@ -157,11 +157,17 @@ func colorize(on bool, s string) string {
 func showPlan(g *globals, rec cascade.PlanRecord, mods map[string]cascade.ModuleStatus) error {
 	if g.json {
 		v := PlanView{Plan: rec, Modules: planview.OrderedModules(mods), Machines: machinesOf(mods)}
+		for i, m := range v.Modules {
+			if w := cascade.WhyOf(rec.ID, rec.Trigger.Force, m); m.State != cascade.Waiting && m.State != cascade.Ready {
+				v.Modules[i].Why = &w
+			}
+		}
 		if f, ok := planview.ForecastOf(rec, mods, time.Now()); ok {
 			v.Forecast = &f
 		}
 		return writeJSON(g.out, v)
 	}
 	planview.PrintPlan(g.out, rec, mods)
+	fmt.Fprintf(g.out, "why a module was built (or not): builds why %s MODULE\n", rec.ID)
 	return nil
 }

@@ -150,8 +150,40 @@ func TestAModuleOfTwoPlatformsIsBuiltOnAMachineOfEach(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if desc, err := remote.Head(latest); err != nil || desc.Digest.String() != multi.Digest {
-		t.Errorf("multi:latest is %v (%v), want the index %s", desc, err, multi.Digest)
+	// The tag names BuildKit's layout: the same images, then each
+	// platform's attestation manifest, the revision on the index; its
+	// identity is the module's index.
+	tagged, err := remote.Index(latest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tim, err := tagged.IndexManifest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(tim.Manifests) != 4 || tim.Annotations["org.opencontainers.image.revision"] != commit {
+		t.Errorf("multi:latest holds %d manifests, annotations %v: want 2 images and 2 attestation manifests, revision %s", len(tim.Manifests), tim.Annotations, commit)
+	}
+	for i, m := range tim.Manifests {
+		if i < 2 {
+			if m.Digest != im.Manifests[i].Digest {
+				t.Errorf("multi:latest manifest %d is %s, want the image %s", i, m.Digest, im.Manifests[i].Digest)
+			}
+			continue
+		}
+		p := multi.Platforms[slices.IndexFunc(multi.Platforms, func(p cascade.PlatformStatus) bool { return p.Digest == im.Manifests[i-2].Digest.String() })]
+		if m.Annotations["vnd.docker.reference.type"] != "attestation-manifest" || m.Annotations["vnd.docker.reference.digest"] != p.Digest ||
+			p.Attestations == nil || m.Digest.String() != p.Attestations.Manifest {
+			t.Errorf("multi:latest manifest %d %+v: want %s's attestation manifest %+v", i, m, p.Platform, p.Attestations)
+		}
+	}
+	if id, err := registry.NewClient(registry.WithInsecure(true)).Identity(ctx, reg+"/multi:latest"); err != nil || id != multi.Digest {
+		t.Errorf("identity of multi:latest is %s (%v), want the index %s", id, err, multi.Digest)
+	}
+	prov := testenv.ImagetoolsInspect(t, reg+"/multi:latest", "{{json .Provenance}}")
+	var byPlatform map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(prov), &byPlatform); err != nil || byPlatform["linux/amd64"] == nil || byPlatform["linux/arm64"] == nil {
+		t.Errorf("buildx imagetools inspect multi:latest: provenance %.300s (%v), want one for each platform", prov, err)
 	}
 	// The dependent was pinned to the index: it is built on the amd64
 	// manifest's layer, which BuildKit picked from the index.

@@ -46,7 +46,7 @@ func NewRoot(stdout, stderr io.Writer) *cobra.Command {
 		def = "nats://127.0.0.1:4222"
 	}
 	root.PersistentFlags().StringVar(&g.nats, "nats", def, "NATS server URL(s), comma separated (env MESHBUILD_NATS)")
-	root.PersistentFlags().StringVar(&g.creds, "creds", defaultCreds(), "NATS credentials file (env MESHBUILD_CREDS; default the operator's in $MESHBUILD_STATE, as `builds up --state` keeps them)")
+	root.PersistentFlags().StringVar(&g.creds, "creds", defaultCreds(), "NATS credentials file (env MESHBUILD_CREDS; default the operator's in the state directory of builds up, which keeps them there)")
 	root.PersistentFlags().StringVar(&g.tls.CA, "tls-ca", os.Getenv("MESHBUILD_TLS_CA"), "CA certificate (PEM) that signed the NATS server's, for a TLS server (env MESHBUILD_TLS_CA)")
 	root.PersistentFlags().StringVar(&g.tls.Cert, "tls-cert", os.Getenv("MESHBUILD_TLS_CERT"), "client certificate (PEM) for a NATS server that verifies clients; with --tls-key (env MESHBUILD_TLS_CERT)")
 	root.PersistentFlags().StringVar(&g.tls.Key, "tls-key", os.Getenv("MESHBUILD_TLS_KEY"), "the client certificate's key (PEM) (env MESHBUILD_TLS_KEY)")
@@ -59,13 +59,13 @@ func NewRoot(stdout, stderr io.Writer) *cobra.Command {
 }
 
 // defaultCreds is MESHBUILD_CREDS, else the operator's credentials in the
-// state directory MESHBUILD_STATE names (`builds up` issues them there),
-// else none.
+// state directory of builds up (farm.DefaultStateDir: MESHBUILD_STATE, else
+// the XDG state directory; builds up issues them there), else none.
 func defaultCreds() string {
 	if c := os.Getenv("MESHBUILD_CREDS"); c != "" {
 		return c
 	}
-	if st := os.Getenv("MESHBUILD_STATE"); st != "" {
+	if st, err := farm.DefaultStateDir(); err == nil {
 		if p := farm.OperatorCredsIn(st); fileExists(p) {
 			return p
 		}

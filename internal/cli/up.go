@@ -23,6 +23,7 @@ type upFlags struct {
 	catalogue      string
 	agents         int
 	state          string
+	ephemeral      bool
 	stay           bool
 	listenNATS     string
 	listenRegistry string
@@ -44,19 +45,27 @@ names a running one), the controller and --agents build agents sharing it.
 The components log to a file in the state directory; the terminal shows
 where everything listens. Ctrl-C stops it all.
 
+The state (plans, images, credentials, build cache) is kept in a directory
+that the next builds up resumes: --state DIR, else $MESHBUILD_STATE, else
+$XDG_STATE_HOME/meshbuild/up, else ~/.local/state/meshbuild/up. --ephemeral
+uses a temporary one, removed on exit. One farm at a time uses a state
+directory: a second builds up on it is refused, naming the first's pid.
+
 With --demo DIR (examples/fleet) it commits DIR/src to a git repository in
 the state directory, pushes a change to the base, shows the plan live and
 prints it tier by tier; it exits 0 when every module was built, 1 otherwise
 (with --stay it keeps running instead).`,
 		Example: `  builds up --catalogue examples/fleet/catalogue --agents 3 --demo examples/fleet
-  builds up --catalogue examples/fleet/catalogue --state /var/tmp/farm --metrics 127.0.0.1:9464`,
+  builds up --catalogue examples/fleet/catalogue --state /var/tmp/farm --metrics 127.0.0.1:9464
+  builds up --catalogue examples/fleet/catalogue --ephemeral`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return runUp(cmd.Context(), g, fl) },
 	}
 	f := c.Flags()
 	f.StringVar(&fl.catalogue, "catalogue", "", "catalogue directory (default with --demo: DIR/catalogue)")
 	f.IntVar(&fl.agents, "agents", 3, "build agents to run; they share one buildkitd")
-	f.StringVar(&fl.state, "state", os.Getenv("MESHBUILD_STATE"), "state directory, kept and reused; builds finds the operator's credentials in it (env MESHBUILD_STATE; default: a temporary one, removed on exit)")
+	f.StringVar(&fl.state, "state", "", "state directory, kept and reused, where builds finds the operator's credentials (default $MESHBUILD_STATE, else $XDG_STATE_HOME/meshbuild/up, else ~/.local/state/meshbuild/up)")
+	f.BoolVar(&fl.ephemeral, "ephemeral", false, "keep the state in a temporary directory, removed on exit")
 	f.BoolVar(&fl.stay, "stay", false, "with --demo: keep the farm running after the demo")
 	f.StringVar(&fl.listenNATS, "listen-nats", farm.DefaultListenNATS, "address NATS listens on (port 0: any free port)")
 	f.IntVar(&fl.cluster, "cluster", 0, "run N NATS servers joined by routes (a JetStream cluster on this machine, streams and buckets R3; N >= 3) instead of one")
@@ -86,7 +95,15 @@ func runUp(ctx context.Context, g *globals, fl upFlags) (err error) {
 		return errors.New("--stay goes with --demo: without it the farm stays anyway")
 	}
 
-	state, temp := fl.state, fl.state == ""
+	if fl.ephemeral && fl.state != "" {
+		return errors.New("--ephemeral and --state: choose one (a temporary state directory, or the one named)")
+	}
+	state, temp := fl.state, fl.ephemeral
+	if state == "" && !temp {
+		if state, err = farm.DefaultStateDir(); err != nil {
+			return err
+		}
+	}
 	if temp {
 		if state, err = os.MkdirTemp("", "meshbuild-up-"); err != nil {
 			return fmt.Errorf("state directory: %w", err)
@@ -98,6 +115,11 @@ func runUp(ctx context.Context, g *globals, fl upFlags) (err error) {
 		if err := os.MkdirAll(state, 0o755); err != nil {
 			return fmt.Errorf("state directory: %w", err)
 		}
+	}
+	if temp {
+		fmt.Fprintf(g.out, "State: %s (temporary: removed on exit)\n", state)
+	} else {
+		fmt.Fprintf(g.out, "State: %s (kept: a later builds up resumes it; --ephemeral for a temporary one)\n", state)
 	}
 	logPath := filepath.Join(state, "builds-up.log")
 	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)

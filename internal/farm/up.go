@@ -51,7 +51,9 @@ type UpOptions struct {
 	Agents int
 	// StateDir holds NATS's store, the registry's blobs, buildkitd's state
 	// and the agents' workspaces. Empty makes a temporary directory, removed
-	// by Stop; a given one is kept (and reused by the next Up).
+	// by Stop; a given one is kept (and reused by the next Up). Either is
+	// locked while the farm runs: Up on a directory another farm holds is
+	// refused with a *StateInUseError naming its pid.
 	StateDir string
 	// ListenNATS and ListenRegistry are the addresses NATS and the registry
 	// listen on; defaults DefaultListenNATS and DefaultListenRegistry. Port
@@ -207,6 +209,8 @@ type Farm struct {
 	opts        UpOptions
 	stateDir    string
 	removeState bool
+	// lock is the state directory's, held from Up to Stop (lockState).
+	lock *stateLock
 
 	ns      *server.Server
 	natsURL string // comma-separated on a cluster
@@ -281,6 +285,14 @@ func Up(ctx context.Context, opts UpOptions) (*Farm, error) {
 		}
 		f.stateDir = abs
 	}
+	lock, err := lockState(f.stateDir)
+	if err != nil {
+		if f.removeState {
+			os.RemoveAll(f.stateDir)
+		}
+		return nil, err
+	}
+	f.lock = lock
 	if err := f.start(ctx); err != nil {
 		f.Stop()
 		return nil, err
@@ -751,6 +763,7 @@ func (f *Farm) Stop() error {
 				errs = append(errs, fmt.Errorf("removing %s: %w", f.stateDir, err))
 			}
 		}
+		f.lock.release()
 		f.stopErr = errors.Join(errs...)
 		f.opts.Log.Info("farm stopped", "err", f.stopErr)
 	})
