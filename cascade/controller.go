@@ -1158,10 +1158,11 @@ const EstimateSlack = 500 * time.Millisecond
 const ForecastEvery = time.Second
 
 // Finished reports whether a module in state s has its result in its plan
-// (built, unchanged, failed, blocked, cancelled; until a retry): what
-// persist stores before what it released, and what a watch waits for.
+// (built, unchanged, failed, blocked, cancelled, superseded; until a
+// retry): what persist stores before what it released, and what a watch
+// waits for.
 func (s ModuleState) Finished() bool {
-	return s == Built || s == Unchanged || s == Failed || s == Blocked || s == Cancelled
+	return s == Built || s == Unchanged || s == Failed || s == Blocked || s == Cancelled || s == Superseded
 }
 
 // publish submits the asks to the build seat, each with its id as the
