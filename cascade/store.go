@@ -110,8 +110,8 @@ type PlanRecord struct {
 	// Superseding is when modules in flight were cancelled for a newer
 	// plan (State.Superseding).
 	Superseding time.Time `json:"superseding,omitzero"`
-	Counts  Counts          `json:"counts"`
-	Tiers   int             `json:"tiers"`
+	Counts      Counts    `json:"counts"`
+	Tiers       int       `json:"tiers"`
 	// External are the digests of the bases outside the plan, resolved
 	// when it was made (State.External).
 	External map[string]string `json:"external,omitempty"`
