@@ -242,6 +242,8 @@ type State struct {
 	known func(key string) (KeyRecord, bool)
 	// reused are the modules settled unchanged since Reused was called.
 	reused []string
+	// dispatched are the modules started since Dispatched was called.
+	dispatched []string
 }
 
 // KeyRecord is what an input key was built to: kept by the caller, one per
@@ -671,6 +673,7 @@ func (s *State) Started(ev mesh.Started) bool {
 	switch {
 	case m.State == Queued:
 		s.set(m, Building)
+		s.dispatched = append(s.dispatched, m.Module)
 	case m.State == Building && ev.At.After(m.Started) && ev.On != m.On:
 	case m.State == Cancelling && m.Started.IsZero():
 		// Taken by a holder just as the plan was cancelled: it stays
@@ -1267,6 +1270,15 @@ func (s *State) SetKnown(known func(key string) (KeyRecord, bool)) { s.known = k
 func (s *State) Reused() []string {
 	out := s.reused
 	s.reused = nil
+	return out
+}
+
+// Dispatched returns the modules a holder started since it was last
+// called, in the order they started: the caller measures how long each
+// waited from ready (ModuleStatus.ReadyAt) to started.
+func (s *State) Dispatched() []string {
+	out := s.dispatched
+	s.dispatched = nil
 	return out
 }
 
