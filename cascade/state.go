@@ -637,7 +637,12 @@ func (s *State) Fill(now time.Time) []Submit {
 	}
 	if s.Window > 0 {
 		room := max(0, s.Window-queued)
-		if room < len(ready) {
+		if room < len(ready) && room > selectAtMost {
+			// A wide window (the scheduler handing many machines at
+			// once): sorting is cheaper than selecting.
+			s.order(ready)
+			ready = ready[:room]
+		} else if room < len(ready) {
 			// Select the best room modules in place: O(ready × room), which
 			// is O(ready) for the small windows this is for, where sorting
 			// every ready module on every event would not be.
@@ -655,6 +660,10 @@ func (s *State) Fill(now time.Time) []Submit {
 	}
 	return s.submit(ready, now)
 }
+
+// selectAtMost is the widest room Fill selects the best ready modules for
+// one by one; a wider one sorts them.
+const selectAtMost = 8
 
 // Started records that a holder began the module's current ask. It reports
 // whether the state changed: a started for another ask, a duplicate, or one
