@@ -3,6 +3,7 @@ package cascade
 import (
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/meshbuild/meshbuild/registry"
@@ -39,7 +40,9 @@ type Config struct {
 	// the State's own meaning of 0). WindowIdle, DefaultConfig's, holds
 	// released asks and publishes, best first, as many as holders are idle
 	// (pull requests waiting on the seat's consumer): the order of a window
-	// of 1 with the throughput of none.
+	// of 1 with the throughput of none; it is the only window that ranks
+	// across plans (priority, fair share, caps: see Allot). 0 and N publish
+	// per plan, and cannot.
 	Window int
 	// KeepPlans is how many settled plans the store keeps; older ones are
 	// pruned so the bucket never fills. 0 is DefaultKeepPlans.
@@ -85,6 +88,20 @@ type Config struct {
 	// goes on (one plan the store refuses does not wedge every plan). 0 is
 	// DefaultStoreRetryFor.
 	StoreRetryFor time.Duration
+
+	// Shares weighs owners for fair share (see Allot): an owner's plans
+	// get machines in proportion to its weight; an owner not named
+	// weighs 1.
+	Shares map[string]float64
+	// Caps are the most machines each owner's plans may hold at once.
+	Caps map[string]int
+	// ShareHalfLife is how fast an owner's machine-time is forgotten: it
+	// halves every ShareHalfLife. 0 is DefaultShareHalfLife.
+	ShareHalfLife time.Duration
+	// CancelSuperseded cancels the builds in flight that a newer plan for
+	// the same repository and ref supersedes, instead of letting them
+	// finish (a push may ask it too: mesh.Schedule).
+	CancelSuperseded bool
 }
 
 // Defaults of a Config's zero fields.
@@ -99,6 +116,7 @@ const (
 	DefaultCancelWait     = 2 * time.Minute
 	DefaultToolTimeout    = 30 * time.Second
 	DefaultStoreRetryFor  = 30 * time.Second
+	DefaultShareHalfLife  = 30 * time.Minute
 )
 
 // WindowIdle is the Config.Window that publishes as many held asks as
@@ -136,6 +154,7 @@ func (c Config) withDefaults() Config {
 	def(&c.CancelWait, DefaultCancelWait)
 	def(&c.ToolTimeout, DefaultToolTimeout)
 	def(&c.StoreRetryFor, DefaultStoreRetryFor)
+	def(&c.ShareHalfLife, DefaultShareHalfLife)
 	if c.Images == nil {
 		c.Images = registryImages{c.RegistryClient}
 	}
@@ -167,10 +186,20 @@ func (c Config) Validate() error {
 	}{
 		{"observe every", c.ObserveEvery}, {"idle look", c.IdleLook}, {"publish ack wait", c.PublishAckWait},
 		{"resolve timeout", c.ResolveTimeout}, {"prune every", c.PruneEvery}, {"cancel wait", c.CancelWait},
-		{"tool timeout", c.ToolTimeout}, {"store retry for", c.StoreRetryFor},
+		{"tool timeout", c.ToolTimeout}, {"store retry for", c.StoreRetryFor}, {"share half-life", c.ShareHalfLife},
 	} {
 		if f.d < 0 {
 			return fmt.Errorf("%w: %s %s is negative: want 0 (the default) or more", ErrConfig, f.name, f.d)
+		}
+	}
+	for o, w := range c.Shares {
+		if w <= 0 || math.IsNaN(w) || math.IsInf(w, 0) {
+			return fmt.Errorf("%w: share of %s is %v: want a weight above 0 (1 is every owner's default)", ErrConfig, o, w)
+		}
+	}
+	for o, n := range c.Caps {
+		if n < 1 {
+			return fmt.Errorf("%w: cap of %s is %d: want 1 machine or more (leave it out for none)", ErrConfig, o, n)
 		}
 	}
 	return nil

@@ -1,7 +1,6 @@
 package cascade
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -110,6 +109,8 @@ type Controller struct {
 	// written with an older one, to be written again once it is due.
 	forecasts    map[string]Forecast
 	forecastOwed map[string]bool
+	// sched is the scheduling across plans (scheduler.go).
+	sched scheduler
 
 	// a batch's pending effects
 	dirty    map[string]any
@@ -144,6 +145,7 @@ func New(cfg Config, js jetstream.JetStream, cat *mesh.Catalogue, log *slog.Logg
 		seatConsumers: map[string]jetstream.Consumer{}, askPlatform: map[string]string{},
 		platforms: platformWatch{since: time.Now(), seen: map[string]time.Time{}},
 		attempts:  map[string]int{},
+		sched:     scheduler{shares: map[string]Share{}, held: map[string]string{}},
 	}, nil
 }
 
@@ -365,6 +367,9 @@ func (c *Controller) resume(ctx context.Context) error {
 	if c.keys, err = c.store.Keys(ctx); err != nil {
 		return err
 	}
+	if c.sched.shares, err = c.store.Shares(ctx); err != nil {
+		return err
+	}
 	est, err := c.store.Estimates(ctx)
 	if err != nil {
 		return err
@@ -415,6 +420,7 @@ func (c *Controller) resume(ctx context.Context) error {
 	}
 	now := time.Now().UTC()
 	c.expireAsks(now)
+	c.rewindow()
 	for id, st := range c.plans {
 		c.enqueue(st, st.Pending())
 		c.enqueue(st, st.Start(now))
@@ -643,7 +649,7 @@ func (c *Controller) event(ctx context.Context, m jetstream.Msg, verdicts map[je
 		if md, err := m.Metadata(); err == nil {
 			at = md.Sequence.Stream
 		}
-		if _, _, err := c.createPlan(ctx, t, now, at); err != nil {
+		if _, _, err := c.createPlan(ctx, t, ev.Schedule, now, at); err != nil {
 			c.log.Warn("no plan for a push", "repo", ev.Repo, "commit", ev.Commit, "err", err)
 		}
 		return false
@@ -723,8 +729,12 @@ const fenceRetry = 2 * time.Second
 // pushed): the module's state, its estimate, its current image and the asks
 // it releases.
 func (c *Controller) built(st *State, ev mesh.Built, now time.Time) {
+	before, _ := st.Module(ev.Module)
 	next := st.Built(ev, now)
 	c.touch(st, ev.Module)
+	if ms, _ := st.Module(ev.Module); ms.State == Built && before.State != Built {
+		c.charge(st, ev.Duration, now)
+	}
 	if ev.Duration > 0 {
 		c.lastBuild[ev.Module] = ev.Duration
 		if estimateMoved(c.storedBuild[ev.Module], ev.Duration) {
@@ -792,7 +802,7 @@ func (c *Controller) assemble(ctx context.Context, all bool) bool {
 // A plan's sequence number (State.Seq, what makes a plan newer) is at, the
 // trigger's place on the bus (a push's EVENTS sequence), when it has one;
 // else (a tool's request, at 0) the next after every plan made so far.
-func (c *Controller) createPlan(ctx context.Context, t planner.Trigger, now time.Time, at uint64) (PlanRecord, bool, error) {
+func (c *Controller) createPlan(ctx context.Context, t planner.Trigger, sched *mesh.Schedule, now time.Time, at uint64) (PlanRecord, bool, error) {
 	p, err := c.ix.Plan(t)
 	if err != nil {
 		return PlanRecord{}, false, err
@@ -820,6 +830,9 @@ func (c *Controller) createPlan(ctx context.Context, t planner.Trigger, now time
 	if len(c.lastBuild) > 0 {
 		st.SetEstimates(c.lastBuild)
 	}
+	if err := c.planSchedule(st, sched); err != nil {
+		return PlanRecord{}, false, fmt.Errorf("planning %s: %w", p.ID, err)
+	}
 	rec := Record(st)
 	if p.Empty() {
 		rec.Outcome, rec.Finished = OutcomeEmpty, now
@@ -839,6 +852,8 @@ func (c *Controller) createPlan(ctx context.Context, t planner.Trigger, now time
 		return rec, true, nil
 	}
 	c.plans[p.ID] = st
+	c.supersede(ctx, st, c.cfg.CancelSuperseded || (sched != nil && sched.CancelSuperseded), now)
+	c.rewindow()
 	c.enqueue(st, st.Start(now))
 	for _, m := range st.Modules {
 		c.touch(st, m.Module)
@@ -1008,6 +1023,7 @@ func (c *Controller) unflushed() bool { return len(c.dirty)+len(c.submits) > 0 }
 // best held asks its window now has room for; with WindowIdle, as many as
 // holders are idle.
 func (c *Controller) fillWindows(ctx context.Context) {
+	c.observeDispatched()
 	for id := range c.dirtyRun {
 		if st := c.plans[id]; st != nil && c.cfg.Window > 0 {
 			st.Window = c.cfg.Window
@@ -1131,6 +1147,7 @@ func (c *Controller) persist(ctx context.Context) error {
 // written sooner carries the last one (its At says when it was made).
 func (c *Controller) record(st *State) PlanRecord {
 	r := Record(st)
+	r.Held = c.sched.held[st.Plan]
 	if r.Outcome != OutcomeRunning {
 		delete(c.forecasts, st.Plan)
 		delete(c.forecastOwed, st.Plan)
@@ -1196,10 +1213,11 @@ const EstimateSlack = 500 * time.Millisecond
 const ForecastEvery = time.Second
 
 // Finished reports whether a module in state s has its result in its plan
-// (built, unchanged, failed, blocked, cancelled; until a retry): what
-// persist stores before what it released, and what a watch waits for.
+// (built, unchanged, failed, blocked, cancelled, superseded; until a
+// retry): what persist stores before what it released, and what a watch
+// waits for.
 func (s ModuleState) Finished() bool {
-	return s == Built || s == Unchanged || s == Failed || s == Blocked || s == Cancelled
+	return s == Built || s == Unchanged || s == Failed || s == Blocked || s == Cancelled || s == Superseded
 }
 
 // publish submits the asks to the build seat, each with its id as the
@@ -1327,52 +1345,23 @@ func (c *Controller) observe() {
 }
 
 // planWindow is the window a plan's state gets: with WindowIdle, 1 between
-// flushes (a released ask goes out at once when the plan has none queued),
-// widened at each flush to what idle holders can take.
+// flushes while the plan runs alone (a released ask goes out at once when
+// the plan has none queued), else -1 (every released ask held for the
+// scheduler); widened at each flush to what the scheduler gives it.
 func (c *Controller) planWindow() int {
 	if c.cfg.Window == WindowIdle {
-		return 1
+		if c.alone() {
+			return 1
+		}
+		return -1
 	}
 	return c.cfg.Window
 }
 
-// fillIdle publishes, best first and oldest plan first, as many held asks
-// as holders are waiting for work, read from the seat consumer's state. It
-// reports whether asks are still held, so that the caller looks again soon:
-// a holder that just announced built may not have asked for its next yet.
-func (c *Controller) fillIdle(ctx context.Context) bool {
-	var held []*State
-	for _, st := range c.plans {
-		if st.Counts().Ready > 0 {
-			held = append(held, st)
-		}
-	}
-	if len(held) == 0 {
-		return false
-	}
-	idle, err := c.idleHolders(ctx)
-	if err != nil {
-		c.log.Warn("reading the seat's consumer; publishing one held ask per plan", "err", err)
-		idle = len(held)
-	}
-	// Asks released in this batch and not yet published will meet the
-	// waiting holders first.
-	idle = max(0, idle-len(c.submits))
-	slices.SortFunc(held, func(a, b *State) int { return cmp.Compare(a.Seq, b.Seq) })
-	now := time.Now().UTC()
-	still := false
-	for _, st := range held {
-		if idle > 0 {
-			st.Window = st.Counts().Queued + idle
-			subs := st.Fill(now)
-			idle -= len(subs)
-			c.enqueue(st, subs)
-			st.Window = c.planWindow()
-		}
-		still = still || st.Counts().Ready > 0
-	}
-	return still
-}
+// fillIdle publishes as many held asks as holders are waiting for work,
+// as the scheduler shares them across plans (schedule, see Allot). It
+// reports whether asks are still held.
+func (c *Controller) fillIdle(ctx context.Context) bool { return c.schedule(ctx) }
 
 // idleHolders is how many holders of the build seat wait for an ask now,
 // less the asks already queued for them: summed over the holders'

@@ -12,6 +12,19 @@
 //	   └──(a base failed, transitively)──► blocked ──(the failed base retried)──► waiting
 //	waiting, ready ──Cancel──► cancelled
 //	queued, building ──Cancel──► cancelling ──(the holder's failed or built, the ask withdrawn unseen, or the bound)──► cancelled
+//	waiting, ready ──Supersede──► superseded
+//	queued, building ──Supersede (cancel)──► cancelling ──(as above)──► superseded
+//
+// # Superseded
+//
+// A newer plan for the same repository and ref supersedes what an older
+// plan has not started ([State.Supersede]): every waiting or ready module
+// the newer plan builds too settles superseded, naming the newer plan in
+// SupersededBy, and so does every module waiting on a superseded one,
+// transitively (its base will not be built in this plan). What is in
+// flight finishes, or, when the caller asks, is cancelled and settles
+// superseded when its holder stops. Superseded is a result, as unchanged
+// is: a plan whose every module is built, unchanged or superseded is built.
 //
 // A module is submitted when its last in-plan base is built: the cascade
 // counts, per module, the in-plan bases it still waits for, and a built
@@ -144,6 +157,10 @@ const (
 	// Cancelled: the plan was cancelled before the module finished, and
 	// nothing works on it any more.
 	Cancelled ModuleState = "cancelled"
+	// Superseded: a newer plan for the same repository and ref builds it
+	// (SupersededBy names it), and this plan had not started it, or
+	// cancelled it for the newer plan; or a base it waited on was.
+	Superseded ModuleState = "superseded"
 )
 
 // Outcome is a plan's result.
@@ -200,8 +217,23 @@ type State struct {
 	// Window is the most asks of the plan queued (published, not started)
 	// at once; released asks beyond it are held, ready, and published best
 	// first as holders start asks (see Fill). 0 is no limit: every released
-	// ask is published at once.
+	// ask is published at once. Negative holds every released ask until
+	// the caller widens the window (the controller's scheduler does, for
+	// each machine it gives the plan).
 	Window int `json:"window,omitempty"`
+	// Priority orders the plan against the others running: higher first
+	// (the controller's scheduler); 0 is the default.
+	Priority int `json:"priority"`
+	// Owner is whom the plan's machine-time is counted to for fair share:
+	// the trigger's repository unless the trigger named one.
+	Owner string `json:"owner,omitempty"`
+	// Cap is the most machines the plan may hold at once (its asks queued
+	// or building); 0 is no cap.
+	Cap int `json:"cap,omitempty"`
+	// Superseding is when modules in flight were last cancelled for a newer
+	// plan (Supersede with cancel): the bound of ExpireCancelling runs from
+	// it.
+	Superseding time.Time `json:"superseding,omitzero"`
 	// Modules are in plan order (tier, name).
 	Modules []ModuleStatus `json:"modules"`
 
@@ -210,6 +242,8 @@ type State struct {
 	known func(key string) (KeyRecord, bool)
 	// reused are the modules settled unchanged since Reused was called.
 	reused []string
+	// dispatched are the modules started since Dispatched was called.
+	dispatched []string
 }
 
 // KeyRecord is what an input key was built to: kept by the caller, one per
@@ -282,6 +316,11 @@ type ModuleStatus struct {
 	// Waiting says why a queued ask is not taken, when it waits for a
 	// platform no online holder builds ("no linux/arm64 machine online").
 	Waiting string `json:"waiting,omitempty"`
+	// ReadyAt is when every in-plan base was built (or there were none):
+	// from then the module waits for a machine only.
+	ReadyAt time.Time `json:"ready_at,omitzero"`
+	// SupersededBy is the newer plan that superseded the module.
+	SupersededBy string `json:"superseded_by,omitempty"`
 }
 
 // Submit is an ask the caller must publish (with Nats-Msg-Id = AskID).
@@ -314,6 +353,7 @@ type Counts struct {
 	Blocked    int `json:"blocked"`
 	Cancelling int `json:"cancelling,omitempty"`
 	Cancelled  int `json:"cancelled"`
+	Superseded int `json:"superseded,omitempty"`
 	Total      int `json:"total"`
 }
 
@@ -396,6 +436,9 @@ type index struct {
 	// otherwise).
 	tiers int
 	multi bool
+	// meanEst is the mean of the known estimates in seconds, 1 when none
+	// is known (MeanEstimate).
+	meanEst float64
 }
 
 // set moves module m (an element of s.Modules) to state to, keeping the
@@ -482,6 +525,7 @@ func (ix *index) computeRanks(ms []ModuleStatus) {
 	if known > 0 {
 		def = sum / float64(known)
 	}
+	ix.meanEst = def
 	for k := len(ix.topo) - 1; k >= 0; k-- {
 		i := ix.topo[k]
 		est := def
@@ -540,6 +584,14 @@ func (s *State) Rank(module string) (float64, bool) {
 	return s.ix.rank[i], true
 }
 
+// MeanEstimate is how long one of the plan's builds is expected to take,
+// in seconds: the mean of its modules' estimates, 1 when none is known.
+// The scheduler charges it to the plan's owner for each machine it gives.
+func (s *State) MeanEstimate() float64 {
+	s.ensure()
+	return s.ix.meanEst
+}
+
 // Module returns a module's status.
 func (s *State) Module(name string) (ModuleStatus, bool) {
 	s.ensure()
@@ -566,13 +618,14 @@ func (s *State) Start(now time.Time) []Submit {
 }
 
 // Fill submits ready modules, best first, while the plan's window has
-// room; without a window it submits every ready module. Start and Built
+// room; without a window it submits every ready module; with a negative
+// one, none. Start and Built
 // fill by themselves; with a window the caller calls Fill after Started
 // (and may after any event: it returns nothing when there is no room or
 // nothing ready).
 func (s *State) Fill(now time.Time) []Submit {
 	s.ensure()
-	if !s.Cancelled.IsZero() {
+	if !s.Cancelled.IsZero() || s.Window < 0 {
 		return nil
 	}
 	// Nothing ready, or no room: the census says so without a walk.
@@ -591,7 +644,12 @@ func (s *State) Fill(now time.Time) []Submit {
 	}
 	if s.Window > 0 {
 		room := max(0, s.Window-queued)
-		if room < len(ready) {
+		if room < len(ready) && room > selectAtMost {
+			// A wide window (the scheduler handing many machines at
+			// once): sorting is cheaper than selecting.
+			s.order(ready)
+			ready = ready[:room]
+		} else if room < len(ready) {
 			// Select the best room modules in place: O(ready × room), which
 			// is O(ready) for the small windows this is for, where sorting
 			// every ready module on every event would not be.
@@ -610,6 +668,10 @@ func (s *State) Fill(now time.Time) []Submit {
 	return s.submit(ready, now)
 }
 
+// selectAtMost is the widest room Fill selects the best ready modules for
+// one by one; a wider one sorts them.
+const selectAtMost = 8
+
 // Started records that a holder began the module's current ask. It reports
 // whether the state changed: a started for another ask, a duplicate, or one
 // arriving after the module finished changes nothing. A later started of a
@@ -627,6 +689,7 @@ func (s *State) Started(ev mesh.Started) bool {
 	switch {
 	case m.State == Queued:
 		s.set(m, Building)
+		s.dispatched = append(s.dispatched, m.Module)
 	case m.State == Building && ev.At.After(m.Started) && ev.On != m.On:
 	case m.State == Cancelling && m.Started.IsZero():
 		// Taken by a holder just as the plan was cancelled: it stays
@@ -827,6 +890,78 @@ func (s *State) Cancel(now time.Time) (cancelAsks []string) {
 	return cancelAsks
 }
 
+// Supersede settles, for the newer plan of the same repository and ref,
+// every module of this plan that builds reports the newer plan builds too
+// and that has not started (waiting, or ready: held for a machine) as
+// superseded, SupersededBy newer, and with it every module waiting on a
+// superseded one, transitively. A module in flight (queued or building)
+// finishes; with cancel it becomes cancelling instead, its asks returned
+// (sorted) for the caller to withdraw and cut short, and settles
+// superseded when its holder stops (see Cancel; a built that arrives is
+// not the plan's). It returns the modules superseded now, in plan order.
+// A cancelled or settled plan, or a module already finished, is left
+// alone.
+func (s *State) Supersede(newer string, builds func(module string) bool, cancel bool, now time.Time) (superseded, cancelAsks []string) {
+	s.ensure()
+	if !s.Cancelled.IsZero() || newer == "" || newer == s.Plan {
+		return nil, nil
+	}
+	mark := func(i int) {
+		m := &s.Modules[i]
+		s.set(m, Superseded)
+		m.SupersededBy, m.Finished = newer, now
+		superseded = append(superseded, m.Module)
+	}
+	for i := range s.Modules {
+		m := &s.Modules[i]
+		if !builds(m.Module) {
+			continue
+		}
+		switch m.State {
+		case Waiting, Ready:
+			mark(i)
+		case Queued, Building:
+			if cancel {
+				cancelAsks = append(cancelAsks, inFlightAsks(*m)...)
+				s.set(m, Cancelling)
+				m.SupersededBy = newer
+				s.Superseding = now
+			}
+		}
+	}
+	for i := range s.Modules {
+		if s.Modules[i].SupersededBy == newer {
+			superseded = append(superseded, s.supersedeDown(i, newer, now)...)
+		}
+	}
+	if len(superseded) > 0 || len(cancelAsks) > 0 {
+		s.touch(now)
+	}
+	slices.SortFunc(superseded, func(a, b string) int { return s.ix.pos[a] - s.ix.pos[b] })
+	slices.Sort(cancelAsks)
+	return superseded, cancelAsks
+}
+
+// supersedeDown settles superseded every module waiting, transitively, on
+// module i (superseded, or to be): its base will not be built in this
+// plan. It returns them.
+func (s *State) supersedeDown(i int, newer string, now time.Time) (out []string) {
+	queue := []int{i}
+	for k := 0; k < len(queue); k++ {
+		for _, d := range s.ix.deps[queue[k]] {
+			dm := &s.Modules[d]
+			if dm.State != Waiting {
+				continue
+			}
+			s.set(dm, Superseded)
+			dm.SupersededBy, dm.Finished = newer, now
+			out = append(out, dm.Module)
+			queue = append(queue, d)
+		}
+	}
+	return out
+}
+
 // Cancelling returns the ask ids of the cancelling modules, sorted: after
 // a reload the caller asks their holders again to stop.
 func (s *State) Cancelling() []string {
@@ -866,7 +1001,11 @@ func (s *State) Withdrawn(ask string, now time.Time) bool {
 // ExpireCancelling cancels the modules still cancelling bound after the
 // plan was cancelled (their holder died, or never heard): it returns them.
 func (s *State) ExpireCancelling(now time.Time, bound time.Duration) []string {
-	if s.Cancelled.IsZero() || now.Sub(s.Cancelled) < bound {
+	since := s.Cancelled
+	if since.IsZero() || (!s.Superseding.IsZero() && s.Superseding.Before(since)) {
+		since = s.Superseding
+	}
+	if since.IsZero() || now.Sub(since) < bound {
 		return nil
 	}
 	var out []string
@@ -880,9 +1019,16 @@ func (s *State) ExpireCancelling(now time.Time, bound time.Duration) []string {
 	return out
 }
 
-// stopped settles a cancelling module as cancelled.
+// stopped settles a cancelling module as cancelled, or as superseded when
+// it was cancelled for a newer plan (then so are the modules waiting on
+// it).
 func (s *State) stopped(m *ModuleStatus, on, reason, message string, now time.Time) {
-	s.set(m, Cancelled)
+	if m.SupersededBy != "" {
+		s.set(m, Superseded)
+		s.supersedeDown(s.ix.pos[m.Module], m.SupersededBy, now)
+	} else {
+		s.set(m, Cancelled)
+	}
 	m.Finished = now
 	if on != "" {
 		m.On = on
@@ -920,7 +1066,9 @@ func (s *State) Pending() []Submit {
 func (s *State) Settled() bool { return s.Counts().inFlight() == 0 }
 
 // Finished counts the modules that have their result (ModuleState.Finished).
-func (c Counts) Finished() int { return c.Built + c.Unchanged + c.Failed + c.Blocked + c.Cancelled }
+func (c Counts) Finished() int {
+	return c.Built + c.Unchanged + c.Failed + c.Blocked + c.Cancelled + c.Superseded
+}
 
 // inFlight counts the modules that can still progress.
 func (c Counts) inFlight() int { return c.Waiting + c.Ready + c.Queued + c.Building + c.Cancelling }
@@ -932,13 +1080,13 @@ func (s *State) Counts() Counts {
 	return Counts{
 		Total: len(s.Modules), Waiting: n[Waiting], Ready: n[Ready], Queued: n[Queued], Building: n[Building],
 		Built: n[Built], Unchanged: n[Unchanged], Failed: n[Failed], Blocked: n[Blocked],
-		Cancelling: n[Cancelling], Cancelled: n[Cancelled],
+		Cancelling: n[Cancelling], Cancelled: n[Cancelled], Superseded: n[Superseded],
 	}
 }
 
 // Outcome is the plan's result: running until settled; then cancelled if it
-// was cancelled, built if every module is built, failed otherwise. An empty
-// plan is built.
+// was cancelled, built if every module is built (or unchanged, or
+// superseded), failed otherwise. An empty plan is built.
 func (s *State) Outcome() Outcome {
 	c := s.Counts()
 	switch {
@@ -946,7 +1094,7 @@ func (s *State) Outcome() Outcome {
 		return OutcomeRunning
 	case !s.Cancelled.IsZero():
 		return OutcomeCancelled
-	case c.Built+c.Unchanged == c.Total:
+	case c.Built+c.Unchanged+c.Superseded == c.Total:
 		return OutcomeBuilt
 	default:
 		return OutcomeFailed
@@ -978,6 +1126,9 @@ func (s *State) submit(ready []int, now time.Time) []Submit {
 		m := &s.Modules[i]
 		m.Attempt++
 		m.Ask = AskID(s.Plan, m.Module, m.Attempt)
+		if m.State != Ready {
+			m.ReadyAt = now // a retry, submitted at once
+		}
 		s.set(m, Queued)
 		m.Queued = now
 		m.Started, m.Finished, m.Duration = time.Time{}, time.Time{}, 0
@@ -1140,6 +1291,15 @@ func (s *State) Reused() []string {
 	return out
 }
 
+// Dispatched returns the modules a holder started since it was last
+// called, in the order they started: the caller measures how long each
+// waited from ready (ModuleStatus.ReadyAt) to started.
+func (s *State) Dispatched() []string {
+	out := s.dispatched
+	s.dispatched = nil
+	return out
+}
+
 // release makes a waiting module whose in-plan bases are all done ready,
 // with its input key; a key built before (and a plan not forced) settles it
 // unchanged at once instead, releasing its dependents in turn.
@@ -1158,6 +1318,7 @@ func (s *State) release(i int, now time.Time) {
 		}
 	}
 	s.set(m, Ready)
+	m.ReadyAt = now
 }
 
 // releaseDependents counts module i done for its dependents and releases

@@ -97,8 +97,21 @@ type PlanRecord struct {
 	Summary string          `json:"summary"`
 	Outcome Outcome         `json:"outcome"`
 	Message string          `json:"message,omitempty"`
-	Counts  Counts          `json:"counts"`
-	Tiers   int             `json:"tiers"`
+	// Priority orders the plan against the others running, higher first
+	// (State.Priority); Owner is whom its machine-time counts to (fair
+	// share); Cap the most machines it may hold at once (0: none).
+	Priority int    `json:"priority"`
+	Owner    string `json:"owner,omitempty"`
+	Cap      int    `json:"cap,omitempty"`
+	// Held says what the plan's modules ready to build wait behind, when
+	// the scheduler gave another plan the machines ("3 machines busy with
+	// plan p-… (priority 10)", "capped at 4 machines").
+	Held string `json:"held,omitempty"`
+	// Superseding is when modules in flight were cancelled for a newer
+	// plan (State.Superseding).
+	Superseding time.Time `json:"superseding,omitzero"`
+	Counts      Counts    `json:"counts"`
+	Tiers       int       `json:"tiers"`
 	// External are the digests of the bases outside the plan, resolved
 	// when it was made (State.External).
 	External map[string]string `json:"external,omitempty"`
@@ -114,7 +127,8 @@ type PlanRecord struct {
 // Record summarises a state.
 func Record(s *State) PlanRecord {
 	r := PlanRecord{ID: s.Plan, Seq: s.Seq, Trigger: s.Trigger, Summary: s.Summary, Outcome: s.Outcome(),
-		Counts: s.Counts(), Created: s.Created, Updated: s.Updated, External: s.External}
+		Counts: s.Counts(), Created: s.Created, Updated: s.Updated, External: s.External,
+		Priority: s.Priority, Owner: s.Owner, Cap: s.Cap, Superseding: s.Superseding}
 	s.ensure()
 	r.Tiers = s.ix.tiers
 	if r.Outcome != OutcomeRunning {
@@ -352,6 +366,7 @@ func (s *Store) each(ctx context.Context, filter string, fn func(key string, dat
 func Load(p planner.Plan, r PlanRecord, mods map[string]ModuleStatus) (*State, error) {
 	st := NewState(p, r.Created)
 	st.Seq, st.Updated, st.External = r.Seq, r.Updated, r.External
+	st.Priority, st.Owner, st.Cap, st.Superseding = r.Priority, r.Owner, r.Cap, r.Superseding
 	if r.Outcome == OutcomeCancelled {
 		st.Cancelled = r.Updated
 	}

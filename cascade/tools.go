@@ -20,6 +20,9 @@ const (
 	ToolRebuild = "rebuild"
 	ToolRetry   = "retry"
 	ToolCancel  = "cancel"
+	// ToolPriority changes a running plan's priority
+	// (Request.Schedule.Priority).
+	ToolPriority = "priority"
 )
 
 // Request is a tool request to the controller.
@@ -32,6 +35,9 @@ type Request struct {
 	// Force makes a rebuild build every module, even those whose inputs
 	// were built before (planner.Trigger.Force).
 	Force bool `json:"force,omitempty"`
+	// Schedule is what a rebuild asks of the scheduler, and the new
+	// priority of a priority request.
+	Schedule *mesh.Schedule `json:"schedule,omitempty"`
 }
 
 // Reply is the controller's answer.
@@ -130,7 +136,7 @@ func (c *Controller) do(ctx context.Context, cmd command) Reply {
 
 func (c *Controller) serveTools() ([]*nats.Subscription, error) {
 	var subs []*nats.Subscription
-	for _, tool := range []string{ToolRebuild, ToolRetry, ToolCancel} {
+	for _, tool := range []string{ToolRebuild, ToolRetry, ToolCancel, ToolPriority} {
 		subj := mesh.ModuleToolSubject(c.module, tool)
 		sub, err := c.nc.Subscribe(subj, func(m *nats.Msg) {
 			var req Request
@@ -165,7 +171,7 @@ func (c *Controller) command(ctx context.Context, cmd command) Reply {
 		if cmd.req.ID == "" || len(cmd.req.Modules) == 0 {
 			return fail(fmt.Errorf("%w: a rebuild needs a request id and modules", ErrBadRequest))
 		}
-		rec, created, err := c.createPlan(ctx, planner.Trigger{Kind: planner.KindRebuild, ID: cmd.req.ID, Modules: cmd.req.Modules, Force: cmd.req.Force}, now, 0)
+		rec, created, err := c.createPlan(ctx, planner.Trigger{Kind: planner.KindRebuild, ID: cmd.req.ID, Modules: cmd.req.Modules, Force: cmd.req.Force}, cmd.req.Schedule, now, 0)
 		if err != nil {
 			return fail(err)
 		}
@@ -196,6 +202,12 @@ func (c *Controller) command(ctx context.Context, cmd command) Reply {
 		}
 		c.cancelOnHolders(asks)
 		return Reply{Plan: st.Plan, Asks: asks, Record: Record(st)}
+	case ToolPriority:
+		st, err := c.setPriority(ctx, cmd.req)
+		if err != nil {
+			return fail(err)
+		}
+		return Reply{Plan: st.Plan, Record: Record(st)}
 	}
 	return fail(fmt.Errorf("%w: unknown command %q", ErrBadRequest, cmd.kind))
 }

@@ -77,6 +77,7 @@ func check(ms []*Manifest, pos map[*Manifest]positions, broken map[string]string
 		}
 	}
 	c.catalogue(live)
+	c.priorities(live)
 	return c.probs
 }
 

@@ -238,4 +238,5 @@ func (c *checker) build(m *Manifest) {
 		}
 		c.refuseDup(m, "build.platforms", b.Platforms, i)
 	}
+	c.priority(m)
 }

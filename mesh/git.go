@@ -18,4 +18,6 @@ type Pushed struct {
 	Commit  string    `json:"commit"`
 	Paths   []string  `json:"paths,omitempty"`
 	At      time.Time `json:"at"`
+	// Schedule is what the push asks of the scheduler (optional).
+	Schedule *Schedule `json:"schedule,omitempty"`
 }

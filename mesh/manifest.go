@@ -34,6 +34,10 @@ type Build struct {
 	// SBOM: false pushes the module's image without the SBOM agents
 	// configured with a generator attach.
 	SBOM *bool `yaml:"sbom,omitempty" json:"sbom,omitempty"`
+	// Priority is the default priority of a plan pushed to the repository,
+	// by ref: a branch name (main), a full ref (refs/tags/v1) or * for any
+	// other ref. See PriorityFor.
+	Priority map[string]int `yaml:"priority,omitempty" json:"priority,omitempty"`
 }
 
 // Attests reports whether the module's image gets a provenance

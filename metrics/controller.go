@@ -1,6 +1,7 @@
 package metrics
 
 import (
+	"strconv"
 	"sync"
 	"time"
 
@@ -28,6 +29,8 @@ type Controller struct {
 	remaining *prometheus.GaugeVec // plan
 	// refused counts the outcomes the controller refused, by reason.
 	refused *prometheus.CounterVec // reason
+	// dispatch is how long modules waited from ready to started.
+	dispatch *prometheus.HistogramVec // priority, owner
 
 	mu       sync.Mutex
 	seen     map[string]bool // states ever reported, set to 0 when they go
@@ -69,9 +72,14 @@ func NewController(reg prometheus.Registerer) *Controller {
 			Name: "meshbuild_controller_refused_events_total",
 			Help: "Outcomes of the build seat the controller refused and that changed nothing, by reason: not from the machine that holds the ask (unclaimed, speaker, attempt, stale, outcome), a built digest the registry does not hold (unresolved, not-image), unreadable (malformed).",
 		}, []string{"reason"}),
+		dispatch: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "meshbuild_controller_ready_to_started_seconds",
+			Help:    "How long a module waited from ready (every base built) to started on a machine, by its plan's priority and owner (the trigger's repository unless it named one): the wait the scheduler gives each.",
+			Buckets: dispatchBuckets,
+		}, []string{"priority", "owner"}),
 		seen: map[string]bool{}, seenPlat: map[string]bool{}, running: map[string]bool{},
 	}
-	reg.MustRegister(c.plans, c.settled, c.duration, c.blocked, c.unserved, c.remaining, c.refused)
+	reg.MustRegister(c.plans, c.settled, c.duration, c.blocked, c.unserved, c.remaining, c.refused, c.dispatch)
 	for _, r := range cascade.RefusedReasons {
 		c.refused.WithLabelValues(r)
 	}
@@ -127,6 +135,16 @@ func (c *Controller) AsksWithoutMachine(byPlatform map[string]int) {
 		c.unserved.WithLabelValues(p).Set(float64(n))
 		c.seenPlat[p] = true
 	}
+}
+
+// dispatchBuckets span a machine idle when the module is ready
+// (milliseconds) to a plan of low priority waiting behind others (an hour).
+var dispatchBuckets = []float64{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600}
+
+// Dispatched records how long a module waited from ready to started
+// (cascade.SchedulingObserver).
+func (c *Controller) Dispatched(priority int, owner string, wait time.Duration) {
+	c.dispatch.WithLabelValues(strconv.Itoa(priority), owner).Observe(wait.Seconds())
 }
 
 // PlansRemaining records each running plan's estimated remaining time

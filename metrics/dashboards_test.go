@@ -27,7 +27,10 @@ func exported(t *testing.T) map[string]bool {
 	reg := prometheus.NewRegistry()
 	metrics.NewAgent(reg, "m1")
 	// A running plan, for its remaining-time series to be gathered.
-	metrics.NewController(reg).PlansRemaining(map[string]time.Duration{"p-1": time.Minute})
+	c := metrics.NewController(reg)
+	c.PlansRemaining(map[string]time.Duration{"p-1": time.Minute})
+	// A module started, for the scheduler's histogram to be gathered.
+	c.Dispatched(10, "https://git.example/fleet", time.Second)
 	reg.MustRegister(metrics.NewQueueCollector(raisedQueue(t), []string{mesh.BuildSeat}))
 	// A node's own (mesh-node's /metrics), and the controller's view of
 	// its nodes with one node seen and one report settled, for their

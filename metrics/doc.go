@@ -46,6 +46,10 @@
 //	    From the trigger to settled (1s to 4h buckets).
 //	meshbuild_controller_modules_blocked                           gauge
 //	    Modules of the plans held that wait on a failed base.
+//	meshbuild_controller_ready_to_started_seconds{priority,owner}  histogram
+//	    How long a module waited from ready (every base built) to started
+//	    on a machine, by its plan's priority and owner: what the scheduler
+//	    makes each wait (10ms to 1h buckets).
 //
 // # Nodes
 //

@@ -310,6 +310,13 @@ var dashboards = []dashDef{{
 		p{kind: "timeseries", title: "Plan duration p50 / p95", w: 24, h: 8, unit: "s",
 			desc:    "From trigger to settled, by outcome.",
 			queries: quantiles("meshbuild_controller_plan_duration_seconds", "outcome, le", "", "{{outcome}}")},
+		row("Scheduling"),
+		p{kind: "timeseries", title: "Ready to started p50 / p95 by priority", w: 12, h: 8, unit: "s",
+			desc:    "How long a module waited for a machine once every base was built, by its plan's priority: a higher priority should wait about one build at most while a lower one waits behind it (`builds show PLAN` says what a waiting module waits behind). Only the default window (-1) ranks; with --window 0 every priority waits alike.",
+			queries: quantiles("meshbuild_controller_ready_to_started_seconds", "priority, le", "", "priority {{priority}}")},
+		p{kind: "timeseries", title: "Ready to started p50 / p95 by owner", w: 12, h: 8, unit: "s",
+			desc:    "The same wait by owner (the trigger's repository unless the push named one): owners of equal priority share machines by their recent machine-time, so their waits should be alike unless one is capped.",
+			queries: quantiles("meshbuild_controller_ready_to_started_seconds", "owner, le", "", "{{owner}}")},
 	},
 }, {
 	file: "meshbuild-machines.json", uid: "meshbuild-machines", title: "meshbuild / machines",

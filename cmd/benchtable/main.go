@@ -163,8 +163,11 @@ var (
 	// one server and on a cluster of three, the server in its own
 	// process; its four runs take longer than the other suites.
 	thousand = suite{pkg: "./cascade", bench: "BenchmarkFleet1000", timeout: 90 * time.Minute}
+	// sched is BenchmarkScheduling: priority, fair share and the
+	// scheduler's own cost across plans.
+	sched = suite{pkg: "./cascade", bench: "BenchmarkScheduling"}
 
-	suites = []suite{fan, dag, opt, thru, disp, over, fleet, rebld, thousand}
+	suites = []suite{fan, dag, opt, thru, disp, over, fleet, rebld, thousand, sched}
 )
 
 // schedule is what a scheduling row shows beside its figure: the pure
@@ -334,7 +337,26 @@ var rows = []row{
 		best: "bound-speedup/K"},
 }
 
-func init() { rows = append(rows, slices.Concat(fleetRows("single"), fleetRows("cluster3"))...) }
+// schedulingRows are BenchmarkScheduling's rows.
+var schedulingRows = []row{
+	{figure: "priority: a 3-module chain of priority 10 pushed while a 200-module plan keeps 4 machines busy — its makespan, less one build, ÷ its makespan alone", suite: sched,
+		bench: "BenchmarkScheduling/urgent", metric: "urgent-busy-less-one-build/alone", format: "%.3f", atMost: 1.2,
+		beside: func(m metrics) string {
+			return fmt.Sprintf("alone %.0f ms, beside the big plan %.0f ms (÷ alone %.3f); one build %.0f ms", m["alone-ms"], m["busy-ms"], m["urgent-busy/alone"], m["unit-ms"])
+		}},
+	{figure: "fair share: two repositories of 40 modules pushed together on 4 machines — distance of one's share of the machine-time, while both have work, from a half", suite: sched,
+		bench: "BenchmarkScheduling/fair-share", metric: "share-gap", format: "%.3f", atMost: 0.1,
+		beside: func(m metrics) string { return fmt.Sprintf("the first repository's share %.3f", m["share-a"]) }},
+	{figure: "the scheduler's own work handing 1,000 idle machines across 20 running plans of 1,000 ready modules (Allot and each plan's Fill), in process: p99 of a round", suite: sched,
+		bench: "BenchmarkScheduling/cost-1000", metric: "round-p99-ms", format: "%.2f", atMost: 5,
+		beside: func(m metrics) string {
+			return fmt.Sprintf("%.0f rounds; %.2f µs per dispatch at p99: what each dispatch of the rows above (ask published → started) gains from the scheduler", m["rounds"], m["p99-us/dispatch"])
+		}},
+}
+
+func init() {
+	rows = append(rows, slices.Concat(fleetRows("single"), fleetRows("cluster3"), schedulingRows)...)
+}
 
 func main() {
 	only := flag.String("only", "", "run only the rows whose benchmark matches this regexp (prints the table; writes no document)")

@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -42,6 +43,17 @@ func run() int {
 		insteadOf = append(insteadOf, v)
 		return nil
 	})
+	var shares, caps []string
+	fs.Func("share", "OWNER=WEIGHT: the owner's plans share machines in proportion to WEIGHT (default 1 each; repeatable)", func(v string) error {
+		shares = append(shares, v)
+		return nil
+	})
+	fs.Func("cap", "OWNER=N: the owner's plans hold at most N machines at once (repeatable)", func(v string) error {
+		caps = append(caps, v)
+		return nil
+	})
+	fs.DurationVar(&cfg.ShareHalfLife, "share-half-life", cascade.DefaultShareHalfLife, "how fast an owner's machine-time is forgotten for fair share: it halves every this long")
+	fs.BoolVar(&cfg.CancelSuperseded, "cancel-superseded", false, "cancel the builds in flight that a newer plan for the same repository and ref supersedes (they finish otherwise)")
 	fs.DurationVar(&cfg.StoreRetryFor, "store-retry-for", cfg.StoreRetryFor, "how long one flush retries plan state the store refuses before it reports the plans and goes on")
 	metricsAddr := fs.String("metrics", daemon.Env("MESHBUILD_METRICS", ""), "serve /metrics on this address, e.g. :9465 (MESHBUILD_METRICS)")
 	lease := fs.Duration("lease", envDuration("MESHBUILD_LEASE", claim.DefaultLease), "how long this controller's claim of mesh-controller outlives it: a standby controller takes over within it (whole seconds; MESHBUILD_LEASE)")
@@ -51,6 +63,14 @@ func run() int {
 	cfg.RegistryClient = registry.NewClient(registry.WithInsecure(*insecure))
 	var err error
 	if cfg.InsteadOf, err = daemon.ParseInsteadOf(insteadOf); err != nil {
+		slog.Error("bad flag", "err", err)
+		return 2
+	}
+	if cfg.Shares, err = daemon.ParseOwnerValues("share", shares, func(v string) (float64, error) { return strconv.ParseFloat(v, 64) }); err != nil {
+		slog.Error("bad flag", "err", err)
+		return 2
+	}
+	if cfg.Caps, err = daemon.ParseOwnerValues("cap", caps, strconv.Atoi); err != nil {
 		slog.Error("bad flag", "err", err)
 		return 2
 	}

@@ -42,11 +42,11 @@ func plansCmd(g *globals) *cobra.Command {
 				return nil
 			}
 			tw := tabwriter.NewWriter(g.out, 2, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "PLAN\tSTATE\tBUILT\tUNCHANGED\tFAILED\tBLOCKED\tBUILDING\tQUEUED\tWAITING\tTOTAL\tAGE\tTRIGGER")
+			fmt.Fprintln(tw, "PLAN\tSTATE\tPRIORITY\tBUILT\tUNCHANGED\tSUPERSEDED\tFAILED\tBLOCKED\tBUILDING\tQUEUED\tWAITING\tTOTAL\tAGE\tTRIGGER")
 			for _, r := range recs {
 				c := r.Counts
-				fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\n", r.ID, paint(g, string(r.Outcome)),
-					c.Built, c.Unchanged, c.Failed, c.Blocked, c.Building, c.Queued, planview.Waiting(c), c.Total, age(r.Created), r.Summary)
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\n", r.ID, paint(g, string(r.Outcome)), r.Priority,
+					c.Built, c.Unchanged, c.Superseded, c.Failed, c.Blocked, c.Building, c.Queued, planview.Waiting(c), c.Total, age(r.Created), r.Summary)
 			}
 			return tw.Flush()
 		}),

@@ -83,6 +83,9 @@ func progress(r cascade.PlanRecord, bar bool) string {
 	if c.Unchanged > 0 {
 		unchanged = fmt.Sprintf(", %d unchanged", c.Unchanged)
 	}
+	if c.Superseded > 0 {
+		unchanged += fmt.Sprintf(", %d superseded", c.Superseded)
+	}
 	text := fmt.Sprintf("%s %d/%d built%s, %d building, %d queued, %d waiting, %d failed, %d blocked",
 		r.ID, c.Built, c.Total, unchanged, c.Building, c.Queued, planview.Waiting(c), c.Failed, c.Blocked)
 	if !bar || c.Total == 0 {
@@ -269,14 +272,19 @@ func pushCmd(g *globals) *cobra.Command {
 	var repo, commit, ref string
 	var paths []string
 	var watch bool
+	var sf scheduleFlags
 	c := &cobra.Command{
-		Use:   "push --repo URL [--commit C] [--path P]...",
+		Use:   "push --repo URL [--commit C] [--path P]... [--priority N]",
 		Short: "Announce a push (as mesh-git does): the controller plans what it changes",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
 			if repo == "" {
 				return errors.New("--repo is required: the repository URL as the manifests spell it")
+			}
+			sched, err := sf.schedule()
+			if err != nil {
+				return err
 			}
 			if commit == "" {
 				c, err := headOf(ctx, repo)
@@ -294,7 +302,7 @@ func pushCmd(g *globals) *cobra.Command {
 			// so, with the plan's state, rather than shown as new.
 			id := planner.PlanID(planner.Trigger{Kind: planner.KindPush, Repo: repo, Commit: commit, Ref: ref, Paths: paths})
 			before, berr := b.store.Plan(ctx, id)
-			id, duplicate, err := cascade.Push(ctx, b.js, mesh.Pushed{Repo: repo, Ref: ref, Commit: commit, Paths: paths})
+			id, duplicate, err := cascade.Push(ctx, b.js, mesh.Pushed{Repo: repo, Ref: ref, Commit: commit, Paths: paths, Schedule: sched})
 			if err != nil {
 				return err
 			}
@@ -334,6 +342,7 @@ func pushCmd(g *globals) *cobra.Command {
 	c.Flags().StringVar(&ref, "ref", "refs/heads/main", "the pushed ref")
 	c.Flags().StringSliceVar(&paths, "path", nil, "a changed path (repeatable); none means anything may have changed")
 	c.Flags().BoolVar(&watch, "watch", false, "watch the plan until it settles")
+	sf.add(c, true)
 	return c
 }
 
@@ -403,6 +412,7 @@ func headOf(ctx context.Context, repo string) (string, error) {
 func rebuildCmd(g *globals) *cobra.Command {
 	var id string
 	var watch, force bool
+	var sf scheduleFlags
 	c := &cobra.Command{
 		Use:   "rebuild MODULE...",
 		Short: "Rebuild modules and everything built on them",
@@ -411,7 +421,11 @@ func rebuildCmd(g *globals) *cobra.Command {
 			if id == "" {
 				id = newID()
 			}
-			r, err := cascade.Call(ctx, b.nc, controllerModule, cascade.ToolRebuild, cascade.Request{ID: id, Modules: args, Force: force})
+			sched, err := sf.schedule()
+			if err != nil {
+				return err
+			}
+			r, err := cascade.Call(ctx, b.nc, controllerModule, cascade.ToolRebuild, cascade.Request{ID: id, Modules: args, Force: force, Schedule: sched})
 			switch {
 			case errors.Is(err, cascade.ErrUnknownModule):
 				// The controller's message names the module and the
@@ -438,6 +452,7 @@ func rebuildCmd(g *globals) *cobra.Command {
 	c.Flags().StringVar(&id, "id", "", "request id: the same id twice is one plan (default: a new one)")
 	c.Flags().BoolVar(&watch, "watch", false, "watch the plan until it settles")
 	c.Flags().BoolVar(&force, "force", false, "build every module, even those whose inputs were built before (otherwise settled unchanged)")
+	sf.add(c, false)
 	return c
 }
 

@@ -40,8 +40,32 @@ func SplitList(s string) []string {
 }
 
 // WindowUsage explains the controller's --window.
-const WindowUsage = "how released asks are published: -1 (default) as many as holders are idle, longest remaining path first; " +
-	"0 every ask the moment it is released (the most throughput); N at most N queued per plan"
+const WindowUsage = "how released asks are published: -1 (default) as many as holders are idle, ranked across plans " +
+	"(priority, fair share by owner, caps, superseded work) and longest remaining path first inside a plan; " +
+	"0 every ask the moment it is released (the most throughput, first in first out: it cannot rank, so priorities, shares and caps do nothing); " +
+	"N at most N queued per plan (nor can it rank across plans)"
+
+// ParseOwnerValues parses repeated OWNER=VALUE flags (--share, --cap):
+// the owner is everything before the last '=' (a repository URL may
+// hold one), the value parsed by parse.
+func ParseOwnerValues[V any](flag string, vals []string, parse func(string) (V, error)) (map[string]V, error) {
+	if len(vals) == 0 {
+		return nil, nil
+	}
+	out := make(map[string]V, len(vals))
+	for _, v := range vals {
+		i := strings.LastIndexByte(v, '=')
+		if i <= 0 {
+			return nil, fmt.Errorf("--%s %q: want OWNER=VALUE, the owner a repository as plans name it (builds plans --json: owner)", flag, v)
+		}
+		x, err := parse(v[i+1:])
+		if err != nil {
+			return nil, fmt.Errorf("--%s %q: %w", flag, v, err)
+		}
+		out[v[:i]] = x
+	}
+	return out, nil
+}
 
 // TLSFlags adds --tls-ca, --tls-cert and --tls-key (MESHBUILD_TLS_CA,
 // MESHBUILD_TLS_CERT, MESHBUILD_TLS_KEY) to fs: how to reach a NATS server

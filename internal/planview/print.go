@@ -29,9 +29,16 @@ import (
 //	  host-a1  13 built  7.9s
 //
 // A module held by the controller for an idle holder (cascade.Ready) is
-// shown, and counted, as waiting: what it waits for is a holder.
+// shown, and counted, as waiting: what it waits for is a holder, and when
+// the scheduler gave the machines to other plans, what it waits behind
+// (PlanRecord.Held: "waiting: 3 machines busy with plan p-… (priority
+// 10)"). A running plan, or one of another priority than 0, has a line for
+// its priority, owner and cap.
 func PrintPlan(w io.Writer, rec cascade.PlanRecord, mods map[string]cascade.ModuleStatus) {
 	fmt.Fprintf(w, "plan %s  %s  %s\n", rec.ID, rec.Outcome, rec.Summary)
+	if line := ScheduleLine(rec); line != "" && (rec.Outcome == cascade.OutcomeRunning || rec.Priority != 0) {
+		fmt.Fprintf(w, "  %s\n", line)
+	}
 	fmt.Fprintf(w, "  %s\n", countsLine(rec))
 	if rec.Message != "" {
 		fmt.Fprintf(w, "  %s\n", rec.Message)
@@ -53,7 +60,11 @@ func PrintPlan(w io.Writer, rec cascade.PlanRecord, mods map[string]cascade.Modu
 			tier = m.Tier
 			fmt.Fprintf(w, "tier %d\n", tier)
 		}
-		fmt.Fprintf(w, "  %-*s  %-*s  %-*s  %*s  %s\n", wName, m.Module, wState, shownState(m.State), wOn, orDash(m.On), wDur, duration(m.Duration), detail(m))
+		d := detail(m)
+		if m.State == cascade.Ready && rec.Held != "" {
+			d = "waiting: " + rec.Held
+		}
+		fmt.Fprintf(w, "  %-*s  %-*s  %-*s  %*s  %s\n", wName, m.Module, wState, shownState(m.State), wOn, orDash(m.On), wDur, duration(m.Duration), d)
 	}
 	for _, m := range ordered {
 		if m.State == cascade.Failed && len(m.Log) > 0 {
@@ -106,10 +117,11 @@ type Count struct {
 }
 
 // Tally is a plan's counts in the order summaries give them: built,
-// failed, blocked, building, queued, waiting, cancelled.
+// unchanged, superseded, failed, blocked, building, queued, waiting,
+// cancelled.
 func Tally(c cascade.Counts) []Count {
 	return []Count{
-		{c.Built, "built"}, {c.Unchanged, "unchanged"}, {c.Failed, "failed"}, {c.Blocked, "blocked"}, {c.Building, "building"},
+		{c.Built, "built"}, {c.Unchanged, "unchanged"}, {c.Superseded, "superseded"}, {c.Failed, "failed"}, {c.Blocked, "blocked"}, {c.Building, "building"},
 		{c.Queued, "queued"}, {Waiting(c), "waiting"}, {c.Cancelled, "cancelled"},
 	}
 }
@@ -154,9 +166,24 @@ func detail(m cascade.ModuleStatus) string {
 		return "waiting: " + m.Waiting
 	case m.State == cascade.Unchanged:
 		return ShortDigest(m.Digest) + "  reuses " + m.Reuses
+	case m.State == cascade.Superseded:
+		return "superseded by " + m.SupersededBy
 	default:
 		return ShortDigest(m.Digest)
 	}
+}
+
+// ScheduleLine is a plan's priority, owner and cap on one line:
+// "priority 10, owner https://git.example/fleet, cap 4".
+func ScheduleLine(rec cascade.PlanRecord) string {
+	line := fmt.Sprintf("priority %d", rec.Priority)
+	if rec.Owner != "" {
+		line += ", owner " + rec.Owner
+	}
+	if rec.Cap > 0 {
+		line += fmt.Sprintf(", cap %d", rec.Cap)
+	}
+	return line
 }
 
 // Failure is why a module failed, on one line: "build: Dockerfile:4: …".
