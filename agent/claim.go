@@ -118,6 +118,40 @@ func (h *hold) lost() error {
 	return nil
 }
 
+// retake claims the ask again for this machine after its claim lapsed
+// while it worked (the bus was away, or the machine stalled, for a lease),
+// unless another holder has claimed or settled it since: then the error
+// says so, and the work is not announced. It waits for a bus that does
+// not answer, for at most retakeFor.
+func (a *Agent) retake(ctx context.Context, id string, attempt int, h *hold) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), retakeFor)
+	defer cancel()
+	for try := 1; ; try++ {
+		f, err := a.claims.Look(ctx, id, func(claim.AskRecord) bool { return false })
+		if err == nil {
+			switch {
+			case f.Done != nil:
+				return fmt.Errorf("its claim lapsed, and %s settled it since", f.Done.Machine)
+			case f.Held != nil:
+				return fmt.Errorf("its claim lapsed, and %s holds it now", f.Held.Machine)
+			}
+			l, err := a.claims.Claim(ctx, id, attempt, h.infraSince)
+			if err == nil {
+				a.log.Info("the ask's claim lapsed while the bus was away; nobody took it since: claimed again", "ask", id)
+				h.lease = l
+				return nil
+			}
+		}
+		if backoff.Wait(ctx, bindRetry.Delay(try)) != nil {
+			return fmt.Errorf("its claim lapsed, and the bus did not answer for %s to claim it again: %w", retakeFor, err)
+		}
+	}
+}
+
+// retakeFor bounds how long a machine whose ask claim lapsed waits for the
+// bus to claim it again.
+const retakeFor = 30 * time.Second
+
 // settle settles the hold: the outcome announced (event), or handed back
 // (event empty) for why.
 func (h *hold) settle(ctx context.Context, event, why string) error {
@@ -132,12 +166,25 @@ func (h *hold) settle(ctx context.Context, event, why string) error {
 	return h.lease.Release(ctx, why, h.infraSince)
 }
 
-// context is ctx, cancelled when the hold's claim is lost.
+// context is ctx, cancelled when the hold's claim is taken by another. A
+// claim that only lapsed (the bus away, the machine stalled) does not stop
+// the work: it is claimed again when it ends, if nobody took it (retake).
 func (h *hold) context(ctx context.Context) (context.Context, context.CancelFunc) {
+	cctx, cancel := context.WithCancelCause(ctx)
 	if h.lease == nil {
-		return context.WithCancel(ctx)
+		return cctx, func() { cancel(nil) }
 	}
-	return h.lease.Context(ctx)
+	l := h.lease
+	go func() {
+		select {
+		case <-l.Lost():
+			if err := l.Err(); errors.Is(err, claim.ErrLost) && !errors.Is(err, claim.ErrLapsed) {
+				cancel(err)
+			}
+		case <-cctx.Done():
+		}
+	}()
+	return cctx, func() { cancel(nil) }
 }
 
 // claimLease is the lease of an ask's claim: lease when set, else three

@@ -10,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/meshbuild/meshbuild/claim"
 	"github.com/meshbuild/meshbuild/mesh"
 )
 
@@ -144,9 +145,12 @@ func (a *Agent) work(ctx context.Context, msg jetstream.Msg, ask mesh.Ask, attem
 	took := time.Since(begun)
 
 	if lerr := c.lost(); lerr != nil {
-		// Cut off or stalled for a lease: the ask is another machine's
-		// now. Nothing is announced (the controller would refuse it).
-		return outcome{End: End{Outcome: OutcomeHandedBack, Took: took}, how: nak, err: fmt.Errorf("not announced: %w", lerr), lost: true}
+		// Cut off or stalled for a lease: claimed again if nobody took
+		// the ask since, else it is another machine's now, and nothing is
+		// announced (the controller would refuse it).
+		if !errors.Is(lerr, claim.ErrLapsed) || a.retake(ctx, ask.ID, attempt, c) != nil {
+			return outcome{End: End{Outcome: OutcomeHandedBack, Took: took}, how: nak, err: fmt.Errorf("not announced: %w", lerr), lost: true}
+		}
 	}
 	switch {
 	case errors.Is(cause, ErrCancelled):

@@ -89,7 +89,7 @@ func TestTheFarmRunsUnderItsDerivedPermissions(t *testing.T) {
 		return err == nil
 	})
 	// mesh-git's holder announces the push.
-	_, gjs := connect("git")
+	_, gjs := connect(mesh.PrincipalID(mesh.KindModule, "git"))
 	ev := mesh.Pushed{Version: 1, Repo: repo, Commit: "c1", At: time.Now().UTC()}
 	data, _ := json.Marshal(ev)
 	plan := planner.PlanID(planner.Trigger{Kind: planner.KindPush, Repo: repo, Commit: "c1"})

@@ -14,7 +14,8 @@ func TestAZeroConfigFieldIsItsDefault(t *testing.T) {
 	want := Config{Registry: "r:5000", Replicas: 1, Batch: DefaultBatch, KeepPlans: DefaultKeepPlans,
 		ObserveEvery: DefaultObserveEvery, IdleLook: DefaultIdleLook, PublishAckWait: DefaultPublishAckWait,
 		ResolveTimeout: DefaultResolveTimeout, PruneEvery: DefaultPruneEvery, CancelWait: DefaultCancelWait,
-		ToolTimeout: DefaultToolTimeout, StoreRetryFor: DefaultStoreRetryFor}
+		ToolTimeout: DefaultToolTimeout, StoreRetryFor: DefaultStoreRetryFor, ShareHalfLife: DefaultShareHalfLife,
+		Images: registryImages{}}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("defaults %+v\nwant %+v", got, want)
 	}

@@ -31,6 +31,11 @@ var (
 	// ErrLost is matched by Lease.Err after the claim was lost: a renewal
 	// was refused, or none succeeded for a whole lease.
 	ErrLost = errors.New("claim lost")
+	// ErrLapsed is matched, beside ErrLost, by the loss of a claim that
+	// lapsed (no renewal reached the server within the lease: the holder
+	// was cut off or stalled) rather than was taken by another: its key
+	// may be free to claim again.
+	ErrLapsed = errors.New("claim lapsed")
 	// ErrReleased is Lease.Err after Release.
 	ErrReleased = errors.New("claim released")
 	// ErrOption is wrapped by every refusal of an option or argument.
@@ -458,7 +463,7 @@ func (l *Lease) renew(sent time.Time) {
 	defer tick.Stop()
 	subject := l.subject
 	expired := func() {
-		l.lose(fmt.Errorf("%w: %s: no renewal succeeded within the lease (%s)", ErrLost, l.what, l.o.lease))
+		l.lose(fmt.Errorf("%w: %w: %s: no renewal succeeded within the lease (%s)", ErrLost, ErrLapsed, l.what, l.o.lease))
 	}
 	for {
 		select {
@@ -524,7 +529,7 @@ func (l *Lease) renew(sent time.Time) {
 			l.lose(fmt.Errorf("%w: %s: another claim has the key now", ErrLost, l.what))
 			return
 		case errors.Is(rerr, jetstream.ErrKeyNotFound) || errors.Is(rerr, jetstream.ErrKeyDeleted):
-			l.lose(fmt.Errorf("%w: %s: the claim lapsed on the server", ErrLost, l.what))
+			l.lose(fmt.Errorf("%w: %w: %s: the claim lapsed on the server", ErrLost, ErrLapsed, l.what))
 			return
 		default:
 			l.o.log.Warn("reading the claim failed; retrying", "claim", l.what, "err", rerr)

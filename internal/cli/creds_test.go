@@ -16,6 +16,7 @@ import (
 	"github.com/meshbuild/meshbuild/internal/daemon"
 	"github.com/meshbuild/meshbuild/internal/farm"
 	"github.com/meshbuild/meshbuild/internal/natstest"
+	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
 )
 
@@ -41,7 +42,7 @@ func TestCredsInitIssue(t *testing.T) {
 		filepath.Join(dir, "controller.creds"): {"--principal", "controller"},
 		farm.OperatorCredsIn(state):            {"--principal", "operator"},
 		filepath.Join(dir, "m1.creds"):         {"--principal", "node", "m1"},
-		filepath.Join(dir, "agent.creds"):      {"--principal", "agent"},
+		filepath.Join(dir, "agent.creds"):      {"--principal", "agent", "m1"},
 		filepath.Join(dir, "git.creds"):        {"--principal", "module", "--name", "git"},
 	}
 	for file, args := range issued {
@@ -80,6 +81,13 @@ func TestCredsInitIssue(t *testing.T) {
 		{[]string{"creds", "issue", keys, "--principal", "node", "m1", "--out", "x.creds"}, "carries build-agent"},
 		{[]string{"creds", "issue", keys, "--principal", "node", "m1", "--carries", "nosuch", "--catalogue", fleet(t), "--out", "x.creds"}, `"nosuch"`},
 		{[]string{"creds", "issue", keys, "--principal", "controller", "--carries", "git", "--catalogue", fleet(t), "--out", "x.creds"}, "--carries is for --principal node"},
+		// Every build machine has its own; names that are another
+		// principal's, or the mesh's own, are refused (issue 19).
+		{[]string{"creds", "issue", keys, "--principal", "agent", "--catalogue", fleet(t), "--out", "x.creds"}, "needs the build machine's name"},
+		{[]string{"creds", "issue", keys, "--principal", "node", "operator", "--catalogue", fleet(t), "--out", "x.creds"}, "is reserved"},
+		{[]string{"creds", "issue", keys, "--principal", "node", "build-agent", "--catalogue", fleet(t), "--out", "x.creds"}, "is reserved"},
+		{[]string{"creds", "issue", keys, "--principal", "agent", "controller", "--catalogue", fleet(t), "--out", "x.creds"}, "is reserved"},
+		{[]string{"creds", "issue", keys, "--principal", "node", "mesh-git", "--catalogue", fleet(t), "--out", "x.creds"}, "is reserved"},
 	} {
 		if code, _, errw := run(t, bad.args...); code != 1 || !strings.Contains(errw, bad.want) {
 			t.Errorf("%v: exit %d, %q; want %q", bad.args, code, errw, bad.want)
@@ -101,7 +109,7 @@ func TestCredsInitIssue(t *testing.T) {
 	errs := make(chan error, 1)
 	go func() {
 		errs <- daemon.RunController(ctx, daemon.ControllerOptions{NATS: s.ClientURL(), Creds: filepath.Join(dir, "controller.creds"),
-			Catalogue: fleet(t), Controller: cascade.Config{Registry: "127.0.0.1:1"}, Ready: ready})
+			Catalogue: fleet(t), Controller: cascade.Config{Registry: "127.0.0.1:1", Images: testenv.AnyImage{}}, Ready: ready})
 	}()
 	select {
 	case <-ready:

@@ -40,7 +40,7 @@ func TestMachinesKeepTheirCountsWhenAnAgentRestarts(t *testing.T) {
 	errs := make(chan error, 1)
 	go func() {
 		errs <- daemon.RunController(ctx, daemon.ControllerOptions{NATS: s.ClientURL(), Catalogue: fleet(t),
-			Controller: cascade.Config{Registry: "127.0.0.1:1"}, Ready: ready})
+			Controller: cascade.Config{Registry: "127.0.0.1:1", Images: testenv.AnyImage{}}, Ready: ready})
 	}()
 	select {
 	case <-ready:

@@ -8,6 +8,7 @@ import (
 	"github.com/meshbuild/meshbuild/cascade"
 	"github.com/meshbuild/meshbuild/internal/daemon"
 	"github.com/meshbuild/meshbuild/internal/natstest"
+	"github.com/meshbuild/meshbuild/internal/testenv"
 )
 
 // Retrying a module of a cancelled plan says the plan was cancelled and
@@ -22,7 +23,7 @@ func TestMessagesOfACancelledPlanAndOfAPushNobodyPlans(t *testing.T) {
 	errs := make(chan error, 1)
 	go func() {
 		errs <- daemon.RunController(ctx, daemon.ControllerOptions{NATS: s.ClientURL(), Catalogue: fleet(t),
-			Controller: cascade.Config{Registry: "127.0.0.1:1"}, Ready: ready})
+			Controller: cascade.Config{Registry: "127.0.0.1:1", Images: testenv.AnyImage{}}, Ready: ready})
 	}()
 	select {
 	case <-ready:

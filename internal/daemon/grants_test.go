@@ -27,7 +27,7 @@ func TestAnAgentTakesOnlyThePlatformsItsCredentialsGrant(t *testing.T) {
 		t.Fatal(err)
 	}
 	issue := func(cat *mesh.Catalogue) string {
-		p, err := cat.PrincipalPermissions(mesh.KindAgent, "")
+		p, err := cat.PrincipalPermissions(mesh.KindAgent, "m1")
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -235,7 +235,7 @@ func TestTheControllerTakesItsSeatBackAtOnceAfterAnOutage(t *testing.T) {
 	const lease = 6 * time.Second
 	go func() {
 		done <- RunController(ctx, ControllerOptions{NATS: srv.s.ClientURL(), Catalogue: dir, Poll: time.Hour, Lease: lease,
-			Controller: cascade.Config{Registry: "127.0.0.1:1"}, Ready: ready, Log: slog.New(slog.NewTextHandler(&log, nil))})
+			Controller: cascade.Config{Registry: "127.0.0.1:1", Images: testenv.AnyImage{}}, Ready: ready, Log: slog.New(slog.NewTextHandler(&log, nil))})
 	}()
 	select {
 	case <-ready:

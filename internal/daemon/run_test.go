@@ -43,7 +43,7 @@ func TestTheControllerRaisesACatalogueChange(t *testing.T) {
 	errc := make(chan error, 1)
 	go func() {
 		errc <- RunController(ctx, ControllerOptions{NATS: s.ClientURL(), Catalogue: dir, Poll: 100 * time.Millisecond,
-			Controller: cascade.Config{Registry: "127.0.0.1:1"}, Ready: ready})
+			Controller: cascade.Config{Registry: "127.0.0.1:1", Images: testenv.AnyImage{}}, Ready: ready})
 	}()
 	select {
 	case <-ready:

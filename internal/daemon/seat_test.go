@@ -201,7 +201,7 @@ func TestAStandbyControllerTakesOverMidPlan(t *testing.T) {
 	doneA, doneB := make(chan error, 1), make(chan error, 1)
 	opts := func(url string, log *logBuffer, ready chan struct{}) ControllerOptions {
 		return ControllerOptions{NATS: url, Catalogue: dir, Poll: time.Hour, Lease: lease,
-			Controller: cascade.Config{Registry: "127.0.0.1:1"}, Ready: ready,
+			Controller: cascade.Config{Registry: "127.0.0.1:1", Images: testenv.AnyImage{}}, Ready: ready,
 			Log: slog.New(slog.NewTextHandler(log, nil))}
 	}
 	go func() { doneA <- RunController(ctxA, opts(px.url(), &logA, readyA)) }()
