@@ -74,6 +74,30 @@ func TestAnEnrolmentAnsweringElsewhereIsRefused(t *testing.T) {
 	}
 }
 
+// TestAnEnrolmentUnderAReservedNameIsRefused: a node may not enrol as
+// another principal or the mesh's own (issue 19): refused, unrecorded, no
+// consumer made for it.
+func TestAnEnrolmentUnderAReservedNameIsRefused(t *testing.T) {
+	b := newBed(t, []string{"n1"})
+	b.controller(deploy.DefaultControllerConfig())
+	for _, name := range []string{mesh.OperatorPrincipal, mesh.ControllerPrincipal, mesh.AgentModule, "mesh-git"} {
+		data, _ := json.Marshal(deploy.Enrol{Version: 1, Node: name, Identity: "x", Reply: mesh.NodeAnswerSubject(name, "a")})
+		if _, err := b.ajs.Publish(b.ctx, mesh.SeatAcceptSubject(mesh.ControllerSeat, mesh.EnrolVerb), data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testenv.WaitFor(t, 10*time.Second, "the enrolments to be settled", func() bool { return b.seatMsgs() == 0 })
+	nodes := b.nodes()
+	for _, name := range []string{mesh.OperatorPrincipal, mesh.ControllerPrincipal, mesh.AgentModule, "mesh-git"} {
+		if _, ok := nodes[name]; ok {
+			t.Errorf("node %q enrolled", name)
+		}
+		if _, err := b.ajs.Consumer(b.ctx, mesh.NodesStream, mesh.NodeConsumer(name)); err == nil {
+			t.Errorf("a consumer was made for node %q", name)
+		}
+	}
+}
+
 // pushImage pushes a random image to host/repo and returns its digest.
 func pushImage(t *testing.T, host, repo string) string {
 	t.Helper()

@@ -46,12 +46,20 @@ func (c *Catalogue) IssuedBuckets(m *Manifest) []IssuedBucket {
 
 // OperatorBuckets derives the buckets an operator's `builds state` reaches:
 // every declared bucket of the catalogue, named "<module>.<bucket>",
-// read-write.
+// read-write — but the controller's own (the plans, the input keys, the
+// nodes' declarations) and the build agents' records read-only: those are
+// the farm's word on what it built, and an operator changes them through
+// the controller's tools (retry, rebuild, cancel, assign), which check what
+// they are asked (issue 19).
 func (c *Catalogue) OperatorBuckets() []IssuedBucket {
+	farm := map[string]bool{AgentModule: true}
+	for _, m := range c.Holders(ControllerSeat) {
+		farm[m.Module] = true
+	}
 	var out []IssuedBucket
 	for _, m := range c.Modules {
 		for _, b := range m.State {
-			out = append(out, IssuedBucket{Name: m.Module + "." + b.Name, Bucket: KVBucket(m.Module, b.Name), Write: true})
+			out = append(out, IssuedBucket{Name: m.Module + "." + b.Name, Bucket: KVBucket(m.Module, b.Name), Write: !farm[m.Module]})
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
@@ -86,6 +94,11 @@ func (c *Catalogue) NodeStatePermissions(node string, modules []string) Permissi
 	for _, name := range modules {
 		if m, ok := c.Module(name); ok {
 			for _, b := range c.IssuedBuckets(m) {
+				if b.Write && name == AgentModule && b.Name == AgentBuildsBucket {
+					// The machine's own records only.
+					p.pub[KVKeySubject(b.Bucket, BuildRecordKey("*", node))] = true
+					b.Write = false
+				}
 				bucketGrants(p, b)
 			}
 		}
