@@ -37,20 +37,24 @@
 //	                                                             sick, another holder's claim is
 //	                                                             alive, or an outcome could not be
 //	                                                             announced
-//	already-done  nothing                acknowledged            its claim says its outcome was
-//	                                                             announced
+//	already-done  the recorded outcome,  acknowledged (failed:   a claim says its outcome was
+//	              under its message id   terminated)             recorded: announced again, not built
 //
-// Before it builds, a slot claims the ask in the seat's ask claims bucket
-// (mesh.AskClaimsBucket): created if absent, renewed with every heartbeat,
-// marked done once the outcome is announced. An ask redelivered while its
-// claim is alive (its holder lost the bus for longer than the ack wait) is
-// left to its holder, and one whose outcome was announced is settled
-// without building: an ask is built once, also across a bus outage.
+// Before it builds, a slot claims the ask under this machine's own key in
+// the seat's ask claims bucket (claim.Asks: the claim package's lease, the
+// key's TTL on the server's clock, bound to the machine's seat claim). A
+// redelivered ask whose claim is alive elsewhere is left to its holder.
+// Before an outcome is announced it is recorded in the claim with its
+// message id (unguessable until then); whoever takes the ask after this
+// holder died, or gave it back unannounced, announces the recorded outcome
+// again under the same id — the stream keeps it once — instead of building
+// it again. Events go on this machine's own subjects
+// (mesh.HolderEventSubject), which only its credentials may publish on, and
+// a publish the stream takes as a duplicate of another principal's event
+// is published again under a fresh id.
 //
 // An outcome is announced before its ask is settled, and one that cannot
 // be announced is not settled: nothing acknowledged is ever unannounced.
-// Events carry a Nats-Msg-Id (the ask id and the outcome), so an outcome
-// announced twice is stored once.
 //
 // # Failures, cancel and stop
 //

@@ -82,28 +82,21 @@ func (b *BuildKit) verify(ctx context.Context, req BuildRequest, dgst string) (p
 		return pushed{}, err
 	}
 	// Once verified, where tools look for the attestations: the
-	// attestation manifest among the image's referrers, and the tag on
+	// attestation manifest among the image's referrers, then the tag on
 	// the index (BuildKit's layout; the index was pushed by digest only).
-	g, gctx = errgroup.WithContext(ctx)
+	// One after the other: a registry without the referrers API (the tag
+	// schema) was seen refusing the tag's index, "blob unknown", while the
+	// referrers tag was being written beside it.
 	if attDesc != nil {
-		g.Go(func() error {
-			attRef := req.Image + "@" + out.att.Manifest
-			if err := b.opts.Registry.Refer(gctx, attRef); err != nil {
-				return registryError(ctx, "listing "+attRef+" among the referrers of "+out.digest, err)
-			}
-			return nil
-		})
+		attRef := req.Image + "@" + out.att.Manifest
+		if err := b.opts.Registry.Refer(ctx, attRef); err != nil {
+			return pushed{}, registryError(ctx, "listing "+attRef+" among the referrers of "+out.digest, err)
+		}
 	}
 	if req.Tag != "" {
-		g.Go(func() error {
-			if err := b.opts.Registry.Tag(gctx, ref, req.Tag); err != nil {
-				return registryError(ctx, "tagging "+ref, err)
-			}
-			return nil
-		})
-	}
-	if err := g.Wait(); err != nil {
-		return pushed{}, err
+		if err := b.opts.Registry.Tag(ctx, ref, req.Tag); err != nil {
+			return pushed{}, registryError(ctx, "tagging "+ref, err)
+		}
 	}
 	return out, nil
 }

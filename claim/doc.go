@@ -24,6 +24,17 @@
 // has not renewed for a whole lease closes Lost and must stop working: it
 // can no longer tell that it is the only holder.
 //
+// An ask claim (ask.go) is the same lease on one ask: a machine's own key
+// in its seat's ask claims bucket (mesh.AskClaimKey, "<ask>.<machine>"),
+// written with the lease as its TTL and bound to the machine's seat claim
+// (its token): void the moment that seat claim lapses or is released. A
+// holder settles it when done — the outcome recorded before it is
+// announced (Announce), or handed back with the ask's infrastructure
+// budget so far (Release) — and those records outlive it, for whoever takes
+// the ask next (Asks.Look). One lease mechanism, on the server's clock: no
+// holder's clock decides whether a claim is alive (WithClock sets only the
+// times a record shows people).
+//
 // Standby waits for a seat held by another and takes it when the holder
 // releases it or its claim lapses; Hold runs a function as the holder, stops
 // it when the claim is lost, and stands by again.
