@@ -50,6 +50,12 @@ type Agent struct {
 	claims *claim.Asks
 	// nonce makes this agent's event ids its own (report).
 	nonce string
+	// trouble is when this agent last saw the bus fail (monotonic, from
+	// started); deferred are the asks it has left to a holder whose claim
+	// lapsed in such a time, since when (lapsedHolder).
+	trouble  atomic.Int64
+	deferMu  sync.Mutex
+	deferred map[string]time.Time
 	// bound are the consumers bound, set by Run.
 	bound atomic.Pointer[bound]
 }
@@ -82,7 +88,8 @@ func New(cfg Config, js jetstream.JetStream, worker Worker, log *slog.Logger, ob
 	if obs == nil {
 		obs = nopObserver{}
 	}
-	return &Agent{cfg: cfg, js: js, nc: js.Conn(), worker: worker, log: log, obs: obs, started: time.Now(), nonce: rand.Text()[:16]}, nil
+	return &Agent{cfg: cfg, js: js, nc: js.Conn(), worker: worker, log: log, obs: obs, started: time.Now(), nonce: rand.Text()[:16],
+		deferred: map[string]time.Time{}}, nil
 }
 
 // Run works asks until ctx is done. Then it stops fetching, lets the builds
@@ -285,6 +292,7 @@ func (a *Agent) slot(ctx, work context.Context, b *bound, slot int) {
 		wait := max(a.cfg.FetchWait/time.Duration(len(all)), minFetchWait)
 		batch, err := cons.Fetch(1, jetstream.FetchMaxWait(wait))
 		if err != nil {
+			a.troubled()
 			a.log.Warn("fetch failed", "slot", slot, "err", err)
 			_ = backoff.Wait(ctx, time.Second)
 			continue
@@ -301,6 +309,7 @@ func (a *Agent) slot(ctx, work context.Context, b *bound, slot int) {
 			turn-- // the same platform again: it may have more
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, context.DeadlineExceeded) {
+			a.troubled()
 			a.log.Warn("fetch ended", "slot", slot, "err", err)
 			_ = backoff.Wait(ctx, time.Second)
 		}

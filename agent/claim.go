@@ -94,14 +94,50 @@ func (a *Agent) claim(ctx context.Context, id string, attempt int) (*hold, claim
 			return h, claimDone, nil
 		case f.Held != nil:
 			return h, claimHeld, nil
+		case f.Attempts == 0 && a.lapsedHolder(id):
+			// Delivered before, yet no claim of it is left: its holder's
+			// lapsed, while this agent saw the bus fail too — an outage
+			// every holder lived through, not a death. Left a while to
+			// that holder to claim again (retake), not built twice.
+			h.found.Held = &claim.AskRecord{Ask: id, Machine: "its last holder", Holder: "a claim that lapsed while the bus was away"}
+			return h, claimHeld, nil
 		}
 	}
 	l, err := a.claims.Claim(ctx, id, attempt, h.infraSince)
 	if err != nil {
+		a.troubled()
 		return h, claimFailed, err
 	}
 	h.lease = l
 	return h, claimed, nil
+}
+
+// troubled notes that this agent saw the bus fail just now.
+func (a *Agent) troubled() { a.trouble.Store(int64(time.Since(a.started))) }
+
+// lapsedHolder reports whether a redelivered ask with no claim left should
+// be left to the holder whose claim lapsed: this agent saw the bus fail
+// within two leases (every holder's claims lapse in an outage of the bus,
+// and their holders claim them again when it returns), and it has not
+// left this ask so for two leases already. A machine that died is replaced
+// without the wait: nobody else saw the bus fail.
+func (a *Agent) lapsedHolder(id string) bool {
+	now := time.Since(a.started)
+	if t := a.trouble.Load(); t == 0 || now-time.Duration(t) > 2*a.lease {
+		return false
+	}
+	a.deferMu.Lock()
+	defer a.deferMu.Unlock()
+	first, ok := a.deferred[id]
+	if !ok {
+		a.deferred[id] = time.Now()
+		return true
+	}
+	if time.Since(first) < 2*a.lease {
+		return true
+	}
+	delete(a.deferred, id)
+	return false
 }
 
 // lost reports the error of a hold whose claim was lost while the ask was
@@ -142,11 +178,16 @@ func (a *Agent) retake(ctx context.Context, id string, attempt int, h *hold) err
 				return nil
 			}
 		}
-		if backoff.Wait(ctx, bindRetry.Delay(try)) != nil {
+		a.troubled()
+		if backoff.Wait(ctx, retakeRetry.Delay(try)) != nil {
 			return fmt.Errorf("its claim lapsed, and the bus did not answer for %s to claim it again: %w", retakeFor, err)
 		}
 	}
 }
+
+// retakeRetry is how often a machine whose ask claim lapsed tries to claim
+// it again: soon after the bus returns, before another holder is handed it.
+var retakeRetry = backoff.Policy{First: 100 * time.Millisecond, Max: 500 * time.Millisecond}
 
 // retakeFor bounds how long a machine whose ask claim lapsed waits for the
 // bus to claim it again.

@@ -636,8 +636,11 @@ func (f *chaosFarm) round(round, n int) {
 		testenv.WaitFor(t, chaosSettle, fmt.Sprintf("round %d: %d builds before push %d", round, gaps[i], i+1), func() bool {
 			return f.builds.count() >= before+gaps[i] || f.allSettled(ids)
 		})
+		// Each push on a branch of its own: every plan builds all of
+		// its modules (a newer push to the same branch would supersede
+		// what an older plan has not started: tested in schedule_test).
 		id, _, err := cascade.Push(context.Background(), f.js, mesh.Pushed{
-			Repo: testenv.FleetRepo, Ref: "refs/heads/main", Commit: fmt.Sprintf("r%d-p%d", round, i+1),
+			Repo: testenv.FleetRepo, Ref: fmt.Sprintf("refs/heads/r%d-p%d", round, i+1), Commit: fmt.Sprintf("r%d-p%d", round, i+1),
 		})
 		if err != nil {
 			t.Fatalf("round %d: push: %v", round, err)
