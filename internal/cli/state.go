@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/nats-io/nats.go"
 	"io"
 	"strings"
 	"time"
@@ -166,13 +167,27 @@ func (g *globals) withState(fn func(cmd *cobra.Command, st *state.Store, bucket 
 		if err != nil {
 			return err
 		}
-		nc, js, err := daemon.Connect(g.nats, g.creds, "operator", "builds")
+		// A write the operator's credentials do not grant (the
+		// controller's own state, the agents' records) is refused by the
+		// server: said at once, with what to do instead.
+		ctx, cancel := context.WithCancelCause(cmd.Context())
+		defer cancel(nil)
+		refused := nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			if errors.Is(err, nats.ErrPermissionViolation) {
+				cancel(fmt.Errorf("%s is read-only to the operator (%w): it is the farm's own record; change it through the controller's tools (builds retry, rebuild, cancel, priority, assign)", b.Name, err))
+			}
+		})
+		nc, js, err := daemon.Connect(g.nats, g.creds, "operator", "builds", refused)
 		if err != nil {
 			return err
 		}
 		defer nc.Close()
+		cmd.SetContext(ctx)
 		st := state.New(js, "operator", []mesh.IssuedBucket{b})
 		err = fn(cmd, st, b.Name, args)
+		if cause := context.Cause(ctx); err != nil && cause != nil && cmd.Context().Err() != nil {
+			return cause
+		}
 		if errors.Is(err, state.ErrNotFound) {
 			return fmt.Errorf("%w; see `builds state keys %s`", err, b.Name)
 		}

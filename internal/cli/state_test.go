@@ -3,6 +3,8 @@ package cli_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"github.com/nats-io/nats.go/jetstream"
 	"os"
 	"path/filepath"
 	"strings"
@@ -102,6 +104,21 @@ func TestStateCommandsUnderOperatorPermissions(t *testing.T) {
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	if len(lines) != 2 || !strings.Contains(lines[0], `"kind":"value"`) || !strings.Contains(lines[1], `"kind":"current"`) {
 		t.Errorf("watch --current --json:\n%s", out)
+	}
+
+	// The controller's own state is read-only to the operator (issue 19):
+	// a raw write to the plans is refused by the server and lands nowhere.
+	if _, ok := cat.Module("build-controller"); ok {
+		if _, errw := builds(1, "state", "put", "build-controller.plans", "plan.forged", `{"id":"forged"}`); !strings.Contains(errw, "read-only to the operator") {
+			t.Errorf("a raw write to the plans:\n%s", errw)
+		}
+		kv, err := ajs.KeyValue(context.Background(), mesh.KVBucket("build-controller", "plans"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := kv.Get(context.Background(), "plan.forged"); !errors.Is(err, jetstream.ErrKeyNotFound) {
+			t.Errorf("the operator's raw write to the plans: %v, want no such key", err)
+		}
 	}
 
 	// gone leaves the catalogue: its bucket is reported and kept.
