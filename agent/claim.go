@@ -86,6 +86,7 @@ func (a *Agent) claim(ctx context.Context, id string, attempt int) (*hold, claim
 	if attempt > 1 {
 		f, err := a.claims.Look(ctx, id, func(r claim.AskRecord) bool { return a.running.has(r.Ask) })
 		if err != nil {
+			a.troubled()
 			return h, claimFailed, err
 		}
 		h.found, h.infraSince = f, f.InfraSince
@@ -117,13 +118,13 @@ func (a *Agent) troubled() { a.trouble.Store(int64(time.Since(a.started))) }
 
 // lapsedHolder reports whether a redelivered ask with no claim left should
 // be left to the holder whose claim lapsed: this agent saw the bus fail
-// within two leases (every holder's claims lapse in an outage of the bus,
-// and their holders claim them again when it returns), and it has not
-// left this ask so for two leases already. A machine that died is replaced
-// without the wait: nobody else saw the bus fail.
+// within lapseGrace leases (every holder's claims lapse in an outage of
+// the bus, and their holders claim them again when it returns), and it has
+// not left this ask so for lapseGrace leases already. A machine that died
+// is replaced without the wait: nobody else saw the bus fail.
 func (a *Agent) lapsedHolder(id string) bool {
 	now := time.Since(a.started)
-	if t := a.trouble.Load(); t == 0 || now-time.Duration(t) > 2*a.lease {
+	if t := a.trouble.Load(); t == 0 || now-time.Duration(t) > lapseGrace*a.lease {
 		return false
 	}
 	a.deferMu.Lock()
@@ -133,12 +134,16 @@ func (a *Agent) lapsedHolder(id string) bool {
 		a.deferred[id] = time.Now()
 		return true
 	}
-	if time.Since(first) < 2*a.lease {
+	if time.Since(first) < lapseGrace*a.lease {
 		return true
 	}
 	delete(a.deferred, id)
 	return false
 }
+
+// lapseGrace is how many leases after it saw the bus fail an agent leaves
+// an ask whose holder's claim lapsed to that holder.
+const lapseGrace = 3
 
 // lost reports the error of a hold whose claim was lost while the ask was
 // worked on (it lapsed on the server: this machine was cut off or stalled

@@ -10,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/meshbuild/meshbuild/claim"
 	"github.com/meshbuild/meshbuild/internal/backoff"
 	"github.com/meshbuild/meshbuild/mesh"
 )
@@ -232,7 +233,7 @@ func (a *Agent) announce(ctx context.Context, out outcome, c *hold) error {
 		id += "-" + rand.Text()[:16]
 	}
 	if c != nil && c.lease != nil {
-		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), retakeFor)
 		err := c.lease.Announce(actx, out.event, id, data)
 		cancel()
 		if err != nil {
@@ -244,7 +245,7 @@ func (a *Agent) announce(ctx context.Context, out outcome, c *hold) error {
 		if err != nil {
 			return err
 		}
-		if !ack.Duplicate || a.ours(ctx, ack.Sequence, out.adopted) {
+		if !ack.Duplicate || a.ours(ctx, ack.Sequence, out.adopted, askOf(out.body), id) {
 			return nil
 		}
 		a.log.Warn("the stream took this outcome as a duplicate of another principal's event: announcing it again under a fresh id", "event", out.event, "id", id)
@@ -253,11 +254,13 @@ func (a *Agent) announce(ctx context.Context, out outcome, c *hold) error {
 	return fmt.Errorf("announcing %s: its message ids were taken", out.event)
 }
 
-// ours reports whether the event the stream keeps at seq is this
-// machine's, or adopted's (the machine whose outcome is announced again).
-// An event that cannot be read is taken as ours: the id is unguessable
-// until it is recorded.
-func (a *Agent) ours(ctx context.Context, seq uint64, adopted string) bool {
+// ours reports whether the event the stream keeps at seq stands for this
+// one: this machine's, adopted's (the machine whose outcome is announced
+// again), or that of a machine whose claim of the ask records the same
+// message id (one that adopted this machine's outcome, whose event the
+// controller accepts). An event that cannot be read is taken as ours: the
+// id is unguessable until it is recorded.
+func (a *Agent) ours(ctx context.Context, seq uint64, adopted, ask, id string) bool {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	st, err := a.js.Stream(ctx, mesh.EventsStream)
@@ -269,7 +272,30 @@ func (a *Agent) ours(ctx context.Context, seq uint64, adopted string) bool {
 		return true
 	}
 	_, machine, _, ok := mesh.SplitHolderEventSubject(m.Subject)
-	return ok && (machine == a.cfg.Machine || machine == adopted)
+	switch {
+	case !ok:
+		return false
+	case machine == a.cfg.Machine || machine == adopted:
+		return true
+	case a.claims == nil || ask == "":
+		return false
+	}
+	rec, found, err := claim.ReadAsk(ctx, a.claims.Bucket(), ask, machine)
+	return err != nil || (found && rec.MsgID == id)
+}
+
+// askOf is the ask an outcome's event is about.
+func askOf(body any) string {
+	switch b := body.(type) {
+	case mesh.Built:
+		return b.Ask
+	case mesh.Failed:
+		return b.Ask
+	case map[string]any:
+		s, _ := b["ask"].(string)
+		return s
+	}
+	return ""
 }
 
 // announceRetry is how report waits between attempts to publish an event.

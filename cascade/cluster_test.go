@@ -127,7 +127,10 @@ func (g *gatedBuilds) Work(ctx context.Context, a mesh.Ask, _ func(string)) (age
 
 // faultFarm is a controller and two agents on a bus that loses servers.
 type faultFarm struct {
-	t      *testing.T
+	t *testing.T
+	// outage: the plan lived through a loss of quorum (check allows a
+	// second build of the module in hand then).
+	outage bool
 	bus    *natstest.TestCluster
 	nc     *nats.Conn
 	js     jetstream.JetStream
@@ -272,8 +275,17 @@ func (f *faultFarm) check(id string) {
 	}
 	for m := range faultGraph {
 		evs := built[m]
-		if len(evs) != 1 {
-			t.Errorf("plan %s module %s: %d built events in %s, want exactly 1: %+v", id, m, len(evs), mesh.EventsStream, evs)
+		// A build in hand while the cluster had no quorum for longer than
+		// the ask's claim lease may be built and announced once more by
+		// the machine that takes the ask when quorum returns (the lease
+		// trade: seconds to replace a dead machine): the same digest, and
+		// the controller keeps one.
+		most := 1
+		if f.outage {
+			most = 2
+		}
+		if len(evs) < 1 || len(evs) > most || (len(evs) == 2 && evs[0].Digest != evs[1].Digest) {
+			t.Errorf("plan %s module %s: %d built events in %s, want exactly 1 (at most %d of one digest): %+v", id, m, len(evs), mesh.EventsStream, most, evs)
 			continue
 		}
 		ev := evs[0]
@@ -283,8 +295,8 @@ func (f *faultFarm) check(id string) {
 		if ms := mods[m]; ms.State != cascade.Built || ms.Digest != ev.Digest {
 			t.Errorf("plan %s module %s stored as %s %s, but %s says built %s", id, m, ms.State, ms.Digest, mesh.EventsStream, ev.Digest)
 		}
-		if n := f.builds.callsOf(ev.Ask); n != 1 {
-			t.Errorf("plan %s module %s: ask %s was built %d times, want once", id, m, ev.Ask, n)
+		if n := f.builds.callsOf(ev.Ask); n < 1 || n > most {
+			t.Errorf("plan %s module %s: ask %s was built %d times, want once (at most %d)", id, m, ev.Ask, n, most)
 		}
 		if _, ok := f.reg.manifests(m)[ev.Digest]; !ok {
 			t.Errorf("plan %s module %s: the registry has no %s", id, m, ev.Digest)
@@ -422,6 +434,7 @@ func TestClusterWithoutQuorumRefusesAndResumes(t *testing.T) {
 func testWithoutQuorum(t *testing.T, leaderSurvives bool) {
 	bus := natstest.Cluster(t, 3)
 	f := newFaultFarm(t, bus, 3)
+	f.outage = true
 	f.builds.shut()
 	id := f.push("two-down")
 	f.waitBuilds("the plan's first build in hand", 1, false)

@@ -122,6 +122,9 @@ func OpenAsks(ctx context.Context, js jetstream.JetStream, seat, machine, holder
 	return a, nil
 }
 
+// Bucket is the ask claims bucket.
+func (a *Asks) Bucket() jetstream.KeyValue { return a.kv }
+
 // Lease is how long an ask claim outlives its holder's last renewal.
 func (a *Asks) Lease() time.Duration { return a.o.lease }
 
@@ -289,26 +292,54 @@ func (l *AskLease) settle(ctx context.Context, v AskRecord) error {
 	l.end(ErrReleased)
 	v.Renewed = l.o.clock().UTC()
 	data, _ := json.Marshal(v)
-	for range 3 {
+	// A bus that does not answer is waited for, within ctx: what is settled
+	// here (an outcome about to be announced) is not given up on a timeout.
+	wait := 100 * time.Millisecond
+	for moved := 0; moved < 3; {
 		_, err := l.js.PublishMsg(ctx, &nats.Msg{Subject: l.subject, Data: data}, jetstream.WithExpectLastSequencePerSubject(rev))
 		if err == nil {
 			l.rec = v
 			return nil
 		}
 		if !wrongLastSequence(err) {
-			return fmt.Errorf("settling %s: %w", l.what, err)
+			if ctx.Err() != nil {
+				return fmt.Errorf("settling %s: %w", l.what, err)
+			}
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("settling %s: %w", l.what, err)
+			case <-time.After(wait):
+			}
+			wait = min(2*wait, time.Second)
+			continue
 		}
-		// A renewal whose answer was lost moved the key on: settle at its
-		// revision if it is still this claim.
+		moved++
+		// A write whose answer was lost moved the key on, or the claim
+		// lapsed while the bus was away. The key is this machine's alone
+		// (its credentials): still this claim's, or gone with nobody
+		// holding or having settled the ask since, it is written as is.
 		e, gerr := l.kv.Get(ctx, l.key)
-		if gerr != nil {
+		switch {
+		case errors.Is(gerr, jetstream.ErrKeyNotFound) || errors.Is(gerr, jetstream.ErrKeyDeleted):
+			f, lerr := l.asks.Look(ctx, l.rec.Ask, func(AskRecord) bool { return false })
+			if lerr != nil {
+				return fmt.Errorf("settling %s: %w", l.what, lerr)
+			}
+			if f.Done != nil || f.Held != nil {
+				return fmt.Errorf("%w: settling %s: its claim lapsed, and another holder has the ask now", ErrLost, l.what)
+			}
+		case gerr != nil:
 			return fmt.Errorf("settling %s: %w", l.what, gerr)
+		default:
+			var cur AskRecord
+			if json.Unmarshal(e.Value(), &cur) != nil || cur.Token != l.token {
+				return fmt.Errorf("%w: settling %s: another claim has the key now", ErrLost, l.what)
+			}
 		}
-		var cur AskRecord
-		if json.Unmarshal(e.Value(), &cur) != nil || cur.Token != l.token {
-			return fmt.Errorf("%w: settling %s: another claim has the key now", ErrLost, l.what)
+		if _, err := l.js.PublishMsg(ctx, &nats.Msg{Subject: l.subject, Data: data}); err == nil {
+			l.rec = v
+			return nil
 		}
-		rev = e.Revision()
 	}
 	return fmt.Errorf("settling %s: the key kept moving", l.what)
 }

@@ -541,7 +541,10 @@ func (l *Lease) renew(sent time.Time) {
 // the key has moved on from the revision it expected.
 func wrongLastSequence(err error) bool {
 	var apiErr *jetstream.APIError
-	return errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence
+	// A replicated (R>1) stream answers 10164 where one of a single
+	// replica answers 10071 (nats.go's jetstream/errors.go).
+	return errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
 }
 
 // giveUp is how long after sending its last successful renewal the holder

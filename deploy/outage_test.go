@@ -47,14 +47,16 @@ func TestTheFleetControllerRetriesItsAssertionsWhileTheBusIsAway(t *testing.T) {
 	cat := testenv.Catalogue(t, map[string][]string{"base": nil})
 	sets := []mesh.Permissions{cat.ControllerPermissions("controller"), cat.OperatorPermissions("operator"), mesh.NodePermissions("n1")}
 	users := []*server.User{{Username: "admin", Password: "pw"}}
+	known := map[string]bool{}
 	for _, p := range sets {
 		users = append(users, &server.User{Username: p.Principal, Password: "pw", Permissions: p.ServerPermissions()})
+		known[p.Principal] = true
 	}
 	opts := server.Options{Users: users, Port: natstest.FreePortRun(t, 1), StoreDir: t.TempDir()}
 	s := natstest.Server(t, &opts)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	b := &bed{t: t, s: s, cat: cat, ctx: ctx, violations: make(chan error, 64)}
+	b := &bed{t: t, s: s, cat: cat, ctx: ctx, violations: make(chan error, 64), known: known}
 	b.anc, b.ajs = natstest.Connect(t, s, nats.UserInfo("admin", "pw"))
 	_, first := b.controller(deploy.DefaultControllerConfig())
 	n, _ := b.node("n1", t.TempDir(), nil)

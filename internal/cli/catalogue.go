@@ -211,7 +211,7 @@ func DeriveView(c *mesh.Catalogue) WireView {
 			}
 		}
 		for _, e := range s.Emits {
-			sv.Events = append(sv.Events, mesh.SeatEventSubject(s.Seat, e))
+			sv.Events = append(sv.Events, mesh.SeatEventSubjectOf(s, e))
 		}
 		for _, t := range s.Serves {
 			sv.Tools = append(sv.Tools, mesh.SeatToolSubject(s.Seat, t))

@@ -57,7 +57,7 @@ func TestCredsInitIssue(t *testing.T) {
 	}
 	// A node's credentials carry the build agent's bucket (--carries
 	// build-agent by default); --carries '' none, without a catalogue.
-	if pub := credsPublish(t, filepath.Join(dir, "m1.creds")); !slices.Contains(pub, mesh.KVSubjects(mesh.KVBucket(mesh.AgentModule, mesh.AgentBuildsBucket))) {
+	if pub := credsPublish(t, filepath.Join(dir, "m1.creds")); !slices.Contains(pub, mesh.KVKeySubject(mesh.KVBucket(mesh.AgentModule, mesh.AgentBuildsBucket), mesh.BuildRecordKey("*", "m1"))) {
 		t.Errorf("node m1 may not write the agent's records: %v", pub)
 	}
 	bare := filepath.Join(dir, "bare.creds")

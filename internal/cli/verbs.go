@@ -122,7 +122,7 @@ func logsCmd(g *globals) *cobra.Command {
 }
 
 func printLogs(ctx context.Context, js jetstream.JetStream, m cascade.ModuleStatus, follow bool, g *globals) error {
-	subj := mesh.SeatEventSubject(mesh.BuildSeat, mesh.LogEvent(m.Ask))
+	subj := mesh.HolderEventSubject(mesh.BuildSeat, mesh.AnyHolder, mesh.LogEvent(m.Ask))
 	cons, err := js.OrderedConsumer(ctx, mesh.LogsStream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subj}})
 	if err != nil {
 		return fmt.Errorf("reading %s: %w", subj, err)
