@@ -27,6 +27,14 @@ type Observer interface {
 	Plans(byOutcome map[string]int, blocked int)
 }
 
+// ModulesObserver is told, on every observation, how many modules of the
+// plans the controller holds are in each state (ModuleState names), so
+// that unchanged and superseded modules are counted beside built ones. An
+// Observer that implements it is told.
+type ModulesObserver interface {
+	Modules(byState map[string]int)
+}
+
 // ForecastObserver is told, on every observation, each running plan's
 // estimated remaining time (Forecast.Remaining), by plan (metrics). An
 // Observer that implements it is told.
@@ -1327,11 +1335,17 @@ func (c *Controller) expireCancels(now time.Time) bool {
 func (c *Controller) observe() {
 	by := map[string]int{}
 	blocked := 0
+	var mods Counts
 	for _, st := range c.plans {
 		by[string(st.Outcome())]++
-		blocked += st.Counts().Blocked
+		n := st.Counts()
+		blocked += n.Blocked
+		mods = mods.add(n)
 	}
 	c.obs.Plans(by, blocked)
+	if mo, ok := c.obs.(ModulesObserver); ok {
+		mo.Modules(mods.ByState())
+	}
 	if fo, ok := c.obs.(ForecastObserver); ok {
 		now := time.Now().UTC()
 		left := map[string]time.Duration{}

@@ -357,6 +357,23 @@ type Counts struct {
 	Total      int `json:"total"`
 }
 
+// add is the sum of two counts.
+func (c Counts) add(o Counts) Counts {
+	return Counts{Waiting: c.Waiting + o.Waiting, Ready: c.Ready + o.Ready, Queued: c.Queued + o.Queued,
+		Building: c.Building + o.Building, Built: c.Built + o.Built, Unchanged: c.Unchanged + o.Unchanged,
+		Failed: c.Failed + o.Failed, Blocked: c.Blocked + o.Blocked, Cancelling: c.Cancelling + o.Cancelling,
+		Cancelled: c.Cancelled + o.Cancelled, Superseded: c.Superseded + o.Superseded, Total: c.Total + o.Total}
+}
+
+// ByState is the counts by module state name, every state present.
+func (c Counts) ByState() map[string]int {
+	return map[string]int{
+		string(Waiting): c.Waiting, string(Ready): c.Ready, string(Queued): c.Queued, string(Building): c.Building,
+		string(Built): c.Built, string(Unchanged): c.Unchanged, string(Failed): c.Failed, string(Blocked): c.Blocked,
+		string(Cancelling): c.Cancelling, string(Cancelled): c.Cancelled, string(Superseded): c.Superseded,
+	}
+}
+
 // NewState starts the state of a plan: every module waiting. A plan with
 // bases outside it (planner.Plan.External) is pinned to their digests with
 // Pin before it starts.

@@ -31,6 +31,8 @@ type Controller struct {
 	refused *prometheus.CounterVec // reason
 	// dispatch is how long modules waited from ready to started.
 	dispatch *prometheus.HistogramVec // priority, owner
+	// modules counts the held plans' modules by state.
+	modules *prometheus.GaugeVec // state
 
 	mu       sync.Mutex
 	seen     map[string]bool // states ever reported, set to 0 when they go
@@ -77,9 +79,13 @@ func NewController(reg prometheus.Registerer) *Controller {
 			Help:    "How long a module waited from ready (every base built) to started on a machine, by its plan's priority and owner (the trigger's repository unless it named one): the wait the scheduler gives each.",
 			Buckets: dispatchBuckets,
 		}, []string{"priority", "owner"}),
+		modules: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "meshbuild_controller_modules",
+			Help: "Modules of the plans the controller holds, by state: waiting, ready, queued, building, built, unchanged (its inputs were built before: not dispatched), superseded (a newer plan of its branch builds it), failed, blocked, cancelling, cancelled.",
+		}, []string{"state"}),
 		seen: map[string]bool{}, seenPlat: map[string]bool{}, running: map[string]bool{},
 	}
-	reg.MustRegister(c.plans, c.settled, c.duration, c.blocked, c.unserved, c.remaining, c.refused, c.dispatch)
+	reg.MustRegister(c.plans, c.settled, c.duration, c.blocked, c.unserved, c.remaining, c.refused, c.dispatch, c.modules)
 	for _, r := range cascade.RefusedReasons {
 		c.refused.WithLabelValues(r)
 	}
@@ -92,6 +98,13 @@ func NewController(reg prometheus.Registerer) *Controller {
 		c.duration.WithLabelValues(o)
 	}
 	return c
+}
+
+// Modules sets the held plans' modules by state (cascade.ModulesObserver).
+func (c *Controller) Modules(byState map[string]int) {
+	for state, n := range byState {
+		c.modules.WithLabelValues(state).Set(float64(n))
+	}
 }
 
 // RefusedEvent counts an outcome the controller refused

@@ -97,3 +97,22 @@ meshbuild_controller_plan_remaining_seconds{plan="p-1"} 60
 		t.Errorf("%d series after every plan settled, want 0", n)
 	}
 }
+
+// The held plans' modules by state: unchanged and superseded counted beside
+// built (issue 24).
+func TestControllerCountsModulesByState(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	c := metrics.NewController(reg)
+	c.Modules(map[string]int{"built": 3, "unchanged": 2, "superseded": 4, "waiting": 0})
+	want := `
+# HELP meshbuild_controller_modules Modules of the plans the controller holds, by state: waiting, ready, queued, building, built, unchanged (its inputs were built before: not dispatched), superseded (a newer plan of its branch builds it), failed, blocked, cancelling, cancelled.
+# TYPE meshbuild_controller_modules gauge
+meshbuild_controller_modules{state="built"} 3
+meshbuild_controller_modules{state="superseded"} 4
+meshbuild_controller_modules{state="unchanged"} 2
+meshbuild_controller_modules{state="waiting"} 0
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "meshbuild_controller_modules"); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -31,6 +31,8 @@ func exported(t *testing.T) map[string]bool {
 	c.PlansRemaining(map[string]time.Duration{"p-1": time.Minute})
 	// A module started, for the scheduler's histogram to be gathered.
 	c.Dispatched(10, "https://git.example/fleet", time.Second)
+	// The held plans' modules by state.
+	c.Modules(map[string]int{"built": 1})
 	reg.MustRegister(metrics.NewQueueCollector(raisedQueue(t), []string{mesh.BuildSeat}))
 	// A node's own (mesh-node's /metrics), and the controller's view of
 	// its nodes with one node seen and one report settled, for their

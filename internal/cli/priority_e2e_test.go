@@ -79,6 +79,7 @@ func TestPlansOfDifferentPrioritiesShowWhatTheyWaitBehind(t *testing.T) {
 	ready := make(chan struct{})
 	ccfg := cascade.DefaultConfig()
 	ccfg.Registry = "127.0.0.1:1"
+	ccfg.Images = testenv.AnyImage{} // its workers push nothing
 	go func() {
 		errs <- daemon.RunController(ctx, daemon.ControllerOptions{NATS: s.ClientURL(), Catalogue: catDir, Controller: ccfg, Ready: ready})
 	}()

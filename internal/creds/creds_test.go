@@ -120,7 +120,7 @@ func TestIssuedCredentialsAreEnforced(t *testing.T) {
 
 	// The node: its own consumer yes, a subscription beyond its set no.
 	refused := make(chan error, 4)
-	nnc, njs := natstest.Connect(t, s, nats.UserCredentials(nodeCreds), nats.CustomInboxPrefix(mesh.InboxPrefix("m1")),
+	nnc, njs := natstest.Connect(t, s, nats.UserCredentials(nodeCreds), nats.CustomInboxPrefix(mesh.InboxPrefix(mesh.PrincipalID(mesh.KindNode, "m1"))),
 		nats.PermissionErrOnSubscribe(true), nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { refused <- err }))
 	if _, err := njs.Consumer(ctx, mesh.NodesStream, mesh.NodeConsumer("m1")); err != nil {
 		t.Errorf("node m1 binding its own consumer: %v", err)

@@ -72,7 +72,11 @@ func TestAnAgentBindsOnlyTheQueuesItsCredentialsGrant(t *testing.T) {
 	s := natstest.Server(t, opts)
 	cat := testenv.Catalogue(t, nil)
 	file := func(kind string) string {
-		p, err := cat.PrincipalPermissions(kind, "")
+		name := ""
+		if kind == mesh.KindAgent {
+			name = "m1"
+		}
+		p, err := cat.PrincipalPermissions(kind, name)
 		if err != nil {
 			t.Fatal(err)
 		}

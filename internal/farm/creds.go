@@ -58,7 +58,7 @@ func (f *Farm) issueCreds(cat *mesh.Catalogue) (*creds.Keys, error) {
 	for _, m := range f.machines {
 		ps = append(ps,
 			principal{mesh.KindNode, m, "mesh-node " + m, f.NodeCreds(m)},
-			principal{mesh.KindAgent, "", "build-agent " + m, f.AgentCreds(m)})
+			principal{mesh.KindAgent, m, "build-agent " + m, f.AgentCreds(m)})
 	}
 	for _, p := range ps {
 		perms, err := cat.PrincipalPermissions(p.kind, p.name)

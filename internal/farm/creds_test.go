@@ -74,7 +74,7 @@ func TestUpEnforcesEachComponentsCredentials(t *testing.T) {
 	defer cancel()
 	refused := make(chan error, 8)
 	nc, err := nats.Connect(f.NATSURL(), nats.UserCredentials(f.AgentCreds(machines[0])),
-		nats.CustomInboxPrefix(mesh.InboxPrefix(mesh.AgentModule)), nats.PermissionErrOnSubscribe(true),
+		nats.CustomInboxPrefix(mesh.InboxPrefix(mesh.PrincipalID(mesh.KindAgent, machines[0]))), nats.PermissionErrOnSubscribe(true),
 		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { refused <- err }))
 	if err != nil {
 		t.Fatalf("the agent's credentials: %v", err)
@@ -107,6 +107,10 @@ func TestUpEnforcesEachComponentsCredentials(t *testing.T) {
 	nc.Publish("$KV."+mesh.KVBucket("build-controller", cascade.StateBucket)+"."+cascade.ModuleKey(plan, "base"), built)
 	wantRefused("the agent writing a plan's module as built in the controller's bucket")
 
+	// Speaking for another machine (issue 19): its outcome subject.
+	nc.Publish(mesh.HolderEventSubject(mesh.BuildSeat, machines[1], mesh.EventBuilt), []byte(`{}`))
+	wantRefused("the agent of one machine announcing built for another")
+
 	// Another node's declarations: its subject and its consumer.
 	sub, err := nc.SubscribeSync(mesh.NodeSubject(machines[1]))
 	if err != nil {
@@ -135,7 +139,7 @@ func TestUpEnforcesEachComponentsCredentials(t *testing.T) {
 	// own write to one.
 	nrefused := make(chan error, 8)
 	nnc, err := nats.Connect(f.NATSURL(), nats.UserCredentials(f.NodeCreds(machines[0])),
-		nats.CustomInboxPrefix(mesh.InboxPrefix(machines[0])),
+		nats.CustomInboxPrefix(mesh.InboxPrefix(mesh.PrincipalID(mesh.KindNode, machines[0]))),
 		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { nrefused <- err }))
 	if err != nil {
 		t.Fatalf("the node's credentials: %v", err)
