@@ -213,11 +213,17 @@ func (c *Controller) Run(ctx context.Context) error {
 			return nil
 		case m, ok := <-msgs:
 			if !ok {
+				if ctx.Err() != nil {
+					return nil // stopping: the consumer ends with it
+				}
 				return errors.New("the seat's consumer stopped")
 			}
 			c.handle(ctx, m)
 		case e, ok := <-currents.Updates():
 			if !ok {
+				if ctx.Err() != nil {
+					return nil // stopping: the watch ends with it
+				}
 				return errors.New("the watch of current images stopped")
 			}
 			if e == nil {
