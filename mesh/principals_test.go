@@ -65,9 +65,13 @@ func TestNodeCredentialsCarryTheirModulesBuckets(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	builds := mesh.KVSubjects(mesh.KVBucket(mesh.AgentModule, mesh.AgentBuildsBucket))
+	// Its own records only (issue 19).
+	builds := mesh.KVKeySubject(mesh.KVBucket(mesh.AgentModule, mesh.AgentBuildsBucket), mesh.BuildRecordKey("*", "m1"))
 	if !slices.Contains(p.Publish, builds) {
 		t.Errorf("node m1 may not write the agent's records (%s): %v", builds, p.Publish)
+	}
+	if all := mesh.KVSubjects(mesh.KVBucket(mesh.AgentModule, mesh.AgentBuildsBucket)); slices.Contains(p.Publish, all) {
+		t.Errorf("node m1 may write every machine's records: %v", p.Publish)
 	}
 	if plans := mesh.KVSubjects(mesh.KVBucket("build-controller", "plans")); slices.Contains(p.Publish, plans) {
 		t.Errorf("node m1 may write the controller's plans: %v", p.Publish)

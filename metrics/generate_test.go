@@ -318,11 +318,17 @@ var dashboards = []dashDef{{
 			queries: quantiles("meshbuild_controller_plan_duration_seconds", "outcome, le", "", "{{outcome}}")},
 		row("Scheduling"),
 		p{kind: "timeseries", title: "Ready to started p50 / p95 by priority", w: 12, h: 8, unit: "s",
-			desc:    "How long a module waited for a machine once every base was built, by its plan's priority: a higher priority should wait about one build at most while a lower one waits behind it (`builds show PLAN` says what a waiting module waits behind). Only the default window (-1) ranks; with --window 0 every priority waits alike.",
-			queries: quantiles("meshbuild_controller_ready_to_started_seconds", "priority, le", "", "priority {{priority}}")},
+			desc: "Since the controller started (a wait is seen once per module: a rate window would often be empty): how long a module waited for a machine once every base was built, by its plan's priority: a higher priority should wait about one build at most while a lower one waits behind it (`builds show PLAN` says what a waiting module waits behind). Only the default window (-1) ranks; with --window 0 every priority waits alike.",
+			queries: []q{
+				{`histogram_quantile(0.5, sum by (priority, le) (meshbuild_controller_ready_to_started_seconds_bucket))`, "priority {{priority}} p50"},
+				{`histogram_quantile(0.95, sum by (priority, le) (meshbuild_controller_ready_to_started_seconds_bucket))`, "priority {{priority}} p95"},
+			}},
 		p{kind: "timeseries", title: "Ready to started p50 / p95 by owner", w: 12, h: 8, unit: "s",
-			desc:    "The same wait by owner (the trigger's repository unless the push named one): owners of equal priority share machines by their recent machine-time, so their waits should be alike unless one is capped.",
-			queries: quantiles("meshbuild_controller_ready_to_started_seconds", "owner, le", "", "{{owner}}")},
+			desc: "The same wait by owner (the trigger's repository unless the push named one): owners of equal priority share machines by their recent machine-time, so their waits should be alike unless one is capped.",
+			queries: []q{
+				{`histogram_quantile(0.5, sum by (owner, le) (meshbuild_controller_ready_to_started_seconds_bucket))`, "{{owner}} p50"},
+				{`histogram_quantile(0.95, sum by (owner, le) (meshbuild_controller_ready_to_started_seconds_bucket))`, "{{owner}} p95"},
+			}},
 	},
 }, {
 	file: "meshbuild-machines.json", uid: "meshbuild-machines", title: "meshbuild / machines",
