@@ -102,6 +102,10 @@ type verdict struct {
 	retry  bool
 }
 
+// fenceLooks is how many deliveries of an event the fence looks for a claim
+// it does not find before it refuses the event.
+const fenceLooks = 3
+
 // fenceTimeout bounds the checks of one event.
 const fenceTimeout = 10 * time.Second
 
@@ -159,9 +163,17 @@ func (c *Controller) check(ctx context.Context, m jetstream.Msg) *verdict {
 		return &verdict{reason: RefusedUnclaimed, err: errors.New("the ask claims bucket is not open")}
 	}
 	rec, ok, err := claim.ReadAsk(ctx, c.asks, o.ask, machine)
+	// A replica that has not caught up (a cluster just back) may not show a
+	// claim written moments ago: looked at again before it is refused.
+	early := false
+	if md, merr := m.Metadata(); merr == nil && md.NumDelivered < fenceLooks {
+		early = true
+	}
 	switch {
 	case err != nil:
 		return &verdict{retry: true, err: fmt.Errorf("reading the claim of ask %s on %s: %w", o.ask, machine, err)}
+	case !ok && early, ok && rec.Attempt < o.attempt && early:
+		return &verdict{retry: true, err: fmt.Errorf("machine %s's claim of ask %s for attempt %d is not there (yet)", machine, o.ask, o.attempt)}
 	case !ok:
 		return &verdict{reason: RefusedUnclaimed, err: fmt.Errorf("machine %s holds no claim of ask %s", machine, o.ask)}
 	case rec.Attempt != o.attempt:
