@@ -62,8 +62,12 @@ func newWorld(t *testing.T) *world {
 	return w
 }
 
-// js connects as a principal; the server's refusals go to w.refused.
+// js connects as a principal (a node by its name); the server's refusals
+// go to w.refused.
 func (w *world) js(user string) jetstream.JetStream {
+	if user == "n1" || user == "n2" {
+		user = mesh.PrincipalID(mesh.KindNode, user)
+	}
 	_, js := natstest.Connect(w.t, w.s, nats.UserInfo(user, "pw"), nats.CustomInboxPrefix(mesh.InboxPrefix(user)),
 		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
 			select {
