@@ -95,6 +95,80 @@ func TestAnAskWhoseOutcomeWasAnnouncedIsSettledWithoutBuilding(t *testing.T) {
 	}
 }
 
+// An ask whose built was announced by its holder, whose acknowledgement
+// was lost (the bus went away as it acknowledged), comes back to the same
+// machine: the event is announced again as it was, and the machine's claim
+// still vouches for it (the attempt it records is the event's). Claimed
+// again for the new delivery, the claim would no longer match the event the
+// stream keeps, and the controller would refuse the genuine built (seen
+// after a three-server cluster regained quorum: the plan hung).
+func TestAnAskWhoseAckWasLostIsAnnouncedAgainUnderItsOwnClaim(t *testing.T) {
+	s, js := bus(t)
+	ctx := context.Background()
+	kv, err := js.KeyValue(ctx, mesh.AskClaimsBucket(mesh.BuildSeat))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := ask("lost-ack")
+	digest := "sha256:" + fmt.Sprintf("%064d", 3)
+	built := mesh.Built{Version: mesh.AskVersion, Ask: a.ID, Plan: a.Plan, Module: a.Module, Digest: digest,
+		Image: a.Image + "@" + digest, On: "m1", Attempt: 1, At: time.Now().UTC()}
+	event, _ := json.Marshal(built)
+	const id = "lost-ack-built-0123456789abcdef"
+	rec, _ := json.Marshal(map[string]any{"ask": a.ID, "machine": "m1", "attempt": 1, "outcome": mesh.EventBuilt,
+		"msg_id": id, "event": json.RawMessage(event)})
+	if _, err := kv.Create(ctx, mesh.AskClaimKey(a.ID, "m1"), rec); err != nil {
+		t.Fatal(err)
+	}
+	// m1 announced it, and its acknowledgement was lost: the ask comes again.
+	if _, err := js.Publish(ctx, mesh.HolderEventSubject(mesh.BuildSeat, "m1", mesh.EventBuilt), event, jetstream.WithMsgID(id)); err != nil {
+		t.Fatal(err)
+	}
+	submit(t, js, a)
+	cons, err := js.Consumer(ctx, mesh.SeatStream(mesh.BuildSeat), mesh.BuildConsumer(mesh.DefaultPlatform))
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for m := range batch.Messages() {
+		_ = m.Nak()
+	}
+	var calls atomic.Int32
+	w := workerFunc(func(context.Context, mesh.Ask, func(string)) (agent.Result, error) {
+		calls.Add(1)
+		return agent.Result{Digest: digest}, nil
+	})
+	ended := make(ends, 10)
+	startObserved(t, s, "m1", w, nil, ended)
+	ended.next(t, agent.OutcomeDone, 10*time.Second)
+	testenv.WaitFor(t, 5*time.Second, "the ask settled", func() bool {
+		info := consumerInfo(t, js)
+		return info.NumAckPending == 0 && info.NumPending == 0
+	})
+	e, err := kv.Get(ctx, mesh.AskClaimKey(a.ID, "m1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		Attempt int    `json:"attempt"`
+		Outcome string `json:"outcome"`
+		MsgID   string `json:"msg_id"`
+	}
+	if err := json.Unmarshal(e.Value(), &got); err != nil {
+		t.Fatal(err)
+	}
+	if got.Attempt != 1 || got.Outcome != mesh.EventBuilt || got.MsgID != id {
+		t.Fatalf("m1's claim after the redelivery: %+v, want attempt 1, built, under %s (the event the stream keeps)", got, id)
+	}
+	r := events(t, js)
+	if calls.Load() != 0 || len(r.Built) != 1 || r.Built[0].Attempt != 1 || r.Built[0].On != "m1" {
+		t.Fatalf("worked %d times, built events %+v: want the one built, on m1 for attempt 1, and no build", calls.Load(), r.Built)
+	}
+}
+
 // sickWorker is a machine whose BuildKit can be taken away: while sick,
 // every ask fails on infrastructure and so does its probe.
 type sickWorker struct {

@@ -204,7 +204,9 @@ func (h *hold) settle(ctx context.Context, event, why string) error {
 	if h.lease == nil {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	// Within retakeFor: a settle written as the claim's lease ran out is
+	// looked at again after it (claim.AskLease).
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), retakeFor)
 	defer cancel()
 	if event != "" {
 		return h.lease.Finish(ctx, event)

@@ -63,11 +63,12 @@ func (a *Agent) handle(work context.Context, msg jetstream.Msg) {
 }
 
 // adopt is the outcome of an ask whose outcome another holder (or this
-// machine before it restarted) recorded in its claim: the same event, now
-// this machine's (on, attempt), under the id it was recorded with, so the
-// stream keeps it once whether or not the first holder's publish landed.
-// The ask is claimed for this machine first, so that the controller takes
-// the event as the holder's. ok is false for a record that carries no
+// machine, before its acknowledgement was lost or its agent restarted)
+// recorded in its claim: the same event under the id it was recorded with,
+// so the stream keeps it once whether or not the first publish landed.
+// Another machine's is made this machine's (on, attempt), and the ask is
+// claimed for this machine first, so that the controller takes the event
+// as the holder's; this machine's own is announced again as it was. ok is false for a record that carries no
 // event (it is then acknowledged as announced).
 func (a *Agent) adopt(ctx context.Context, ask mesh.Ask, attempt int, c *hold) (outcome, bool) {
 	rec := c.found.Done
@@ -78,12 +79,19 @@ func (a *Agent) adopt(ctx context.Context, ask mesh.Ask, attempt int, c *hold) (
 	if err := json.Unmarshal(rec.Event, &body); err != nil {
 		return outcome{}, false
 	}
-	body["on"], body["attempt"] = a.cfg.Machine, attempt
-	l, err := a.claims.Claim(ctx, ask.ID, attempt, rec.InfraSince)
-	if err != nil {
-		return handedBack(0, a.cfg.RetryDelay, err), true
+	if rec.Machine != a.cfg.Machine {
+		body["on"], body["attempt"] = a.cfg.Machine, attempt
+		l, err := a.claims.Claim(ctx, ask.ID, attempt, rec.InfraSince)
+		if err != nil {
+			return handedBack(0, a.cfg.RetryDelay, err), true
+		}
+		c.lease = l
 	}
-	c.lease = l
+	// This machine's own record (its acknowledgement was lost, or its
+	// agent restarted) is announced again as it was, for the attempt it
+	// records, and its claim is left as it is: claimed again for this
+	// attempt, the key would no longer vouch for the event the stream may
+	// hold already (the controller refused that one, and the plan hung).
 	out := outcome{End: End{Outcome: OutcomeDone}, event: rec.Outcome, id: rec.MsgID, body: body, how: ack,
 		adopted: rec.Machine, err: fmt.Errorf("its outcome, %s, was recorded on %s: announced again, not built", rec.Outcome, rec.Machine)}
 	if rec.Outcome == mesh.EventFailed {

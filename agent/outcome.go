@@ -280,7 +280,7 @@ func (a *Agent) ours(ctx context.Context, seq uint64, adopted, ask, id string) b
 	case a.claims == nil || ask == "":
 		return false
 	}
-	rec, found, err := claim.ReadAsk(ctx, a.claims.Bucket(), ask, machine)
+	rec, found, err := claim.ReadAsk(ctx, a.js, a.claims.Bucket(), ask, machine)
 	return err != nil || (found && rec.MsgID == id)
 }
 

@@ -162,9 +162,13 @@ func (c *Controller) check(ctx context.Context, m jetstream.Msg) *verdict {
 	if c.asks == nil {
 		return &verdict{reason: RefusedUnclaimed, err: errors.New("the ask claims bucket is not open")}
 	}
-	rec, ok, err := claim.ReadAsk(ctx, c.asks, o.ask, machine)
-	// A replica that has not caught up (a cluster just back) may not show a
-	// claim written moments ago: looked at again before it is refused.
+	rec, ok, err := claim.ReadAsk(ctx, c.js, c.asks, o.ask, machine)
+	// ReadAsk asks the bucket's leader for a claim a replica does not show;
+	// a claim not found (or of an older attempt) is still looked for again
+	// on the event's next deliveries before the event is refused: a claim
+	// settled as the cluster came back can be removed by the server's
+	// marker of its lease's end and written again by its holder
+	// (claim.AskLease).
 	early := false
 	if md, merr := m.Metadata(); merr == nil && md.NumDelivered < fenceLooks {
 		early = true

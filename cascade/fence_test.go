@@ -274,7 +274,7 @@ func TestAnotherMachinesForgeriesChangeNothing(t *testing.T) {
 			}
 		}
 	})
-	if rec, ok, err := claim.ReadAsk(f.ctx, akv, mid.ID, "m1"); err != nil || !ok || !rec.Held() {
+	if rec, ok, err := claim.ReadAsk(f.ctx, m2, akv, mid.ID, "m1"); err != nil || !ok || !rec.Held() {
 		t.Fatalf("m1's claim of mid after the attacks: %+v %v %v", rec, ok, err)
 	}
 

@@ -132,17 +132,26 @@ func (a *Asks) Lease() time.Duration { return a.o.lease }
 func (a *Asks) Renew() time.Duration { return a.o.renew }
 
 // ReadAsk reads machine's claim of ask in kv (a seat's ask claims bucket);
-// ok is false when there is none (never made, or lapsed).
-func ReadAsk(ctx context.Context, kv jetstream.KeyValue, ask, machine string) (rec AskRecord, ok bool, err error) {
-	e, err := kv.Get(ctx, mesh.AskClaimKey(ask, machine))
-	if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
+// ok is false when there is none (never made, or lapsed). A claim a replica
+// does not show is asked of the bucket's leader before it is taken for
+// gone (readLeader).
+func ReadAsk(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, ask, machine string) (rec AskRecord, ok bool, err error) {
+	key := mesh.AskClaimKey(ask, machine)
+	var data []byte
+	e, err := kv.Get(ctx, key)
+	if err == nil {
+		data = e.Value()
+	} else if gone(err) {
+		data, err = readLeader(ctx, js, kv.Bucket(), key)
+	}
+	if gone(err) {
 		return AskRecord{}, false, nil
 	}
 	if err != nil {
 		return AskRecord{}, false, err
 	}
-	if err := json.Unmarshal(e.Value(), &rec); err != nil {
-		return AskRecord{}, false, fmt.Errorf("claim %s is not an ask claim: %w", e.Key(), err)
+	if err := json.Unmarshal(data, &rec); err != nil {
+		return AskRecord{}, false, fmt.Errorf("claim %s is not an ask claim: %w", key, err)
 	}
 	return rec, true, nil
 }
@@ -162,7 +171,7 @@ func (a *Asks) Look(ctx context.Context, ask string, mine func(AskRecord) bool) 
 	}
 	for key := range lister.Keys() {
 		_, machine, _ := cutLast(key)
-		rec, ok, err := ReadAsk(ctx, a.kv, ask, machine)
+		rec, ok, err := ReadAsk(ctx, a.js, a.kv, ask, machine)
 		if err != nil {
 			return f, err
 		}
@@ -279,12 +288,14 @@ func (l *AskLease) Release(ctx context.Context, why string, infraSince time.Time
 }
 
 // settle stops renewing and writes v, with no TTL, if the key is still this
-// claim's.
+// claim's. A write that lands while the claim's last TTL'd write may be
+// expiring on the server is looked at again once that has passed
+// (confirm): the server's marker of the lapse can be committed after it.
 func (l *AskLease) settle(ctx context.Context, v AskRecord) error {
 	l.stopOnce.Do(func() { close(l.stop) })
 	<-l.done
 	l.mu.Lock()
-	held, rev := l.err == nil, l.rev
+	held, rev, ttlAt := l.err == nil, l.rev, l.ttlAt
 	l.mu.Unlock()
 	if !held {
 		return fmt.Errorf("settling %s: %w", l.what, l.Err())
@@ -292,13 +303,27 @@ func (l *AskLease) settle(ctx context.Context, v AskRecord) error {
 	l.end(ErrReleased)
 	v.Renewed = l.o.clock().UTC()
 	data, _ := json.Marshal(v)
-	// A bus that does not answer is waited for, within ctx: what is settled
-	// here (an outcome about to be announced) is not given up on a timeout.
+	if err := l.write(ctx, data, rev); err != nil {
+		return err
+	}
+	l.rec = v
+	if acked, expires := time.Now(), ttlAt.Add(l.o.lease); acked.After(ttlAt.Add(l.o.lease / 2)) {
+		if acked.After(expires) {
+			expires = acked
+		}
+		return l.confirm(ctx, data, expires)
+	}
+	return nil
+}
+
+// write writes data on the claim's key, conditional on revision rev. A bus
+// that does not answer is waited for, within ctx: what is settled (an
+// outcome about to be announced) is not given up on a timeout.
+func (l *AskLease) write(ctx context.Context, data []byte, rev uint64) error {
 	wait := 100 * time.Millisecond
 	for moved := 0; moved < 3; {
 		_, err := l.js.PublishMsg(ctx, &nats.Msg{Subject: l.subject, Data: data}, jetstream.WithExpectLastSequencePerSubject(rev))
 		if err == nil {
-			l.rec = v
 			return nil
 		}
 		if !wrongLastSequence(err) {
@@ -318,28 +343,76 @@ func (l *AskLease) settle(ctx context.Context, v AskRecord) error {
 		// lapsed while the bus was away. The key is this machine's alone
 		// (its credentials): still this claim's, or gone with nobody
 		// holding or having settled the ask since, it is written as is.
-		e, gerr := l.kv.Get(ctx, l.key)
-		switch {
-		case errors.Is(gerr, jetstream.ErrKeyNotFound) || errors.Is(gerr, jetstream.ErrKeyDeleted):
-			f, lerr := l.asks.Look(ctx, l.rec.Ask, func(AskRecord) bool { return false })
-			if lerr != nil {
-				return fmt.Errorf("settling %s: %w", l.what, lerr)
-			}
-			if f.Done != nil || f.Held != nil {
-				return fmt.Errorf("%w: settling %s: its claim lapsed, and another holder has the ask now", ErrLost, l.what)
-			}
-		case gerr != nil:
-			return fmt.Errorf("settling %s: %w", l.what, gerr)
-		default:
-			var cur AskRecord
-			if json.Unmarshal(e.Value(), &cur) != nil || cur.Token != l.token {
-				return fmt.Errorf("%w: settling %s: another claim has the key now", ErrLost, l.what)
-			}
+		if err := l.stillOurs(ctx); err != nil {
+			return err
 		}
 		if _, err := l.js.PublishMsg(ctx, &nats.Msg{Subject: l.subject, Data: data}); err == nil {
-			l.rec = v
 			return nil
 		}
 	}
 	return fmt.Errorf("settling %s: the key kept moving", l.what)
+}
+
+// stillOurs returns nil when the claim's key holds this claim, or is gone
+// with nobody else holding or having settled the ask since; an error
+// matching ErrLost otherwise.
+func (l *AskLease) stillOurs(ctx context.Context) error {
+	data, err := readLeader(ctx, l.js, l.kv.Bucket(), l.key)
+	switch {
+	case gone(err):
+		f, lerr := l.asks.Look(ctx, l.rec.Ask, func(AskRecord) bool { return false })
+		if lerr != nil {
+			return fmt.Errorf("settling %s: %w", l.what, lerr)
+		}
+		if f.Done != nil || f.Held != nil {
+			return fmt.Errorf("%w: settling %s: its claim lapsed, and another holder has the ask now", ErrLost, l.what)
+		}
+		return nil
+	case err != nil:
+		return fmt.Errorf("settling %s: %w", l.what, err)
+	}
+	var cur AskRecord
+	if json.Unmarshal(data, &cur) != nil || cur.Token != l.token {
+		return fmt.Errorf("%w: settling %s: another claim has the key now", ErrLost, l.what)
+	}
+	return nil
+}
+
+// confirmAfter is how long after the claim's last TTL'd write could expire
+// (or the settled write landed, if later) the settled claim is looked at
+// again: the server expires messages on a timer, and a leader just elected
+// catches up on what expired while it was away.
+const confirmAfter = 2 * time.Second
+
+// confirm looks at the settled claim again once the claim's last TTL'd
+// write has expired (at expires, on this machine's clock, plus
+// confirmAfter), and writes it again if the server's marker of that
+// expiry was committed after it (seen after a three-server cluster
+// regained quorum: the fence then found no claim, refused the genuine
+// outcome, and the plan hung).
+func (l *AskLease) confirm(ctx context.Context, data []byte, expires time.Time) error {
+	select {
+	case <-ctx.Done():
+		return fmt.Errorf("settling %s: %w", l.what, ctx.Err())
+	case <-time.After(time.Until(expires.Add(confirmAfter))):
+	}
+	cur, err := readLeader(ctx, l.js, l.kv.Bucket(), l.key)
+	if err == nil {
+		var rec AskRecord
+		if json.Unmarshal(cur, &rec) != nil || rec.Token != l.token {
+			return fmt.Errorf("%w: settling %s: another claim has the key now", ErrLost, l.what)
+		}
+		return nil
+	}
+	if !gone(err) {
+		return fmt.Errorf("settling %s: %w", l.what, err)
+	}
+	if err := l.stillOurs(ctx); err != nil {
+		return err
+	}
+	l.o.log.Warn("the settled claim was removed by the server's marker of its lapse, committed after it: written again", "claim", l.what)
+	if _, err := l.js.PublishMsg(ctx, &nats.Msg{Subject: l.subject, Data: data}); err != nil {
+		return fmt.Errorf("settling %s again: %w", l.what, err)
+	}
+	return nil
 }

@@ -73,3 +73,53 @@ func TestAskClaimsAreJudgedOnTheServersClock(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A settled claim written as its lease ran out can be removed after it by
+// the server's marker of the lease's end, committed later (seen after a
+// three-server cluster regained quorum: the controller then found no claim
+// and refused the genuine outcome). The holder looks again once the lease
+// has passed and writes it again. Here the marker comes as a purge of the
+// key just after the settle landed.
+func TestASettledClaimRemovedAfterItIsWrittenAgain(t *testing.T) {
+	dial := askBus(t)
+	ctx := context.Background()
+	js := dial()
+	// Renewed late (every 3s of a 4s lease), so that the outcome is
+	// settled in the lease's second half, as after an outage.
+	a, err := claim.OpenAsks(ctx, js, mesh.BuildSeat, "m1", "test", "", claim.WithLease(4*time.Second), claim.WithRenew(3*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := a.Claim(ctx, "ask-1", 1, time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2200 * time.Millisecond)
+	kv := a.Bucket()
+	key := mesh.AskClaimKey("ask-1", "m1")
+	purged := make(chan error, 1)
+	go func() {
+		for {
+			rec, ok, err := claim.ReadAsk(ctx, js, kv, "ask-1", "m1")
+			if err != nil {
+				purged <- err
+				return
+			}
+			if ok && rec.Outcome != "" {
+				purged <- kv.Purge(ctx, key)
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
+	if err := l.Announce(ctx, mesh.EventBuilt, "ask-1-built-x", []byte(`{"ask":"ask-1"}`)); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-purged; err != nil {
+		t.Fatal(err)
+	}
+	rec, ok, err := claim.ReadAsk(ctx, js, kv, "ask-1", "m1")
+	if err != nil || !ok || rec.Outcome != mesh.EventBuilt || rec.MsgID != "ask-1-built-x" {
+		t.Fatalf("m1's claim after the settle returned: %+v found=%v (%v), want built under ask-1-built-x", rec, ok, err)
+	}
+}

@@ -328,6 +328,10 @@ type Lease struct {
 	mu  sync.Mutex
 	rev uint64
 	err error
+	// ttlAt is when the last write carrying the lease as its TTL (the
+	// claim, a renewal) was acknowledged: the server expires it no later
+	// than a lease after (AskLease.settle looks again after that).
+	ttlAt time.Time
 
 	lost     chan struct{}
 	lostOnce sync.Once
@@ -352,7 +356,7 @@ func newSeatLease(js jetstream.JetStream, kv jetstream.KeyValue, key string, rec
 // newLease starts renewing the claim on key of bucket, identified by token,
 // from revision rev (sent when its write was sent).
 func newLease(js jetstream.JetStream, kv jetstream.KeyValue, bucket, key, token, what string, rev uint64, sent time.Time, o options, value func(time.Time) []byte) *Lease {
-	l := &Lease{js: js, kv: kv, key: key, o: o, rev: rev,
+	l := &Lease{js: js, kv: kv, key: key, o: o, rev: rev, ttlAt: time.Now(),
 		subject: mesh.KVKeySubject(bucket, key), what: what, token: token, value: value,
 		lost: make(chan struct{}), stop: make(chan struct{}), done: make(chan struct{})}
 	go l.renew(sent)
@@ -490,7 +494,7 @@ func (l *Lease) renew(sent time.Time) {
 		pcancel()
 		if err == nil {
 			l.mu.Lock()
-			l.rev = ack.Sequence
+			l.rev, l.ttlAt = ack.Sequence, time.Now()
 			l.mu.Unlock()
 			giveUp = at.Add(l.giveUp())
 			deadline.Reset(time.Until(giveUp))
