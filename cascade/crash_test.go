@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -27,7 +28,6 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/static"
 	"github.com/google/go-containerregistry/pkg/v1/types"
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -61,6 +61,12 @@ import (
 // their builder is fast and fake: it pushes a small reproducible image,
 // labelled with its ask, to a real in-process registry (registry.New) that
 // counts the manifests it receives.
+//
+// Some rounds also take the registry away (it answers 503 to everything)
+// or the bus (the server stopped, and started again on its store and port)
+// for up to 1.7 s at a random point: pushes and the controller's checks of
+// built digests fail on infrastructure and are tried again, and every
+// process rides out the bus's outage on its own reconnecting connection.
 //
 // The redelivery timer of a killed process's messages is the consumers'
 // ack wait (30 s in production): the test shortens it on the server after
@@ -192,15 +198,19 @@ func crashAnywhere(t *testing.T, seed uint64, plans int) {
 // --- the farm -------------------------------------------------------------
 
 type chaosFarm struct {
-	t     *testing.T
-	rng   *rand.Rand
-	s     *server.Server
-	nc    *nats.Conn
-	js    jetstream.JetStream
-	cat   *mesh.Catalogue
-	reg   *countingRegistry
-	kills *killCounts
-	store *cascade.Store
+	t   *testing.T
+	rng *rand.Rand
+	// faults draws the round's outages (of the registry, of the bus): a
+	// stream of its own, so that the kill schedules of recorded seeds
+	// (TestCrashAnywhereRegressions) stay what they were.
+	faults *rand.Rand
+	bus    *natstest.TestCluster
+	nc     *nats.Conn
+	js     jetstream.JetStream
+	cat    *mesh.Catalogue
+	reg    *countingRegistry
+	kills  *killCounts
+	store  *cascade.Store
 
 	ctrl   *supervisor
 	agents []*supervisor
@@ -213,12 +223,13 @@ type chaosFarm struct {
 }
 
 func newChaosFarm(t *testing.T, seed uint64) *chaosFarm {
-	s := natstest.Server(t, nil)
-	nc, js := natstest.Connect(t, s)
+	bus := natstest.Single(t)
+	nc, js := bus.Connect(t, nats.Name("test"))
 	f := &chaosFarm{
-		t: t, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), s: s, nc: nc, js: js,
+		t: t, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), faults: rand.New(rand.NewPCG(seed^0xfa175, seed)),
+		bus: bus, nc: nc, js: js,
 		cat: testenv.Catalogue(t, chaosGraph), reg: newCountingRegistry(t), kills: &killCounts{n: map[string]int{}},
-		builds: &chaosBuilds{calls: map[string]int{}, orphans: map[string]int{}, holding: map[string]string{}},
+		builds: &chaosBuilds{calls: map[string]int{}, orphans: map[string]int{}, holding: map[string]string{}, retried: map[string]int{}},
 		built:  map[string][]mesh.Built{},
 	}
 	f.ctrl = f.supervise("controller", false, f.runController)
@@ -290,7 +301,10 @@ func (sv *supervisor) incarnation(parent context.Context, ready func()) {
 	}
 	sv.tap = tp
 	sv.mu.Unlock()
-	nc, err := nats.Connect(sv.f.s.ClientURL(), nats.SetCustomDialer(tp), nats.NoReconnect(), nats.Name(sv.name),
+	// A process rides out an outage of the bus (it reconnects, as a real
+	// one does); a killed one does not (its tap refuses to dial).
+	nc, err := nats.Connect(sv.f.bus.URLs(), nats.SetCustomDialer(tp), nats.RetryOnFailedConnect(true),
+		nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond), nats.Name(sv.name),
 		nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {})) // the kill is the test's
 	if err != nil {
 		cancel()
@@ -446,6 +460,9 @@ type chaosBuilds struct {
 	// make one more build of it (the ask is redelivered).
 	orphans map[string]int
 	holding map[string]string // machine -> ask in hand
+	// retried counts, by ask, the builds whose push found the registry
+	// away: each is tried again.
+	retried map[string]int
 	total   int
 }
 
@@ -493,6 +510,14 @@ func (b *chaosBuilder) Work(ctx context.Context, a mesh.Ask, log func(string)) (
 		return agent.Result{}, fmt.Errorf("%w: killed", agent.ErrInfra)
 	}
 	if err := remote.Write(ref, img, remote.WithContext(ctx)); err != nil {
+		if registry.IsInfra(err) {
+			// The registry is away (the round took it down): the
+			// ask is tried again, and may be built once more.
+			bs.mu.Lock()
+			bs.retried[a.ID]++
+			bs.mu.Unlock()
+			return agent.Result{}, fmt.Errorf("%w: pushing %s: %v", agent.ErrInfra, ref, err)
+		}
 		return agent.Result{}, fmt.Errorf("%w: pushing %s: %v", agent.ErrPush, ref, err)
 	}
 	if b.tap.killPoint("build:after-push") {
@@ -528,7 +553,9 @@ func chaosImage(a mesh.Ask) (v1.Image, error) {
 // countingRegistry is the embedded registry (registry.New) behind a
 // handler that counts the manifests pushed, by repository and digest.
 type countingRegistry struct {
-	host   string
+	host string
+	// down: every request is answered 503, as a registry that is away.
+	down   atomic.Bool
 	mu     sync.Mutex
 	puts   map[string]int               // repo@digest -> manifest PUTs answered 201
 	labels map[string]map[string]string // repo@digest -> labels read back
@@ -538,6 +565,10 @@ func newCountingRegistry(t *testing.T) *countingRegistry {
 	r := &countingRegistry{puts: map[string]int{}, labels: map[string]map[string]string{}}
 	h := registry.New(t.TempDir())
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if r.down.Load() {
+			http.Error(w, "the test took the registry away", http.StatusServiceUnavailable)
+			return
+		}
 		sw := &statusWriter{ResponseWriter: w}
 		h.ServeHTTP(sw, req)
 		repo, ref, ok := strings.Cut(strings.TrimPrefix(req.URL.Path, "/v2/"), "/manifests/")
@@ -630,6 +661,23 @@ func (f *chaosFarm) round(round, n int) {
 	for i := 1; i < n; i++ {
 		gaps[i] = f.rng.IntN(5)
 	}
+	// In one round of three the registry goes away for a while, after a
+	// few of the round's builds: pushes and the controller's checks of
+	// built digests fail on infrastructure, and are tried again. In one
+	// of four the bus does (the server stopped, and started again on its
+	// store): every process rides it out.
+	var outages []func()
+	if f.faults.IntN(3) == 0 {
+		outages = append(outages, f.outage(round, "the registry", func() { f.reg.down.Store(true) }, func() { f.reg.down.Store(false) }))
+	}
+	if f.faults.IntN(4) == 0 {
+		outages = append(outages, f.outage(round, "the bus", func() { f.bus.Stop(0) }, func() { f.bus.Restart(0) }))
+	}
+	endOutages := func() {
+		for _, end := range outages {
+			end()
+		}
+	}
 	var ids []string
 	for i := range n {
 		before := f.builds.count()
@@ -648,6 +696,7 @@ func (f *chaosFarm) round(round, n int) {
 		ids = append(ids, id)
 	}
 	f.waitSettled(fmt.Sprintf("round %d (%s killed)", round, victim), ids)
+	endOutages()
 	// Stop killing, and let every event and ask be settled on the bus.
 	f.ctrl.arm(nil)
 	for _, a := range f.agents {
@@ -655,6 +704,33 @@ func (f *chaosFarm) round(round, n int) {
 	}
 	testenv.WaitFor(t, chaosSettle, fmt.Sprintf("round %d: the controller's events and the queue drained", round), f.drained)
 	f.check(round, ids)
+}
+
+// outage takes something away (down) after a few of the round's builds,
+// for a while, and brings it back (up); the func it returns ends it early
+// if it is still on (or not begun) and waits until it is over.
+func (f *chaosFarm) outage(round int, what string, down, up func()) (end func()) {
+	after, away := f.faults.IntN(8), time.Duration(200+f.faults.IntN(1500))*time.Millisecond
+	before := f.builds.count()
+	stop, over := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(over)
+		for f.builds.count() < before+after {
+			select {
+			case <-stop:
+				return // the round ended first
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+		down()
+		defer up()
+		select {
+		case <-stop:
+		case <-time.After(away):
+		}
+	}()
+	f.t.Logf("round %d: %s goes away for %s after %d builds", round, what, away, after)
+	return func() { close(stop); <-over }
 }
 
 // waitSettled waits for the plans to settle; after chaosSettle it fails,
@@ -767,7 +843,7 @@ func (f *chaosFarm) check(round int, ids []string) {
 			}
 			calls, orphans := f.builds.of(ev.Ask)
 			if calls > 1+orphans || pushes > calls {
-				fail("plan %s module %s: %d builds and %d pushes, with %d holders killed holding it (want at most 1 + killed)", id, m, calls, pushes, orphans)
+				fail("plan %s module %s: %d builds and %d pushes, with %d holders killed holding it or pushes refused by the registry away (want at most 1 + those)", id, m, calls, pushes, orphans)
 			}
 		}
 	}
@@ -851,7 +927,7 @@ func (bs *chaosBuilds) count() int {
 func (bs *chaosBuilds) of(ask string) (calls, orphans int) {
 	bs.mu.Lock()
 	defer bs.mu.Unlock()
-	return bs.calls[ask], bs.orphans[ask]
+	return bs.calls[ask], bs.orphans[ask] + bs.retried[ask]
 }
 
 // released: the machine settled the ask in hand (its ack is on the wire).
@@ -1008,6 +1084,9 @@ type tap struct {
 
 // Dial implements nats.CustomDialer.
 func (t *tap) Dial(network, address string) (net.Conn, error) {
+	if t.isDead() {
+		return nil, errKilled
+	}
 	c, err := net.Dial(network, address)
 	if err != nil {
 		return nil, err
