@@ -38,7 +38,7 @@ func bus(t *testing.T) (*server.Server, jetstream.JetStream) {
 const longAckWait = 60 * time.Second
 
 // busAckWait is bus with the consumer's ack wait set to ackWait.
-func busAckWait(t *testing.T, ackWait time.Duration) (*server.Server, jetstream.JetStream) {
+func busAckWait(t testing.TB, ackWait time.Duration) (*server.Server, jetstream.JetStream) {
 	t.Helper()
 	s := natstest.Server(t, nil)
 	_, js := natstest.Connect(t, s)
@@ -112,13 +112,13 @@ type runningAgent struct {
 	done   chan struct{}
 }
 
-func startAgent(t *testing.T, s *server.Server, machine string, w agent.Worker, tweak func(*agent.Config)) *runningAgent {
+func startAgent(t testing.TB, s *server.Server, machine string, w agent.Worker, tweak func(*agent.Config)) *runningAgent {
 	t.Helper()
 	return startObserved(t, s, machine, w, tweak, nil)
 }
 
 // startObserved is startAgent with an observer.
-func startObserved(t *testing.T, s *server.Server, machine string, w agent.Worker, tweak func(*agent.Config), obs agent.Observer) *runningAgent {
+func startObserved(t testing.TB, s *server.Server, machine string, w agent.Worker, tweak func(*agent.Config), obs agent.Observer) *runningAgent {
 	t.Helper()
 	nc, err := nats.Connect(s.ClientURL())
 	if err != nil {
@@ -151,7 +151,7 @@ func ask(id string) mesh.Ask {
 		Source: mesh.Source{Repo: "https://git.example/x.git", Commit: "abc"}, Image: "127.0.0.1:1/tool"}
 }
 
-func submit(t *testing.T, js jetstream.JetStream, a mesh.Ask) {
+func submit(t testing.TB, js jetstream.JetStream, a mesh.Ask) {
 	t.Helper()
 	data, _ := json.Marshal(a)
 	if _, err := js.Publish(context.Background(), mesh.BuildSubject(mesh.DefaultPlatform), data, jetstream.WithMsgID(a.ID)); err != nil {
@@ -221,7 +221,7 @@ func consumerInfo(t *testing.T, js jetstream.JetStream) *jetstream.ConsumerInfo 
 	return info
 }
 
-func recv(t *testing.T, ch <-chan string, d time.Duration) string {
+func recv(t testing.TB, ch <-chan string, d time.Duration) string {
 	t.Helper()
 	select {
 	case id := <-ch:
