@@ -168,21 +168,29 @@ func (a *Agent) retake(ctx context.Context, id string, attempt int, h *hold) err
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), retakeFor)
 	defer cancel()
 	for try := 1; ; try++ {
-		f, err := a.claims.Look(ctx, id, func(claim.AskRecord) bool { return false })
+		// Each try is bounded on its own: a request lost while the bus
+		// comes back (a leader being elected) must not hold the machine
+		// past the moment another holder is handed the ask.
+		tctx, tcancel := context.WithTimeout(ctx, retakeTry)
+		f, err := a.claims.Look(tctx, id, func(claim.AskRecord) bool { return false })
 		if err == nil {
 			switch {
 			case f.Done != nil:
+				tcancel()
 				return fmt.Errorf("its claim lapsed, and %s settled it since", f.Done.Machine)
 			case f.Held != nil:
+				tcancel()
 				return fmt.Errorf("its claim lapsed, and %s holds it now", f.Held.Machine)
 			}
-			l, err := a.claims.Claim(ctx, id, attempt, h.infraSince)
-			if err == nil {
+			var l *claim.AskLease
+			if l, err = a.claims.Claim(tctx, id, attempt, h.infraSince); err == nil {
+				tcancel()
 				a.log.Info("the ask's claim lapsed while the bus was away; nobody took it since: claimed again", "ask", id)
 				h.lease = l
 				return nil
 			}
 		}
+		tcancel()
 		a.troubled()
 		if backoff.Wait(ctx, retakeRetry.Delay(try)) != nil {
 			return fmt.Errorf("its claim lapsed, and the bus did not answer for %s to claim it again: %w", retakeFor, err)
@@ -195,8 +203,11 @@ func (a *Agent) retake(ctx context.Context, id string, attempt int, h *hold) err
 var retakeRetry = backoff.Policy{First: 100 * time.Millisecond, Max: 500 * time.Millisecond}
 
 // retakeFor bounds how long a machine whose ask claim lapsed waits for the
-// bus to claim it again.
-const retakeFor = 30 * time.Second
+// bus to claim it again; retakeTry bounds each try.
+const (
+	retakeFor = 30 * time.Second
+	retakeTry = 2 * time.Second
+)
 
 // settle settles the hold: the outcome announced (event), or handed back
 // (event empty) for why.

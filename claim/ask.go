@@ -321,31 +321,43 @@ func (l *AskLease) settle(ctx context.Context, v AskRecord) error {
 // outcome about to be announced) is not given up on a timeout.
 func (l *AskLease) write(ctx context.Context, data []byte, rev uint64) error {
 	wait := 100 * time.Millisecond
+	pause := func(err error) error {
+		if wait == 100*time.Millisecond {
+			l.o.log.Warn("settling the claim: the bus does not answer; waiting for it", "claim", l.what, "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("settling %s: %w", l.what, err)
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, time.Second)
+		return nil
+	}
 	for moved := 0; moved < 3; {
 		_, err := l.js.PublishMsg(ctx, &nats.Msg{Subject: l.subject, Data: data}, jetstream.WithExpectLastSequencePerSubject(rev))
 		if err == nil {
 			return nil
 		}
 		if !wrongLastSequence(err) {
-			if ctx.Err() != nil {
-				return fmt.Errorf("settling %s: %w", l.what, err)
+			if perr := pause(err); perr != nil {
+				return perr
 			}
-			select {
-			case <-ctx.Done():
-				return fmt.Errorf("settling %s: %w", l.what, err)
-			case <-time.After(wait):
-			}
-			wait = min(2*wait, time.Second)
 			continue
 		}
-		moved++
 		// A write whose answer was lost moved the key on, or the claim
 		// lapsed while the bus was away. The key is this machine's alone
 		// (its credentials): still this claim's, or gone with nobody
 		// holding or having settled the ask since, it is written as is.
-		if err := l.stillOurs(ctx); err != nil {
+		// A bus that cannot say which yet is waited for.
+		if err := l.stillOurs(ctx); errors.Is(err, ErrLost) {
 			return err
+		} else if err != nil {
+			if perr := pause(err); perr != nil {
+				return perr
+			}
+			continue
 		}
+		moved++
 		if _, err := l.js.PublishMsg(ctx, &nats.Msg{Subject: l.subject, Data: data}); err == nil {
 			return nil
 		}
@@ -396,16 +408,26 @@ func (l *AskLease) confirm(ctx context.Context, data []byte, expires time.Time) 
 		return fmt.Errorf("settling %s: %w", l.what, ctx.Err())
 	case <-time.After(time.Until(expires.Add(confirmAfter))):
 	}
-	cur, err := readLeader(ctx, l.js, l.kv.Bucket(), l.key)
+	var (
+		cur []byte
+		err error
+	)
+	for wait := 100 * time.Millisecond; ; wait = min(2*wait, time.Second) {
+		if cur, err = readLeader(ctx, l.js, l.kv.Bucket(), l.key); err == nil || gone(err) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("settling %s: %w", l.what, err)
+		case <-time.After(wait):
+		}
+	}
 	if err == nil {
 		var rec AskRecord
 		if json.Unmarshal(cur, &rec) != nil || rec.Token != l.token {
 			return fmt.Errorf("%w: settling %s: another claim has the key now", ErrLost, l.what)
 		}
 		return nil
-	}
-	if !gone(err) {
-		return fmt.Errorf("settling %s: %w", l.what, err)
 	}
 	if err := l.stillOurs(ctx); err != nil {
 		return err
