@@ -61,8 +61,20 @@ func benchSeat(tb testing.TB) (*server.Server, *nats.Conn, jetstream.JetStream) 
 // pull waiting. They are all stopped at once in cleanup.
 func benchAgents(tb testing.TB, s *server.Server, js jetstream.JetStream, n int, w agent.Worker) {
 	tb.Helper()
+	ws := make([]agent.Worker, n)
+	for i := range ws {
+		ws[i] = w
+	}
+	benchAgentsEach(tb, s, js, ws)
+}
+
+// benchAgentsEach is benchAgents with a worker of its own for each agent:
+// ws[i] is agent i's (a machine with its own buildkitd).
+func benchAgentsEach(tb testing.TB, s *server.Server, js jetstream.JetStream, ws []agent.Worker) {
+	tb.Helper()
+	n := len(ws)
 	var stops []func()
-	for i := range n {
+	for i, w := range ws {
 		nc, err := nats.Connect(s.ClientURL())
 		if err != nil {
 			tb.Fatal(err)
