@@ -151,9 +151,9 @@ func (r row) reproduce() string {
 }
 
 var (
-	fan   = suite{pkg: "./cascade", bench: "BenchmarkControllerFan35On4", sub: "^(equal|lognormal|lognormal-learned|lognormal-window-0)$"}
-	dag   = suite{pkg: "./cascade", bench: "BenchmarkControllerDAG1000On50", sub: "^(idle|idle-learned|window-0)$"}
-	opt   = suite{pkg: "./internal/sim", bench: "BenchmarkListVersusOptimal"}
+	fan = suite{pkg: "./cascade", bench: "BenchmarkControllerFan35On4", sub: "^(equal|lognormal|lognormal-learned|lognormal-window-0)$"}
+	dag = suite{pkg: "./cascade", bench: "BenchmarkControllerDAG1000On50", sub: "^(idle|idle-learned|window-0)$"}
+	opt = suite{pkg: "./internal/sim", bench: "BenchmarkListVersusOptimal"}
 	// first is BenchmarkFirstSight: estimates of durations not known,
 	// measured in the simulator on the scheduling benchmarks' DAGs.
 	first = suite{pkg: "./internal/sim", bench: "BenchmarkFirstSight"}
@@ -162,6 +162,12 @@ var (
 	over  = suite{pkg: "./agent", bench: "BenchmarkAgentOverhead"}
 	fleet = suite{pkg: "./internal/demo", bench: "BenchmarkFleetSpeedup"}
 	rebld = suite{pkg: "./internal/demo", bench: "BenchmarkFleetRebuild"}
+	// bake is BenchmarkFleetBake: the farm against buildx bake on a fleet
+	// whose steps sleep.
+	bake = suite{pkg: "./internal/demo", bench: "BenchmarkFleetBake"}
+	// overFleet is BenchmarkAgentOverheadFleet: the fully cached build on
+	// three machines at once.
+	overFleet = suite{pkg: "./agent", bench: "BenchmarkAgentOverheadFleet"}
 	// thousand is BenchmarkFleet1000: 50 and 1,000 simulated machines on
 	// one server and on a cluster of three, the server in its own
 	// process; its four runs take longer than the other suites.
@@ -170,7 +176,7 @@ var (
 	// scheduler's own cost across plans.
 	sched = suite{pkg: "./cascade", bench: "BenchmarkScheduling"}
 
-	suites = []suite{fan, dag, opt, first, thru, disp, over, fleet, rebld, thousand, sched}
+	suites = []suite{fan, dag, opt, first, thru, disp, over, overFleet, fleet, rebld, bake, thousand, sched}
 )
 
 // schedule is what a scheduling row shows beside its figure: the pure
@@ -201,6 +207,17 @@ func firstSightRow(dags, sub string) row {
 			return fmt.Sprintf("ranked instead by the expected remaining critical path under a lognormal prior %.3f · one module in ten never built, the others known, it counted as: the mean of the known durations (the controller's) %.3f, its siblings' median %.3f, its bases' mean %.3f, the expected path %.3f",
 				m["nothing-expected-path/list"], m["tenth-unit/list"], m["tenth-sibling/list"], m["tenth-base/list"], m["tenth-expected-path/list"])
 		}}
+}
+
+// bakeRow is one of BenchmarkFleetBake's rows: the farm ÷ bake for kind
+// ("cold", "forced", "nothing").
+func bakeRow(what, kind string, atMost float64, beside func(metrics) string) row {
+	return row{figure: "the farm ÷ `buildx bake`, a fleet of 16 modules four levels deep whose RUN steps sleep, 3 machines of one slot (each its own buildkitd) against bake on one buildkitd of 3: " + what, suite: bake,
+		bench: "BenchmarkFleetBake", metric: kind + "-farm/bake", format: "%.3f",
+		beside: func(m metrics) string {
+			return beside(m) + fmt.Sprintf("; buildx %s, remote driver, the same registry", buildxVersion)
+		},
+		atMost: atMost}
 }
 
 // own is what an agent-overhead row shows beside the agent's own time.
@@ -339,10 +356,18 @@ var rows = []row{
 		bench: "BenchmarkAgentOverhead", metric: "cold-own-ms", format: "%.1f", beside: own("cold")},
 	{figure: "the agent's own time per ask, outside BuildKit: cold build cache (pruned before each build; same commit)", suite: over,
 		bench: "BenchmarkAgentOverhead", metric: "pruned-own-ms", format: "%.1f", beside: own("pruned")},
-	{figure: "a fully cached build's cost on its machine: ask published → built, every step cached, registry cache imported and exported (the ask as the controller makes it): p50", suite: over,
+	{figure: "a fully cached build's cost on its machine: ask published → built, every step cached, registry cache imported, and exported unless the registry holds its input key's already (the ask as the controller makes it, its key the same each time): p50", suite: over,
 		bench: "BenchmarkAgentOverhead", metric: "cached-p50-ms", format: "%.1f", beside: cachedSplit("cached"), atMost: 100},
 	{figure: "the same, before: every solve recorded in buildkitd's history (BuildKitOptions.History), in turn with the above: p50", suite: over,
 		bench: "BenchmarkAgentOverhead", metric: "cached-history-p50-ms", format: "%.1f", beside: cachedSplit("cached-history")},
+	{figure: "a fully cached build's cost with three machines building at once (each its own buildkitd, one slot; one registry): three asks published at once, as the controller makes them, every step cached: p50", suite: overFleet,
+		bench: "BenchmarkAgentOverheadFleet", metric: "fleet-p50-ms", format: "%.1f",
+		beside: func(m metrics) string {
+			return fmt.Sprintf("p90 %.0f ms; medians of %.0f builds on %.0f machines: events %.1f ms, checkout %.1f ms, ping %.1f ms, solve %.1f ms (cache import %.1f ms, export and push of the image and its attestations %.1f ms, cache export %.1f ms — exported by %.0f of the builds, the others found their input key's cache in the registry — the rest %.1f ms), verify %.1f ms",
+				m["fleet-p90-ms"], m["fleet-builds"], m["fleet-machines"], m["fleet-events-ms"], m["fleet-checkout-ms"], m["fleet-ping-ms"], m["fleet-solve-ms"],
+				m["fleet-cache-import-ms"], m["fleet-export-ms"], m["fleet-cache-export-ms"], m["fleet-cache-exports"], m["fleet-solve-other-ms"], m["fleet-verify-ms"])
+		},
+		atMost: 100},
 	{figure: "a rebuild with nothing changed, examples/fleet on 3 machines (own buildkitds, one slot each): the farm (`builds rebuild` of every module: all unchanged, nothing dispatched) ÷ `buildx bake` of the same targets on one buildkitd, every step cached there", suite: rebld,
 		bench: "BenchmarkFleetRebuild", metric: "nothing-farm/bake", format: "%.3f",
 		beside: func(m metrics) string {
@@ -350,6 +375,16 @@ var rows = []row{
 				m["runs"], m["nothing-farm-ms"], m["nothing-bake-ms"], buildxVersion, m["modules"])
 		},
 		atMost: 0.5},
+	bakeRow("cold: a new base version, every step after it run again", "cold", 1.10, func(m metrics) string {
+		return fmt.Sprintf("medians of %.0f: the farm %.2f s (plan made → settled; its first run, a fresh farm at first sight, %.2f s), bake %.2f s (its first run, a fresh daemon, %.2f s)",
+			m["runs"], m["cold-farm-s"], m["cold-first-sight-farm-s"], m["cold-bake-s"], m["cold-first-bake-s"])
+	}),
+	bakeRow("forced: every module built again, every step cached (the farm's `builds rebuild --force`; bake of the unchanged sources)", "forced", 1.30, func(m metrics) string {
+		return fmt.Sprintf("medians of %.0f: the farm %.2f s (request → plan seen settled), bake %.2f s", m["runs"], m["forced-farm-s"], m["warm-bake-s"])
+	}),
+	bakeRow("nothing changed (the farm's `builds rebuild`: all unchanged, nothing dispatched; bake of the unchanged sources, every step cached)", "nothing", 0.25, func(m metrics) string {
+		return fmt.Sprintf("medians of %.0f: the farm %.3f s (request → plan seen settled), bake %.2f s", m["runs"], m["nothing-farm-s"], m["warm-bake-s"])
+	}),
 	{figure: "a change to a file the base's Dockerfile never copies, examples/fleet on 3 machines: the plan (push → settled) ÷ the base's build in it", suite: rebld,
 		bench: "BenchmarkFleetRebuild", metric: "change/base-build", format: "%.2f",
 		beside: func(m metrics) string {
