@@ -1,0 +1,82 @@
+package agent
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/meshbuild/meshbuild/internal/testenv"
+	"github.com/meshbuild/meshbuild/mesh"
+)
+
+// A build exports its registry cache once per input key: a build of a key
+// whose cache the registry holds (on another daemon) does not export it
+// again; after another key's build has exported over it, it does; an ask
+// without a key always does.
+func TestBuildCacheExportedOncePerKey(t *testing.T) {
+	testenv.RequireBuildkit(t)
+	ctx := context.Background()
+	host := testenv.Registry(t)
+	base := testenv.Busybox(t, host)
+	bases := []mesh.Base{{Module: "runtime", Image: host + "/busybox", Digest: digestOf(base)}}
+	one := buildContext(t, map[string]string{"Dockerfile": "FROM runtime\nRUN echo one > /out\n"})
+	two := buildContext(t, map[string]string{"Dockerfile": "FROM runtime\nRUN echo two > /out\n"})
+	reqOf := func(dir, key string) BuildRequest {
+		return BuildRequest{ContextDir: dir, Tag: "latest",
+			Ask: mesh.Ask{Image: host + "/keyed", Cache: host + "/keyed:buildcache", Key: key, Bases: bases}}
+	}
+	a, b := newBuildKit(t, testenv.Buildkitd(t, host)), newBuildKit(t, testenv.Buildkitd(t, host))
+	build := func(bk *BuildKit, req BuildRequest, wantExport bool) Result {
+		t.Helper()
+		var out lines
+		req.Log = out.add
+		res, err := bk.Build(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		exported := res.Spans.Took(SpanCacheExport) > 0
+		said := strings.Contains(out.String(), "not exported again")
+		if exported != wantExport || said == wantExport {
+			t.Errorf("build of key %q: cache exported %t (the log says it was not: %t); want exported %t\n%s", req.Key, exported, said, wantExport, out.String())
+		}
+		return res
+	}
+	held := func(req BuildRequest) bool {
+		t.Helper()
+		repo, tag, ok := cacheKeyTag(req, 0)
+		if !ok || repo != host+"/keyed" || !strings.HasPrefix(tag, "buildcache-k") {
+			t.Fatalf("cacheKeyTag = %q, %q, %t", repo, tag, ok)
+		}
+		return a.cacheHeld(ctx, req)
+	}
+
+	if held(reqOf(one, "k1")) {
+		t.Fatal("the registry holds k1's cache before any build")
+	}
+	first := build(a, reqOf(one, "k1"), true)
+	if !held(reqOf(one, "k1")) {
+		t.Fatal("after k1's build its cache is not marked as k1's")
+	}
+	// Another daemon, the same key: every step from the imported cache,
+	// nothing to export.
+	again := build(b, reqOf(one, "k1"), false)
+	if again.Digest != first.Digest || again.CacheHits == 0 {
+		t.Errorf("k1 again: digest %s (first %s), %d of %d steps cached", again.Digest, first.Digest, again.CacheHits, again.Steps)
+	}
+	// Another key's build exports over it; k1 then exports again.
+	build(b, reqOf(two, "k2"), true)
+	if held(reqOf(one, "k1")) {
+		t.Error("k1's cache still marked held after k2's build exported over it")
+	}
+	build(a, reqOf(one, "k1"), true)
+	// The SOURCE_DATE_EPOCH is part of the mark: another epoch is another
+	// cache (the RUN steps see it).
+	if r1, t1, _ := cacheKeyTag(reqOf(one, "k1"), 0); true {
+		if r2, t2, _ := cacheKeyTag(reqOf(one, "k1"), 1); r1 != r2 || t1 == t2 {
+			t.Errorf("epoch 0 and 1 mark the same tag: %s:%s and %s:%s", r1, t1, r2, t2)
+		}
+	}
+	// No key: always exported.
+	build(a, reqOf(one, ""), true)
+	build(a, reqOf(one, ""), true)
+}
