@@ -33,7 +33,10 @@ const fleetMachines = 3
 // ask, so a machine often builds a module another built last: it imports
 // the cache from the registry. Each ask carries an input key, as the
 // controller's do, so a build whose key's cache the registry holds does
-// not export it again (cachemark.go). Each build is measured from publishing its
+// not export it again (cachemark.go); in turn with each round, a round of
+// the same asks without a key, for three more modules of their own
+// (fleet-export-always-p50-ms: the cache exported after every build, as
+// before). Each build is measured from publishing its
 // ask to its built arriving, p50 and p90 over the builds, and broken down
 // as the single-machine cached rows are (fleet-*: the events, the spans
 // the build reports — checkout, ping, solve and in it the cache import,
@@ -80,15 +83,22 @@ func BenchmarkAgentOverheadFleet(b *testing.B) {
 	// round publishes one ask per module at once and waits for every
 	// built; check says whether each build must have found its steps
 	// cached.
-	round := func(check bool) []fleetBuild {
+	round := func(check, keyed bool) []fleetBuild {
 		var asks []mesh.Ask
 		sent := map[string]time.Time{}
 		for m := range fleetMachines {
 			n++
-			a := cascade.Asks(host, cascade.Submit{Plan: "p-bench", Module: fmt.Sprintf("fleet-%d", m+1),
+			module := fmt.Sprintf("fleet-%d", m+1)
+			if !keyed {
+				module = fmt.Sprintf("fleet-nokey-%d", m+1)
+			}
+			a := cascade.Asks(host, cascade.Submit{Plan: "p-bench", Module: module,
 				AskID: fmt.Sprintf("fleet-%d", n), Key: fmt.Sprintf("fleet-%d-%s", m+1, commit),
 				Source: planner.Source{Repo: gitDir, Commit: commit, Path: fmt.Sprintf("app-%d", m+1)}})[0]
 			a.Bases = []mesh.Base{base}
+			if !keyed {
+				a.Key = ""
+			}
 			asks = append(asks, a)
 		}
 		for _, a := range asks {
@@ -113,7 +123,7 @@ func BenchmarkAgentOverheadFleet(b *testing.B) {
 		}
 		return out
 	}
-	var builds []fleetBuild
+	var builds, unkeyed []fleetBuild
 	defer func() {
 		if testing.Verbose() {
 			ev.mu.Lock()
@@ -123,10 +133,17 @@ func BenchmarkAgentOverheadFleet(b *testing.B) {
 	}()
 	for b.Loop() {
 		for range 3 {
-			round(false)
+			round(false, true)
+			round(false, false)
 		}
-		for range rounds {
-			builds = append(builds, round(true)...)
+		for i := range rounds {
+			if i%2 == 0 {
+				builds = append(builds, round(true, true)...)
+				unkeyed = append(unkeyed, round(true, false)...)
+			} else {
+				unkeyed = append(unkeyed, round(true, false)...)
+				builds = append(builds, round(true, true)...)
+			}
 		}
 	}
 	var totals []time.Duration
@@ -160,6 +177,14 @@ func BenchmarkAgentOverheadFleet(b *testing.B) {
 	}
 	b.ReportMetric(float64(exported), "fleet-cache-exports")
 	b.ReportMetric(float64(len(builds)), "fleet-builds")
+	// In turn with those, the same asks without an input key: the cache
+	// exported after every build, as before cachemark.go.
+	var before []time.Duration
+	for _, c := range unkeyed {
+		before = append(before, c.total)
+	}
+	slices.Sort(before)
+	b.ReportMetric(ms(quantile(before, 0.50)), "fleet-export-always-p50-ms")
 	b.ReportMetric(fleetMachines, "fleet-machines")
 }
 
