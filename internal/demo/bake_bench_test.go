@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 	"github.com/meshbuild/meshbuild/internal/buildkitd"
 	"github.com/meshbuild/meshbuild/internal/daemon"
 	"github.com/meshbuild/meshbuild/internal/farm"
+	"github.com/meshbuild/meshbuild/internal/sim"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
 )
@@ -142,6 +144,23 @@ func bakeFleet(tb testing.TB, example, dir string, sleeps bool) (catalogue, src 
 	return catalogue, src, modules
 }
 
+// bakeSleep is how long module's RUN sleeps in bakeFleet (0 without
+// sleeps).
+func bakeSleep(module string, sleeps bool) time.Duration {
+	if !sleeps {
+		return 0
+	}
+	if module == "base" {
+		return bakeBaseSleep
+	}
+	for _, l := range bakeLevels {
+		if strings.HasPrefix(module, l.prefix+"-") {
+			return l.sleep
+		}
+	}
+	return 0
+}
+
 func BenchmarkFleetBake(b *testing.B) {
 	testenv.RequireBuildkit(b)
 	tiny, runs := os.Getenv("MESHBUILD_BENCH") == "tiny", bakeRuns
@@ -180,6 +199,8 @@ func BenchmarkFleetBake(b *testing.B) {
 
 	var farmCold, farmForced, farmNothing []time.Duration
 	var firstSight time.Duration
+	// coldRuns are the cold runs after the first, with their modules.
+	var coldRuns []fleetRun
 	n := 0
 	for b.Loop() {
 		// Cold, first sight: a fresh farm, the demo's push (the sources
@@ -213,11 +234,17 @@ func BenchmarkFleetBake(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			_, rec, _ := settled(b, ctx, store, id)
+			_, rec, mods := settled(b, ctx, store, id)
 			if rec.Counts.Built != len(modules) {
 				b.Fatalf("a new base version: %+v; want all %d modules built", rec.Counts, len(modules))
 			}
+			for name, m := range mods {
+				if sleep := bakeSleep(name, !tiny); m.Duration < sleep {
+					b.Errorf("a new base version: %s built in %s, less than its sleep of %s: a step came from a cache", name, m.Duration, sleep)
+				}
+			}
 			farmCold = append(farmCold, rec.Finished.Sub(rec.Created))
+			coldRuns = append(coldRuns, fleetRun{makespan: rec.Finished.Sub(rec.Created), mods: mods})
 		}
 		for range runs {
 			n++
@@ -257,6 +284,24 @@ func BenchmarkFleetBake(b *testing.B) {
 	b.ReportMetric(med(farmNothing).Seconds(), "nothing-farm-s")
 	b.ReportMetric(float64(len(modules)), "modules")
 	b.ReportMetric(float64(runs), "runs")
+	// Where a cold run's time goes (the cold runs after the first, means):
+	// each build's time beyond its sleep, and the run against list
+	// scheduling of its own builds' durations on the machines (sim): the
+	// hand-overs and the order, not the builds.
+	if len(coldRuns) > 0 {
+		var over, beyond float64
+		builds := 0
+		for _, r := range coldRuns {
+			d := r.dag()
+			over += r.makespan.Seconds() - sim.Simulate(d, bakeMachines, sim.Policy{Order: sim.Priority}).Makespan
+			for name, m := range r.mods {
+				beyond += (m.Duration - bakeSleep(name, !tiny)).Seconds()
+				builds++
+			}
+		}
+		b.ReportMetric(over/float64(len(coldRuns)), "cold-over-list-s")
+		b.ReportMetric(beyond/float64(builds), "cold-build-beyond-sleep-s")
+	}
 	b.ReportMetric(bakeMachines, "machines")
 	if tiny {
 		b.Logf("MESHBUILD_BENCH=tiny: the bake half is skipped (it may build buildx %s from the Go module proxy first); the farm half ran", BuildxVersion)
