@@ -228,11 +228,22 @@ func (b *BuildKit) Build(ctx context.Context, req BuildRequest) (Result, error) 
 	t := time.Now()
 	// At once with the ping: whether the registry already holds this
 	// input key's build cache (cachemark.go).
-	held := make(chan bool, 1)
+	type markHeld struct {
+		mark  cacheMark
+		marks bool
+		held  bool
+	}
+	held := make(chan markHeld, 1)
 	if len(opt.CacheExports) > 0 {
-		go func() { held <- b.cacheHeld(ctx, req) }()
+		go func() {
+			var m markHeld
+			if m.mark, m.marks = b.cacheMarkOf(ctx, req); m.marks {
+				m.held = b.cacheHeld(ctx, req, m.mark)
+			}
+			held <- m
+		}()
 	} else {
-		held <- false
+		held <- markHeld{}
 	}
 	if err := b.Ping(ctx); err != nil {
 		if cerr := ctx.Err(); cerr != nil {
@@ -240,7 +251,8 @@ func (b *BuildKit) Build(ctx context.Context, req BuildRequest) (Result, error) 
 		}
 		return Result{}, err
 	}
-	cacheHeld := <-held
+	mh := <-held
+	cacheHeld := mh.held
 	spans.add(SpanPing, time.Since(t))
 	if cacheHeld {
 		opt.CacheExports = nil
@@ -282,7 +294,13 @@ func (b *BuildKit) Build(ctx context.Context, req BuildRequest) (Result, error) 
 	// At once with the verification: the cache just exported marked as
 	// this input key's.
 	marked := make(chan error, 1)
-	go func() { marked <- b.markCache(ctx, req, resp.ExporterResponse) }()
+	go func() {
+		if !mh.marks || cacheHeld {
+			marked <- nil
+			return
+		}
+		marked <- b.markCache(ctx, mh.mark, resp.ExporterResponse)
+	}()
 	pushed, err := b.verify(ctx, req, dgst)
 	merr := <-marked
 	if err != nil {

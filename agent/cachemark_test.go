@@ -43,11 +43,11 @@ func TestBuildCacheExportedOncePerKey(t *testing.T) {
 	}
 	held := func(req BuildRequest) bool {
 		t.Helper()
-		repo, tag, ok := cacheKeyTag(req, 0)
-		if !ok || repo != host+"/keyed" || !strings.HasPrefix(tag, "buildcache-k") {
-			t.Fatalf("cacheKeyTag = %q, %q, %t", repo, tag, ok)
+		mark, ok := a.cacheMarkOf(ctx, req)
+		if !ok || mark.repo != host+"/keyed" || !strings.HasPrefix(mark.tag, "buildcache-k") {
+			t.Fatalf("cacheMarkOf = %+v, %t", mark, ok)
 		}
-		return a.cacheHeld(ctx, req)
+		return a.cacheHeld(ctx, req, mark)
 	}
 
 	if held(reqOf(one, "k1")) {
@@ -69,11 +69,16 @@ func TestBuildCacheExportedOncePerKey(t *testing.T) {
 		t.Error("k1's cache still marked held after k2's build exported over it")
 	}
 	build(a, reqOf(one, "k1"), true)
-	// The SOURCE_DATE_EPOCH is part of the mark: another epoch is another
-	// cache (the RUN steps see it).
-	if r1, t1, _ := cacheKeyTag(reqOf(one, "k1"), 0); true {
-		if r2, t2, _ := cacheKeyTag(reqOf(one, "k1"), 1); r1 != r2 || t1 == t2 {
-			t.Errorf("epoch 0 and 1 mark the same tag: %s:%s and %s:%s", r1, t1, r2, t2)
+	// The SOURCE_DATE_EPOCH and the daemon's version are part of the
+	// mark: another epoch (the RUN steps see it) or another BuildKit is
+	// another cache.
+	m0, _ := cacheKeyTag(reqOf(one, "k1"), 0, "v1")
+	for _, other := range []struct {
+		epoch  int64
+		daemon string
+	}{{1, "v1"}, {0, "v2"}} {
+		if m, _ := cacheKeyTag(reqOf(one, "k1"), other.epoch, other.daemon); m.repo != m0.repo || m.tag == m0.tag {
+			t.Errorf("epoch %d, daemon %s: mark %+v; epoch 0, daemon v1: %+v; want another tag in the same repository", other.epoch, other.daemon, m, m0)
 		}
 	}
 	// No key: always exported.

@@ -21,8 +21,8 @@ const (
 	// (a fetch when the commit is new) and written to the build context.
 	SpanCheckout = "checkout"
 	// SpanPing is the daemon asked whether it answers, before the solve,
-	// and at once the registry whether it holds the input key's build
-	// cache already (cachemark.go).
+	// and at once its version and the registry whether it holds the input
+	// key's build cache already (cachemark.go).
 	SpanPing = "ping"
 	// SpanSolve is the solve in buildkitd, from the request to its answer:
 	// the steps, the image exported and pushed, the cache exported.
