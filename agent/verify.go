@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/meshbuild/meshbuild/mesh"
@@ -25,9 +26,9 @@ type pushed struct {
 // round trips as the answer needs: the manifest at dgst (which the
 // registry must serve under that digest), then at once the image manifest
 // (its size; the manifest itself when no index was pushed) and the
-// attestation manifest (its statements), which is then made a referrer of
-// the image; after both, for an index pushed by digest only, the tag moved
-// to the index. The manifests already read are not fetched again to make
+// attestation manifest (its statements); once both are read, the
+// attestation manifest made a referrer of the image and then, for an
+// index pushed by digest only, the tag moved to the index. The manifests already read are not fetched again to make
 // the referrer and the tag. Its errors wrap ErrPush (the registry does not
 // hold what was pushed) or ErrInfra.
 func (b *BuildKit) verify(ctx context.Context, req BuildRequest, dgst string) (pushed, error) {
@@ -77,27 +78,33 @@ func (b *BuildKit) verify(ctx context.Context, req BuildRequest, dgst string) (p
 	// schema) was seen refusing the tag's index, "blob unknown", while the
 	// referrers tag was being written beside it.
 	g.Go(func() error {
+		var adesc *remote.Descriptor
 		if attDesc != nil {
 			out.att.Manifest = attDesc.Digest.String()
 			attRef := req.Image + "@" + out.att.Manifest
-			adesc, err := b.opts.Registry.Get(gctx, attRef)
-			if err != nil {
+			var err error
+			if adesc, err = b.opts.Registry.Get(gctx, attRef); err != nil {
 				return registryError(ctx, "reading "+attRef, err)
 			}
 			out.att.Provenance, out.att.SBOM, err = statements(adesc.Manifest)
 			if err != nil {
 				return classified(ErrPush, "reading "+attRef+": "+err.Error(), err)
 			}
+		}
+		select { // the referrer and the tag go on once the image is read too
+		case <-imageRead:
+		case <-gctx.Done():
+			// The image's read failed (the group's error is its own) or
+			// the build was cancelled.
+			return context.Cause(gctx)
+		}
+		if attDesc != nil {
+			attRef := req.Image + "@" + out.att.Manifest
 			if err := b.opts.Registry.ReferFetched(gctx, attRef, adesc); err != nil {
 				return registryError(ctx, "listing "+attRef+" among the referrers of "+out.digest, err)
 			}
 		}
 		if req.Tag != "" {
-			select { // the tag goes on once the image is read too
-			case <-imageRead:
-			case <-gctx.Done():
-				return nil // the image's read failed: its error is the answer
-			}
 			if err := b.opts.Registry.TagFetched(gctx, ref, desc, req.Tag); err != nil {
 				return registryError(ctx, "tagging "+ref, err)
 			}
