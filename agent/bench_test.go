@@ -323,7 +323,8 @@ const overheadDockerfile = "FROM runtime\nCOPY nonce.txt /nonce.txt\nRUN cat /no
 //
 // Fully cached (cached-*): the cost on its machine of a build in which no
 // step runs, as the farm sends it (the ask from cascade.Asks, with its
-// registry build cache), from publishing the ask to built arriving — p50
+// registry build cache and an input key, the same each build, so the
+// cache is exported by the first only), from publishing the ask to built arriving — p50
 // and p90 of 60 builds — and where it goes: the events, and the spans the
 // build reports (checkout, ping, solve, and inside the solve the cache
 // import, the export and push of the image and its attestations, the

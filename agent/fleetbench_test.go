@@ -26,7 +26,8 @@ const fleetMachines = 3
 // buildkitd of its own (its own state, one step at a time) and a registry
 // client of its own — sharing one registry and the bus. Each round
 // publishes three asks at once, as the controller makes them (cascade.Asks:
-// the registry build cache imported and exported), one for each of three
+// the registry build cache imported, and exported unless the registry
+// holds the input key's already), one for each of three
 // modules built from the same Dockerfile as BenchmarkAgentOverhead's with
 // a nonce of its own; every step of every build is answered from the cache
 // (checked in each build's output). Whichever machine is free takes an
@@ -41,8 +42,9 @@ const fleetMachines = 3
 // as the single-machine cached rows are (fleet-*: the events, the spans
 // the build reports — checkout, ping, solve and in it the cache import,
 // the export and push of the image and its attestations, the cache export
-// — then verify). Three rounds first, unmeasured, fill every cache.
-// MESHBUILD_BENCH=tiny: two rounds.
+// — then verify); fleet-cache-exports is how many exported their cache.
+// Three rounds of each first, unmeasured, fill every cache.
+// MESHBUILD_BENCH=tiny: two rounds of each.
 func BenchmarkAgentOverheadFleet(b *testing.B) {
 	testenv.RequireBuildkit(b)
 	rounds := 20
