@@ -20,34 +20,48 @@ import (
 // cache: in a fleet, a fully cached build spends tens of milliseconds
 // writing back what the registry already holds. Builds of the same input
 // key (the ask's Key: the module, the platform, the build context's tree,
-// the Dockerfile, every base's digest) solve the same definition and
-// export the same records, so a build that exported its cache also tags
-// that cache manifest with a tag derived from its key, this machine's
-// SOURCE_DATE_EPOCH (which the RUN steps see) and its BuildKit's version:
-// cacheKeyTag. A later build
-// of the same key, on any machine, finds the cache tag and the key's tag
-// naming the same manifest and does not export the cache again: nothing in
-// it would change. When another key's build has exported since, the two
-// differ and the cache is exported as before. An ask without a key always
-// exports.
+// the Dockerfile, every base's digest) on machines alike solve the same
+// definition and export the same records. So a build that exported its
+// cache leaves a note beside it, under the cache's tag with "-mark"
+// appended (cacheMark): an empty image whose manifest annotations name the
+// cache manifest just exported and the key it was exported for — a hash of
+// the input key, this machine's SOURCE_DATE_EPOCH (which the RUN steps
+// see) and its BuildKit's version. A later build, on any machine, reads
+// the note and the cache's tag at once before its solve: when the note
+// names its key and the manifest the cache's tag names, nothing in the
+// cache would change, and the cache is not exported. When another key's
+// build has exported since, they differ and the cache is exported as
+// before. One note per cache, moved by each export: old caches are left
+// untagged, for the registry's garbage collection, as before. An ask
+// without a key always exports.
+
+// The note's annotations.
+const (
+	annotationCacheKey      = "dev.meshbuild.cache.key"
+	annotationCacheManifest = "dev.meshbuild.cache.manifest"
+)
 
 // responseCacheManifest is BuildKit's exporter response key for the cache
 // manifest a solve exported (remotecache.ExporterResponseManifestDesc): a
 // descriptor, as JSON.
 const responseCacheManifest = "cache.manifest"
 
-// cacheMark is the tag, in the build cache's repository, marking the
-// cache manifest exported by a build of one input key (cacheKeyTag).
+// cacheMark is where the note on a build cache goes and the key a build
+// would note there.
 type cacheMark struct {
-	repo, tag string
+	// note is the note's reference: the cache's repository, its tag with
+	// "-mark" appended.
+	note string
+	// key is the hash of the input key, the SOURCE_DATE_EPOCH and the
+	// BuildKit version.
+	key string
 }
 
-// cacheKeyTag is the mark of req's input key for a machine with epoch as
-// its SOURCE_DATE_EPOCH and daemon as its BuildKit (the version: another
-// BuildKit may key the same steps' cache otherwise): the tag "<cache
-// tag>-k<32 hex>" in the build cache's repository. ok is false when req
-// has no key or no cache.
-func cacheKeyTag(req BuildRequest, epoch int64, daemon string) (mark cacheMark, ok bool) {
+// cacheMarkFor is req's mark on a machine with epoch as its
+// SOURCE_DATE_EPOCH and daemon as its BuildKit (another BuildKit may key
+// the same steps' cache otherwise). ok is false when req has no key or no
+// cache.
+func cacheMarkFor(req BuildRequest, epoch int64, daemon string) (mark cacheMark, ok bool) {
 	if req.Key == "" || req.Cache == "" {
 		return cacheMark{}, false
 	}
@@ -59,15 +73,15 @@ func cacheKeyTag(req BuildRequest, epoch int64, daemon string) (mark cacheMark, 
 	if t, isTagged := named.(reference.Tagged); isTagged {
 		tag = t.Tag()
 	}
-	h := sha256.Sum256([]byte(req.Key + "\x00" + strconv.FormatInt(epoch, 10) + "\x00" + daemon))
-	tag += "-k" + hex.EncodeToString(h[:16])
+	tag += "-mark"
 	if len(tag) > 128 {
 		return cacheMark{}, false
 	}
-	return cacheMark{repo: reference.TrimNamed(named).String(), tag: tag}, true
+	h := sha256.Sum256([]byte(req.Key + "\x00" + strconv.FormatInt(epoch, 10) + "\x00" + daemon))
+	return cacheMark{note: reference.TrimNamed(named).String() + ":" + tag, key: hex.EncodeToString(h[:])}, true
 }
 
-// cacheMarkOf is req's mark on this machine (cacheKeyTag), its daemon's
+// cacheMarkOf is req's mark on this machine (cacheMarkFor), its daemon's
 // version asked; ok is false without a key or a version.
 func (b *BuildKit) cacheMarkOf(ctx context.Context, req BuildRequest) (cacheMark, bool) {
 	if req.Key == "" || req.Cache == "" {
@@ -78,30 +92,29 @@ func (b *BuildKit) cacheMarkOf(ctx context.Context, req BuildRequest) (cacheMark
 		return cacheMark{}, false
 	}
 	v := info.BuildkitVersion
-	return cacheKeyTag(req, b.opts.SourceDateEpoch, v.Package+" "+v.Version+" "+v.Revision)
+	return cacheMarkFor(req, b.opts.SourceDateEpoch, v.Package+" "+v.Version+" "+v.Revision)
 }
 
 // cacheHeld reports whether req's build cache already holds what a build
-// of its input key exports: the cache tag and the key's mark name the same
-// manifest. Any error — the cache or the mark not there yet, a registry
-// that does not answer — is false: the cache is exported as before.
+// of its input key exports: the note beside it names mark's key and the
+// manifest the cache's tag names. Any error — no cache or no note yet, a
+// registry that does not answer — is false: the cache is exported as
+// before.
 func (b *BuildKit) cacheHeld(ctx context.Context, req BuildRequest, mark cacheMark) bool {
-	var markDigest string
+	var note map[string]string
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		if d, err := b.opts.Registry.Head(ctx, mark.repo+":"+mark.tag); err == nil {
-			markDigest = d.Digest.String()
-		}
+		note, _ = b.opts.Registry.Note(ctx, mark.note)
 	}()
 	cache, err := b.opts.Registry.Head(ctx, req.Cache)
 	<-done
-	return err == nil && markDigest != "" && cache.Digest.String() == markDigest
+	return err == nil && note[annotationCacheKey] == mark.key && note[annotationCacheManifest] == cache.Digest.String()
 }
 
-// markCache tags the cache manifest a solve exported (its exporter
-// response) with req's mark, so that later builds of the key need not
-// export it again. It does nothing when no cache was exported.
+// markCache leaves the note on the cache manifest a solve exported (its
+// exporter response): exported for mark's key. It does nothing when no
+// cache was exported.
 func (b *BuildKit) markCache(ctx context.Context, mark cacheMark, resp map[string]string) error {
 	raw := resp[responseCacheManifest]
 	if raw == "" {
@@ -111,10 +124,7 @@ func (b *BuildKit) markCache(ctx context.Context, mark cacheMark, resp map[strin
 	if err := json.Unmarshal([]byte(raw), &desc); err != nil || desc.Digest == "" {
 		return fmt.Errorf("buildkitd's cache manifest descriptor %q: %v", raw, err)
 	}
-	ref := mark.repo + "@" + desc.Digest.String()
-	m, err := b.opts.Registry.Get(ctx, ref)
-	if err != nil {
-		return err
-	}
-	return b.opts.Registry.TagFetched(ctx, ref, m, mark.tag)
+	return b.opts.Registry.PutNote(ctx, mark.note, map[string]string{
+		annotationCacheKey: mark.key, annotationCacheManifest: desc.Digest.String(),
+	})
 }

@@ -2,8 +2,12 @@ package agent
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
 
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
@@ -44,7 +48,7 @@ func TestBuildCacheExportedOncePerKey(t *testing.T) {
 	held := func(req BuildRequest) bool {
 		t.Helper()
 		mark, ok := a.cacheMarkOf(ctx, req)
-		if !ok || mark.repo != host+"/keyed" || !strings.HasPrefix(mark.tag, "buildcache-k") {
+		if !ok || mark.note != host+"/keyed:buildcache-mark" || len(mark.key) != 64 {
 			t.Fatalf("cacheMarkOf = %+v, %t", mark, ok)
 		}
 		return a.cacheHeld(ctx, req, mark)
@@ -72,16 +76,42 @@ func TestBuildCacheExportedOncePerKey(t *testing.T) {
 	// The SOURCE_DATE_EPOCH and the daemon's version are part of the
 	// mark: another epoch (the RUN steps see it) or another BuildKit is
 	// another cache.
-	m0, _ := cacheKeyTag(reqOf(one, "k1"), 0, "v1")
+	m0, _ := cacheMarkFor(reqOf(one, "k1"), 0, "v1")
 	for _, other := range []struct {
 		epoch  int64
 		daemon string
 	}{{1, "v1"}, {0, "v2"}} {
-		if m, _ := cacheKeyTag(reqOf(one, "k1"), other.epoch, other.daemon); m.repo != m0.repo || m.tag == m0.tag {
-			t.Errorf("epoch %d, daemon %s: mark %+v; epoch 0, daemon v1: %+v; want another tag in the same repository", other.epoch, other.daemon, m, m0)
+		if m, _ := cacheMarkFor(reqOf(one, "k1"), other.epoch, other.daemon); m.note != m0.note || m.key == m0.key {
+			t.Errorf("epoch %d, daemon %s: mark %+v; epoch 0, daemon v1: %+v; want another key in the same note", other.epoch, other.daemon, m, m0)
 		}
+	}
+	// One note per cache, whatever the keys built: the repository's tags
+	// are the image's, the cache's and the note's (and the referrers tags
+	// of the images' attestations, sha256-<hex>).
+	all, err := remote.List(mustRepo(t, host+"/keyed"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tags []string
+	for _, tag := range all {
+		if !strings.HasPrefix(tag, "sha256-") {
+			tags = append(tags, tag)
+		}
+	}
+	slices.Sort(tags)
+	if want := []string{"buildcache", "buildcache-mark", "latest"}; !slices.Equal(tags, want) {
+		t.Errorf("tags of %s/keyed = %v, want %v", host, tags, want)
 	}
 	// No key: always exported.
 	build(a, reqOf(one, ""), true)
 	build(a, reqOf(one, ""), true)
+}
+
+func mustRepo(t *testing.T, repo string) name.Repository {
+	t.Helper()
+	r, err := name.NewRepository(repo, name.Insecure)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
 }
