@@ -124,6 +124,8 @@ func (r row) unitSuffix() string {
 		return " ms"
 	case strings.HasSuffix(r.metric, "/s"):
 		return "/s"
+	case strings.HasSuffix(r.metric, "-s"):
+		return " s"
 	}
 	return ""
 }
@@ -209,11 +211,11 @@ func firstSightRow(dags, sub string) row {
 		}}
 }
 
-// bakeRow is one of BenchmarkFleetBake's rows: the farm ÷ bake for kind
-// ("cold", "forced", "nothing").
-func bakeRow(what, kind string, atMost float64, beside func(metrics) string) row {
-	return row{figure: "the farm ÷ `buildx bake`, a fleet of 16 modules four levels deep whose RUN steps sleep, 3 machines of one slot (each its own buildkitd) against bake on one buildkitd of 3: " + what, suite: bake,
-		bench: "BenchmarkFleetBake", metric: kind + "-farm/bake", format: "%.3f",
+// bakeRow is one of BenchmarkFleetBake's rows: what it measures, its
+// metric and its target atMost.
+func bakeRow(what, metric string, atMost float64, beside func(metrics) string) row {
+	return row{figure: "the farm against `buildx bake`, a fleet of 16 modules four levels deep whose RUN steps sleep, 3 machines of one slot (each its own buildkitd) against bake on one buildkitd of 3: " + what, suite: bake,
+		bench: "BenchmarkFleetBake", metric: metric, format: "%.3f",
 		beside: func(m metrics) string {
 			return beside(m) + fmt.Sprintf("; buildx %s, remote driver, the same registry", buildxVersion)
 		},
@@ -375,15 +377,15 @@ var rows = []row{
 				m["runs"], m["nothing-farm-ms"], m["nothing-bake-ms"], buildxVersion, m["modules"])
 		},
 		atMost: 0.5},
-	bakeRow("cold: a new base version, every step after it run again", "cold", 1.10, func(m metrics) string {
+	bakeRow("cold, a new base version, every step after it run again: the farm ÷ bake", "cold-farm/bake", 1.10, func(m metrics) string {
 		return fmt.Sprintf("medians of %.0f: the farm %.2f s (plan made → settled; its first run, a fresh farm at first sight, %.2f s), bake %.2f s (its first run, a fresh daemon, %.2f s) · the farm's later cold runs: each build %.2f s beyond its sleep on average, the run %+.2f s on list scheduling of its own builds' durations (sim)",
 			m["runs"], m["cold-farm-s"], m["cold-first-sight-farm-s"], m["cold-bake-s"], m["cold-first-bake-s"], m["cold-build-beyond-sleep-s"], m["cold-over-list-s"])
 	}),
-	bakeRow("forced: every module built again, every step cached (the farm's `builds rebuild --force`; bake of the unchanged sources)", "forced", 1.30, func(m metrics) string {
+	bakeRow("forced, every module built again with every step cached (the farm's `builds rebuild --force`; bake of the unchanged sources): the farm ÷ bake", "forced-farm/bake", 1.30, func(m metrics) string {
 		return fmt.Sprintf("medians of %.0f: the farm %.2f s (request → plan seen settled), bake %.2f s", m["runs"], m["forced-farm-s"], m["warm-bake-s"])
 	}),
-	bakeRow("nothing changed (the farm's `builds rebuild`: all unchanged, nothing dispatched; bake of the unchanged sources, every step cached)", "nothing", 0.25, func(m metrics) string {
-		return fmt.Sprintf("medians of %.0f: the farm %.3f s (request → plan seen settled), bake %.2f s", m["runs"], m["nothing-farm-s"], m["warm-bake-s"])
+	bakeRow("nothing changed, the farm's `builds rebuild` (all unchanged, nothing dispatched): request → plan seen settled", "nothing-farm-s", 0.25, func(m metrics) string {
+		return fmt.Sprintf("medians of %.0f; %.3f of bake of the unchanged sources, every step cached (%.2f s)", m["runs"], m["nothing-farm/bake"], m["warm-bake-s"])
 	}),
 	{figure: "a change to a file the base's Dockerfile never copies, examples/fleet on 3 machines: the plan (push → settled) ÷ the base's build in it", suite: rebld,
 		bench: "BenchmarkFleetRebuild", metric: "change/base-build", format: "%.2f",
