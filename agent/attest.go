@@ -2,7 +2,6 @@ package agent
 
 import (
 	"bytes"
-	"context"
 	"fmt"
 	"path"
 	"strings"
@@ -128,16 +127,12 @@ func imageIn(desc *remote.Descriptor, platform string) (image v1.Descriptor, att
 	return v1.Descriptor{}, nil, true, fmt.Errorf("index %s holds no image for %s (%d images)", desc.Digest, platform, len(images))
 }
 
-// statements reads the attestation manifest at repo@manifest and returns
-// the digests of its provenance and SBOM statements.
-func (b *BuildKit) statements(ctx context.Context, repo, manifest string) (provenance, sbom string, err error) {
-	adesc, err := b.opts.Registry.Get(ctx, repo+"@"+manifest)
+// statements returns the digests of the provenance and SBOM statements in
+// the attestation manifest raw.
+func statements(raw []byte) (provenance, sbom string, err error) {
+	m, err := v1.ParseManifest(bytes.NewReader(raw))
 	if err != nil {
-		return "", "", err
-	}
-	m, err := v1.ParseManifest(bytes.NewReader(adesc.Manifest))
-	if err != nil {
-		return "", "", fmt.Errorf("reading attestation manifest %s@%s: %w", repo, manifest, err)
+		return "", "", fmt.Errorf("reading the attestation manifest: %w", err)
 	}
 	for _, l := range m.Layers {
 		switch t := l.Annotations[annotationPredicateType]; {

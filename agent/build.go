@@ -226,18 +226,45 @@ func (b *BuildKit) Build(ctx context.Context, req BuildRequest) (Result, error) 
 		return Result{}, err
 	}
 	t := time.Now()
+	// At once with the ping: whether the registry already holds this
+	// input key's build cache (cachemark.go).
+	type markHeld struct {
+		mark  cacheMark
+		marks bool
+		held  bool
+	}
+	held := make(chan markHeld, 1)
+	if len(opt.CacheExports) > 0 {
+		go func() {
+			var m markHeld
+			if m.mark, m.marks = b.cacheMarkOf(ctx, req); m.marks {
+				m.held = b.cacheHeld(ctx, req, m.mark)
+			}
+			held <- m
+		}()
+	} else {
+		held <- markHeld{}
+	}
 	if err := b.Ping(ctx); err != nil {
 		if cerr := ctx.Err(); cerr != nil {
 			return Result{}, context.Cause(ctx)
 		}
 		return Result{}, err
 	}
+	mh := <-held
+	cacheHeld := mh.held
 	spans.add(SpanPing, time.Since(t))
+	if cacheHeld {
+		opt.CacheExports = nil
+	}
 
 	if req.Log != nil {
 		_, notes := b.attestAttrs(req)
 		for _, n := range notes {
 			req.Log(n)
+		}
+		if cacheHeld {
+			req.Log("build cache: " + req.Cache + " holds this input key's cache already: not exported again")
 		}
 	}
 	p := newProgress(req.Log, b.opts.MaxLogLine)
@@ -264,9 +291,23 @@ func (b *BuildKit) Build(ctx context.Context, req BuildRequest) (Result, error) 
 	if _, perr := digest.Parse(dgst); perr != nil {
 		return Result{}, classified(ErrPush, fmt.Sprintf("buildkitd returned no image digest for %s (%q)", req.Image, dgst), perr)
 	}
+	// At once with the verification: the cache just exported marked as
+	// this input key's.
+	marked := make(chan error, 1)
+	go func() {
+		if !mh.marks || cacheHeld {
+			marked <- nil
+			return
+		}
+		marked <- b.markCache(ctx, mh.mark, resp.ExporterResponse)
+	}()
 	pushed, err := b.verify(ctx, req, dgst)
+	merr := <-marked
 	if err != nil {
 		return Result{}, err
+	}
+	if merr != nil && req.Log != nil {
+		req.Log("build cache: not marked as this input key's (the next build of it exports it again): " + lastLine(merr.Error()))
 	}
 	spans.add(SpanVerify, time.Since(t))
 	steps, hits := p.counts()

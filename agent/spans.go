@@ -20,7 +20,9 @@ const (
 	// SpanCheckout is the source checked out of the workspace's clone
 	// (a fetch when the commit is new) and written to the build context.
 	SpanCheckout = "checkout"
-	// SpanPing is the daemon asked whether it answers, before the solve.
+	// SpanPing is the daemon asked whether it answers, before the solve,
+	// and at once its version and the registry whether it holds the input
+	// key's build cache already (cachemark.go).
 	SpanPing = "ping"
 	// SpanSolve is the solve in buildkitd, from the request to its answer:
 	// the steps, the image exported and pushed, the cache exported.

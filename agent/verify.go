@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/meshbuild/meshbuild/mesh"
@@ -24,11 +25,12 @@ type pushed struct {
 // verify reads back what buildkitd pushed as dgst to req.Image, in as few
 // round trips as the answer needs: the manifest at dgst (which the
 // registry must serve under that digest), then at once the image manifest
-// (its size; the manifest itself when no index was pushed), the
-// attestation manifest (its statements); then the attestation manifest
-// made a referrer of the image and, for an index pushed by digest only,
-// the tag moved to the index. Its errors wrap ErrPush (the
-// registry does not hold what was pushed) or ErrInfra.
+// (its size; the manifest itself when no index was pushed) and the
+// attestation manifest (its statements); once both are read, the
+// attestation manifest made a referrer of the image and then, for an
+// index pushed by digest only, the tag moved to the index. The manifests already read are not fetched again to make
+// the referrer and the tag. Its errors wrap ErrPush (the registry does not
+// hold what was pushed) or ErrInfra.
 func (b *BuildKit) verify(ctx context.Context, req BuildRequest, dgst string) (pushed, error) {
 	ref := req.Image + "@" + dgst
 	desc, err := b.opts.Registry.Get(ctx, ref)
@@ -57,6 +59,7 @@ func (b *BuildKit) verify(ctx context.Context, req BuildRequest, dgst string) (p
 
 	out.att = &mesh.Attestations{Index: dgst}
 	g, gctx := errgroup.WithContext(ctx)
+	imageRead := make(chan struct{})
 	g.Go(func() error {
 		m, err := b.opts.Registry.Get(gctx, imageRef)
 		if err != nil {
@@ -65,38 +68,51 @@ func (b *BuildKit) verify(ctx context.Context, req BuildRequest, dgst string) (p
 		if out.size, err = imageSize(m.Manifest, m.Size); err != nil {
 			return classified(ErrPush, "reading "+imageRef+": "+err.Error(), err)
 		}
+		close(imageRead)
 		return nil
 	})
-	if attDesc != nil {
-		out.att.Manifest = attDesc.Digest.String()
-		g.Go(func() error {
-			var err error
-			out.att.Provenance, out.att.SBOM, err = b.statements(gctx, req.Image, out.att.Manifest)
-			if err != nil {
-				return registryError(ctx, "reading "+req.Image+"@"+out.att.Manifest, err)
-			}
-			return nil
-		})
-	}
-	if err := g.Wait(); err != nil {
-		return pushed{}, err
-	}
 	// Once verified, where tools look for the attestations: the
 	// attestation manifest among the image's referrers, then the tag on
 	// the index (BuildKit's layout; the index was pushed by digest only).
 	// One after the other: a registry without the referrers API (the tag
 	// schema) was seen refusing the tag's index, "blob unknown", while the
 	// referrers tag was being written beside it.
-	if attDesc != nil {
-		attRef := req.Image + "@" + out.att.Manifest
-		if err := b.opts.Registry.Refer(ctx, attRef); err != nil {
-			return pushed{}, registryError(ctx, "listing "+attRef+" among the referrers of "+out.digest, err)
+	g.Go(func() error {
+		var adesc *remote.Descriptor
+		if attDesc != nil {
+			out.att.Manifest = attDesc.Digest.String()
+			attRef := req.Image + "@" + out.att.Manifest
+			var err error
+			if adesc, err = b.opts.Registry.Get(gctx, attRef); err != nil {
+				return registryError(ctx, "reading "+attRef, err)
+			}
+			out.att.Provenance, out.att.SBOM, err = statements(adesc.Manifest)
+			if err != nil {
+				return classified(ErrPush, "reading "+attRef+": "+err.Error(), err)
+			}
 		}
-	}
-	if req.Tag != "" {
-		if err := b.opts.Registry.Tag(ctx, ref, req.Tag); err != nil {
-			return pushed{}, registryError(ctx, "tagging "+ref, err)
+		select { // the referrer and the tag go on once the image is read too
+		case <-imageRead:
+		case <-gctx.Done():
+			// The image's read failed (the group's error is its own) or
+			// the build was cancelled.
+			return context.Cause(gctx)
 		}
+		if attDesc != nil {
+			attRef := req.Image + "@" + out.att.Manifest
+			if err := b.opts.Registry.ReferFetched(gctx, attRef, adesc); err != nil {
+				return registryError(ctx, "listing "+attRef+" among the referrers of "+out.digest, err)
+			}
+		}
+		if req.Tag != "" {
+			if err := b.opts.Registry.TagFetched(gctx, ref, desc, req.Tag); err != nil {
+				return registryError(ctx, "tagging "+ref, err)
+			}
+		}
+		return nil
+	})
+	if err := g.Wait(); err != nil {
+		return pushed{}, err
 	}
 	return out, nil
 }

@@ -200,6 +200,17 @@ func (c *Client) Tag(ctx context.Context, ref, tag string) error {
 	if err != nil {
 		return loginHint(fmt.Errorf("fetching %s: %w", ref, err), r.Context().RegistryStr())
 	}
+	return c.TagFetched(ctx, ref, desc, tag)
+}
+
+// TagFetched is Tag of a manifest the caller has already fetched (desc, as
+// Get returned it for ref): the same, one round trip fewer.
+func (c *Client) TagFetched(ctx context.Context, ref string, desc *remote.Descriptor, tag string) error {
+	c = c.or()
+	r, err := c.parse(ref)
+	if err != nil {
+		return err
+	}
 	t := r.Context().Tag(tag)
 	if err := remote.Tag(t, desc, c.remote(ctx)...); err != nil {
 		return loginHint(fmt.Errorf("tagging %s as %s: %w", ref, t, err), r.Context().RegistryStr())

@@ -64,6 +64,17 @@ func (c *Client) Refer(ctx context.Context, ref string) error {
 	if err != nil {
 		return loginHint(fmt.Errorf("fetching %s: %w", ref, err), r.Context().RegistryStr())
 	}
+	return c.ReferFetched(ctx, ref, desc)
+}
+
+// ReferFetched is Refer of a manifest the caller has already fetched
+// (desc, as Get returned it for ref): the same, one round trip fewer.
+func (c *Client) ReferFetched(ctx context.Context, ref string, desc *remote.Descriptor) error {
+	c = c.or()
+	r, err := c.parse(ref)
+	if err != nil {
+		return err
+	}
 	var m struct {
 		Subject *v1.Descriptor `json:"subject"`
 	}
