@@ -177,8 +177,10 @@ var (
 	// sched is BenchmarkScheduling: priority, fair share and the
 	// scheduler's own cost across plans.
 	sched = suite{pkg: "./cascade", bench: "BenchmarkScheduling"}
+	// failover is BenchmarkFailover: what a lost machine costs.
+	failover = suite{pkg: "./agent", bench: "BenchmarkFailover"}
 
-	suites = []suite{fan, dag, opt, first, thru, disp, over, overFleet, fleet, rebld, bake, thousand, sched}
+	suites = []suite{fan, dag, opt, first, thru, disp, over, overFleet, fleet, rebld, bake, thousand, sched, failover}
 )
 
 // schedule is what a scheduling row shows beside its figure: the pure
@@ -419,8 +421,17 @@ var schedulingRows = []row{
 		}},
 }
 
+// failoverRows are BenchmarkFailover's rows.
+var failoverRows = []row{
+	{figure: "a lost machine: its connection dropped in the middle of a build, with no word (as `kill -9` leaves it) → its ask started on a machine idle all along, the holders' defaults", suite: failover,
+		bench: "BenchmarkFailover", metric: "kill-to-started-s", format: "%.1f", atMost: 10,
+		beside: func(m metrics) string {
+			return fmt.Sprintf("median of %.0f runs, slowest %.1f s; the holders' ack wait is %.0f s, the ask claim's lease three quarters of it", m["runs"], m["kill-to-started-max-s"], m["ack-wait-s"])
+		}},
+}
+
 func init() {
-	rows = append(rows, slices.Concat(fleetRows("single"), fleetRows("cluster3"), schedulingRows)...)
+	rows = append(rows, slices.Concat(fleetRows("single"), fleetRows("cluster3"), schedulingRows, failoverRows)...)
 }
 
 func main() {
