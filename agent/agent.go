@@ -284,7 +284,7 @@ func (a *Agent) bind(ctx context.Context) (*bound, error) {
 func (a *Agent) slot(ctx, work context.Context, b *bound, slot int) {
 	idle := time.Now() // since the slot last settled an ask
 	for turn := 0; ctx.Err() == nil; turn++ {
-		if !a.awaitHealthy(ctx) {
+		if !a.awaitHealthy(ctx, work) {
 			continue // stopping
 		}
 		all := b.all()

@@ -128,8 +128,18 @@ func (h *health) set(why string) bool {
 	return true
 }
 
-// probeRetry is how a sick machine probes: 1s, 2s, 4s … up to 30s.
-var probeRetry = backoff.Policy{First: time.Second, Max: 30 * time.Second}
+// probePolicy is how a sick machine probes: 1s, 2s, 4s … up to 30s, and
+// never less often than every twentieth of retryFor (at least every
+// minProbe): a sick machine settles the ask it takes between probes when
+// its budget is gone (pass), so the probe interval bounds how late an ask
+// settles past its budget (issue 20: within ±10%).
+func probePolicy(retryFor time.Duration) backoff.Policy {
+	most := min(30*time.Second, max(retryFor/20, minProbe))
+	return backoff.Policy{First: min(time.Second, most), Max: most}
+}
+
+// minProbe is the shortest interval between a sick machine's probes.
+const minProbe = 250 * time.Millisecond
 
 // probe asks the worker whether the machine can build, within the probe
 // timeout. A worker that cannot say is able.
@@ -156,12 +166,15 @@ func (a *Agent) sick(err error) {
 // awaitHealthy returns at once on a healthy machine; on a sick one it
 // probes with backoff (one slot probes, the others wait for it) until the
 // probe answers or ctx is done, and reports whether the machine is healthy.
+// Between two probes that fail, the probing slot takes at most one ask
+// (passOne) and settles its budget without building it: so an ask settles
+// failed{infra} when its budget is gone even while every machine is sick.
 //
 // A healthy machine is probed before its first pull and every
 // Config.ProbeEvery after, so that a machine whose BuildKit is not there
 // when it starts, or went away while it was idle, says so and takes no ask
 // it cannot build.
-func (a *Agent) awaitHealthy(ctx context.Context) bool {
+func (a *Agent) awaitHealthy(ctx, work context.Context) bool {
 	if why, _ := a.health.state(); why == "" {
 		if !a.health.due(a.cfg.ProbeEvery) {
 			return true
@@ -174,6 +187,7 @@ func (a *Agent) awaitHealthy(ctx context.Context) bool {
 	}
 	a.health.probe.Lock()
 	defer a.health.probe.Unlock()
+	retry := probePolicy(a.cfg.RetryFor)
 	for n := 1; ctx.Err() == nil; n++ {
 		if why, _ := a.health.state(); why == "" {
 			return true
@@ -189,11 +203,39 @@ func (a *Agent) awaitHealthy(ctx context.Context) bool {
 			return true
 		}
 		a.health.set(oneLine(err))
-		d := probeRetry.Delay(n)
+		a.passOne(ctx, work, n)
+		d := retry.Delay(n)
 		a.log.Warn("still cannot build", "why", oneLine(err), "next probe", d)
 		if backoff.Wait(ctx, d) != nil {
 			break
 		}
 	}
 	return false
+}
+
+// passOne is what a sick machine does between two probes: it takes at
+// most one ask, if one is waiting (from its platforms' queues in turn),
+// and handles it as a sick machine does (pass): the ask is claimed, and
+// failed{infra} if its budget is gone, else handed back at once recording
+// the budget. A healthy machine never comes here.
+func (a *Agent) passOne(ctx, work context.Context, turn int) {
+	b := a.bound.Load()
+	if b == nil {
+		return
+	}
+	all := b.all()
+	if len(all) == 0 {
+		return
+	}
+	batch, err := all[turn%len(all)].FetchNoWait(1)
+	if err != nil {
+		return
+	}
+	for msg := range batch.Messages() {
+		if ctx.Err() != nil {
+			_ = msg.Nak()
+			continue
+		}
+		a.handle(work, msg)
+	}
 }

@@ -98,6 +98,10 @@ type outcome struct {
 	// adopted is the machine whose announced outcome this one announces
 	// again (under its message id, in id); empty for this machine's own.
 	adopted string
+	// back is the handed-back event announced once the ask's claim is
+	// settled as released (a retry, or a sick machine's hand-back); nil
+	// announces none.
+	back *mesh.HandedBack
 }
 
 // handedBack gives an ask back to the queue after delay, for err.
@@ -170,6 +174,8 @@ func (a *Agent) settle(ctx context.Context, msg jetstream.Msg, log *slog.Logger,
 		}
 		if err := c.settle(ctx, "", why); err != nil {
 			log.Warn("settling the ask's claim", "err", err)
+		} else if out.back != nil && c.lease != nil {
+			a.tellHandedBack(ctx, log, *out.back)
 		}
 	}
 	var err error
@@ -303,6 +309,28 @@ var announceRetry = backoff.Policy{First: 100 * time.Millisecond, Max: 5 * time.
 
 // announceAttempts bounds report's attempts.
 const announceAttempts = 9
+
+// tellHandedBack announces that the ask went back to the queue (its claim
+// settled as released first, so the controller's fence finds the release).
+// It is a note for people, not an outcome: published once, within a
+// moment, and not retried — the ask is in the queue either way, and a
+// healthy machine's retry is not held up by a bus that does not answer.
+func (a *Agent) tellHandedBack(ctx context.Context, log *slog.Logger, hb mesh.HandedBack) {
+	data, err := json.Marshal(hb)
+	if err != nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), handedBackWait)
+	defer cancel()
+	id := fmt.Sprintf("%s-%s-%d-%s", hb.Ask, mesh.EventHandedBack, hb.Attempt, a.nonce)
+	subj := mesh.HolderEventSubject(mesh.BuildSeat, a.cfg.Machine, mesh.EventHandedBack)
+	if _, err := a.js.Publish(ctx, subj, data, jetstream.WithMsgID(id)); err != nil {
+		log.Warn("announcing the hand-back failed; the ask is back in the queue all the same", "subject", subj, "err", err)
+	}
+}
+
+// handedBackWait bounds the announcement of a hand-back.
+const handedBackWait = 2 * time.Second
 
 // report publishes one of the seat's events on this machine's subject
 // (mesh.HolderEventSubject), deduplicated by id and this agent's nonce (an
