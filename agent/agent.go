@@ -184,6 +184,14 @@ func (b *bound) held() []string {
 
 func (b *bound) first() jetstream.Consumer { return b.all()[0] }
 
+// at is the consumer bound turn-th, in turn, and its platform.
+func (b *bound) at(turn int) (jetstream.Consumer, string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	i := turn % len(b.cons)
+	return b.cons[i], b.platforms[i]
+}
+
 func (b *bound) names() []string {
 	var out []string
 	for _, c := range b.all() {
@@ -363,7 +371,7 @@ func (a *Agent) Status() Status {
 
 // StatusTool is the tool every holder of the build seat serves: a request
 // on it is answered by every agent online (scatter-gather).
-const StatusTool = "status"
+const StatusTool = mesh.StatusTool
 
 func (a *Agent) serveStatus() (*nats.Subscription, error) {
 	subj := mesh.SeatToolSubject(mesh.BuildSeat, StatusTool)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -206,6 +207,7 @@ func (a *Agent) work(ctx context.Context, msg jetstream.Msg, ask mesh.Ask, attem
 // recording the budget and why in its claim, so that a healthy machine
 // takes it, and whichever machine takes it next spends the same budget.
 func (a *Agent) pass(ask mesh.Ask, attempt int, c *hold, why string, took time.Duration, err error) outcome {
+	why = strings.TrimPrefix(why, mesh.ReasonInfra+": ") // the probe's words, not its class
 	if c.infraSince.IsZero() {
 		c.infraSince = time.Now()
 	}

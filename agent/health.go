@@ -2,13 +2,16 @@ package agent
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/distribution/reference"
 
 	"github.com/meshbuild/meshbuild/internal/backoff"
+	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/registry"
 )
 
@@ -192,6 +195,7 @@ func (a *Agent) awaitHealthy(ctx, work context.Context) bool {
 		if why, _ := a.health.state(); why == "" {
 			return true
 		}
+		begun := time.Now()
 		err := a.probe(ctx)
 		if err == nil {
 			if a.health.set("") {
@@ -206,7 +210,9 @@ func (a *Agent) awaitHealthy(ctx, work context.Context) bool {
 		a.passOne(ctx, work, n)
 		d := retry.Delay(n)
 		a.log.Warn("still cannot build", "why", oneLine(err), "next probe", d)
-		if backoff.Wait(ctx, d) != nil {
+		// The probe and the pass count in the interval: an ask's
+		// budget is met within one.
+		if backoff.Wait(ctx, max(d-time.Since(begun), 0)) != nil {
 			break
 		}
 	}
@@ -214,10 +220,18 @@ func (a *Agent) awaitHealthy(ctx, work context.Context) bool {
 }
 
 // passOne is what a sick machine does between two probes: it takes at
-// most one ask, if one is waiting (from its platforms' queues in turn),
-// and handles it as a sick machine does (pass): the ask is claimed, and
-// failed{infra} if its budget is gone, else handed back at once recording
-// the budget. A healthy machine never comes here.
+// most one ask, if one is waiting (from its platforms' queues in turn) and
+// no other machine is there to take it, and handles it as a sick machine
+// does (pass): the ask is claimed, and failed{infra} if its budget is
+// gone, else handed back at once recording the budget. A healthy machine
+// never comes here.
+//
+// Another machine is there when the queue has a pull waiting (a healthy
+// idle machine), or when a machine that holds the platform's queue answers
+// the seat's status tool healthy (a healthy busy one): then the sick
+// machine leaves the queue alone, so that it neither takes asks from an
+// idle machine nor starts the budget of an ask a busy one will build (nor
+// says "no healthy machine" of it).
 func (a *Agent) passOne(ctx, work context.Context, turn int) {
 	b := a.bound.Load()
 	if b == nil {
@@ -227,7 +241,14 @@ func (a *Agent) passOne(ctx, work context.Context, turn int) {
 	if len(all) == 0 {
 		return
 	}
-	batch, err := all[turn%len(all)].FetchNoWait(1)
+	cons, platform := b.at(turn)
+	ictx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	info, err := cons.Info(ictx)
+	cancel()
+	if err != nil || info.NumPending+uint64(info.NumAckPending) == 0 || info.NumWaiting > 0 || a.healthyElsewhere(ctx, platform) {
+		return
+	}
+	batch, err := cons.FetchNoWait(1)
 	if err != nil {
 		return
 	}
@@ -239,3 +260,37 @@ func (a *Agent) passOne(ctx, work context.Context, turn int) {
 		a.handle(work, msg)
 	}
 }
+
+// healthyElsewhere reports whether another machine that holds platform's
+// queue answers the seat's status tool healthy within healthyWait.
+func (a *Agent) healthyElsewhere(ctx context.Context, platform string) bool {
+	inbox := a.nc.NewInbox()
+	sub, err := a.nc.SubscribeSync(inbox)
+	if err != nil {
+		return false
+	}
+	defer sub.Unsubscribe()
+	if err := a.nc.PublishRequest(mesh.SeatToolSubject(mesh.BuildSeat, StatusTool), inbox, nil); err != nil {
+		return false
+	}
+	deadline := time.Now().Add(healthyWait)
+	for ctx.Err() == nil {
+		left := time.Until(deadline)
+		if left <= 0 {
+			return false
+		}
+		m, err := sub.NextMsg(left)
+		if err != nil {
+			return false
+		}
+		var st Status
+		if json.Unmarshal(m.Data, &st) == nil && st.Machine != a.cfg.Machine && st.Health == HealthHealthy && slices.Contains(st.Platforms, platform) {
+			return true
+		}
+	}
+	return false
+}
+
+// healthyWait is how long a sick machine waits for a healthy one to answer
+// its status before it takes an ask.
+const healthyWait = 200 * time.Millisecond

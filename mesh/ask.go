@@ -244,6 +244,12 @@ type LogBatch struct {
 	Final bool     `json:"final,omitempty"`
 }
 
+// StatusTool is the build seat's tool every holder answers with its
+// status (agent.Status), scatter-gather: the operator's `builds machines`,
+// and a sick machine asking whether a healthy one is online before it
+// fails an ask "no healthy machine".
+const StatusTool = "status"
+
 // CancelTool is the build seat's tool that cuts short the builds of a
 // cancelled plan: a request is broadcast to every holder, and each cancels
 // the asks it is working on.
