@@ -192,7 +192,7 @@ func (a *Agent) work(ctx context.Context, msg jetstream.Msg, ask mesh.Ask, attem
 		if spent := time.Since(c.infraSince); spent < a.cfg.RetryFor {
 			delay := a.cfg.retryDelay(attempt)
 			return outcome{End: End{Outcome: OutcomeRetried, Reason: reason, Took: took}, how: nak, delay: delay, err: err,
-				back: a.handedBackNote(ask, attempt, oneLine(err), c.infraSince, time.Now().Add(delay), false)}
+				back: a.handedBackNote(ask, attempt, strings.TrimPrefix(oneLine(err), mesh.ReasonInfra+": "), c.infraSince, time.Now().Add(delay), false)}
 		}
 		err = fmt.Errorf("%w (failing on infrastructure since %s, more than --retry-for %s)", err, c.infraSince.UTC().Format(time.RFC3339), a.cfg.RetryFor)
 	}
