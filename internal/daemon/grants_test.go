@@ -121,6 +121,17 @@ func TestAnAgentBindsOnlyTheQueuesItsCredentialsGrant(t *testing.T) {
 		info, err := c.Info(ctx)
 		return err == nil && info.NumWaiting > 0
 	})
+	// What `builds machines` shows of it (the operator asks the seat's
+	// status tool): the platform it takes, the granted one, and no other
+	// of its worker's.
+	onc, _ := natstest.Connect(t, s, nats.UserCredentials(file(mesh.KindOperator)), nats.CustomInboxPrefix(mesh.InboxPrefix(mesh.OperatorPrincipal)))
+	sts, err := agent.AskStatus(ctx, onc, time.Second)
+	if err != nil || len(sts) != 1 {
+		t.Fatalf("status: %+v, %v: want m1's", sts, err)
+	}
+	if st := sts[0]; !slices.Equal(st.Platforms, []string{mesh.DefaultPlatform}) || !slices.Equal(st.Builds, []string{mesh.DefaultPlatform}) {
+		t.Errorf("m1's status: platforms %v, builds %v: want the granted platform, %s, alone", st.Platforms, st.Builds, mesh.DefaultPlatform)
+	}
 	if l := logs.String(); strings.Contains(strings.ToLower(l), "permissions violation") || strings.Contains(l, "timeout") {
 		t.Errorf("the agent met refusals or timeouts:\n%s", l)
 	}
