@@ -58,6 +58,10 @@ type Agent struct {
 	deferred map[string]time.Time
 	// bound are the consumers bound, set by Run.
 	bound atomic.Pointer[bound]
+	// backPause is until when (monotonic, from started) hand-backs are
+	// not announced, and backMisses how many in a row were not
+	// (tellHandedBack).
+	backPause, backMisses atomic.Int64
 }
 
 // New returns an agent from a validated config and its dependencies. A nil

@@ -73,7 +73,9 @@
 // unhealthy, and why). The ask's budget is spent all the same: every
 // hand-back records in the ask's claim since when it has failed and why.
 // Between two probes a sick machine takes at most one ask, without
-// building it: failed{infra} "no healthy machine: <why> (since T), more
+// building it, when no other machine is there to take it (no pull waits on
+// the queue, no holder of the platform answers the seat's status tool
+// healthy): failed{infra} "no healthy machine: <why> (since T), more
 // than --retry-for 5m" once its budget is gone, else handed back at once
 // (no delay: a healthy machine may take it). So an ask settles within its
 // budget (plus a probe interval, at most RetryFor/20) even when every

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -315,7 +316,17 @@ const announceAttempts = 9
 // It is a note for people, not an outcome: published once, within a
 // moment, and not retried — the ask is in the queue either way, and a
 // healthy machine's retry is not held up by a bus that does not answer.
+//
+// A catalogue raised by an older version declares no handed-back (no
+// stream takes it: ErrNoStreamResponse; credentials issued from it may
+// not publish it: each publish waits out its timeout): after such an
+// answer, or handedBackMisses timeouts in a row, hand-backs are not
+// announced for handedBackPause, said once, so that none waits out a
+// publish that cannot land.
 func (a *Agent) tellHandedBack(ctx context.Context, log *slog.Logger, hb mesh.HandedBack) {
+	if until := a.backPause.Load(); until != 0 && time.Since(a.started) < time.Duration(until) {
+		return
+	}
 	data, err := json.Marshal(hb)
 	if err != nil {
 		return
@@ -324,10 +335,29 @@ func (a *Agent) tellHandedBack(ctx context.Context, log *slog.Logger, hb mesh.Ha
 	defer cancel()
 	id := fmt.Sprintf("%s-%s-%d-%s", hb.Ask, mesh.EventHandedBack, hb.Attempt, a.nonce)
 	subj := mesh.HolderEventSubject(mesh.BuildSeat, a.cfg.Machine, mesh.EventHandedBack)
-	if _, err := a.js.Publish(ctx, subj, data, jetstream.WithMsgID(id)); err != nil {
-		log.Warn("announcing the hand-back failed; the ask is back in the queue all the same", "subject", subj, "err", err)
+	_, err = a.js.Publish(ctx, subj, data, jetstream.WithMsgID(id))
+	if err == nil {
+		a.backMisses.Store(0)
+		return
 	}
+	undeclared := errors.Is(err, jetstream.ErrNoStreamResponse)
+	if undeclared || a.backMisses.Add(1) >= handedBackMisses {
+		a.backMisses.Store(0)
+		a.backPause.Store(int64(time.Since(a.started) + handedBackPause))
+		log.Warn("hand-backs are not announced for a while: the catalogue this farm was raised with (or these credentials) may not declare the build seat's handed-back event; raise it with this version, and reissue the machines' credentials, for `builds show` to say why an ask waits",
+			"subject", subj, "pause", handedBackPause, "err", err)
+		return
+	}
+	log.Warn("announcing the hand-back failed; the ask is back in the queue all the same", "subject", subj, "err", err)
 }
+
+// handedBackMisses is how many hand-backs in a row may fail to be
+// announced before they are paused (handedBackPause).
+const handedBackMisses = 3
+
+// handedBackPause is how long hand-backs are not announced after they
+// could not be.
+const handedBackPause = 5 * time.Minute
 
 // handedBackWait bounds the announcement of a hand-back.
 const handedBackWait = 2 * time.Second
