@@ -188,12 +188,19 @@ func (b *bound) held() []string {
 
 func (b *bound) first() jetstream.Consumer { return b.all()[0] }
 
-// at is the consumer bound turn-th, in turn, and its platform.
-func (b *bound) at(turn int) (jetstream.Consumer, string) {
+// at is the consumer bound turn-th, in turn, and its platform; ok is false
+// while none is bound.
+func (b *bound) at(turn int) (_ jetstream.Consumer, platform string, ok bool) {
+	if b == nil {
+		return nil, "", false
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if len(b.cons) == 0 {
+		return nil, "", false
+	}
 	i := turn % len(b.cons)
-	return b.cons[i], b.platforms[i]
+	return b.cons[i], b.platforms[i], true
 }
 
 func (b *bound) names() []string {

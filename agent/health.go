@@ -233,15 +233,10 @@ func (a *Agent) awaitHealthy(ctx, work context.Context) bool {
 // idle machine nor starts the budget of an ask a busy one will build (nor
 // says "no healthy machine" of it).
 func (a *Agent) passOne(ctx, work context.Context, turn int) {
-	b := a.bound.Load()
-	if b == nil {
+	cons, platform, ok := a.bound.Load().at(turn)
+	if !ok {
 		return
 	}
-	all := b.all()
-	if len(all) == 0 {
-		return
-	}
-	cons, platform := b.at(turn)
 	ictx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	info, err := cons.Info(ictx)
 	cancel()
