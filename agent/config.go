@@ -80,6 +80,10 @@ type Config struct {
 	// for one it does not is refused as failed{ask} and never redelivered.
 	// Nil accepts every module.
 	Known func(module string) bool
+	// QuietHandBacks announces no handed-back event (the machine's
+	// credentials may not publish it: issued from an older catalogue).
+	// RunAgent sets it from the credentials.
+	QuietHandBacks bool
 	// State, when set, is the build agent module's state surface (the node
 	// runtime's, state.FromContext): after each build it settles the agent
 	// keeps the machine's record of the module there (Records). Nil keeps

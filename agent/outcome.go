@@ -324,7 +324,7 @@ const announceAttempts = 9
 // announced for handedBackPause, said once, so that none waits out a
 // publish that cannot land.
 func (a *Agent) tellHandedBack(ctx context.Context, log *slog.Logger, hb mesh.HandedBack) {
-	if until := a.backPause.Load(); until != 0 && time.Since(a.started) < time.Duration(until) {
+	if until := a.backPause.Load(); a.cfg.QuietHandBacks || until != 0 && time.Since(a.started) < time.Duration(until) {
 		return
 	}
 	data, err := json.Marshal(hb)

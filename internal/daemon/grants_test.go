@@ -140,3 +140,38 @@ func TestAnAgentBindsOnlyTheQueuesItsCredentialsGrant(t *testing.T) {
 		t.Fatalf("RunAgent: %v", err)
 	}
 }
+
+// Credentials issued from this version's catalogue let a machine announce
+// its hand-backs; those issued from a catalogue older than the event do
+// not, and the agent is told to announce none (rather than wait out a
+// refused publish at every retry).
+func TestHandBacksAreAnnouncedOnlyWhereTheCredentialsGrantThem(t *testing.T) {
+	keys, err := creds.Init(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	issue := func(ms []*mesh.Manifest) string {
+		p, err := mesh.NewCatalogue(ms).PrincipalPermissions(mesh.KindAgent, "m1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		file := filepath.Join(t.TempDir(), "agent.creds")
+		if err := keys.IssueFile(p, "", file); err != nil {
+			t.Fatal(err)
+		}
+		return file
+	}
+	log := slog.New(slog.DiscardHandler)
+	if !handBacksGranted(issue(testenv.MeshManifests(t)), "m1", log) {
+		t.Error("credentials of this version's catalogue: hand-backs not granted")
+	}
+	old := testenv.MeshManifests(t)
+	for _, m := range old {
+		for i := range m.Seats {
+			m.Seats[i].Emits = slices.DeleteFunc(m.Seats[i].Emits, func(e string) bool { return e == mesh.EventHandedBack })
+		}
+	}
+	if handBacksGranted(issue(old), "m1", log) {
+		t.Error("credentials of a catalogue without handed-back: hand-backs granted")
+	}
+}
