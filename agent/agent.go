@@ -58,6 +58,10 @@ type Agent struct {
 	deferred map[string]time.Time
 	// bound are the consumers bound, set by Run.
 	bound atomic.Pointer[bound]
+	// backPause is until when (monotonic, from started) hand-backs are
+	// not announced, and backMisses how many in a row were not
+	// (tellHandedBack).
+	backPause, backMisses atomic.Int64
 }
 
 // New returns an agent from a validated config and its dependencies. A nil
@@ -184,6 +188,21 @@ func (b *bound) held() []string {
 
 func (b *bound) first() jetstream.Consumer { return b.all()[0] }
 
+// at is the consumer bound turn-th, in turn, and its platform; ok is false
+// while none is bound.
+func (b *bound) at(turn int) (_ jetstream.Consumer, platform string, ok bool) {
+	if b == nil {
+		return nil, "", false
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.cons) == 0 {
+		return nil, "", false
+	}
+	i := turn % len(b.cons)
+	return b.cons[i], b.platforms[i], true
+}
+
 func (b *bound) names() []string {
 	var out []string
 	for _, c := range b.all() {
@@ -284,7 +303,7 @@ func (a *Agent) bind(ctx context.Context) (*bound, error) {
 func (a *Agent) slot(ctx, work context.Context, b *bound, slot int) {
 	idle := time.Now() // since the slot last settled an ask
 	for turn := 0; ctx.Err() == nil; turn++ {
-		if !a.awaitHealthy(ctx) {
+		if !a.awaitHealthy(ctx, work) {
 			continue // stopping
 		}
 		all := b.all()
@@ -363,7 +382,7 @@ func (a *Agent) Status() Status {
 
 // StatusTool is the tool every holder of the build seat serves: a request
 // on it is answered by every agent online (scatter-gather).
-const StatusTool = "status"
+const StatusTool = mesh.StatusTool
 
 func (a *Agent) serveStatus() (*nats.Subscription, error) {
 	subj := mesh.SeatToolSubject(mesh.BuildSeat, StatusTool)

@@ -164,6 +164,7 @@ type record struct {
 	Started []mesh.Started
 	Built   []mesh.Built
 	Failed  []mesh.Failed
+	Back    []mesh.HandedBack
 }
 
 func events(t *testing.T, js jetstream.JetStream) record {
@@ -198,6 +199,10 @@ func events(t *testing.T, js jetstream.JetStream) record {
 				var e mesh.Failed
 				_ = json.Unmarshal(m.Data(), &e)
 				r.Failed = append(r.Failed, e)
+			case mesh.EventHandedBack:
+				var e mesh.HandedBack
+				_ = json.Unmarshal(m.Data(), &e)
+				r.Back = append(r.Back, e)
 			}
 		}
 		if got == 0 {

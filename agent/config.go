@@ -36,8 +36,12 @@ type Config struct {
 	// RetryFor bounds infrastructure retries by time: an ask whose first
 	// infrastructure failure (on any machine, kept in its claim) is longer
 	// ago than RetryFor is failed{infra} and settled at its next failure.
-	// A failure that is the machine's (its probe fails too) spends none of
-	// it: the ask goes back at once and the machine stops pulling.
+	// A failure that is the machine's (its probe fails too) spends it all
+	// the same: the ask goes back at once (recording its budget in its
+	// claim) and the machine stops pulling; a sick machine still takes
+	// one ask per probe, without building it, and fails it "no healthy
+	// machine" once its budget is gone, so that an ask settles even when
+	// every machine is sick.
 	RetryFor time.Duration
 	// RetryDelay is the first retry's delay; it doubles per attempt up to
 	// MaxRetryDelay (a minute by default).
@@ -61,7 +65,8 @@ type Config struct {
 	ProbeTimeout time.Duration
 	// ProbeEvery is how often an idle, healthy machine is probed before it
 	// pulls; 0 probes only after an infrastructure failure. A sick machine
-	// probes with backoff (1s doubling to 30s) until it answers.
+	// probes with backoff (1s doubling to 30s, and at most RetryFor/20
+	// apart, 250ms at the least) until it answers.
 	ProbeEvery time.Duration
 	// FetchWait is how long one idle pull waits before it is renewed.
 	FetchWait time.Duration
@@ -75,6 +80,10 @@ type Config struct {
 	// for one it does not is refused as failed{ask} and never redelivered.
 	// Nil accepts every module.
 	Known func(module string) bool
+	// QuietHandBacks announces no handed-back event (the machine's
+	// credentials may not publish it: issued from an older catalogue).
+	// RunAgent sets it from the credentials.
+	QuietHandBacks bool
 	// State, when set, is the build agent module's state surface (the node
 	// runtime's, state.FromContext): after each build it settles the agent
 	// keeps the machine's record of the module there (Records). Nil keeps

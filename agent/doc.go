@@ -30,11 +30,11 @@
 //	built         built{digest, image}   acknowledged            pushed and verified
 //	failed        failed{reason, log}    terminated              source, build, push, ask, cancelled;
 //	                                                             infra past Config.RetryFor
-//	retried       nothing                redelivered after a     infra within Config.RetryFor
+//	retried       handed-back{next}      redelivered after a     infra within Config.RetryFor
 //	                                     growing delay
-//	handed-back   nothing                redelivered at once     the agent is stopping, the platform
-//	                                     (or after a delay)      is not built here, the machine is
-//	                                                             sick, another holder's claim is
+//	handed-back   nothing (handed-back   redelivered at once     the agent is stopping, the platform
+//	              {sick} when the        (or after a delay)      is not built here, the machine is
+//	              machine is sick)                               sick, another holder's claim is
 //	                                                             alive, or an outcome could not be
 //	                                                             announced
 //	already-done  the recorded outcome,  acknowledged (failed:   a claim says its outcome was
@@ -67,10 +67,24 @@
 // failure is retried with a delay that doubles from Config.RetryDelay up to
 // Config.MaxRetryDelay, and reported at the first failure more than
 // Config.RetryFor after the ask's first (kept in its claim, on whatever
-// machine). A failure that is the machine's — its BuildKit does not answer
-// (Prober) — is not the ask's: the ask goes back at once, spending nothing,
-// and the machine stops pulling, probing with backoff until it answers
-// (Status.Health says unhealthy, and why).
+// machine). A failure that is the machine's — its BuildKit or its registry
+// does not answer (Prober) — sends the ask back at once, and the machine
+// stops pulling, probing with backoff until it answers (Status.Health says
+// unhealthy, and why). The ask's budget is spent all the same: every
+// hand-back records in the ask's claim since when it has failed and why.
+// Between two probes a sick machine takes at most one ask, without
+// building it, when no other machine is there to take it (no pull waits on
+// the queue, no holder of the platform answers the seat's status tool
+// healthy): failed{infra} "no healthy machine: <why> (since T), more
+// than --retry-for 5m" once its budget is gone, else handed back at once
+// (no delay: a healthy machine may take it). So an ask settles within its
+// budget (plus a probe interval, at most RetryFor/20) even when every
+// machine is sick, and a healthy machine is never slowed.
+//
+// A retry, and a sick machine's hand-back, are announced (after the claim
+// is settled as released) as handed-back{why, infra_since, next, sick}: a
+// note the controller shows on the module (`retrying (attempt 3: …; next
+// in 40s)`, `waiting: no healthy machine (…)`), not an outcome.
 //
 // A cancelled plan's asks are cut short through the seat's cancel tool
 // (mesh.CancelTool; Agent.Cancel): the build's context is cancelled, the

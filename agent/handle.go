@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -54,7 +55,13 @@ func (a *Agent) handle(work context.Context, msg jetstream.Msg) {
 		case claimFailed:
 			out = handedBack(0, a.cfg.RetryDelay, err)
 		default:
-			out = a.work(work, msg, ask, attempt, c, log)
+			if why, _ := a.health.state(); why != "" {
+				// This machine cannot build: the ask is not built here,
+				// but its budget is spent (pass).
+				out = a.pass(ask, attempt, c, why, 0, nil)
+			} else {
+				out = a.work(work, msg, ask, attempt, c, log)
+			}
 			a.settle(work, msg, log, out, c)
 			return
 		}
@@ -175,12 +182,6 @@ func (a *Agent) work(ctx context.Context, msg jetstream.Msg, ask mesh.Ask, attem
 	}
 	reason := Classify(err)
 	if reason == mesh.ReasonInfra {
-		if perr := a.probe(ctx); perr != nil {
-			// The machine's failure, not the ask's: it goes back at once,
-			// spending none of its budget, and this machine stops pulling.
-			a.sick(perr)
-			return handedBack(took, 0, fmt.Errorf("this machine cannot build (%s): %w", oneLine(perr), err))
-		}
 		if c.infraSince.IsZero() {
 			c.infraSince = begun // kept in the claim when it is released
 			if md, merr := msg.Metadata(); c.lease == nil && merr == nil {
@@ -189,12 +190,63 @@ func (a *Agent) work(ctx context.Context, msg jetstream.Msg, ask mesh.Ask, attem
 				c.infraSince = md.Timestamp
 			}
 		}
+		if perr := a.probe(ctx); perr != nil {
+			// The machine's failure, not only the ask's: it goes back at
+			// once (its budget spent all the same), and this machine
+			// stops pulling.
+			a.sick(perr)
+			return a.pass(ask, attempt, c, oneLine(perr), took, err)
+		}
 		if spent := time.Since(c.infraSince); spent < a.cfg.RetryFor {
-			return outcome{End: End{Outcome: OutcomeRetried, Reason: reason, Took: took}, how: nak, delay: a.cfg.retryDelay(attempt), err: err}
+			delay := a.cfg.retryDelay(attempt)
+			return outcome{End: End{Outcome: OutcomeRetried, Reason: reason, Took: took}, how: nak, delay: delay, err: err,
+				back: a.handedBackNote(ask, attempt, strings.TrimPrefix(oneLine(err), mesh.ReasonInfra+": "), c.infraSince, time.Now().Add(delay), false)}
 		}
 		err = fmt.Errorf("%w (failing on infrastructure since %s, more than --retry-for %s)", err, c.infraSince.UTC().Format(time.RFC3339), a.cfg.RetryFor)
 	}
 	return a.failed(ask, attempt, reason, ask.ID+"-failed", took, err, logs.Tail())
+}
+
+// pass is the outcome of an ask on a machine that cannot build (why, its
+// probe's words; err the ask's own failure here, if it was tried): its
+// budget runs from its first infrastructure failure on any machine (the
+// claims' earliest InfraSince), else from now. Spent, the ask is
+// failed{infra}, "no healthy machine"; else it is handed back at once,
+// recording the budget and why in its claim, so that a healthy machine
+// takes it, and whichever machine takes it next spends the same budget.
+func (a *Agent) pass(ask mesh.Ask, attempt int, c *hold, why string, took time.Duration, err error) outcome {
+	why = strings.TrimPrefix(why, mesh.ReasonInfra+": ") // the probe's words, not its class
+	if c.infraSince.IsZero() {
+		c.infraSince = time.Now()
+	}
+	if time.Since(c.infraSince) >= a.cfg.RetryFor {
+		ferr := fmt.Errorf("no healthy machine: %s (since %s), more than --retry-for %s", why, c.infraSince.UTC().Format(time.RFC3339), a.cfg.RetryFor)
+		if err != nil {
+			ferr = fmt.Errorf("%w; here: %s", ferr, oneLine(err))
+		}
+		return a.failed(ask, attempt, mesh.ReasonInfra, ask.ID+"-failed", took, ferr, nil)
+	}
+	cause := fmt.Errorf("this machine cannot build (%s)", why)
+	if err != nil {
+		cause = fmt.Errorf("%w: %w", cause, err)
+	}
+	out := handedBack(took, 0, cause)
+	out.back = a.handedBackNote(ask, attempt, why, c.infraSince, time.Time{}, true)
+	return out
+}
+
+// handedBackNote is the handed-back event of an ask given back for why,
+// due again at next (zero: at once).
+func (a *Agent) handedBackNote(ask mesh.Ask, attempt int, why string, infraSince, next time.Time, sick bool) *mesh.HandedBack {
+	hb := &mesh.HandedBack{Version: mesh.AskVersion, Ask: ask.ID, Plan: ask.Plan, Module: ask.Module, On: a.cfg.Machine,
+		Attempt: attempt, Why: why, Sick: sick, At: time.Now().UTC()}
+	if !infraSince.IsZero() {
+		hb.InfraSince = infraSince.UTC()
+	}
+	if !next.IsZero() {
+		hb.Next = next.UTC()
+	}
+	return hb
 }
 
 // heartbeat tells the server every a.beat that the ask is still being

@@ -2,13 +2,16 @@ package agent
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/distribution/reference"
 
 	"github.com/meshbuild/meshbuild/internal/backoff"
+	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/registry"
 )
 
@@ -128,8 +131,18 @@ func (h *health) set(why string) bool {
 	return true
 }
 
-// probeRetry is how a sick machine probes: 1s, 2s, 4s … up to 30s.
-var probeRetry = backoff.Policy{First: time.Second, Max: 30 * time.Second}
+// probePolicy is how a sick machine probes: 1s, 2s, 4s … up to 30s, and
+// never less often than every twentieth of retryFor (at least every
+// minProbe): a sick machine settles the ask it takes between probes when
+// its budget is gone (pass), so the probe interval bounds how late an ask
+// settles past its budget (issue 20: within ±10%).
+func probePolicy(retryFor time.Duration) backoff.Policy {
+	most := min(30*time.Second, max(retryFor/20, minProbe))
+	return backoff.Policy{First: min(time.Second, most), Max: most}
+}
+
+// minProbe is the shortest interval between a sick machine's probes.
+const minProbe = 250 * time.Millisecond
 
 // probe asks the worker whether the machine can build, within the probe
 // timeout. A worker that cannot say is able.
@@ -156,12 +169,15 @@ func (a *Agent) sick(err error) {
 // awaitHealthy returns at once on a healthy machine; on a sick one it
 // probes with backoff (one slot probes, the others wait for it) until the
 // probe answers or ctx is done, and reports whether the machine is healthy.
+// Between two probes that fail, the probing slot takes at most one ask
+// (passOne) and settles its budget without building it: so an ask settles
+// failed{infra} when its budget is gone even while every machine is sick.
 //
 // A healthy machine is probed before its first pull and every
 // Config.ProbeEvery after, so that a machine whose BuildKit is not there
 // when it starts, or went away while it was idle, says so and takes no ask
 // it cannot build.
-func (a *Agent) awaitHealthy(ctx context.Context) bool {
+func (a *Agent) awaitHealthy(ctx, work context.Context) bool {
 	if why, _ := a.health.state(); why == "" {
 		if !a.health.due(a.cfg.ProbeEvery) {
 			return true
@@ -174,10 +190,12 @@ func (a *Agent) awaitHealthy(ctx context.Context) bool {
 	}
 	a.health.probe.Lock()
 	defer a.health.probe.Unlock()
+	retry := probePolicy(a.cfg.RetryFor)
 	for n := 1; ctx.Err() == nil; n++ {
 		if why, _ := a.health.state(); why == "" {
 			return true
 		}
+		begun := time.Now()
 		err := a.probe(ctx)
 		if err == nil {
 			if a.health.set("") {
@@ -189,11 +207,85 @@ func (a *Agent) awaitHealthy(ctx context.Context) bool {
 			return true
 		}
 		a.health.set(oneLine(err))
-		d := probeRetry.Delay(n)
+		a.passOne(ctx, work, n)
+		d := retry.Delay(n)
 		a.log.Warn("still cannot build", "why", oneLine(err), "next probe", d)
-		if backoff.Wait(ctx, d) != nil {
+		// The probe and the pass count in the interval: an ask's
+		// budget is met within one.
+		if backoff.Wait(ctx, max(d-time.Since(begun), 0)) != nil {
 			break
 		}
 	}
 	return false
 }
+
+// passOne is what a sick machine does between two probes: it takes at
+// most one ask, if one is waiting (from its platforms' queues in turn) and
+// no other machine is there to take it, and handles it as a sick machine
+// does (pass): the ask is claimed, and failed{infra} if its budget is
+// gone, else handed back at once recording the budget. A healthy machine
+// never comes here.
+//
+// Another machine is there when the queue has a pull waiting (a healthy
+// idle machine), or when a machine that holds the platform's queue answers
+// the seat's status tool healthy (a healthy busy one): then the sick
+// machine leaves the queue alone, so that it neither takes asks from an
+// idle machine nor starts the budget of an ask a busy one will build (nor
+// says "no healthy machine" of it).
+func (a *Agent) passOne(ctx, work context.Context, turn int) {
+	cons, platform, ok := a.bound.Load().at(turn)
+	if !ok {
+		return
+	}
+	ictx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	info, err := cons.Info(ictx)
+	cancel()
+	if err != nil || info.NumPending+uint64(info.NumAckPending) == 0 || info.NumWaiting > 0 || a.healthyElsewhere(ctx, platform) {
+		return
+	}
+	batch, err := cons.FetchNoWait(1)
+	if err != nil {
+		return
+	}
+	for msg := range batch.Messages() {
+		if ctx.Err() != nil {
+			_ = msg.Nak()
+			continue
+		}
+		a.handle(work, msg)
+	}
+}
+
+// healthyElsewhere reports whether another machine that holds platform's
+// queue answers the seat's status tool healthy within healthyWait.
+func (a *Agent) healthyElsewhere(ctx context.Context, platform string) bool {
+	inbox := a.nc.NewInbox()
+	sub, err := a.nc.SubscribeSync(inbox)
+	if err != nil {
+		return false
+	}
+	defer sub.Unsubscribe()
+	if err := a.nc.PublishRequest(mesh.SeatToolSubject(mesh.BuildSeat, StatusTool), inbox, nil); err != nil {
+		return false
+	}
+	deadline := time.Now().Add(healthyWait)
+	for ctx.Err() == nil {
+		left := time.Until(deadline)
+		if left <= 0 {
+			return false
+		}
+		m, err := sub.NextMsg(left)
+		if err != nil {
+			return false
+		}
+		var st Status
+		if json.Unmarshal(m.Data, &st) == nil && st.Machine != a.cfg.Machine && st.Health == HealthHealthy && slices.Contains(st.Platforms, platform) {
+			return true
+		}
+	}
+	return false
+}
+
+// healthyWait is how long a sick machine waits for a healthy one to answer
+// its status before it takes an ask.
+const healthyWait = 200 * time.Millisecond

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -98,6 +99,10 @@ type outcome struct {
 	// adopted is the machine whose announced outcome this one announces
 	// again (under its message id, in id); empty for this machine's own.
 	adopted string
+	// back is the handed-back event announced once the ask's claim is
+	// settled as released (a retry, or a sick machine's hand-back); nil
+	// announces none.
+	back *mesh.HandedBack
 }
 
 // handedBack gives an ask back to the queue after delay, for err.
@@ -170,6 +175,8 @@ func (a *Agent) settle(ctx context.Context, msg jetstream.Msg, log *slog.Logger,
 		}
 		if err := c.settle(ctx, "", why); err != nil {
 			log.Warn("settling the ask's claim", "err", err)
+		} else if out.back != nil && c.lease != nil {
+			a.tellHandedBack(ctx, log, *out.back)
 		}
 	}
 	var err error
@@ -303,6 +310,57 @@ var announceRetry = backoff.Policy{First: 100 * time.Millisecond, Max: 5 * time.
 
 // announceAttempts bounds report's attempts.
 const announceAttempts = 9
+
+// tellHandedBack announces that the ask went back to the queue (its claim
+// settled as released first, so the controller's fence finds the release).
+// It is a note for people, not an outcome: published once, within a
+// moment, and not retried — the ask is in the queue either way, and a
+// healthy machine's retry is not held up by a bus that does not answer.
+//
+// A catalogue raised by an older version declares no handed-back (no
+// stream takes it: ErrNoStreamResponse; credentials issued from it may
+// not publish it: each publish waits out its timeout): after such an
+// answer, or handedBackMisses timeouts in a row, hand-backs are not
+// announced for handedBackPause, said once, so that none waits out a
+// publish that cannot land.
+func (a *Agent) tellHandedBack(ctx context.Context, log *slog.Logger, hb mesh.HandedBack) {
+	if until := a.backPause.Load(); a.cfg.QuietHandBacks || until != 0 && time.Since(a.started) < time.Duration(until) {
+		return
+	}
+	data, err := json.Marshal(hb)
+	if err != nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), handedBackWait)
+	defer cancel()
+	id := fmt.Sprintf("%s-%s-%d-%s", hb.Ask, mesh.EventHandedBack, hb.Attempt, a.nonce)
+	subj := mesh.HolderEventSubject(mesh.BuildSeat, a.cfg.Machine, mesh.EventHandedBack)
+	_, err = a.js.Publish(ctx, subj, data, jetstream.WithMsgID(id))
+	if err == nil {
+		a.backMisses.Store(0)
+		return
+	}
+	undeclared := errors.Is(err, jetstream.ErrNoStreamResponse)
+	if undeclared || a.backMisses.Add(1) >= handedBackMisses {
+		a.backMisses.Store(0)
+		a.backPause.Store(int64(time.Since(a.started) + handedBackPause))
+		log.Warn("hand-backs are not announced for a while: the catalogue this farm was raised with (or these credentials) may not declare the build seat's handed-back event; raise it with this version, and reissue the machines' credentials, for `builds show` to say why an ask waits",
+			"subject", subj, "pause", handedBackPause, "err", err)
+		return
+	}
+	log.Warn("announcing the hand-back failed; the ask is back in the queue all the same", "subject", subj, "err", err)
+}
+
+// handedBackMisses is how many hand-backs in a row may fail to be
+// announced before they are paused (handedBackPause).
+const handedBackMisses = 3
+
+// handedBackPause is how long hand-backs are not announced after they
+// could not be.
+const handedBackPause = 5 * time.Minute
+
+// handedBackWait bounds the announcement of a hand-back.
+const handedBackWait = 2 * time.Second
 
 // report publishes one of the seat's events on this machine's subject
 // (mesh.HolderEventSubject), deduplicated by id and this agent's nonce (an

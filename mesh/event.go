@@ -20,7 +20,7 @@ var (
 // Event is an event payload of the mesh's contract: each carries a version
 // and is read with DecodeEvent.
 type Event interface {
-	Pushed | Started | Built | Failed
+	Pushed | Started | Built | Failed | HandedBack
 }
 
 // versioned is what DecodeEvent checks: the version an event carries and
@@ -29,10 +29,11 @@ type versioned interface {
 	versions() (have, want int)
 }
 
-func (e Pushed) versions() (int, int)  { return e.Version, PushedVersion }
-func (e Started) versions() (int, int) { return e.Version, AskVersion }
-func (e Built) versions() (int, int)   { return e.Version, AskVersion }
-func (e Failed) versions() (int, int)  { return e.Version, AskVersion }
+func (e Pushed) versions() (int, int)     { return e.Version, PushedVersion }
+func (e Started) versions() (int, int)    { return e.Version, AskVersion }
+func (e Built) versions() (int, int)      { return e.Version, AskVersion }
+func (e Failed) versions() (int, int)     { return e.Version, AskVersion }
+func (e HandedBack) versions() (int, int) { return e.Version, AskVersion }
 
 // DecodeEvent parses an event and checks its version, as DecodeAsk does
 // for asks: every error wraps ErrMalformedEvent or ErrEventVersion, and

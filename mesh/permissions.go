@@ -2,6 +2,7 @@ package mesh
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -124,6 +125,13 @@ func (c *Catalogue) holderPermissions(m *Manifest, machine, principal string) Pe
 		}
 		for _, t := range s.Serves {
 			p.sub[SeatToolSubject(s.Seat, t)] = true
+		}
+		if node && machine != "" && slices.Contains(s.Serves, StatusTool) {
+			// A sick machine asks its fellow holders' status (is a
+			// healthy one online?) before it fails an ask "no healthy
+			// machine"; their other tools (cancel) stay the
+			// controller's.
+			p.pub[SeatToolSubject(s.Seat, StatusTool)] = true
 		}
 		if len(s.Accepts) > 0 && (!node || machine != "") {
 			for _, cons := range c.HolderConsumers(s) {

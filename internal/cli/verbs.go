@@ -47,10 +47,23 @@ func watchCmd(g *globals) *cobra.Command {
 // settled plan, its modules with it.
 func Watch(ctx context.Context, st *cascade.Store, plan string, w io.Writer, tty bool) (planview.Plan, error) {
 	last := ""
+	notes := map[string]cascade.HandedBack{} // the last hand-back said of each module
 	p, err := planview.Watch(ctx, st, plan, planview.Options{
 		Changed: func(p planview.Plan, m *cascade.ModuleStatus, _ cascade.ModuleState) {
 			if m != nil {
-				return // the record's counts say it
+				// The record's counts say the rest; a module whose ask
+				// went back to the queue says why, once per hand-back.
+				if h := m.HandedBack; h != nil && notes[m.Module] != *h {
+					notes[m.Module] = *h
+					if tty && last != "" {
+						fmt.Fprint(w, "\r\x1b[K")
+					}
+					fmt.Fprintf(w, "%s: %s\n", m.Module, planview.HandedBackNote(*h, time.Now()))
+					if tty && last != "" {
+						fmt.Fprint(w, last)
+					}
+				}
+				return
 			}
 			line := progress(p.Record, tty)
 			if f, ok := planview.ForecastOf(p.Record, p.Modules, time.Now()); ok {

@@ -20,17 +20,9 @@ import (
 // error when none is granted, or the file is not a user's credentials.
 // Credentials with no publish allow-list grant everything.
 func grantedPlatforms(file string, platforms []string, log *slog.Logger) ([]string, error) {
-	data, err := os.ReadFile(file)
+	uc, err := userClaims(file)
 	if err != nil {
-		return nil, fmt.Errorf("%w: credentials %s: %w", agent.ErrConfig, file, err)
-	}
-	token, err := jwt.ParseDecoratedJWT(data)
-	if err != nil {
-		return nil, fmt.Errorf("%w: credentials %s: %w (want a .creds file `builds creds issue` wrote)", agent.ErrConfig, file, err)
-	}
-	uc, err := jwt.DecodeUserClaims(token)
-	if err != nil {
-		return nil, fmt.Errorf("%w: credentials %s: %w (want a user's .creds file `builds creds issue` wrote)", agent.ErrConfig, file, err)
+		return nil, err
 	}
 	var keep, dropped []string
 	for _, p := range platforms {
@@ -48,6 +40,42 @@ func grantedPlatforms(file string, platforms []string, log *slog.Logger) ([]stri
 		log.Info("taking asks only for the platforms the credentials grant", "platforms", keep, "not_granted", dropped, "creds", file)
 	}
 	return keep, nil
+}
+
+// userClaims reads the user's claims of the credentials in file.
+func userClaims(file string) (*jwt.UserClaims, error) {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("%w: credentials %s: %w", agent.ErrConfig, file, err)
+	}
+	token, err := jwt.ParseDecoratedJWT(data)
+	if err != nil {
+		return nil, fmt.Errorf("%w: credentials %s: %w (want a .creds file `builds creds issue` wrote)", agent.ErrConfig, file, err)
+	}
+	uc, err := jwt.DecodeUserClaims(token)
+	if err != nil {
+		return nil, fmt.Errorf("%w: credentials %s: %w (want a user's .creds file `builds creds issue` wrote)", agent.ErrConfig, file, err)
+	}
+	return uc, nil
+}
+
+// handBacksGranted reports whether the credentials in file let machine
+// publish the build seat's handed-back event (credentials issued from a
+// catalogue older than the event do not: the agent then announces no
+// hand-back, rather than wait out a refused publish each time), and says
+// so when they do not.
+func handBacksGranted(file, machine string, log *slog.Logger) bool {
+	uc, err := userClaims(file)
+	if err != nil {
+		return true // grantedPlatforms said why
+	}
+	subj := mesh.HolderEventSubject(mesh.BuildSeat, machine, mesh.EventHandedBack)
+	if granted(uc.Pub, subj) {
+		return true
+	}
+	log.Warn("these credentials may not announce hand-backs: `builds show` will not say why an ask waits; reissue them from the catalogue of this version (`builds creds issue KEYS --catalogue DIR --principal agent …`)",
+		"subject", subj, "creds", file)
+	return false
 }
 
 // granted reports whether a permission lets subject through: allowed (no

@@ -121,11 +121,57 @@ func TestAnAgentBindsOnlyTheQueuesItsCredentialsGrant(t *testing.T) {
 		info, err := c.Info(ctx)
 		return err == nil && info.NumWaiting > 0
 	})
+	// What `builds machines` shows of it (the operator asks the seat's
+	// status tool): the platform it takes, the granted one, and no other
+	// of its worker's.
+	onc, _ := natstest.Connect(t, s, nats.UserCredentials(file(mesh.KindOperator)), nats.CustomInboxPrefix(mesh.InboxPrefix(mesh.OperatorPrincipal)))
+	sts, err := agent.AskStatus(ctx, onc, time.Second)
+	if err != nil || len(sts) != 1 {
+		t.Fatalf("status: %+v, %v: want m1's", sts, err)
+	}
+	if st := sts[0]; !slices.Equal(st.Platforms, []string{mesh.DefaultPlatform}) || !slices.Equal(st.Builds, []string{mesh.DefaultPlatform}) {
+		t.Errorf("m1's status: platforms %v, builds %v: want the granted platform, %s, alone", st.Platforms, st.Builds, mesh.DefaultPlatform)
+	}
 	if l := logs.String(); strings.Contains(strings.ToLower(l), "permissions violation") || strings.Contains(l, "timeout") {
 		t.Errorf("the agent met refusals or timeouts:\n%s", l)
 	}
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatalf("RunAgent: %v", err)
+	}
+}
+
+// Credentials issued from this version's catalogue let a machine announce
+// its hand-backs; those issued from a catalogue older than the event do
+// not, and the agent is told to announce none (rather than wait out a
+// refused publish at every retry).
+func TestHandBacksAreAnnouncedOnlyWhereTheCredentialsGrantThem(t *testing.T) {
+	keys, err := creds.Init(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	issue := func(ms []*mesh.Manifest) string {
+		p, err := mesh.NewCatalogue(ms).PrincipalPermissions(mesh.KindAgent, "m1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		file := filepath.Join(t.TempDir(), "agent.creds")
+		if err := keys.IssueFile(p, "", file); err != nil {
+			t.Fatal(err)
+		}
+		return file
+	}
+	log := slog.New(slog.DiscardHandler)
+	if !handBacksGranted(issue(testenv.MeshManifests(t)), "m1", log) {
+		t.Error("credentials of this version's catalogue: hand-backs not granted")
+	}
+	old := testenv.MeshManifests(t)
+	for _, m := range old {
+		for i := range m.Seats {
+			m.Seats[i].Emits = slices.DeleteFunc(m.Seats[i].Emits, func(e string) bool { return e == mesh.EventHandedBack })
+		}
+	}
+	if handBacksGranted(issue(old), "m1", log) {
+		t.Error("credentials of a catalogue without handed-back: hand-backs granted")
 	}
 }

@@ -241,6 +241,7 @@ func RunAgent(ctx context.Context, o AgentOptions) error {
 		if o.Agent.Platforms, err = grantedPlatforms(o.Creds, o.Agent.Platforms, o.Log); err != nil {
 			return err
 		}
+		o.Agent.QuietHandBacks = !handBacksGranted(o.Creds, o.Agent.Machine, o.Log)
 	}
 	topts, err := o.TLS.Options()
 	if err != nil {

@@ -21,7 +21,15 @@ func ForecastOf(rec cascade.PlanRecord, mods map[string]cascade.ModuleStatus, no
 	if rec.Forecast != nil {
 		machines = rec.Forecast.Machines
 	}
-	return cascade.CriticalPath(OrderedModules(mods), nil, now, machines), true
+	ordered := OrderedModules(mods)
+	for i, m := range ordered {
+		if m.HandedBack != nil && m.State == cascade.Building {
+			// Given back to the queue: it waits for a machine again,
+			// its whole estimate left.
+			ordered[i].State, ordered[i].On, ordered[i].Started = cascade.Queued, "", time.Time{}
+		}
+	}
+	return cascade.CriticalPath(ordered, nil, now, machines), true
 }
 
 // PrintForecast prints a running plan's forecast: the module holding it

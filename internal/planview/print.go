@@ -28,6 +28,10 @@ import (
 //	machines
 //	  host-a1  13 built  7.9s
 //
+// A module whose ask its holder gave back (cascade.HandedBack) is shown
+// queued, on no machine, with why: "retrying (attempt 3: …; next in 40s)"
+// or "waiting: no healthy machine (… since 14:02:11)" (HandedBackNote).
+//
 // A module held by the controller for an idle holder (cascade.Ready) is
 // shown, and counted, as waiting: what it waits for is a holder, and when
 // the scheduler gave the machines to other plans, what it waits behind
@@ -51,7 +55,7 @@ func PrintPlan(w io.Writer, rec cascade.PlanRecord, mods map[string]cascade.Modu
 	// apart, or pad the tier lines).
 	wName, wState, wOn, wDur := 0, 0, 0, 0
 	for _, m := range ordered {
-		wName, wState = max(wName, len(m.Module)), max(wState, len(shownState(m.State)))
+		wName, wState = max(wName, len(m.Module)), max(wState, len(stateOf(m)))
 		wOn, wDur = max(wOn, len(orDash(m.On))), max(wDur, len(duration(m.Duration)))
 	}
 	tier := -1
@@ -64,7 +68,7 @@ func PrintPlan(w io.Writer, rec cascade.PlanRecord, mods map[string]cascade.Modu
 		if m.State == cascade.Ready && rec.Held != "" {
 			d = "waiting: " + rec.Held
 		}
-		fmt.Fprintf(w, "  %-*s  %-*s  %-*s  %*s  %s\n", wName, m.Module, wState, shownState(m.State), wOn, orDash(m.On), wDur, duration(m.Duration), d)
+		fmt.Fprintf(w, "  %-*s  %-*s  %-*s  %*s  %s\n", wName, m.Module, wState, stateOf(m), wOn, orDash(m.On), wDur, duration(m.Duration), d)
 	}
 	for _, m := range ordered {
 		if m.State == cascade.Failed && len(m.Log) > 0 {
@@ -102,6 +106,46 @@ func PrintPlan(w io.Writer, rec cascade.PlanRecord, mods map[string]cascade.Modu
 func shownState(s cascade.ModuleState) cascade.ModuleState {
 	if s == cascade.Ready {
 		return cascade.Waiting
+	}
+	return s
+}
+
+// stateOf is the state a module's line shows: its shownState, except that
+// a module whose ask its holder gave back is queued (it is back in the
+// queue), whatever machine started it before.
+func stateOf(m cascade.ModuleStatus) cascade.ModuleState {
+	if m.HandedBack != nil && m.State == cascade.Building {
+		return cascade.Queued
+	}
+	return shownState(m.State)
+}
+
+// HandedBackNote says why a module's ask is back in the queue, as of now:
+// "retrying (attempt 3: git fetch …: connection refused; next in 40s)" for
+// a retry after a delay, "waiting: no healthy machine (registry
+// 127.0.0.1:5000 does not answer: …, since 14:02:11)" for an ask a sick
+// machine gave back.
+func HandedBackNote(h cascade.HandedBack, now time.Time) string {
+	why := cutNote(h.Why)
+	if h.Sick {
+		since := h.InfraSince
+		if since.IsZero() {
+			since = h.At
+		}
+		return fmt.Sprintf("waiting: no healthy machine (%s, since %s)", why, since.UTC().Format(time.TimeOnly))
+	}
+	next := "due now"
+	if d := h.Next.Sub(now); d > 0 {
+		next = "next in " + d.Round(time.Second).String()
+	}
+	return fmt.Sprintf("retrying (attempt %d: %s; %s)", h.Attempt, why, next)
+}
+
+// cutNote shortens a cause for a line.
+func cutNote(s string) string {
+	const most = 160
+	if r := []rune(s); len(r) > most {
+		return string(r[:most]) + "…"
 	}
 	return s
 }
@@ -152,7 +196,7 @@ func countsLine(rec cascade.PlanRecord) string {
 // ModuleLine is one module on one line, as a live view prints it when
 // the module finishes: state, name, machine, duration, digest or why not.
 func ModuleLine(m cascade.ModuleStatus) string {
-	return fmt.Sprintf("  %-9s %-12s %-14s %7s  %s", shownState(m.State), m.Module, orDash(m.On), duration(m.Duration), detail(m))
+	return fmt.Sprintf("  %-9s %-12s %-14s %7s  %s", stateOf(m), m.Module, orDash(m.On), duration(m.Duration), detail(m))
 }
 
 // detail is a module's last column: its short digest, or why it has none.
@@ -164,6 +208,8 @@ func detail(m cascade.ModuleStatus) string {
 		return Failure(m)
 	case m.Waiting != "":
 		return "waiting: " + m.Waiting
+	case m.HandedBack != nil && (m.State == cascade.Queued || m.State == cascade.Building):
+		return HandedBackNote(*m.HandedBack, time.Now())
 	case m.State == cascade.Unchanged:
 		return ShortDigest(m.Digest) + "  reuses " + m.Reuses
 	case m.State == cascade.Superseded:

@@ -115,3 +115,35 @@ func TestPrintPlanShowsARunningPlansCriticalPath(t *testing.T) {
 		t.Error("a settled plan has a forecast")
 	}
 }
+
+// A module whose ask its holder gave back reads queued, on no machine,
+// with why: a retry counts down to its next attempt; a sick machine's
+// hand-back waits for a healthy machine, since the budget began. Any other
+// state (its next start, its outcome) shows no note.
+func TestAHandedBackModuleSaysWhy(t *testing.T) {
+	now := time.Date(2026, 12, 1, 14, 2, 51, 0, time.UTC)
+	retry := cascade.HandedBack{Attempt: 7, Why: "fetching https://git.example/x.git: connection refused", On: "m9",
+		InfraSince: now.Add(-5 * time.Minute), Next: now.Add(40 * time.Second), At: now.Add(-20 * time.Second)}
+	if got, want := HandedBackNote(retry, now), "retrying (attempt 7: fetching https://git.example/x.git: connection refused; next in 40s)"; got != want {
+		t.Errorf("retry note %q, want %q", got, want)
+	}
+	if got := HandedBackNote(retry, now.Add(time.Minute)); !strings.HasSuffix(got, "; due now)") {
+		t.Errorf("a retry past its time: %q, want due now", got)
+	}
+	sick := cascade.HandedBack{Attempt: 3, Why: "registry 127.0.0.1:5000 does not answer: connection refused", On: "m9", Sick: true,
+		InfraSince: time.Date(2026, 12, 1, 14, 2, 11, 0, time.UTC), At: now}
+	if got, want := HandedBackNote(sick, now), "waiting: no healthy machine (registry 127.0.0.1:5000 does not answer: connection refused, since 14:02:11)"; got != want {
+		t.Errorf("sick note %q, want %q", got, want)
+	}
+	if got := HandedBackNote(cascade.HandedBack{Why: strings.Repeat("x", 400)}, now); len(got) > 250 {
+		t.Errorf("a long cause is not cut: %d bytes", len(got))
+	}
+	m := cascade.ModuleStatus{Module: "app", State: cascade.Building, HandedBack: &sick}
+	if line := ModuleLine(m); !strings.Contains(line, "queued") || strings.Contains(line, "building") || !strings.Contains(line, "waiting: no healthy machine (") {
+		t.Errorf("ModuleLine %q: want queued, waiting for a healthy machine", line)
+	}
+	m.State, m.Digest = cascade.Built, "sha256:0123456789abcdef"
+	if line := ModuleLine(m); strings.Contains(line, "healthy") {
+		t.Errorf("a built module with a stale note: %q", line)
+	}
+}
