@@ -9,7 +9,6 @@ import (
 	"slices"
 	"sort"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -18,6 +17,7 @@ import (
 	"github.com/meshbuild/meshbuild/cascade"
 	"github.com/meshbuild/meshbuild/internal/backoff"
 	"github.com/meshbuild/meshbuild/mesh"
+	"github.com/meshbuild/meshbuild/seat"
 )
 
 // ControllerConfig configures the fleet's side of the controller.
@@ -36,6 +36,9 @@ type ControllerConfig struct {
 	ReportBound time.Duration
 	// OnlineWithin: a node heard from within it is online.
 	OnlineWithin time.Duration
+	// ToolTimeout bounds the controller's work on one tool request; 0 is
+	// seat.DefaultToolTimeout.
+	ToolTimeout time.Duration
 	// Raise asserts the catalogue's wire (with the declarations stream) on
 	// start. Off where another part of the process raised it already
 	// (cascade.Controller in build-controller): two raises at once race.
@@ -44,7 +47,8 @@ type ControllerConfig struct {
 
 // DefaultControllerConfig returns the defaults.
 func DefaultControllerConfig() ControllerConfig {
-	return ControllerConfig{Replicas: 1, ReportDelay: 5 * time.Second, ReportBound: time.Hour, OnlineWithin: 90 * time.Second, Raise: true}
+	return ControllerConfig{Replicas: 1, ReportDelay: 5 * time.Second, ReportBound: time.Hour, OnlineWithin: 90 * time.Second,
+		ToolTimeout: seat.DefaultToolTimeout, Raise: true}
 }
 
 // ErrConfig is wrapped by every refusal of a configuration.
@@ -73,7 +77,7 @@ type Controller struct {
 	heard  map[string]Report
 	// current is each module's current image from the plans bucket.
 	current map[string]cascade.Current
-	cmds    chan command
+	cmds    seat.Inbox[command, Reply]
 }
 
 // NewController returns the fleet's controller for a checked catalogue.
@@ -90,6 +94,9 @@ func NewController(cfg ControllerConfig, js jetstream.JetStream, cat *mesh.Catal
 	}
 	if cfg.OnlineWithin <= 0 {
 		cfg.OnlineWithin = def.OnlineWithin
+	}
+	if cfg.ToolTimeout <= 0 {
+		cfg.ToolTimeout = def.ToolTimeout
 	}
 	if js == nil || cat == nil {
 		return nil, fmt.Errorf("%w: a JetStream handle and a catalogue are required", ErrConfig)
@@ -108,7 +115,7 @@ func NewController(cfg ControllerConfig, js jetstream.JetStream, cat *mesh.Catal
 		cfg: cfg, js: js, nc: js.Conn(), log: log, obs: obs, module: module, cat: cat,
 		nodes: map[string]NodeRecord{}, assign: map[string]Assignment{}, decl: map[string]Declaration{},
 		status: map[string]Status{}, heard: map[string]Report{}, current: map[string]cascade.Current{},
-		cmds: make(chan command, 16),
+		cmds: make(seat.Inbox[command, Reply], 16),
 	}, nil
 }
 
@@ -150,9 +157,9 @@ func (c *Controller) Run(ctx context.Context) error {
 	}
 	var currents jetstream.KeyWatcher
 	if err := c.retry(ctx, "watching current images", func(ctx context.Context) error {
-		plans, err := c.js.KeyValue(ctx, mesh.KVBucket(c.module, cascade.StateBucket))
+		plans, err := seat.OpenBucket(ctx, c.js, c.module, cascade.StateBucket)
 		if err != nil {
-			return fmt.Errorf("opening the plans bucket for current images: %w", err)
+			return fmt.Errorf("reading current images: %w", err)
 		}
 		if currents, err = plans.WatchFiltered(ctx, []string{cascade.CurrentKey("*")}, jetstream.IgnoreDeletes()); err != nil {
 			return fmt.Errorf("watching current images: %w", err)
@@ -171,39 +178,15 @@ func (c *Controller) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	var cons jetstream.Consumer
+	var seatMsgs *seat.Consumption
 	if err := c.retry(ctx, "binding the "+mesh.ControllerSeat+" seat's consumer", func(ctx context.Context) (err error) {
-		cons, err = c.js.Consumer(ctx, mesh.SeatStream(mesh.ControllerSeat), mesh.SeatConsumer(mesh.ControllerSeat))
-		if err != nil {
-			return fmt.Errorf("binding the %s seat's consumer: %w", mesh.ControllerSeat, err)
-		}
-		return nil
+		seatMsgs, err = seat.Consume(ctx, c.js, mesh.SeatStream(mesh.ControllerSeat), mesh.SeatConsumer(mesh.ControllerSeat), 64, "the "+mesh.ControllerSeat+" seat", c.log)
+		return err
 	}); err != nil {
 		return err
 	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(64))
-	if err != nil {
-		return fmt.Errorf("consuming %s: %w", mesh.ControllerSeat, err)
-	}
-	msgs := make(chan jetstream.Msg, 64)
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		defer close(msgs)
-		for {
-			m, err := it.Next()
-			if errors.Is(err, jetstream.ErrNoHeartbeat) {
-				continue // the server missed heartbeats: the iterator goes on pulling
-			}
-			if err != nil {
-				if !errors.Is(err, jetstream.ErrMsgIteratorClosed) {
-					c.log.Warn("seat consumer stopped", "seat", mesh.ControllerSeat, "err", err)
-				}
-				return
-			}
-			msgs <- m
-		}
-	})
-	defer func() { it.Stop(); wg.Wait() }()
+	defer seatMsgs.Stop()
+	msgs := seatMsgs.Messages()
 	c.log.Info("fleet controller running", "nodes", len(c.nodes), "assignments", len(c.assign))
 
 	caughtUp := false
@@ -243,7 +226,7 @@ func (c *Controller) Run(ctx context.Context) error {
 				c.reconcile(ctx, module)
 			}
 		case cmd := <-c.cmds:
-			cmd.reply <- c.command(ctx, cmd)
+			cmd.Answer(c.command(ctx, cmd.Q))
 		}
 	}
 }
