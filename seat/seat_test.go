@@ -226,6 +226,15 @@ func TestAConsumerDeletedEndsTheConsumption(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Stop()
+	// One message through, and a moment for the next pull request to reach
+	// the server: a pull that arrives after the delete is not answered.
+	if _, err := js.Publish(ctx, "work.1", nil); err != nil {
+		t.Fatal(err)
+	}
+	if m := <-c.Messages(); m == nil || m.Ack() != nil {
+		t.Fatal("the first message did not come")
+	}
+	time.Sleep(300 * time.Millisecond)
 	if err := js.DeleteConsumer(ctx, "WORK", "holders"); err != nil {
 		t.Fatal(err)
 	}
