@@ -15,7 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/meshbuild/meshbuild/internal/backoff"
-	"github.com/meshbuild/meshbuild/internal/gittree"
+	"github.com/meshbuild/meshbuild/internal/gitcache"
 	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/planner"
 	"github.com/meshbuild/meshbuild/seat"
@@ -86,7 +86,7 @@ type Controller struct {
 	// keys are the input keys built, with what they were built to.
 	keys map[string]KeyRecord
 	// trees resolves build contexts' tree ids (nil: no input keys).
-	trees  *gittree.Cache
+	trees  *gitcache.Cache
 	seq    uint64
 	askSeq map[string]uint64
 	cmds   seat.Inbox[command, Reply]
@@ -159,11 +159,11 @@ func New(cfg Config, js jetstream.JetStream, cat *mesh.Catalogue, log *slog.Logg
 
 // treeCache is the controller's clones of the modules' repositories, if it
 // keeps them (Config.Sources).
-func treeCache(cfg Config) *gittree.Cache {
+func treeCache(cfg Config) *gitcache.Cache {
 	if cfg.Sources == "" {
 		return nil
 	}
-	return &gittree.Cache{Dir: cfg.Sources, InsteadOf: cfg.InsteadOf}
+	return &gitcache.Cache{Dir: cfg.Sources, InsteadOf: cfg.InsteadOf}
 }
 
 // SetSettler sets where settled plans are handed over (see Settler); call

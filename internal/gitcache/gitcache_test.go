@@ -1,11 +1,11 @@
-package gittree_test
+package gitcache_test
 
 import (
 	"context"
 	"errors"
 	"testing"
 
-	"github.com/meshbuild/meshbuild/internal/gittree"
+	"github.com/meshbuild/meshbuild/internal/gitcache"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 )
 
@@ -15,7 +15,7 @@ import (
 func TestTreeIdsFollowThePathNotTheCommit(t *testing.T) {
 	const remote = "https://git.example/fleet.git"
 	dir, c1 := testenv.GitRepo(t, map[string]string{"base/Dockerfile": "FROM scratch\n", "app/Dockerfile": "FROM base\n"})
-	c := &gittree.Cache{Dir: t.TempDir(), InsteadOf: map[string]string{remote: dir}}
+	c := &gitcache.Cache{Dir: t.TempDir(), InsteadOf: map[string]string{remote: dir}}
 	ctx := context.Background()
 	paths := []string{"base", "app", "", "missing", "app/Dockerfile"}
 	r1, err := c.Resolve(ctx, remote, c1, paths)
@@ -44,7 +44,7 @@ func TestTreeIdsFollowThePathNotTheCommit(t *testing.T) {
 	if again, err := c.Resolve(ctx, remote, c1, []string{"base"}); err != nil || again.Trees["base"] != r1.Trees["base"] {
 		t.Fatalf("again %+v %v", again, err)
 	}
-	if _, err := c.Resolve(ctx, remote, "no-such-branch", nil); !errors.Is(err, gittree.ErrNotFound) {
+	if _, err := c.Resolve(ctx, remote, "no-such-branch", nil); !errors.Is(err, gitcache.ErrNotFound) {
 		t.Fatalf("a missing ref: %v, want ErrNotFound", err)
 	}
 	if _, err := c.Resolve(ctx, remote, "--upload-pack=x", nil); err == nil {
