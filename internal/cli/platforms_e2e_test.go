@@ -12,6 +12,7 @@ import (
 
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/meshbuild/meshbuild/agent"
 	"github.com/meshbuild/meshbuild/cascade"
@@ -129,7 +130,7 @@ func TestAModuleOfTwoPlatformsIsBuiltOnAMachineOfEach(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d, _ := idx.Digest(); d.String() != multi.Digest || im.MediaType != "application/vnd.oci.image.index.v1+json" {
+	if d, _ := idx.Digest(); d.String() != multi.Digest || im.MediaType != ocispec.MediaTypeImageIndex {
 		t.Errorf("index %s (%s), want digest %s", d, im.MediaType, multi.Digest)
 	}
 	var got []string
@@ -161,7 +162,7 @@ func TestAModuleOfTwoPlatformsIsBuiltOnAMachineOfEach(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(tim.Manifests) != 4 || tim.Annotations["org.opencontainers.image.revision"] != commit {
+	if len(tim.Manifests) != 4 || tim.Annotations[ocispec.AnnotationRevision] != commit {
 		t.Errorf("multi:latest holds %d manifests, annotations %v: want 2 images and 2 attestation manifests, revision %s", len(tim.Manifests), tim.Annotations, commit)
 	}
 	for i, m := range tim.Manifests {
