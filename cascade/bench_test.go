@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"slices"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/meshbuild/meshbuild/agent"
 	"github.com/meshbuild/meshbuild/cascade"
+	"github.com/meshbuild/meshbuild/cascade/cascadetest"
 	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/internal/sim"
 	"github.com/meshbuild/meshbuild/internal/testenv"
@@ -135,13 +135,9 @@ func newBenchFarm(tb testing.TB, cat *mesh.Catalogue, cfg cascade.Config, agents
 	// The controller serves its tools once it has raised the catalogue and
 	// resumed: then it consumes events.
 	deadline := time.Now().Add(20 * time.Second)
-	for {
-		_, err := cascade.Call(context.Background(), nc, c.Module(), cascade.ToolRetry, cascade.Request{Plan: "none"})
-		if errors.Is(err, cascade.ErrNoPlan) {
-			break
-		}
+	for !cascadetest.Answers(context.Background(), nc, c.Module()) {
 		if time.Now().After(deadline) {
-			tb.Fatalf("the controller does not answer after 20s: %v", err)
+			tb.Fatal("the controller does not answer after 20s")
 		}
 		time.Sleep(10 * time.Millisecond)
 	}

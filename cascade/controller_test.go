@@ -19,6 +19,7 @@ import (
 
 	"github.com/meshbuild/meshbuild/agent"
 	"github.com/meshbuild/meshbuild/cascade"
+	"github.com/meshbuild/meshbuild/cascade/cascadetest"
 	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
@@ -141,10 +142,7 @@ func (h *harness) startControllerWith(tweak func(*cascade.Config)) {
 	h.stopController, h.controllerDone = cancel, done
 	h.t.Cleanup(func() { cancel(); <-done })
 	// Wait until the controller serves its tools.
-	testenv.WaitFor(h.t, 10*time.Second, "the controller", func() bool {
-		_, err := cascade.Call(context.Background(), h.nc, "build-controller", cascade.ToolRetry, cascade.Request{Plan: "none"})
-		return errors.Is(err, cascade.ErrNoPlan)
-	})
+	cascadetest.WaitReady(h.t, h.nc, c.Module(), 10*time.Second)
 }
 
 func (h *harness) stopControllerNow() {

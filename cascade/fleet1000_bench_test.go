@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -26,6 +25,7 @@ import (
 
 	"github.com/meshbuild/meshbuild/agent"
 	"github.com/meshbuild/meshbuild/cascade"
+	"github.com/meshbuild/meshbuild/cascade/cascadetest"
 	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/internal/sim"
 	"github.com/meshbuild/meshbuild/internal/testenv"
@@ -558,13 +558,9 @@ func newFleetFarm(tb testing.TB, bus *natsProcs, cat *mesh.Catalogue, cfg cascad
 	}()
 	f.stops = append(f.stops, func() { cancel(); <-done; nc.Close() })
 	deadline := time.Now().Add(60 * time.Second)
-	for {
-		_, err := cascade.Call(context.Background(), nc, c.Module(), cascade.ToolRetry, cascade.Request{Plan: "none"})
-		if errors.Is(err, cascade.ErrNoPlan) {
-			break
-		}
+	for !cascadetest.Answers(context.Background(), nc, c.Module()) {
 		if time.Now().After(deadline) {
-			tb.Fatalf("the controller does not answer after 60s: %v", err)
+			tb.Fatal("the controller does not answer after 60s")
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

@@ -3,7 +3,6 @@ package metrics_test
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/meshbuild/meshbuild/agent"
 	"github.com/meshbuild/meshbuild/cascade"
+	"github.com/meshbuild/meshbuild/cascade/cascadetest"
 	"github.com/meshbuild/meshbuild/deploy"
 	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/internal/testenv"
@@ -202,10 +202,7 @@ func startController(t *testing.T, s *server.Server, cat *mesh.Catalogue, obs ca
 		}
 	}()
 	t.Cleanup(func() { cancel(); <-done; js.Conn().Close() })
-	testenv.WaitFor(t, 10*time.Second, "the controller", func() bool {
-		_, err := cascade.Call(context.Background(), js.Conn(), "build-controller", cascade.ToolRetry, cascade.Request{Plan: "none"})
-		return errors.Is(err, cascade.ErrNoPlan)
-	})
+	cascadetest.WaitReady(t, js.Conn(), c.Module(), 10*time.Second)
 }
 
 // startFleet runs the fleet's side of the controller beside cascade's, as

@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -122,22 +121,12 @@ func TestACascadeBuiltByRealAgents(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	errs := make(chan error, 3)
-	ready := make(chan struct{})
 	// The controller as build-controller runs it: its defaults (the idle
 	// window), the registry given.
 	ccfg := cascade.DefaultConfig()
 	ccfg.Registry, ccfg.RegistryClient = reg, registry.NewClient(registry.WithInsecure(true))
-	go func() {
-		errs <- daemon.RunController(ctx, daemon.ControllerOptions{NATS: s.ClientURL(), Catalogue: catDir,
-			Controller: ccfg, Ready: ready})
-	}()
-	select {
-	case <-ready:
-	case err := <-errs:
-		t.Fatalf("controller: %v", err)
-	case <-time.After(30 * time.Second):
-		t.Fatal("controller not ready in 30s")
-	}
+	startController(t, ctx, daemon.ControllerOptions{NATS: s.ClientURL(), Catalogue: catDir,
+		Controller: ccfg}, errs)
 	for _, m := range []string{"e2e-a", "e2e-b"} {
 		cfg := agent.DefaultConfig()
 		cfg.Machine = m

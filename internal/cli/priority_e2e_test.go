@@ -76,20 +76,10 @@ func TestPlansOfDifferentPrioritiesShowWhatTheyWaitBehind(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	errs := make(chan error, 4)
-	ready := make(chan struct{})
 	ccfg := cascade.DefaultConfig()
 	ccfg.Registry = "127.0.0.1:1"
 	ccfg.Images = testenv.AnyImage{} // its workers push nothing
-	go func() {
-		errs <- daemon.RunController(ctx, daemon.ControllerOptions{NATS: s.ClientURL(), Catalogue: catDir, Controller: ccfg, Ready: ready})
-	}()
-	select {
-	case <-ready:
-	case err := <-errs:
-		t.Fatalf("controller: %v", err)
-	case <-time.After(30 * time.Second):
-		t.Fatal("controller not ready in 30s")
-	}
+	startController(t, ctx, daemon.ControllerOptions{NATS: s.ClientURL(), Catalogue: catDir, Controller: ccfg}, errs)
 	for i := range 2 {
 		nc, err := nats.Connect(s.ClientURL())
 		if err != nil {

@@ -68,20 +68,10 @@ func TestAnAskForAPlatformNoMachineBuildsWaitsVisibly(t *testing.T) {
 		t.Fatal(err)
 	}
 	errs := make(chan error, 3)
-	ready := make(chan struct{})
 	ccfg := cascade.DefaultConfig()
 	ccfg.Registry, ccfg.RegistryClient = reg, registry.NewClient(registry.WithInsecure(true))
 	ccfg.ObserveEvery = 500 * time.Millisecond
-	go func() {
-		errs <- daemon.RunController(ctx, daemon.ControllerOptions{NATS: s.ClientURL(), Catalogue: catDir, Controller: ccfg, Observer: obs, Ready: ready})
-	}()
-	select {
-	case <-ready:
-	case err := <-errs:
-		t.Fatalf("controller: %v", err)
-	case <-time.After(30 * time.Second):
-		t.Fatal("controller not ready in 30s")
-	}
+	startController(t, ctx, daemon.ControllerOptions{NATS: s.ClientURL(), Catalogue: catDir, Controller: ccfg, Observer: obs}, errs)
 	startAgent := func(machine string, platforms ...string) {
 		cfg := agent.DefaultConfig()
 		cfg.Machine, cfg.Platforms = machine, platforms
