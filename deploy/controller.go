@@ -155,17 +155,8 @@ func (c *Controller) Run(ctx context.Context) error {
 	if err := c.retry(ctx, "loading the fleet", c.load); err != nil {
 		return err
 	}
-	var currents jetstream.KeyWatcher
-	if err := c.retry(ctx, "watching current images", func(ctx context.Context) error {
-		plans, err := seat.OpenBucket(ctx, c.js, c.module, cascade.StateBucket)
-		if err != nil {
-			return fmt.Errorf("reading current images: %w", err)
-		}
-		if currents, err = plans.WatchFiltered(ctx, []string{cascade.CurrentKey("*")}, jetstream.IgnoreDeletes()); err != nil {
-			return fmt.Errorf("watching current images: %w", err)
-		}
-		return nil
-	}); err != nil {
+	currents, err := c.watchCurrents(ctx)
+	if err != nil {
 		return err
 	}
 	defer func() { _ = currents.Stop() }()
@@ -186,9 +177,30 @@ func (c *Controller) Run(ctx context.Context) error {
 		return err
 	}
 	defer seatMsgs.Stop()
-	msgs := seatMsgs.Messages()
 	c.log.Info("fleet controller running", "nodes", len(c.nodes), "assignments", len(c.assign))
+	return c.loop(ctx, seatMsgs.Messages(), currents.Updates())
+}
 
+// watchCurrents watches the current image of every module in the plans
+// bucket.
+func (c *Controller) watchCurrents(ctx context.Context) (jetstream.KeyWatcher, error) {
+	var currents jetstream.KeyWatcher
+	err := c.retry(ctx, "watching current images", func(ctx context.Context) error {
+		plans, err := seat.OpenBucket(ctx, c.js, c.module, cascade.StateBucket)
+		if err != nil {
+			return fmt.Errorf("reading current images: %w", err)
+		}
+		if currents, err = plans.WatchFiltered(ctx, []string{cascade.CurrentKey("*")}, jetstream.IgnoreDeletes()); err != nil {
+			return fmt.Errorf("watching current images: %w", err)
+		}
+		return nil
+	})
+	return currents, err
+}
+
+// loop works the seat's messages, current images and tool requests on the
+// controller's goroutine until ctx is done.
+func (c *Controller) loop(ctx context.Context, msgs <-chan jetstream.Msg, currents <-chan jetstream.KeyValueEntry) error {
 	caughtUp := false
 	for {
 		select {
@@ -202,7 +214,7 @@ func (c *Controller) Run(ctx context.Context) error {
 				return errors.New("the seat's consumer stopped")
 			}
 			c.handle(ctx, m)
-		case e, ok := <-currents.Updates():
+		case e, ok := <-currents:
 			if !ok {
 				if ctx.Err() != nil {
 					return nil // stopping: the watch ends with it
@@ -214,20 +226,26 @@ func (c *Controller) Run(ctx context.Context) error {
 				c.reconcile(ctx, "")
 				continue
 			}
-			var cur cascade.Current
-			if err := json.Unmarshal(e.Value(), &cur); err != nil {
-				c.log.Warn("ignoring an unreadable current image", "key", e.Key(), "err", err)
-				continue
-			}
-			module := strings.TrimPrefix(e.Key(), cascade.CurrentKey(""))
-			prev := c.current[module]
-			c.current[module] = cur
-			if caughtUp && prev.Digest != cur.Digest {
-				c.reconcile(ctx, module)
-			}
+			c.currentImage(ctx, e, caughtUp)
 		case cmd := <-c.cmds:
 			cmd.Answer(c.command(ctx, cmd.Q))
 		}
+	}
+}
+
+// currentImage records a module's current image; once the watch has caught
+// up, a new digest is declared to the nodes the module is assigned to.
+func (c *Controller) currentImage(ctx context.Context, e jetstream.KeyValueEntry, caughtUp bool) {
+	var cur cascade.Current
+	if err := json.Unmarshal(e.Value(), &cur); err != nil {
+		c.log.Warn("ignoring an unreadable current image", "key", e.Key(), "err", err)
+		return
+	}
+	module := strings.TrimPrefix(e.Key(), cascade.CurrentKey(""))
+	prev := c.current[module]
+	c.current[module] = cur
+	if caughtUp && prev.Digest != cur.Digest {
+		c.reconcile(ctx, module)
 	}
 }
 
