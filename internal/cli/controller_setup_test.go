@@ -2,6 +2,8 @@ package cli_test
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -40,4 +42,26 @@ func startController(t *testing.T, ctx context.Context, opts daemon.ControllerOp
 func fleetController(t *testing.T, s *server.Server) daemon.ControllerOptions {
 	return daemon.ControllerOptions{NATS: s.ClientURL(), Catalogue: fleet(t),
 		Controller: cascade.Config{Registry: "127.0.0.1:1", Images: testenv.AnyImage{}}}
+}
+
+// meshCatalogue is a new catalogue directory holding the mesh's own modules
+// from examples/fleet (build-agent, build-controller, git); a test adds the
+// modules it builds.
+func meshCatalogue(t *testing.T) string {
+	t.Helper()
+	root, err := testenv.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	for _, m := range []string{"build-agent", "build-controller", "git"} {
+		data, err := os.ReadFile(filepath.Join(root, "examples/fleet/catalogue", m+".yaml"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, m+".yaml"), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
 }

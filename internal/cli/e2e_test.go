@@ -28,20 +28,7 @@ const fleetRepo = "https://git.example/e2e.git"
 // base → three dependents → one grand-dependent graph.
 func e2eCatalogue(t *testing.T) string {
 	t.Helper()
-	root, err := testenv.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	for _, m := range []string{"build-agent", "build-controller", "git"} {
-		data, err := os.ReadFile(filepath.Join(root, "examples/fleet/catalogue", m+".yaml"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, m+".yaml"), data, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	dir := meshCatalogue(t)
 	built := map[string]string{"base": "", "d1": "[base]", "d2": "[base]", "d3": "[base]", "g": "[d1, d2]"}
 	for m, on := range built {
 		y := "module: " + m + "\nbuild:\n  repo: " + fleetRepo + "\n  path: " + m + "\n"

@@ -35,20 +35,7 @@ func TestAModuleOfTwoPlatformsIsBuiltOnAMachineOfEach(t *testing.T) {
 	bk := testenv.BuildkitdWith(t, buildkitd.Options{RegistryHosts: []string{reg}, Platforms: []string{"linux/amd64", "linux/arm64"}})
 	s := natstest.Server(t, nil)
 
-	root, err := testenv.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	catDir := t.TempDir()
-	for _, m := range []string{"build-agent", "build-controller", "git"} {
-		data, err := os.ReadFile(filepath.Join(root, "examples/fleet/catalogue", m+".yaml"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(catDir, m+".yaml"), data, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	catDir := meshCatalogue(t)
 	for m, y := range map[string]string{
 		"multi": "module: multi\nbuild:\n  repo: " + fleetRepo + "\n  path: multi\n  platforms: [linux/amd64, linux/arm64]\n",
 		"dep":   "module: dep\nbuild:\n  repo: " + fleetRepo + "\n  path: dep\n  on: [multi]\n",

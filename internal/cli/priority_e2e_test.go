@@ -48,20 +48,7 @@ func (s sleepy) Work(ctx context.Context, a mesh.Ask, _ func(string)) (agent.Res
 // the big one; `builds priority` raises it to 20, and it is built next.
 func TestPlansOfDifferentPrioritiesShowWhatTheyWaitBehind(t *testing.T) {
 	s := natstest.Server(t, nil)
-	root, err := testenv.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	catDir := t.TempDir()
-	for _, m := range []string{"build-agent", "build-controller", "git"} {
-		data, err := os.ReadFile(filepath.Join(root, "examples/fleet/catalogue", m+".yaml"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(catDir, m+".yaml"), data, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	catDir := meshCatalogue(t)
 	repos := map[string]int{"https://git.example/big.git": 30, "https://git.example/fix.git": 4, "https://git.example/later.git": 1}
 	for repo, n := range repos {
 		name := strings.TrimSuffix(strings.TrimPrefix(repo, "https://git.example/"), ".git")

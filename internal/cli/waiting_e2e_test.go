@@ -36,20 +36,7 @@ func TestAnAskForAPlatformNoMachineBuildsWaitsVisibly(t *testing.T) {
 	bk := testenv.BuildkitdWith(t, buildkitd.Options{RegistryHosts: []string{reg}, Platforms: []string{"linux/amd64", "linux/arm64", "linux/386"}})
 	s := natstest.Server(t, nil)
 
-	root, err := testenv.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	catDir := t.TempDir()
-	for _, m := range []string{"build-agent", "build-controller", "git"} {
-		data, err := os.ReadFile(filepath.Join(root, "examples/fleet/catalogue", m+".yaml"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(catDir, m+".yaml"), data, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	catDir := meshCatalogue(t)
 	y := "module: armonly\nbuild:\n  repo: " + fleetRepo + "\n  path: armonly\n  platforms: [linux/arm64]\n"
 	if err := os.WriteFile(filepath.Join(catDir, "armonly.yaml"), []byte(y), 0o644); err != nil {
 		t.Fatal(err)
