@@ -17,7 +17,9 @@ import (
 
 	"github.com/meshbuild/meshbuild/agent"
 	"github.com/meshbuild/meshbuild/cascade"
+	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/internal/testenv"
+	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/registry"
 )
 
@@ -81,4 +83,21 @@ func Agent(tb testing.TB, ctx context.Context, wg *sync.WaitGroup, url, bk, git,
 		tb.Fatal(err)
 	}
 	wg.Go(func() { _ = a.Run(ctx); nc.Close() })
+}
+
+// Store starts a server, raises testenv's catalogue of the mesh's own
+// modules on it, and opens build-controller's plan store there.
+func Store(tb testing.TB) *cascade.Store {
+	tb.Helper()
+	s := natstest.Server(tb, nil)
+	_, js := natstest.Connect(tb, s)
+	ctx := context.Background()
+	if _, err := mesh.Raise(ctx, js, testenv.Catalogue(tb, nil), 1); err != nil {
+		tb.Fatal(err)
+	}
+	st, err := cascade.OpenStore(ctx, js, "build-controller")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return st
 }
