@@ -142,15 +142,8 @@ func (f *benchFarm) startController(nc *nats.Conn, cjs jetstream.JetStream, cat 
 	if err != nil {
 		tb.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if err := c.Run(ctx); err != nil {
-			tb.Errorf("controller: %v", err)
-		}
-	}()
-	f.stops = append(f.stops, func() { cancel(); <-done; nc.Close() })
+	stop := cascadetest.Background(tb, "controller", c.Run)
+	f.stops = append(f.stops, func() { stop(); nc.Close() })
 	deadline := time.Now().Add(within)
 	for !cascadetest.Answers(context.Background(), nc, c.Module()) {
 		if time.Now().After(deadline) {

@@ -91,8 +91,8 @@ type harness struct {
 	w   *work
 	log *slog.Logger // the controller's; nil discards
 
-	stopController context.CancelFunc
-	controllerDone chan struct{}
+	// stopControllerNow stops the controller and waits for it.
+	stopControllerNow func()
 }
 
 func newHarness(t *testing.T, graph map[string][]string, agents int) *harness {
@@ -130,24 +130,13 @@ func (h *harness) startControllerWith(tweak func(*cascade.Config)) {
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if err := c.Run(ctx); err != nil {
-			h.t.Errorf("controller: %v", err)
-		}
-		nc.Close()
-	}()
-	h.stopController, h.controllerDone = cancel, done
-	h.t.Cleanup(func() { cancel(); <-done })
+	h.stopControllerNow = cascadetest.Background(h.t, "controller", func(ctx context.Context) error {
+		defer nc.Close()
+		return c.Run(ctx)
+	})
+	h.t.Cleanup(h.stopControllerNow)
 	// Wait until the controller serves its tools.
 	cascadetest.WaitReady(h.t, h.nc, c.Module(), 10*time.Second)
-}
-
-func (h *harness) stopControllerNow() {
-	h.stopController()
-	<-h.controllerDone
 }
 
 func (h *harness) startAgent(machine string) {

@@ -193,15 +193,8 @@ func startController(t *testing.T, s *server.Server, cat *mesh.Catalogue, obs ca
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if err := c.Run(ctx); err != nil {
-			t.Errorf("controller: %v", err)
-		}
-	}()
-	t.Cleanup(func() { cancel(); <-done; js.Conn().Close() })
+	stop := cascadetest.Background(t, "controller", c.Run)
+	t.Cleanup(func() { stop(); js.Conn().Close() })
 	cascadetest.WaitReady(t, js.Conn(), c.Module(), 10*time.Second)
 }
 
@@ -216,15 +209,8 @@ func startFleet(t *testing.T, s *server.Server, cat *mesh.Catalogue, obs deploy.
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if err := c.Run(ctx); err != nil {
-			t.Errorf("fleet: %v", err)
-		}
-	}()
-	t.Cleanup(func() { cancel(); <-done; js.Conn().Close() })
+	stop := cascadetest.Background(t, "fleet", c.Run)
+	t.Cleanup(func() { stop(); js.Conn().Close() })
 	testenv.WaitFor(t, 10*time.Second, "the fleet's controller", func() bool {
 		_, err := deploy.Call(context.Background(), js.Conn(), mesh.NodesTool, deploy.Request{})
 		return err == nil

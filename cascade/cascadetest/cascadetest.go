@@ -101,3 +101,19 @@ func Store(tb testing.TB) *cascade.Store {
 	}
 	return st
 }
+
+// Background runs run (a controller's Run, say) in a goroutine with a
+// context of its own, failing tb if it returns an error; stop cancels that
+// context and waits for run to return. The caller calls stop, at cleanup
+// if not before; a second call does nothing.
+func Background(tb testing.TB, what string, run func(context.Context) error) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := run(ctx); err != nil {
+			tb.Errorf("%s: %v", what, err)
+		}
+	}()
+	return func() { cancel(); <-done }
+}
