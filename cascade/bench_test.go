@@ -5,8 +5,8 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"slices"
 	"sync/atomic"
@@ -19,6 +19,7 @@ import (
 
 	"github.com/meshbuild/meshbuild/agent"
 	"github.com/meshbuild/meshbuild/cascade"
+	"github.com/meshbuild/meshbuild/cascade/cascadetest"
 	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/internal/sim"
 	"github.com/meshbuild/meshbuild/internal/testenv"
@@ -115,6 +116,24 @@ func newBenchFarm(tb testing.TB, cat *mesh.Catalogue, cfg cascade.Config, agents
 	tb.Cleanup(f.Close)
 
 	nc, cjs := f.connect()
+	f.startController(nc, cjs, cat, cfg, 20*time.Second, 10*time.Millisecond)
+	f.startAgents(f.connect, agents, nil, func(i int, acfg *agent.Config) {
+		acfg.Machine = fmt.Sprintf("sim-%03d", i+1)
+		acfg.Slots = slots
+		acfg.FetchWait = 250 * time.Millisecond
+	})
+	f.waitIdle()
+	return f
+}
+
+// startController runs a controller of cat with cfg on nc (simulated
+// builds: any image exists; a registry nobody answers unless cfg names
+// one) until f closes, waits up to within (asking every poll) until it
+// serves its tools — once it has raised the catalogue and resumed, it
+// consumes events — and opens its plans bucket as f.kv.
+func (f *benchFarm) startController(nc *nats.Conn, cjs jetstream.JetStream, cat *mesh.Catalogue, cfg cascade.Config, within, poll time.Duration) {
+	tb := f.tb
+	tb.Helper()
 	if cfg.Registry == "" {
 		cfg.Registry = "127.0.0.1:1"
 	}
@@ -123,44 +142,33 @@ func newBenchFarm(tb testing.TB, cat *mesh.Catalogue, cfg cascade.Config, agents
 	if err != nil {
 		tb.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if err := c.Run(ctx); err != nil {
-			tb.Errorf("controller: %v", err)
-		}
-	}()
-	f.stops = append(f.stops, func() { cancel(); <-done; nc.Close() })
-	// The controller serves its tools once it has raised the catalogue and
-	// resumed: then it consumes events.
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		_, err := cascade.Call(context.Background(), nc, c.Module(), cascade.ToolRetry, cascade.Request{Plan: "none"})
-		if errors.Is(err, cascade.ErrNoPlan) {
-			break
-		}
+	stop := cascadetest.Background(tb, "controller", c.Run)
+	f.stops = append(f.stops, func() { stop(); nc.Close() })
+	deadline := time.Now().Add(within)
+	for !cascadetest.Answers(context.Background(), nc, c.Module()) {
 		if time.Now().After(deadline) {
-			tb.Fatalf("the controller does not answer after 20s: %v", err)
+			tb.Fatalf("the controller does not answer after %s", within)
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(poll)
 	}
-	if f.kv, err = js.KeyValue(context.Background(), mesh.KVBucket(c.Module(), cascade.StateBucket)); err != nil {
+	if f.kv, err = f.js.KeyValue(context.Background(), mesh.KVBucket(c.Module(), cascade.StateBucket)); err != nil {
 		tb.Fatal(err)
 	}
+}
 
+// startAgents runs n agents of f.work (a second's grace), each on its own
+// connection from connect, until f closes; tweak sets agent i's config.
+func (f *benchFarm) startAgents(connect func() (*nats.Conn, jetstream.JetStream), n int, log *slog.Logger, tweak func(i int, c *agent.Config)) {
 	var cancels []context.CancelFunc
 	var dones []chan struct{}
-	for i := range agents {
-		nc, ajs := f.connect()
+	for i := range n {
+		nc, ajs := connect()
 		acfg := agent.DefaultConfig()
-		acfg.Machine = fmt.Sprintf("sim-%03d", i+1)
-		acfg.Slots = slots
-		acfg.FetchWait = 250 * time.Millisecond
 		acfg.Grace = time.Second
-		a, err := agent.New(acfg, ajs, f.work, nil, nil)
+		tweak(i, &acfg)
+		a, err := agent.New(acfg, ajs, f.work, log, nil)
 		if err != nil {
-			tb.Fatal(err)
+			f.tb.Fatal(err)
 		}
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
@@ -175,8 +183,6 @@ func newBenchFarm(tb testing.TB, cat *mesh.Catalogue, cfg cascade.Config, agents
 			<-done
 		}
 	})
-	f.waitIdle()
-	return f
 }
 
 func (f *benchFarm) connect() (*nats.Conn, jetstream.JetStream) {

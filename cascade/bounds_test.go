@@ -15,10 +15,10 @@ import (
 
 	"github.com/meshbuild/meshbuild/agent"
 	"github.com/meshbuild/meshbuild/cascade"
+	"github.com/meshbuild/meshbuild/cascade/cascadetest"
 	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
-	"github.com/meshbuild/meshbuild/registry"
 )
 
 // killer is a worker that kills its agent (its connection goes: no ack, no
@@ -394,36 +394,8 @@ func TestARealBuildWhoseLineIsMegabytesIsStored(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wg.Go(func() {
-		if err := c.Run(ctx); err != nil {
-			t.Errorf("controller: %v", err)
-		}
-	})
-	testenv.WaitFor(t, 10*time.Second, "the controller", func() bool {
-		_, err := cascade.Call(ctx, nc, "build-controller", cascade.ToolRetry, cascade.Request{Plan: "none"})
-		return errors.Is(err, cascade.ErrNoPlan)
-	})
-	b, err := agent.NewBuildKit(bk, agent.BuildKitOptions{Registry: registry.NewClient(registry.WithInsecure(true))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { b.Close() })
-	w := &agent.BuildWorker{
-		Sources: &agent.Sources{Dir: t.TempDir(), InsteadOf: map[string]string{testenv.FleetRepo: git}},
-		Builder: b,
-	}
-	anc, err := nats.Connect(s.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	ajs, _ := jetstream.New(anc)
-	acfg := agent.DefaultConfig()
-	acfg.Machine, acfg.FetchWait = "m1", 500*time.Millisecond
-	a, err := agent.New(acfg, ajs, w, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	wg.Go(func() { _ = a.Run(ctx); anc.Close() })
+	cascadetest.Run(t, ctx, &wg, c, nc)
+	cascadetest.Agent(t, ctx, &wg, s.ClientURL(), bk, git, "m1")
 
 	r, err := cascade.Call(ctx, nc, "build-controller", cascade.ToolRebuild, cascade.Request{ID: "loud-1", Modules: []string{"loud"}})
 	if err != nil {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/meshbuild/meshbuild/agent"
 	"github.com/meshbuild/meshbuild/cascade"
+	"github.com/meshbuild/meshbuild/cascade/cascadetest"
 	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
@@ -173,8 +174,7 @@ func newFaultFarm(t *testing.T, bus *natstest.TestCluster, replicas int) *faultF
 			t.Fatalf("the controller stopped while starting: %v", err)
 		default:
 		}
-		_, err := cascade.Call(context.Background(), f.nc, c.Module(), cascade.ToolRetry, cascade.Request{Plan: "none"})
-		return errors.Is(err, cascade.ErrNoPlan)
+		return cascadetest.Answers(context.Background(), f.nc, c.Module())
 	})
 	if f.store, err = cascade.OpenStore(context.Background(), f.js, c.Module()); err != nil {
 		t.Fatal(err)

@@ -91,14 +91,14 @@ func TestAModuleOfTwoPlatformsHasAnAskForEach(t *testing.T) {
 
 func TestToolErrorsMatchTheirSentinelsOnce(t *testing.T) {
 	for _, c := range toolCodes {
-		err := &ToolError{Code: codeOf(c.errs[0]), Message: "x"}
-		for _, s := range c.errs {
+		err := toolCodes.Error(codeOf(c.Sentinels[0]), "x")
+		for _, s := range c.Sentinels {
 			if !errors.Is(err, s) {
-				t.Errorf("code %s does not match %v", c.code, s)
+				t.Errorf("code %s does not match %v", c.Code, s)
 			}
 		}
-		if c.code != "no-plan" && errors.Is(err, ErrNoPlan) {
-			t.Errorf("code %s matches ErrNoPlan", c.code)
+		if c.Code != "no-plan" && errors.Is(err, ErrNoPlan) {
+			t.Errorf("code %s matches ErrNoPlan", c.Code)
 		}
 	}
 	if got := codeOf(errors.New("anything")); got != "bad-request" {

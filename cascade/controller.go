@@ -9,16 +9,16 @@ import (
 	"maps"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/meshbuild/meshbuild/internal/backoff"
-	"github.com/meshbuild/meshbuild/internal/gittree"
+	"github.com/meshbuild/meshbuild/internal/gitcache"
 	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/planner"
+	"github.com/meshbuild/meshbuild/seat"
 )
 
 // Observer is told what the controller does, for metrics.
@@ -86,10 +86,10 @@ type Controller struct {
 	// keys are the input keys built, with what they were built to.
 	keys map[string]KeyRecord
 	// trees resolves build contexts' tree ids (nil: no input keys).
-	trees  *gittree.Cache
+	trees  *gitcache.Cache
 	seq    uint64
 	askSeq map[string]uint64
-	cmds   chan command
+	cmds   seat.Inbox[command, Reply]
 
 	lastPrune time.Time
 	// held is set when asks are held for idle holders (WindowIdle).
@@ -148,7 +148,7 @@ func New(cfg Config, js jetstream.JetStream, cat *mesh.Catalogue, log *slog.Logg
 		cat: cat, catPlatforms: cat.Platforms(), ix: planner.NewIndex(cat),
 		storedBuild: map[string]time.Duration{}, forecasts: map[string]Forecast{}, forecastOwed: map[string]bool{},
 		plans: map[string]*State{}, current: map[string]Current{}, askSeq: map[string]uint64{},
-		cmds: make(chan command, 64), lastBuild: map[string]time.Duration{},
+		cmds: make(seat.Inbox[command, Reply], 64), lastBuild: map[string]time.Duration{},
 		keys: map[string]KeyRecord{}, trees: treeCache(cfg),
 		seatConsumers: map[string]jetstream.Consumer{}, askPlatform: map[string]string{},
 		platforms: platformWatch{since: time.Now(), seen: map[string]time.Time{}},
@@ -159,11 +159,11 @@ func New(cfg Config, js jetstream.JetStream, cat *mesh.Catalogue, log *slog.Logg
 
 // treeCache is the controller's clones of the modules' repositories, if it
 // keeps them (Config.Sources).
-func treeCache(cfg Config) *gittree.Cache {
+func treeCache(cfg Config) *gitcache.Cache {
 	if cfg.Sources == "" {
 		return nil
 	}
-	return &gittree.Cache{Dir: cfg.Sources, InsteadOf: cfg.InsteadOf}
+	return &gitcache.Cache{Dir: cfg.Sources, InsteadOf: cfg.InsteadOf}
 }
 
 // SetSettler sets where settled plans are handed over (see Settler); call
@@ -308,7 +308,7 @@ func (c *Controller) Run(ctx context.Context) error {
 			}
 			batch = kept
 		case cmd := <-c.cmds:
-			cmd.reply <- c.command(ctx, cmd)
+			cmd.Answer(c.command(ctx, cmd.Q))
 		case m, ok := <-gaveUp:
 			if !ok {
 				return errors.New("the consumer of given-up asks stopped")
@@ -517,52 +517,13 @@ func (c *Controller) consumeGaveUp(ctx context.Context) (<-chan jetstream.Msg, f
 }
 
 // consume binds the durable consumer on stream and delivers its messages
-// on a channel, closed if the consumer stops. stop ends it: what was
-// fetched and not worked goes back at once (naked), so the next holder of
-// mesh-controller has it without an ack wait; a drain needs the bus, so
-// cut off from it, it just stops.
+// on a channel, closed if the consumer stops (seat.Consume); stop ends it.
 func (c *Controller) consume(ctx context.Context, stream, consumer string, batch int, what string) (<-chan jetstream.Msg, func(), error) {
-	cons, err := c.js.Consumer(ctx, stream, consumer)
+	s, err := seat.Consume(ctx, c.js, stream, consumer, batch, what, c.log)
 	if err != nil {
-		return nil, nil, fmt.Errorf("binding the consumer of %s (%s/%s): %w", what, stream, consumer, err)
+		return nil, nil, err
 	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(batch))
-	if err != nil {
-		return nil, nil, fmt.Errorf("consuming %s (%s/%s): %w", what, stream, consumer, err)
-	}
-	out := make(chan jetstream.Msg, batch)
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		defer close(out)
-		for {
-			m, err := it.Next()
-			if errors.Is(err, jetstream.ErrNoHeartbeat) {
-				// The server missed its heartbeats (a cluster without
-				// quorum, a bus away): the iterator goes on pulling.
-				c.log.Warn("consumer missed its heartbeats; still pulling", "of", what)
-				continue
-			}
-			if err != nil {
-				if !errors.Is(err, jetstream.ErrMsgIteratorClosed) {
-					c.log.Warn("consumer stopped", "of", what, "err", err)
-				}
-				return
-			}
-			out <- m
-		}
-	})
-	stop := func() {
-		if c.nc.IsConnected() {
-			it.Drain()
-		} else {
-			it.Stop()
-		}
-		for m := range out {
-			_ = m.Nak()
-		}
-		wg.Wait()
-	}
-	return out, stop, nil
+	return s.Messages(), s.Stop, nil
 }
 
 // abandoned works the server's word that it gave up on an ask of the build

@@ -19,6 +19,7 @@ import (
 
 	"github.com/meshbuild/meshbuild/agent"
 	"github.com/meshbuild/meshbuild/cascade"
+	"github.com/meshbuild/meshbuild/cascade/cascadetest"
 	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
@@ -90,8 +91,8 @@ type harness struct {
 	w   *work
 	log *slog.Logger // the controller's; nil discards
 
-	stopController context.CancelFunc
-	controllerDone chan struct{}
+	// stopControllerNow stops the controller and waits for it.
+	stopControllerNow func()
 }
 
 func newHarness(t *testing.T, graph map[string][]string, agents int) *harness {
@@ -129,27 +130,13 @@ func (h *harness) startControllerWith(tweak func(*cascade.Config)) {
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if err := c.Run(ctx); err != nil {
-			h.t.Errorf("controller: %v", err)
-		}
-		nc.Close()
-	}()
-	h.stopController, h.controllerDone = cancel, done
-	h.t.Cleanup(func() { cancel(); <-done })
-	// Wait until the controller serves its tools.
-	testenv.WaitFor(h.t, 10*time.Second, "the controller", func() bool {
-		_, err := cascade.Call(context.Background(), h.nc, "build-controller", cascade.ToolRetry, cascade.Request{Plan: "none"})
-		return errors.Is(err, cascade.ErrNoPlan)
+	h.stopControllerNow = cascadetest.Background(h.t, "controller", func(ctx context.Context) error {
+		defer nc.Close()
+		return c.Run(ctx)
 	})
-}
-
-func (h *harness) stopControllerNow() {
-	h.stopController()
-	<-h.controllerDone
+	h.t.Cleanup(h.stopControllerNow)
+	// Wait until the controller serves its tools.
+	cascadetest.WaitReady(h.t, h.nc, c.Module(), 10*time.Second)
 }
 
 func (h *harness) startAgent(machine string) {

@@ -33,6 +33,7 @@ import (
 
 	"github.com/meshbuild/meshbuild/agent"
 	"github.com/meshbuild/meshbuild/cascade"
+	"github.com/meshbuild/meshbuild/cascade/cascadetest"
 	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
@@ -376,8 +377,7 @@ func (f *chaosFarm) runController(ctx context.Context, nc *nats.Conn, _ *tap, re
 			return err
 		case <-time.After(20 * time.Millisecond):
 		}
-		_, err := cascade.Call(ctx, f.nc, "build-controller", cascade.ToolRetry, cascade.Request{Plan: "none"})
-		if errors.Is(err, cascade.ErrNoPlan) {
+		if cascadetest.Answers(ctx, f.nc, c.Module()) {
 			break
 		}
 	}

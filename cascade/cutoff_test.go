@@ -2,7 +2,6 @@ package cascade_test
 
 import (
 	"context"
-	"errors"
 	"slices"
 	"strings"
 	"sync"
@@ -10,10 +9,9 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/meshbuild/meshbuild/agent"
 	"github.com/meshbuild/meshbuild/cascade"
+	"github.com/meshbuild/meshbuild/cascade/cascadetest"
 	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
@@ -71,35 +69,12 @@ func TestUnchangedInputsAreNotDispatchedAndTheCascadeStops(t *testing.T) {
 				t.Errorf("controller: %v", err)
 			}
 		})
-		testenv.WaitFor(t, 10*time.Second, "the controller", func() bool {
-			_, err := cascade.Call(ctx, nc, "build-controller", cascade.ToolRetry, cascade.Request{Plan: "none"})
-			return errors.Is(err, cascade.ErrNoPlan)
-		})
+		cascadetest.WaitReady(t, nc, c.Module(), 10*time.Second)
 		return func() { cancel(); <-done }
 	}
 	stopController := startController()
 	for i, bk := range bks {
-		b, err := agent.NewBuildKit(bk, agent.BuildKitOptions{Registry: registry.NewClient(registry.WithInsecure(true))})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { b.Close() })
-		w := &agent.BuildWorker{
-			Sources: &agent.Sources{Dir: t.TempDir(), InsteadOf: map[string]string{testenv.FleetRepo: git}},
-			Builder: b,
-		}
-		anc, err := nats.Connect(s.ClientURL())
-		if err != nil {
-			t.Fatal(err)
-		}
-		ajs, _ := jetstream.New(anc)
-		acfg := agent.DefaultConfig()
-		acfg.Machine, acfg.FetchWait = []string{"m1", "m2"}[i], 500*time.Millisecond
-		a, err := agent.New(acfg, ajs, w, nil, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		wg.Go(func() { _ = a.Run(ctx); anc.Close() })
+		cascadetest.Agent(t, ctx, &wg, s.ClientURL(), bk, git, []string{"m1", "m2"}[i])
 	}
 
 	// Every ask published, by plan: what was dispatched.

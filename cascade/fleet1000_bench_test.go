@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -28,7 +27,6 @@ import (
 	"github.com/meshbuild/meshbuild/cascade"
 	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/internal/sim"
-	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
 )
 
@@ -540,63 +538,10 @@ func newFleetFarm(tb testing.TB, bus *natsProcs, cat *mesh.Catalogue, cfg cascad
 	f.stops = append(f.stops, tnc.Close)
 
 	nc, cjs := f.connect()
-	if cfg.Registry == "" {
-		cfg.Registry = "127.0.0.1:1"
-	}
-	cfg.Images = testenv.AnyImage{} // simulated builds push nothing
-	c, err := cascade.New(cfg, cjs, cat, nil, nil)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if err := c.Run(ctx); err != nil {
-			tb.Errorf("controller: %v", err)
-		}
-	}()
-	f.stops = append(f.stops, func() { cancel(); <-done; nc.Close() })
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		_, err := cascade.Call(context.Background(), nc, c.Module(), cascade.ToolRetry, cascade.Request{Plan: "none"})
-		if errors.Is(err, cascade.ErrNoPlan) {
-			break
-		}
-		if time.Now().After(deadline) {
-			tb.Fatalf("the controller does not answer after 60s: %v", err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if f.kv, err = f.js.KeyValue(context.Background(), mesh.KVBucket(c.Module(), cascade.StateBucket)); err != nil {
-		tb.Fatal(err)
-	}
-
+	f.startController(nc, cjs, cat, cfg, 60*time.Second, 20*time.Millisecond)
 	warns := &fetchWarnings{}
-	log := slog.New(warns)
-	var cancels []context.CancelFunc
-	var dones []chan struct{}
-	for i := range agents {
-		nc, ajs := f.connect()
-		acfg := agent.DefaultConfig()
+	f.startAgents(f.connect, agents, slog.New(warns), func(i int, acfg *agent.Config) {
 		acfg.Machine = fmt.Sprintf("sim-%04d", i+1)
-		acfg.Grace = time.Second
-		a, err := agent.New(acfg, ajs, f.work, log, nil)
-		if err != nil {
-			tb.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() { defer close(done); _ = a.Run(ctx); nc.Close() }()
-		cancels, dones = append(cancels, cancel), append(dones, done)
-	}
-	f.stops = append(f.stops, func() {
-		for _, cancel := range cancels {
-			cancel()
-		}
-		for _, done := range dones {
-			<-done
-		}
 	})
 	f.waitIdle()
 	return f, warns

@@ -13,8 +13,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/planner"
+	"github.com/meshbuild/meshbuild/seat"
 	"github.com/meshbuild/meshbuild/state"
 )
 
@@ -146,11 +146,9 @@ type Store struct {
 
 // OpenStore binds the controller module's plans bucket.
 func OpenStore(ctx context.Context, js jetstream.JetStream, controllerModule string) (*Store, error) {
-	name := mesh.KVBucket(controllerModule, StateBucket)
-	kv, err := js.KeyValue(ctx, name)
+	kv, err := seat.OpenBucket(ctx, js, controllerModule, StateBucket)
 	if err != nil {
-		return nil, fmt.Errorf("opening bucket %s (is the catalogue raised? module %s must declare state %q): %w",
-			name, controllerModule, StateBucket, err)
+		return nil, err
 	}
 	return &Store{kv: kv, Parallel: 64}, nil
 }

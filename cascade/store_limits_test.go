@@ -7,8 +7,7 @@ import (
 	"testing"
 
 	"github.com/meshbuild/meshbuild/cascade"
-	"github.com/meshbuild/meshbuild/internal/natstest"
-	"github.com/meshbuild/meshbuild/internal/testenv"
+	"github.com/meshbuild/meshbuild/cascade/cascadetest"
 	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/state"
 )
@@ -17,18 +16,10 @@ import (
 // through the limit every module's state does — a value over 256 KiB is
 // refused naming the limit, and nothing is written.
 func TestPlanStoreKeepsTheStateLimits(t *testing.T) {
-	s := natstest.Server(t, nil)
-	_, js := natstest.Connect(t, s)
+	st := cascadetest.Store(t)
 	ctx := context.Background()
-	if _, err := mesh.Raise(ctx, js, testenv.Catalogue(t, nil), 1); err != nil {
-		t.Fatal(err)
-	}
-	st, err := cascade.OpenStore(ctx, js, "build-controller")
-	if err != nil {
-		t.Fatal(err)
-	}
 	huge := cascade.ModuleStatus{Module: "a", Bases: []string{strings.Repeat("b", mesh.BucketMaxValue)}}
-	err = st.Put(ctx, map[string]any{cascade.ModuleKey("p", "a"): huge})
+	err := st.Put(ctx, map[string]any{cascade.ModuleKey("p", "a"): huge})
 	if !errors.Is(err, state.ErrValueTooLarge) || !strings.Contains(err.Error(), "256 KiB a value") || !strings.Contains(err.Error(), cascade.ModuleKey("p", "a")) {
 		t.Fatalf("a module status over 256 KiB: %v, want ErrValueTooLarge naming the key and the limit", err)
 	}

@@ -8,23 +8,13 @@ import (
 	"time"
 
 	"github.com/meshbuild/meshbuild/cascade"
-	"github.com/meshbuild/meshbuild/internal/natstest"
-	"github.com/meshbuild/meshbuild/internal/testenv"
-	"github.com/meshbuild/meshbuild/mesh"
+	"github.com/meshbuild/meshbuild/cascade/cascadetest"
 	"github.com/meshbuild/meshbuild/planner"
 )
 
 func TestPruneKeepsRunningAndTheNewestSettledPlans(t *testing.T) {
-	s := natstest.Server(t, nil)
-	_, js := natstest.Connect(t, s)
+	st := cascadetest.Store(t)
 	ctx := context.Background()
-	if _, err := mesh.Raise(ctx, js, testenv.Catalogue(t, nil), 1); err != nil {
-		t.Fatal(err)
-	}
-	st, err := cascade.OpenStore(ctx, js, "build-controller")
-	if err != nil {
-		t.Fatal(err)
-	}
 	outcomes := []cascade.Outcome{cascade.OutcomeBuilt, cascade.OutcomeRunning, cascade.OutcomeFailed, cascade.OutcomeBuilt, cascade.OutcomeEmpty, cascade.OutcomeBuilt}
 	for i, o := range outcomes {
 		id := fmt.Sprintf("p-%d", i)
@@ -62,16 +52,8 @@ func TestPruneKeepsRunningAndTheNewestSettledPlans(t *testing.T) {
 // Input keys go with the plans that built them, but for those a kept plan
 // or a module's current image still refers to.
 func TestPruneKeysGoWithTheirPlans(t *testing.T) {
-	s := natstest.Server(t, nil)
-	_, js := natstest.Connect(t, s)
+	st := cascadetest.Store(t)
 	ctx := context.Background()
-	if _, err := mesh.Raise(ctx, js, testenv.Catalogue(t, nil), 1); err != nil {
-		t.Fatal(err)
-	}
-	st, err := cascade.OpenStore(ctx, js, "build-controller")
-	if err != nil {
-		t.Fatal(err)
-	}
 	dg := func(n int) string { return fmt.Sprintf("sha256:%064d", n) }
 	// p-0 and p-2 are pruned (keep 2 settled: p-3, p-4); p-1 runs.
 	outcomes := []cascade.Outcome{cascade.OutcomeBuilt, cascade.OutcomeRunning, cascade.OutcomeFailed, cascade.OutcomeBuilt, cascade.OutcomeBuilt}

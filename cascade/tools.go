@@ -12,6 +12,7 @@ import (
 
 	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/planner"
+	"github.com/meshbuild/meshbuild/seat"
 )
 
 // The controller's tools (its manifest's serves), request/reply on
@@ -55,7 +56,7 @@ type Reply struct {
 var (
 	ErrUnknownModule = planner.ErrUnknownModule
 	ErrBadRequest    = errors.New("bad request")
-	ErrNoController  = errors.New("no controller answered")
+	ErrNoController  = seat.ErrNoController
 )
 
 // toolCodes is the one table of the tools' error codes: a code crosses the
@@ -64,26 +65,21 @@ var (
 // wraps; the client's ToolError matches every sentinel of its code (so a
 // module not built, or not in the plan, is also an unknown module to a
 // caller that asks only that). An error no code matches is bad-request.
-var toolCodes = []struct {
-	code string
-	errs []error
-}{
-	{"unknown-module", []error{ErrUnknownModule}},
-	{"not-built", []error{planner.ErrNotBuilt, ErrUnknownModule}},
-	{"not-in-plan", []error{ErrNotInPlan, ErrUnknownModule}},
-	{"no-plan", []error{ErrNoPlan}},
-	{"not-failed", []error{ErrNotFailed}},
-	{"plan-cancelled", []error{ErrPlanCancelled}},
-	{"no-base", []error{ErrNoBase}},
-	{"bad-request", []error{ErrBadRequest}},
+var toolCodes = seat.Codes{
+	{Code: "unknown-module", Sentinels: []error{ErrUnknownModule}},
+	{Code: "not-built", Sentinels: []error{planner.ErrNotBuilt, ErrUnknownModule}},
+	{Code: "not-in-plan", Sentinels: []error{ErrNotInPlan, ErrUnknownModule}},
+	{Code: "no-plan", Sentinels: []error{ErrNoPlan}},
+	{Code: "not-failed", Sentinels: []error{ErrNotFailed}},
+	{Code: "plan-cancelled", Sentinels: []error{ErrPlanCancelled}},
+	{Code: "no-base", Sentinels: []error{ErrNoBase}},
+	{Code: "bad-request", Sentinels: []error{ErrBadRequest}},
 }
 
 // codeOf is the code of an error the controller answers with.
 func codeOf(err error) string {
-	for _, c := range toolCodes {
-		if errors.Is(err, c.errs[0]) {
-			return c.code
-		}
+	if code := toolCodes.Of(err); code != "" {
+		return code
 	}
 	return "bad-request"
 }
@@ -91,72 +87,43 @@ func codeOf(err error) string {
 // ToolError is a tool's error answer as the client receives it: the
 // controller's message, once, and its code, which errors.Is matches
 // against the sentinels of toolCodes (errors.Is(err, ErrNoPlan)).
-type ToolError struct {
-	Code    string
-	Message string
-}
+type ToolError = seat.Error
 
-func (e *ToolError) Error() string { return e.Message }
-
-// Is reports whether target is one of the sentinels of e's code.
-func (e *ToolError) Is(target error) bool {
-	for _, c := range toolCodes {
-		if c.code == e.Code {
-			for _, s := range c.errs {
-				if s == target {
-					return true
-				}
-			}
-		}
-	}
-	return false
-}
+// Failure is the reply's error and its code (seat.Answer).
+func (r Reply) Failure() (message, code string) { return r.Error, r.Code }
 
 type command struct {
-	kind  string
-	req   Request
-	cat   *mesh.Catalogue
-	reply chan Reply
+	kind string
+	req  Request
+	cat  *mesh.Catalogue
 }
 
+// do hands cmd to the controller's goroutine and waits for its reply.
 func (c *Controller) do(ctx context.Context, cmd command) Reply {
-	cmd.reply = make(chan Reply, 1)
-	select {
-	case c.cmds <- cmd:
-	case <-ctx.Done():
-		return Reply{Error: ctx.Err().Error()}
+	r, err := c.cmds.Do(ctx, cmd)
+	if err != nil {
+		return Reply{Error: err.Error()}
 	}
-	select {
-	case r := <-cmd.reply:
-		return r
-	case <-ctx.Done():
-		return Reply{Error: ctx.Err().Error()}
-	}
+	return r
 }
 
 func (c *Controller) serveTools() ([]*nats.Subscription, error) {
-	var subs []*nats.Subscription
-	for _, tool := range []string{ToolRebuild, ToolRetry, ToolCancel, ToolPriority} {
-		subj := mesh.ModuleToolSubject(c.module, tool)
-		sub, err := c.nc.Subscribe(subj, func(m *nats.Msg) {
-			var req Request
-			var r Reply
-			if err := json.Unmarshal(m.Data, &req); err != nil {
-				r = Reply{Error: fmt.Sprintf("%v: malformed request: %v", ErrBadRequest, err), Code: codeOf(ErrBadRequest)}
-			} else {
-				ctx, cancel := context.WithTimeout(context.Background(), c.cfg.ToolTimeout)
-				r = c.do(ctx, command{kind: tool, req: req})
-				cancel()
-			}
-			data, _ := json.Marshal(r)
-			_ = m.Respond(data)
-		})
-		if err != nil {
-			return subs, fmt.Errorf("serving %s: %w", subj, err)
-		}
-		subs = append(subs, sub)
+	var tools []seat.Tool
+	for _, name := range []string{ToolRebuild, ToolRetry, ToolCancel, ToolPriority} {
+		tools = append(tools, toolOf(c.module, name))
 	}
-	return subs, nil
+	return seat.Serve(c.nc, tools, c.cfg.ToolTimeout,
+		func(ctx context.Context, tool string, req Request) Reply {
+			return c.do(ctx, command{kind: tool, req: req})
+		},
+		func(err error) Reply {
+			return Reply{Error: fmt.Sprintf("%v: malformed request: %v", ErrBadRequest, err), Code: codeOf(ErrBadRequest)}
+		})
+}
+
+// toolOf is the controller module's tool by name.
+func toolOf(controllerModule, name string) seat.Tool {
+	return seat.Tool{Name: name, Subject: mesh.ModuleToolSubject(controllerModule, name)}
 }
 
 // command runs on the controller's goroutine.
@@ -286,27 +253,9 @@ func (c *Controller) cancelOnHolders(asks []string) {
 
 // Call sends a tool request to the controller and decodes its reply; an
 // error reply is returned as a *ToolError, which errors.Is matches against
-// the sentinel its code names.
-func Call(ctx context.Context, nc *nats.Conn, controllerModule, tool string, req Request) (Reply, error) {
-	data, _ := json.Marshal(req)
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, DefaultToolTimeout)
-		defer cancel()
-	}
-	m, err := nc.RequestWithContext(ctx, mesh.ModuleToolSubject(controllerModule, tool), data)
-	if errors.Is(err, nats.ErrNoResponders) {
-		return Reply{}, fmt.Errorf("%w: is build-controller running? (%s)", ErrNoController, mesh.ModuleToolSubject(controllerModule, tool))
-	}
-	if err != nil {
-		return Reply{}, fmt.Errorf("asking the controller to %s: %w", tool, err)
-	}
-	var r Reply
-	if err := json.Unmarshal(m.Data, &r); err != nil {
-		return Reply{}, fmt.Errorf("decoding the controller's answer: %w", err)
-	}
-	if r.Error != "" {
-		return r, &ToolError{Code: r.Code, Message: r.Error}
-	}
-	return r, nil
+// the sentinel its code names. Without a deadline on ctx the call waits
+// DefaultToolTimeout, or what seat.WithTimeout says.
+func Call(ctx context.Context, nc *nats.Conn, controllerModule, tool string, req Request, opts ...seat.CallOption) (Reply, error) {
+	opts = append([]seat.CallOption{seat.WithTimeout(DefaultToolTimeout)}, opts...)
+	return seat.Call[Reply](ctx, nc, "the controller", toolOf(controllerModule, tool), req, toolCodes, opts...)
 }

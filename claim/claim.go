@@ -465,37 +465,18 @@ func (l *Lease) renew(sent time.Time) {
 	defer deadline.Stop()
 	tick := time.NewTicker(l.o.renew)
 	defer tick.Stop()
-	subject := l.subject
-	expired := func() {
-		l.lose(fmt.Errorf("%w: %w: %s: no renewal succeeded within the lease (%s)", ErrLost, ErrLapsed, l.what, l.o.lease))
-	}
 	for {
 		select {
 		case <-l.stop:
 			return
 		case <-deadline.C:
-			expired()
+			l.lapsed()
 			return
 		case <-tick.C:
 		}
 		at := time.Now()
-		l.mu.Lock()
-		rev := l.rev
-		l.mu.Unlock()
-		data := l.value(l.o.clock().UTC())
-		// A renewal in flight may not outlast the claim it renews.
-		end := at.Add(l.o.renew)
-		if giveUp.Before(end) {
-			end = giveUp
-		}
-		pctx, pcancel := context.WithDeadline(ctx, end)
-		ack, err := l.js.PublishMsg(pctx, &nats.Msg{Subject: subject, Data: data},
-			jetstream.WithExpectLastSequencePerSubject(rev), jetstream.WithMsgTTL(l.o.lease))
-		pcancel()
+		err := l.renewOnce(ctx, at, giveUp)
 		if err == nil {
-			l.mu.Lock()
-			l.rev, l.ttlAt = ack.Sequence, time.Now()
-			l.mu.Unlock()
 			giveUp = at.Add(l.giveUp())
 			deadline.Reset(time.Until(giveUp))
 			continue
@@ -504,41 +485,75 @@ func (l *Lease) renew(sent time.Time) {
 			return
 		}
 		if !time.Now().Before(giveUp) {
-			expired()
+			l.lapsed()
 			return
 		}
 		if !wrongLastSequence(err) {
 			l.o.log.Warn("renewing the claim failed; retrying", "claim", l.what, "err", err)
 			continue
 		}
-		// The key moved on without us: maybe our own renewal whose
-		// acknowledgement was lost, else the claim lapsed or is another's.
-		rctx, rcancel := context.WithDeadline(ctx, giveUp)
-		cur, rerr := read(rctx, l.kv, l.key)
-		rcancel()
-		switch {
-		case rerr == nil && cur.Token == l.token:
-			gctx, gcancel := context.WithDeadline(ctx, giveUp)
-			e, gerr := l.kv.Get(gctx, l.key)
-			gcancel()
-			if gerr == nil {
-				l.mu.Lock()
-				l.rev = e.Revision()
-				l.mu.Unlock()
-			}
-		case rerr == nil && l.rec.Seat != "":
-			l.lose(fmt.Errorf("%w: %w", ErrLost, &ClaimedError{Record: cur}))
+		if lost := l.moved(ctx, giveUp); lost != nil {
+			l.lose(lost)
 			return
-		case rerr == nil:
-			l.lose(fmt.Errorf("%w: %s: another claim has the key now", ErrLost, l.what))
-			return
-		case errors.Is(rerr, jetstream.ErrKeyNotFound) || errors.Is(rerr, jetstream.ErrKeyDeleted):
-			l.lose(fmt.Errorf("%w: %w: %s: the claim lapsed on the server", ErrLost, ErrLapsed, l.what))
-			return
-		default:
-			l.o.log.Warn("reading the claim failed; retrying", "claim", l.what, "err", rerr)
 		}
 	}
+}
+
+// renewOnce publishes one renewal sent at at, conditional on the last
+// revision, and takes up the revision it was stored at.
+func (l *Lease) renewOnce(ctx context.Context, at, giveUp time.Time) error {
+	l.mu.Lock()
+	rev := l.rev
+	l.mu.Unlock()
+	data := l.value(l.o.clock().UTC())
+	// A renewal in flight may not outlast the claim it renews.
+	end := at.Add(l.o.renew)
+	if giveUp.Before(end) {
+		end = giveUp
+	}
+	pctx, pcancel := context.WithDeadline(ctx, end)
+	defer pcancel()
+	ack, err := l.js.PublishMsg(pctx, &nats.Msg{Subject: l.subject, Data: data},
+		jetstream.WithExpectLastSequencePerSubject(rev), jetstream.WithMsgTTL(l.o.lease))
+	if err != nil {
+		return err
+	}
+	l.mu.Lock()
+	l.rev, l.ttlAt = ack.Sequence, time.Now()
+	l.mu.Unlock()
+	return nil
+}
+
+// moved reads the key a renewal found moved on without us: our own renewal
+// whose acknowledgement was lost (its revision is taken up), else the claim
+// lapsed or is another's — the loss it returns. A read that fails is
+// retried at the next renewal (nil).
+func (l *Lease) moved(ctx context.Context, giveUp time.Time) error {
+	rctx, rcancel := context.WithDeadline(ctx, giveUp)
+	defer rcancel()
+	cur, rerr := read(rctx, l.kv, l.key)
+	switch {
+	case rerr == nil && cur.Token == l.token:
+		if e, gerr := l.kv.Get(rctx, l.key); gerr == nil {
+			l.mu.Lock()
+			l.rev = e.Revision()
+			l.mu.Unlock()
+		}
+		return nil
+	case rerr == nil && l.rec.Seat != "":
+		return fmt.Errorf("%w: %w", ErrLost, &ClaimedError{Record: cur})
+	case rerr == nil:
+		return fmt.Errorf("%w: %s: another claim has the key now", ErrLost, l.what)
+	case errors.Is(rerr, jetstream.ErrKeyNotFound) || errors.Is(rerr, jetstream.ErrKeyDeleted):
+		return fmt.Errorf("%w: %w: %s: the claim lapsed on the server", ErrLost, ErrLapsed, l.what)
+	}
+	l.o.log.Warn("reading the claim failed; retrying", "claim", l.what, "err", rerr)
+	return nil
+}
+
+// lapsed ends the lease: no renewal succeeded within it.
+func (l *Lease) lapsed() {
+	l.lose(fmt.Errorf("%w: %w: %s: no renewal succeeded within the lease (%s)", ErrLost, ErrLapsed, l.what, l.o.lease))
 }
 
 // wrongLastSequence reports whether a conditional write was refused because
@@ -594,11 +609,10 @@ func Standby(ctx context.Context, js jetstream.JetStream, seat string, scope Sco
 			return l, nil
 		}
 		var ce *ClaimedError
-		switch {
-		case errors.As(err, &ce):
-		case ctx.Err() != nil:
-			return nil, ctx.Err()
-		default:
+		if !errors.As(err, &ce) {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
 			// The bus is away (a standby cut off, a server restarting):
 			// look again at the next renewal.
 			o.log.Warn("standby: claiming the seat failed; trying again", "seat", seat, "scope", scope.String(), "err", err)
@@ -616,31 +630,45 @@ func Standby(ctx context.Context, js jetstream.JetStream, seat string, scope Sco
 				"lease", ce.Record.Lease)
 		}
 		if updates == nil {
-			// The server leaves a marker where a claim lapses: watching the
-			// key takes the seat the moment it is free. The tick is the
-			// fallback.
-			if w, err := kv.Watch(ctx, mesh.ClaimKey(seat, scope.node), jetstream.UpdatesOnly()); err == nil {
-				defer func() { _ = w.Stop() }()
-				updates = w.Updates()
-			} else {
-				o.log.Warn("watching the seat's claim; looking again every renewal instead", "err", err)
-			}
+			var stop func()
+			updates, stop = watchClaim(ctx, kv, seat, scope, o.log)
+			defer stop()
 		}
-	wait:
-		for {
-			select {
-			case <-ctx.Done():
-				return nil, ctx.Err()
-			case <-tick.C:
-				break wait
-			case e, ok := <-updates:
-				if !ok {
-					updates = nil
-					break wait
-				}
-				if e != nil && e.Operation() != jetstream.KeyValuePut {
-					break wait
-				}
+		if updates, err = waitForChange(ctx, tick.C, updates); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// watchClaim watches the claim of seat at scope: the server leaves a marker
+// where a claim lapses, so a standby takes the seat the moment it is free.
+// On failure it returns no updates (the standby's tick is the fallback) and
+// a stop that does nothing.
+func watchClaim(ctx context.Context, kv jetstream.KeyValue, seat string, scope Scope, log *slog.Logger) (<-chan jetstream.KeyValueEntry, func()) {
+	w, err := kv.Watch(ctx, mesh.ClaimKey(seat, scope.node), jetstream.UpdatesOnly())
+	if err != nil {
+		log.Warn("watching the seat's claim; looking again every renewal instead", "err", err)
+		return nil, func() {}
+	}
+	return w.Updates(), func() { _ = w.Stop() }
+}
+
+// waitForChange waits for the next tick, or for the claim to be deleted or
+// to lapse, and returns the updates to watch on (nil once they closed), or
+// ctx's error.
+func waitForChange(ctx context.Context, tick <-chan time.Time, updates <-chan jetstream.KeyValueEntry) (<-chan jetstream.KeyValueEntry, error) {
+	for {
+		select {
+		case <-ctx.Done():
+			return updates, ctx.Err()
+		case <-tick:
+			return updates, nil
+		case e, ok := <-updates:
+			if !ok {
+				return nil, nil
+			}
+			if e != nil && e.Operation() != jetstream.KeyValuePut {
+				return updates, nil
 			}
 		}
 	}

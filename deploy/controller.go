@@ -9,7 +9,6 @@ import (
 	"slices"
 	"sort"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -18,6 +17,7 @@ import (
 	"github.com/meshbuild/meshbuild/cascade"
 	"github.com/meshbuild/meshbuild/internal/backoff"
 	"github.com/meshbuild/meshbuild/mesh"
+	"github.com/meshbuild/meshbuild/seat"
 )
 
 // ControllerConfig configures the fleet's side of the controller.
@@ -36,6 +36,9 @@ type ControllerConfig struct {
 	ReportBound time.Duration
 	// OnlineWithin: a node heard from within it is online.
 	OnlineWithin time.Duration
+	// ToolTimeout bounds the controller's work on one tool request; 0 is
+	// seat.DefaultToolTimeout.
+	ToolTimeout time.Duration
 	// Raise asserts the catalogue's wire (with the declarations stream) on
 	// start. Off where another part of the process raised it already
 	// (cascade.Controller in build-controller): two raises at once race.
@@ -44,7 +47,8 @@ type ControllerConfig struct {
 
 // DefaultControllerConfig returns the defaults.
 func DefaultControllerConfig() ControllerConfig {
-	return ControllerConfig{Replicas: 1, ReportDelay: 5 * time.Second, ReportBound: time.Hour, OnlineWithin: 90 * time.Second, Raise: true}
+	return ControllerConfig{Replicas: 1, ReportDelay: 5 * time.Second, ReportBound: time.Hour, OnlineWithin: 90 * time.Second,
+		ToolTimeout: seat.DefaultToolTimeout, Raise: true}
 }
 
 // ErrConfig is wrapped by every refusal of a configuration.
@@ -73,7 +77,7 @@ type Controller struct {
 	heard  map[string]Report
 	// current is each module's current image from the plans bucket.
 	current map[string]cascade.Current
-	cmds    chan command
+	cmds    seat.Inbox[command, Reply]
 }
 
 // NewController returns the fleet's controller for a checked catalogue.
@@ -90,6 +94,9 @@ func NewController(cfg ControllerConfig, js jetstream.JetStream, cat *mesh.Catal
 	}
 	if cfg.OnlineWithin <= 0 {
 		cfg.OnlineWithin = def.OnlineWithin
+	}
+	if cfg.ToolTimeout <= 0 {
+		cfg.ToolTimeout = def.ToolTimeout
 	}
 	if js == nil || cat == nil {
 		return nil, fmt.Errorf("%w: a JetStream handle and a catalogue are required", ErrConfig)
@@ -108,7 +115,7 @@ func NewController(cfg ControllerConfig, js jetstream.JetStream, cat *mesh.Catal
 		cfg: cfg, js: js, nc: js.Conn(), log: log, obs: obs, module: module, cat: cat,
 		nodes: map[string]NodeRecord{}, assign: map[string]Assignment{}, decl: map[string]Declaration{},
 		status: map[string]Status{}, heard: map[string]Report{}, current: map[string]cascade.Current{},
-		cmds: make(chan command, 16),
+		cmds: make(seat.Inbox[command, Reply], 16),
 	}, nil
 }
 
@@ -148,17 +155,8 @@ func (c *Controller) Run(ctx context.Context) error {
 	if err := c.retry(ctx, "loading the fleet", c.load); err != nil {
 		return err
 	}
-	var currents jetstream.KeyWatcher
-	if err := c.retry(ctx, "watching current images", func(ctx context.Context) error {
-		plans, err := c.js.KeyValue(ctx, mesh.KVBucket(c.module, cascade.StateBucket))
-		if err != nil {
-			return fmt.Errorf("opening the plans bucket for current images: %w", err)
-		}
-		if currents, err = plans.WatchFiltered(ctx, []string{cascade.CurrentKey("*")}, jetstream.IgnoreDeletes()); err != nil {
-			return fmt.Errorf("watching current images: %w", err)
-		}
-		return nil
-	}); err != nil {
+	currents, err := c.watchCurrents(ctx)
+	if err != nil {
 		return err
 	}
 	defer func() { _ = currents.Stop() }()
@@ -171,41 +169,38 @@ func (c *Controller) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	var cons jetstream.Consumer
+	var seatMsgs *seat.Consumption
 	if err := c.retry(ctx, "binding the "+mesh.ControllerSeat+" seat's consumer", func(ctx context.Context) (err error) {
-		cons, err = c.js.Consumer(ctx, mesh.SeatStream(mesh.ControllerSeat), mesh.SeatConsumer(mesh.ControllerSeat))
-		if err != nil {
-			return fmt.Errorf("binding the %s seat's consumer: %w", mesh.ControllerSeat, err)
-		}
-		return nil
+		seatMsgs, err = seat.Consume(ctx, c.js, mesh.SeatStream(mesh.ControllerSeat), mesh.SeatConsumer(mesh.ControllerSeat), 64, "the "+mesh.ControllerSeat+" seat", c.log)
+		return err
 	}); err != nil {
 		return err
 	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(64))
-	if err != nil {
-		return fmt.Errorf("consuming %s: %w", mesh.ControllerSeat, err)
-	}
-	msgs := make(chan jetstream.Msg, 64)
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		defer close(msgs)
-		for {
-			m, err := it.Next()
-			if errors.Is(err, jetstream.ErrNoHeartbeat) {
-				continue // the server missed heartbeats: the iterator goes on pulling
-			}
-			if err != nil {
-				if !errors.Is(err, jetstream.ErrMsgIteratorClosed) {
-					c.log.Warn("seat consumer stopped", "seat", mesh.ControllerSeat, "err", err)
-				}
-				return
-			}
-			msgs <- m
-		}
-	})
-	defer func() { it.Stop(); wg.Wait() }()
+	defer seatMsgs.Stop()
 	c.log.Info("fleet controller running", "nodes", len(c.nodes), "assignments", len(c.assign))
+	return c.loop(ctx, seatMsgs.Messages(), currents.Updates())
+}
 
+// watchCurrents watches the current image of every module in the plans
+// bucket.
+func (c *Controller) watchCurrents(ctx context.Context) (jetstream.KeyWatcher, error) {
+	var currents jetstream.KeyWatcher
+	err := c.retry(ctx, "watching current images", func(ctx context.Context) error {
+		plans, err := seat.OpenBucket(ctx, c.js, c.module, cascade.StateBucket)
+		if err != nil {
+			return fmt.Errorf("reading current images: %w", err)
+		}
+		if currents, err = plans.WatchFiltered(ctx, []string{cascade.CurrentKey("*")}, jetstream.IgnoreDeletes()); err != nil {
+			return fmt.Errorf("watching current images: %w", err)
+		}
+		return nil
+	})
+	return currents, err
+}
+
+// loop works the seat's messages, current images and tool requests on the
+// controller's goroutine until ctx is done.
+func (c *Controller) loop(ctx context.Context, msgs <-chan jetstream.Msg, currents <-chan jetstream.KeyValueEntry) error {
 	caughtUp := false
 	for {
 		select {
@@ -219,7 +214,7 @@ func (c *Controller) Run(ctx context.Context) error {
 				return errors.New("the seat's consumer stopped")
 			}
 			c.handle(ctx, m)
-		case e, ok := <-currents.Updates():
+		case e, ok := <-currents:
 			if !ok {
 				if ctx.Err() != nil {
 					return nil // stopping: the watch ends with it
@@ -231,20 +226,26 @@ func (c *Controller) Run(ctx context.Context) error {
 				c.reconcile(ctx, "")
 				continue
 			}
-			var cur cascade.Current
-			if err := json.Unmarshal(e.Value(), &cur); err != nil {
-				c.log.Warn("ignoring an unreadable current image", "key", e.Key(), "err", err)
-				continue
-			}
-			module := strings.TrimPrefix(e.Key(), cascade.CurrentKey(""))
-			prev := c.current[module]
-			c.current[module] = cur
-			if caughtUp && prev.Digest != cur.Digest {
-				c.reconcile(ctx, module)
-			}
+			c.currentImage(ctx, e, caughtUp)
 		case cmd := <-c.cmds:
-			cmd.reply <- c.command(ctx, cmd)
+			cmd.Answer(c.command(ctx, cmd.Q))
 		}
+	}
+}
+
+// currentImage records a module's current image; once the watch has caught
+// up, a new digest is declared to the nodes the module is assigned to.
+func (c *Controller) currentImage(ctx context.Context, e jetstream.KeyValueEntry, caughtUp bool) {
+	var cur cascade.Current
+	if err := json.Unmarshal(e.Value(), &cur); err != nil {
+		c.log.Warn("ignoring an unreadable current image", "key", e.Key(), "err", err)
+		return
+	}
+	module := strings.TrimPrefix(e.Key(), cascade.CurrentKey(""))
+	prev := c.current[module]
+	c.current[module] = cur
+	if caughtUp && prev.Digest != cur.Digest {
+		c.reconcile(ctx, module)
 	}
 }
 

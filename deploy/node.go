@@ -23,6 +23,7 @@ import (
 	"github.com/meshbuild/meshbuild/internal/backoff"
 	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/registry"
+	"github.com/meshbuild/meshbuild/seat"
 	"github.com/meshbuild/meshbuild/state"
 )
 
@@ -205,35 +206,29 @@ func (n *Node) Run(ctx context.Context) error {
 		return err
 	}
 	defer n.stopAll()
-	cons, err := n.js.Consumer(ctx, mesh.NodesStream, mesh.NodeConsumer(n.cfg.Name))
+	decls, err := seat.Consume(ctx, n.js, mesh.NodesStream, mesh.NodeConsumer(n.cfg.Name), 1, "declarations", n.log)
 	if err != nil {
-		return fmt.Errorf("binding node %s's consumer %s on %s (the controller creates it at enrolment): %w",
-			n.cfg.Name, mesh.NodeConsumer(n.cfg.Name), mesh.NodesStream, err)
+		return fmt.Errorf("node %s (the controller creates its consumer at enrolment): %w", n.cfg.Name, err)
 	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(1))
-	if err != nil {
-		return fmt.Errorf("reading declarations: %w", err)
-	}
-	defer it.Stop()
-	go func() { <-ctx.Done(); it.Stop() }()
+	defer decls.Stop()
 	n.resume(ctx)
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	wg.Go(func() { n.heartbeats(ctx) })
 	n.log.Info("node running", "applied", n.Applied())
 	for {
-		msg, err := it.Next()
-		if errors.Is(err, jetstream.ErrNoHeartbeat) {
-			n.log.Warn("declarations: the server missed its heartbeats; still pulling")
-			continue
-		}
-		if err != nil {
-			if ctx.Err() != nil || errors.Is(err, jetstream.ErrMsgIteratorClosed) {
-				return nil
+		select {
+		case <-ctx.Done():
+			return nil
+		case msg, ok := <-decls.Messages():
+			if !ok {
+				if ctx.Err() != nil || decls.Err() == nil {
+					return nil
+				}
+				return fmt.Errorf("reading declarations: %w", decls.Err())
 			}
-			return fmt.Errorf("reading declarations: %w", err)
+			n.Apply(ctx, msg)
 		}
-		n.Apply(ctx, msg)
 	}
 }
 

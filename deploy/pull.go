@@ -12,6 +12,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/match"
 	"github.com/google/go-containerregistry/pkg/v1/validate"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
 	"github.com/meshbuild/meshbuild/registry"
 )
 
@@ -39,7 +41,7 @@ func Pull(ctx context.Context, dir, ref string, reg *registry.Client) error {
 	if err != nil {
 		return err
 	}
-	annotate := layout.WithAnnotations(map[string]string{"org.opencontainers.image.ref.name": ref})
+	annotate := layout.WithAnnotations(map[string]string{ocispec.AnnotationRefName: ref})
 	if desc.MediaType.IsIndex() {
 		idx, err := desc.ImageIndex()
 		if err != nil {

@@ -10,7 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/meshbuild/meshbuild/mesh"
+	"github.com/meshbuild/meshbuild/seat"
 )
 
 // The fleet's state lives in the controller module's declared bucket (state:
@@ -72,11 +72,9 @@ type Store struct{ kv jetstream.KeyValue }
 
 // OpenStore binds the controller module's declarations bucket.
 func OpenStore(ctx context.Context, js jetstream.JetStream, controllerModule string) (*Store, error) {
-	name := mesh.KVBucket(controllerModule, StateBucket)
-	kv, err := js.KeyValue(ctx, name)
+	kv, err := seat.OpenBucket(ctx, js, controllerModule, StateBucket)
 	if err != nil {
-		return nil, fmt.Errorf("opening bucket %s (is the catalogue raised? module %s must declare state %q): %w",
-			name, controllerModule, StateBucket, err)
+		return nil, err
 	}
 	return &Store{kv: kv}, nil
 }

@@ -2,7 +2,6 @@ package deploy
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -12,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/meshbuild/meshbuild/mesh"
+	"github.com/meshbuild/meshbuild/seat"
 )
 
 // Request is a tool request to the mesh-controller seat.
@@ -62,68 +62,61 @@ var (
 	ErrUnknownNode   = errors.New("unknown node")
 	ErrOneNodeOnly   = errors.New("a module holding a mesh-scoped seat goes to one node only")
 	ErrBadRequest    = errors.New("bad request")
-	ErrNoController  = errors.New("no controller answered")
+	ErrNoController  = seat.ErrNoController
 )
 
-var codes = map[string]error{
-	"unknown-module": ErrUnknownModule, "unknown-node": ErrUnknownNode,
-	"one-node-only": ErrOneNodeOnly, "bad-request": ErrBadRequest,
+// codes is the tools' error-code table (seat.Codes): the first entry whose
+// sentinel an error wraps is its code; an error none matches is
+// bad-request.
+var codes = seat.Codes{
+	{Code: "unknown-module", Sentinels: []error{ErrUnknownModule}},
+	{Code: "unknown-node", Sentinels: []error{ErrUnknownNode}},
+	{Code: "one-node-only", Sentinels: []error{ErrOneNodeOnly}},
+	{Code: "bad-request", Sentinels: []error{ErrBadRequest}},
 }
 
 func codeOf(err error) string {
-	for code, s := range codes {
-		if errors.Is(err, s) {
-			return code
-		}
+	if code := codes.Of(err); code != "" {
+		return code
 	}
 	return "bad-request"
 }
 
+// Failure is the reply's error and its code (seat.Answer).
+func (r Reply) Failure() (message, code string) { return r.Error, r.Code }
+
 type command struct {
-	kind  string
-	req   Request
-	cat   *mesh.Catalogue
-	reply chan Reply
+	kind string
+	req  Request
+	cat  *mesh.Catalogue
 }
 
+// do hands cmd to the controller's goroutine and waits for its reply.
 func (c *Controller) do(ctx context.Context, cmd command) Reply {
-	cmd.reply = make(chan Reply, 1)
-	select {
-	case c.cmds <- cmd:
-	case <-ctx.Done():
-		return Reply{Error: ctx.Err().Error()}
+	r, err := c.cmds.Do(ctx, cmd)
+	if err != nil {
+		return Reply{Error: err.Error()}
 	}
-	select {
-	case r := <-cmd.reply:
-		return r
-	case <-ctx.Done():
-		return Reply{Error: ctx.Err().Error()}
-	}
+	return r
 }
 
 func (c *Controller) serveTools() ([]*nats.Subscription, error) {
-	var subs []*nats.Subscription
-	for _, tool := range []string{mesh.NodesTool, mesh.AssignTool, mesh.UnassignTool, mesh.SeatsTool} {
-		subj := mesh.SeatToolSubject(mesh.ControllerSeat, tool)
-		sub, err := c.nc.Subscribe(subj, func(m *nats.Msg) {
-			var req Request
-			var r Reply
-			if err := json.Unmarshal(m.Data, &req); err != nil {
-				r = Reply{Error: fmt.Sprintf("malformed request: %v", err), Code: "bad-request"}
-			} else {
-				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-				r = c.do(ctx, command{kind: tool, req: req})
-				cancel()
-			}
-			data, _ := json.Marshal(r)
-			_ = m.Respond(data)
-		})
-		if err != nil {
-			return subs, fmt.Errorf("serving %s: %w", subj, err)
-		}
-		subs = append(subs, sub)
+	var tools []seat.Tool
+	for _, name := range []string{mesh.NodesTool, mesh.AssignTool, mesh.UnassignTool, mesh.SeatsTool} {
+		tools = append(tools, toolOf(name))
 	}
-	return subs, nil
+	return seat.Serve(c.nc, tools, c.cfg.ToolTimeout,
+		func(ctx context.Context, tool string, req Request) Reply {
+			return c.do(ctx, command{kind: tool, req: req})
+		},
+		func(err error) Reply {
+			return Reply{Error: fmt.Sprintf("malformed request: %v", err), Code: "bad-request"}
+		})
+}
+
+// toolOf is the mesh-controller seat's tool by name.
+func toolOf(name string) seat.Tool {
+	return seat.Tool{Name: name, Subject: mesh.SeatToolSubject(mesh.ControllerSeat, name)}
 }
 
 // command runs on the controller's goroutine.
@@ -277,31 +270,9 @@ func (c *Controller) observe(node string) {
 }
 
 // Call sends a tool request to the mesh-controller seat and decodes its
-// reply; an error reply is returned as an error wrapping its sentinel.
-func Call(ctx context.Context, nc *nats.Conn, tool string, req Request) (Reply, error) {
-	data, _ := json.Marshal(req)
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, 30*time.Second)
-		defer cancel()
-	}
-	subj := mesh.SeatToolSubject(mesh.ControllerSeat, tool)
-	m, err := nc.RequestWithContext(ctx, subj, data)
-	if errors.Is(err, nats.ErrNoResponders) {
-		return Reply{}, fmt.Errorf("%w: is build-controller running? (%s)", ErrNoController, subj)
-	}
-	if err != nil {
-		return Reply{}, fmt.Errorf("asking %s to %s: %w", mesh.ControllerSeat, tool, err)
-	}
-	var r Reply
-	if err := json.Unmarshal(m.Data, &r); err != nil {
-		return Reply{}, fmt.Errorf("decoding the controller's answer: %w", err)
-	}
-	if r.Error != "" {
-		if s, ok := codes[r.Code]; ok {
-			return r, fmt.Errorf("%w: %s", s, r.Error)
-		}
-		return r, errors.New(r.Error)
-	}
-	return r, nil
+// reply; an error reply is returned as a *seat.Error, which errors.Is
+// matches against the sentinel its code names. Without a deadline on ctx
+// the call waits seat.DefaultToolTimeout, or what seat.WithTimeout says.
+func Call(ctx context.Context, nc *nats.Conn, tool string, req Request, opts ...seat.CallOption) (Reply, error) {
+	return seat.Call[Reply](ctx, nc, mesh.ControllerSeat, toolOf(tool), req, codes, opts...)
 }

@@ -113,6 +113,15 @@ func (c *checker) foreign(m *Manifest, base string, events []string, mods map[st
 // references checks what a module names of others: consumes, reads, uses
 // and build.on.
 func (c *checker) references(m *Manifest, mods map[string]*Manifest, seats map[string]seatRef, em emitIndex) {
+	c.consumes(m, mods, seats, em)
+	c.reads(m, mods)
+	c.uses(m, mods, seats)
+	c.buildOn(m, mods)
+}
+
+// consumes checks that each event m consumes is emitted by the seat or
+// module it names (an emitter not in the catalogue may come later).
+func (c *checker) consumes(m *Manifest, mods map[string]*Manifest, seats map[string]seatRef, em emitIndex) {
 	for i, ref := range m.Consumes {
 		emitter, event, ok := SplitRef(ref)
 		if !ok || isWire(ref) || !isName(emitter) || event != "**" && !isEvent(event) {
@@ -139,6 +148,10 @@ func (c *checker) references(m *Manifest, mods map[string]*Manifest, seats map[s
 		c.refuse(m, field("consumes", i), "module %s (%s) does not emit %q; it emits %s%s: consume one of those, or declare the event in %s's emits",
 			other.Module, where(other), event, listOr(other.Emits, "nothing"), hint, other.Module)
 	}
+}
+
+// reads checks that each bucket m reads is in its owner's state.
+func (c *checker) reads(m *Manifest, mods map[string]*Manifest) {
 	for i, ref := range m.Reads {
 		owner, bucket, ok := SplitRef(ref)
 		if !ok || isWire(ref) || !isName(owner) || !isName(bucket) {
@@ -157,6 +170,10 @@ func (c *checker) references(m *Manifest, mods map[string]*Manifest, seats map[s
 				other.Module, where(other), bucket, listOr(names, "empty"), bucket)
 		}
 	}
+}
+
+// uses checks that what m uses is a seat, not a module.
+func (c *checker) uses(m *Manifest, mods map[string]*Manifest, seats map[string]seatRef) {
 	for i, u := range m.Uses {
 		if !isName(u) {
 			continue
@@ -171,6 +188,11 @@ func (c *checker) references(m *Manifest, mods map[string]*Manifest, seats map[s
 		}
 		c.warn(m, field("uses", i), "no module in the catalogue declares seat %q: if its holder comes later, work submitted to it queues until then; otherwise check the name", u)
 	}
+}
+
+// buildOn checks that each module m is built on is in the catalogue and
+// builds an image.
+func (c *checker) buildOn(m *Manifest, mods map[string]*Manifest) {
 	if m.Build == nil {
 		return
 	}

@@ -24,83 +24,26 @@ type edge struct {
 // itself (every component, and only its members), which takes Tarjan's
 // strongly connected components.
 func (c *checker) cycles(first []*Manifest) {
-	var nodes []*Manifest
-	id := make(map[string]int32)
-	for _, m := range first {
-		if m.Build != nil {
-			id[m.Module] = int32(len(nodes))
-			nodes = append(nodes, m)
-		}
-	}
-	adj := make([][]edge, len(nodes))
-	for v, m := range nodes {
-		for i, on := range m.Build.On {
-			if w, ok := id[on]; ok && int(w) != v {
-				adj[v] = append(adj[v], edge{to: w, on: int32(i)})
-			}
-		}
-	}
-	comps := components(adj)
+	nodes, adj := onGraph(first)
 	type report struct {
 		m     *Manifest
 		field string
 		msg   string
 	}
 	var reports []report
-	comp := make([]int32, len(nodes))
-	for i := range comp {
-		comp[i] = -1
-	}
-	parent := make([]edge, len(nodes))
-	seen := make([]bool, len(nodes))
-	for ci, members := range comps {
+	w := newCycleWalk(len(nodes))
+	for ci, members := range components(adj) {
 		start := members[0]
 		for _, v := range members {
-			comp[v] = int32(ci)
+			w.comp[v] = int32(ci)
 			if nodes[v].Module < nodes[start].Module {
 				start = v
 			}
 		}
-		// Breadth first from start, within the component, until an edge
-		// leads back to it.
-		queue := []int32{start}
-		seen[start] = true
-		var last int32 = -1
-		var lastOn int32
-	search:
-		for len(queue) > 0 {
-			u := queue[0]
-			queue = queue[1:]
-			for _, e := range adj[u] {
-				if comp[e.to] != int32(ci) {
-					continue
-				}
-				if e.to == start {
-					last, lastOn = u, e.on
-					break search
-				}
-				if !seen[e.to] {
-					seen[e.to] = true
-					parent[e.to] = edge{to: u, on: e.on}
-					queue = append(queue, e.to)
-				}
-			}
-		}
-		for _, v := range members {
-			seen[v] = false
-		}
-		if last < 0 {
+		path, firstOn, ok := w.shortest(adj, int32(ci), start, members)
+		if !ok {
 			continue // cannot happen in a component of two or more
 		}
-		path := []int32{start}
-		firstOn := lastOn
-		for v := last; v != start; v = parent[v].to {
-			path = append(path, v)
-			if parent[v].to == start {
-				firstOn = parent[v].on
-			}
-		}
-		slices.Reverse(path[1:])
 		names := make([]string, 0, len(path)+1)
 		for _, v := range path {
 			names = append(names, nodes[v].Module)
@@ -117,6 +60,89 @@ func (c *checker) cycles(first []*Manifest) {
 	for _, r := range reports {
 		c.refuse(r.m, r.field, "%s", r.msg)
 	}
+}
+
+// onGraph is the build.on graph of the modules that build: its nodes, and
+// each one's edges to the modules it is built on (self-edges left out).
+func onGraph(first []*Manifest) ([]*Manifest, [][]edge) {
+	var nodes []*Manifest
+	id := make(map[string]int32)
+	for _, m := range first {
+		if m.Build != nil {
+			id[m.Module] = int32(len(nodes))
+			nodes = append(nodes, m)
+		}
+	}
+	adj := make([][]edge, len(nodes))
+	for v, m := range nodes {
+		for i, on := range m.Build.On {
+			if w, ok := id[on]; ok && int(w) != v {
+				adj[v] = append(adj[v], edge{to: w, on: int32(i)})
+			}
+		}
+	}
+	return nodes, adj
+}
+
+// cycleWalk is the state of the breadth-first walks that find each
+// component's shortest cycle, kept across components.
+type cycleWalk struct {
+	comp   []int32 // each node's component, -1 for none
+	parent []edge
+	seen   []bool
+}
+
+func newCycleWalk(n int) *cycleWalk {
+	w := &cycleWalk{comp: make([]int32, n), parent: make([]edge, n), seen: make([]bool, n)}
+	for i := range w.comp {
+		w.comp[i] = -1
+	}
+	return w
+}
+
+// shortest walks breadth first from start, within component ci, until an
+// edge leads back to it, and returns the cycle's nodes from start and the
+// build.on index of its first edge.
+func (w *cycleWalk) shortest(adj [][]edge, ci, start int32, members []int32) (path []int32, firstOn int32, ok bool) {
+	queue := []int32{start}
+	w.seen[start] = true
+	var last int32 = -1
+	var lastOn int32
+search:
+	for len(queue) > 0 {
+		u := queue[0]
+		queue = queue[1:]
+		for _, e := range adj[u] {
+			if w.comp[e.to] != ci {
+				continue
+			}
+			if e.to == start {
+				last, lastOn = u, e.on
+				break search
+			}
+			if !w.seen[e.to] {
+				w.seen[e.to] = true
+				w.parent[e.to] = edge{to: u, on: e.on}
+				queue = append(queue, e.to)
+			}
+		}
+	}
+	for _, v := range members {
+		w.seen[v] = false
+	}
+	if last < 0 {
+		return nil, 0, false
+	}
+	path = []int32{start}
+	firstOn = lastOn
+	for v := last; v != start; v = w.parent[v].to {
+		path = append(path, v)
+		if w.parent[v].to == start {
+			firstOn = w.parent[v].on
+		}
+	}
+	slices.Reverse(path[1:])
+	return path, firstOn, true
 }
 
 // components returns the strongly connected components of two or more

@@ -22,6 +22,29 @@ func (c *checker) manifest(m *Manifest) {
 	for i := range m.Seats {
 		c.seat(m, i)
 	}
+	c.holds(m)
+	for i, e := range m.Emits {
+		c.emitted(m, "emits", i, m.Emits, e, "")
+	}
+	c.consumeRefs(m)
+	for i, u := range m.Uses {
+		if c.name(m, "uses", i, u, "seat", wireOwner) {
+			c.refuseDup(m, "uses", m.Uses, i)
+		}
+	}
+	for i, t := range m.Serves {
+		if c.name(m, "serves", i, t, "tool", wireName) && !c.reserved(m, "serves", i, t, "tool") {
+			c.refuseDup(m, "serves", m.Serves, i)
+		}
+	}
+	for i := range m.State {
+		c.bucket(m, i)
+	}
+	c.readRefs(m)
+}
+
+// holds checks that each seat m holds is one of the mesh's own.
+func (c *checker) holds(m *Manifest) {
 	for i, h := range m.Holds {
 		if !c.name(m, "holds", i, h, "seat", wireOwner) || c.refuseDup(m, "holds", m.Holds, i) {
 			continue
@@ -36,9 +59,10 @@ func (c *checker) manifest(m *Manifest) {
 		c.refuse(m, field("holds", i), "holds names the mesh's own seats (%s), and %q is not one: declare the module's own seat under seats (`seats: [{seat: %s, scope: node}]`), or, to submit work to another module's seat, write `uses: [%s]`",
 			meshSeatNames(), h, h, h)
 	}
-	for i, e := range m.Emits {
-		c.emitted(m, "emits", i, m.Emits, e, "")
-	}
+}
+
+// consumeRefs checks the form of each event m consumes.
+func (c *checker) consumeRefs(m *Manifest) {
 	for i, ref := range m.Consumes {
 		if c.wire(m, "consumes", i, ref, wireRef) || c.refuseDup(m, "consumes", m.Consumes, i) {
 			continue
@@ -53,19 +77,10 @@ func (c *checker) manifest(m *Manifest) {
 			c.refuse(m, field("consumes", i), "%q is not an event name: after %q write dotted names of lowercase letters, digits and '-', with `*` for one name and `**` (last) for the rest", event, emitter+".")
 		}
 	}
-	for i, u := range m.Uses {
-		if c.name(m, "uses", i, u, "seat", wireOwner) {
-			c.refuseDup(m, "uses", m.Uses, i)
-		}
-	}
-	for i, t := range m.Serves {
-		if c.name(m, "serves", i, t, "tool", wireName) && !c.reserved(m, "serves", i, t, "tool") {
-			c.refuseDup(m, "serves", m.Serves, i)
-		}
-	}
-	for i := range m.State {
-		c.bucket(m, i)
-	}
+}
+
+// readRefs checks the form of each bucket m reads.
+func (c *checker) readRefs(m *Manifest) {
 	for i, ref := range m.Reads {
 		if c.wire(m, "reads", i, ref, wireRef) || c.refuseDup(m, "reads", m.Reads, i) {
 			continue

@@ -101,61 +101,7 @@ func (c *Catalogue) holderPermissions(m *Manifest, machine, principal string) Pe
 		p.sub[ModuleToolSubject(m.Module, t)] = true
 	}
 	for _, s := range c.HeldSeats(m) {
-		node := s.Scope == ScopeNode
-		if node && machine == "" {
-			// Nobody in particular: it may not speak for any machine.
-		} else {
-			for _, e := range s.Emits {
-				if node {
-					p.pub[HolderEventSubject(s.Seat, machine, e)] = true
-				} else {
-					p.pub[SeatEventSubject(s.Seat, e)] = true
-				}
-			}
-			// A holder claims its seat before it pulls: it writes its own
-			// claim and reads the bucket (who holds it, since when).
-			if node {
-				p.pub[KVKeySubject(ClaimsBucket(), ClaimKey(s.Seat, machine))] = true
-			} else {
-				p.pub[ClaimSubjects(s.Seat)] = true
-			}
-			for _, g := range bucketReadGrants(ClaimsBucket()) {
-				p.pub[g] = true
-			}
-		}
-		for _, t := range s.Serves {
-			p.sub[SeatToolSubject(s.Seat, t)] = true
-		}
-		if node && machine != "" && slices.Contains(s.Serves, StatusTool) {
-			// A sick machine asks its fellow holders' status (is a
-			// healthy one online?) before it fails an ask "no healthy
-			// machine"; their other tools (cancel) stay the
-			// controller's.
-			p.pub[SeatToolSubject(s.Seat, StatusTool)] = true
-		}
-		if len(s.Accepts) > 0 && (!node || machine != "") {
-			for _, cons := range c.HolderConsumers(s) {
-				for _, g := range consumerGrants(SeatStream(s.Seat), cons) {
-					p.pub[g] = true
-				}
-			}
-			// Before it builds, a holder claims the ask in the bucket the
-			// seat's holders share: under its own keys on a machine.
-			if node {
-				p.pub[MachineAskClaims(s.Seat, machine)] = true
-				// It reads back an event the stream took as a duplicate
-				// of its own, to tell its own earlier publish (or the
-				// outcome it adopts) from another's that took the id.
-				for _, g := range streamMsgGrants(EventsStream) {
-					p.pub[g] = true
-				}
-			} else {
-				p.pub[KVSubjects(AskClaimsBucket(s.Seat))] = true
-			}
-			for _, g := range bucketReadGrants(AskClaimsBucket(s.Seat)) {
-				p.pub[g] = true
-			}
-		}
+		c.heldSeatPermissions(p, s, machine)
 	}
 	for _, s := range m.Uses {
 		p.pub[SeatAcceptAll(s)] = true
@@ -165,6 +111,73 @@ func (c *Catalogue) holderPermissions(m *Manifest, machine, principal string) Pe
 			p.pub[g] = true
 		}
 	}
+	statePermissions(p, m, machine)
+	return p.done(principal, len(m.Serves) > 0 || servesAny(c.HeldSeats(m)))
+}
+
+// heldSeatPermissions adds to p what a holder of seat s may do on machine
+// ("" for nobody in particular, who may not speak for any machine at a
+// node-scoped seat).
+func (c *Catalogue) heldSeatPermissions(p permSet, s Seat, machine string) {
+	node := s.Scope == ScopeNode
+	if node && machine == "" {
+		// Nobody in particular: it may not speak for any machine.
+	} else {
+		for _, e := range s.Emits {
+			if node {
+				p.pub[HolderEventSubject(s.Seat, machine, e)] = true
+			} else {
+				p.pub[SeatEventSubject(s.Seat, e)] = true
+			}
+		}
+		// A holder claims its seat before it pulls: it writes its own
+		// claim and reads the bucket (who holds it, since when).
+		if node {
+			p.pub[KVKeySubject(ClaimsBucket(), ClaimKey(s.Seat, machine))] = true
+		} else {
+			p.pub[ClaimSubjects(s.Seat)] = true
+		}
+		for _, g := range bucketReadGrants(ClaimsBucket()) {
+			p.pub[g] = true
+		}
+	}
+	for _, t := range s.Serves {
+		p.sub[SeatToolSubject(s.Seat, t)] = true
+	}
+	if node && machine != "" && slices.Contains(s.Serves, StatusTool) {
+		// A sick machine asks its fellow holders' status (is a healthy
+		// one online?) before it fails an ask "no healthy machine";
+		// their other tools (cancel) stay the controller's.
+		p.pub[SeatToolSubject(s.Seat, StatusTool)] = true
+	}
+	if len(s.Accepts) > 0 && (!node || machine != "") {
+		for _, cons := range c.HolderConsumers(s) {
+			for _, g := range consumerGrants(SeatStream(s.Seat), cons) {
+				p.pub[g] = true
+			}
+		}
+		// Before it builds, a holder claims the ask in the bucket the
+		// seat's holders share: under its own keys on a machine.
+		if node {
+			p.pub[MachineAskClaims(s.Seat, machine)] = true
+			// It reads back an event the stream took as a duplicate
+			// of its own, to tell its own earlier publish (or the
+			// outcome it adopts) from another's that took the id.
+			for _, g := range streamMsgGrants(EventsStream) {
+				p.pub[g] = true
+			}
+		} else {
+			p.pub[KVSubjects(AskClaimsBucket(s.Seat))] = true
+		}
+		for _, g := range bucketReadGrants(AskClaimsBucket(s.Seat)) {
+			p.pub[g] = true
+		}
+	}
+}
+
+// statePermissions adds to p module m's own buckets (a machine writes its
+// own build records only) and those it reads.
+func statePermissions(p permSet, m *Manifest, machine string) {
 	for _, b := range m.State {
 		name := KVBucket(m.Module, b.Name)
 		switch {
@@ -185,7 +198,6 @@ func (c *Catalogue) holderPermissions(m *Manifest, machine, principal string) Pe
 			}
 		}
 	}
-	return p.done(principal, len(m.Serves) > 0 || servesAny(c.HeldSeats(m)))
 }
 
 // ControllerPermissions derives the controller's set: that of every module

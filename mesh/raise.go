@@ -56,17 +56,6 @@ const (
 func Raise(ctx context.Context, js jetstream.JetStream, c *Catalogue, replicas int) (RaiseReport, error) {
 	w := c.Derive(replicas)
 	var r RaiseReport
-	note := func(kind, name string, before, after any, existed bool) {
-		label := kind + " " + name
-		switch {
-		case !existed:
-			r.Created = append(r.Created, label)
-		case !reflect.DeepEqual(before, after):
-			r.Updated = append(r.Updated, label)
-		default:
-			r.Unchanged = append(r.Unchanged, label)
-		}
-	}
 	for _, s := range w.Streams {
 		before, existed, err := streamConfig(ctx, js, s.Config.Name)
 		if err != nil {
@@ -76,7 +65,7 @@ func Raise(ctx context.Context, js jetstream.JetStream, c *Catalogue, replicas i
 		if err != nil {
 			return r, fmt.Errorf("asserting stream %s (%s): %w", s.Config.Name, s.Why, err)
 		}
-		note("stream", s.Config.Name, before, st.CachedInfo().Config, existed)
+		r.note("stream", s.Config.Name, before, st.CachedInfo().Config, existed)
 	}
 	for _, b := range w.Buckets {
 		stream := KVStream(b.Config.Bucket)
@@ -91,7 +80,7 @@ func Raise(ctx context.Context, js jetstream.JetStream, c *Catalogue, replicas i
 		if err != nil {
 			return r, err
 		}
-		note("bucket", b.Config.Bucket, before, after, existed)
+		r.note("bucket", b.Config.Bucket, before, after, existed)
 	}
 	for _, s := range w.Streams {
 		if seat, ok := SeatFromStream(s.Config.Name); ok && SplitsByPlatform(seat) {
@@ -105,18 +94,9 @@ func Raise(ctx context.Context, js jetstream.JetStream, c *Catalogue, replicas i
 		}
 	}
 	for _, cs := range w.Consumers {
-		var before jetstream.ConsumerConfig
-		existed := false
-		if cons, err := js.Consumer(ctx, cs.Stream, cs.Config.Durable); err == nil {
-			before, existed = cons.CachedInfo().Config, true
-		} else if !errors.Is(err, jetstream.ErrConsumerNotFound) {
-			return r, fmt.Errorf("looking up consumer %s on %s: %w", cs.Config.Durable, cs.Stream, err)
+		if err := r.consumer(ctx, js, cs); err != nil {
+			return r, err
 		}
-		cons, err := js.CreateOrUpdateConsumer(ctx, cs.Stream, cs.Config)
-		if err != nil {
-			return r, fmt.Errorf("asserting consumer %s on %s (%s): %w", cs.Config.Durable, cs.Stream, cs.Why, err)
-		}
-		note("consumer", cs.Stream+"/"+cs.Config.Durable, before, cons.CachedInfo().Config, existed)
 	}
 	orphans, err := findOrphans(ctx, js, w)
 	if err != nil {
@@ -124,6 +104,36 @@ func Raise(ctx context.Context, js jetstream.JetStream, c *Catalogue, replicas i
 	}
 	r.Orphans = orphans
 	return r, nil
+}
+
+// note files what asserting kind name did: created, updated or unchanged.
+func (r *RaiseReport) note(kind, name string, before, after any, existed bool) {
+	label := kind + " " + name
+	switch {
+	case !existed:
+		r.Created = append(r.Created, label)
+	case !reflect.DeepEqual(before, after):
+		r.Updated = append(r.Updated, label)
+	default:
+		r.Unchanged = append(r.Unchanged, label)
+	}
+}
+
+// consumer asserts one consumer and notes what that did.
+func (r *RaiseReport) consumer(ctx context.Context, js jetstream.JetStream, cs ConsumerSpec) error {
+	var before jetstream.ConsumerConfig
+	existed := false
+	if cons, err := js.Consumer(ctx, cs.Stream, cs.Config.Durable); err == nil {
+		before, existed = cons.CachedInfo().Config, true
+	} else if !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return fmt.Errorf("looking up consumer %s on %s: %w", cs.Config.Durable, cs.Stream, err)
+	}
+	cons, err := js.CreateOrUpdateConsumer(ctx, cs.Stream, cs.Config)
+	if err != nil {
+		return fmt.Errorf("asserting consumer %s on %s (%s): %w", cs.Config.Durable, cs.Stream, cs.Why, err)
+	}
+	r.note("consumer", cs.Stream+"/"+cs.Config.Durable, before, cons.CachedInfo().Config, existed)
+	return nil
 }
 
 // dropSeatWide deletes the one seat-wide holders' consumer a seat that now

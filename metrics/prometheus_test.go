@@ -3,7 +3,6 @@ package metrics_test
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/meshbuild/meshbuild/agent"
 	"github.com/meshbuild/meshbuild/cascade"
+	"github.com/meshbuild/meshbuild/cascade/cascadetest"
 	"github.com/meshbuild/meshbuild/deploy"
 	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/internal/testenv"
@@ -193,19 +193,9 @@ func startController(t *testing.T, s *server.Server, cat *mesh.Catalogue, obs ca
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if err := c.Run(ctx); err != nil {
-			t.Errorf("controller: %v", err)
-		}
-	}()
-	t.Cleanup(func() { cancel(); <-done; js.Conn().Close() })
-	testenv.WaitFor(t, 10*time.Second, "the controller", func() bool {
-		_, err := cascade.Call(context.Background(), js.Conn(), "build-controller", cascade.ToolRetry, cascade.Request{Plan: "none"})
-		return errors.Is(err, cascade.ErrNoPlan)
-	})
+	stop := cascadetest.Background(t, "controller", c.Run)
+	t.Cleanup(func() { stop(); js.Conn().Close() })
+	cascadetest.WaitReady(t, js.Conn(), c.Module(), 10*time.Second)
 }
 
 // startFleet runs the fleet's side of the controller beside cascade's, as
@@ -219,15 +209,8 @@ func startFleet(t *testing.T, s *server.Server, cat *mesh.Catalogue, obs deploy.
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if err := c.Run(ctx); err != nil {
-			t.Errorf("fleet: %v", err)
-		}
-	}()
-	t.Cleanup(func() { cancel(); <-done; js.Conn().Close() })
+	stop := cascadetest.Background(t, "fleet", c.Run)
+	t.Cleanup(func() { stop(); js.Conn().Close() })
 	testenv.WaitFor(t, 10*time.Second, "the fleet's controller", func() bool {
 		_, err := deploy.Call(context.Background(), js.Conn(), mesh.NodesTool, deploy.Request{})
 		return err == nil

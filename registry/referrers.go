@@ -10,6 +10,7 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/types"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 )
 
 // # Attestations where tools look
@@ -75,9 +76,7 @@ func (c *Client) ReferFetched(ctx context.Context, ref string, desc *remote.Desc
 	if err != nil {
 		return err
 	}
-	var m struct {
-		Subject *v1.Descriptor `json:"subject"`
-	}
+	var m ocispec.Manifest // an index's subject reads the same
 	if err := json.Unmarshal(desc.Manifest, &m); err != nil || m.Subject == nil {
 		return fmt.Errorf("%s names no subject: it cannot be a referrer", ref)
 	}

@@ -1,6 +1,10 @@
 package state
 
-import "errors"
+import (
+	"errors"
+
+	"github.com/meshbuild/meshbuild/seat"
+)
 
 // Sentinel errors: every refusal wraps one, so a caller matches it with
 // errors.Is — in process, or across the socket (the protocol carries the
@@ -24,33 +28,22 @@ var (
 	ErrProtocol = errors.New("state protocol error")
 )
 
-// codes name the sentinels on the wire.
-var codes = map[string]error{
-	"not-issued": ErrNotIssued, "read-only": ErrReadOnly, "too-large": ErrValueTooLarge,
-	"bucket-full": ErrBucketFull, "credential": ErrCredential, "not-found": ErrNotFound,
-	"invalid-key": ErrInvalidKey, "protocol": ErrProtocol,
+// codes name the sentinels on the wire, in order (seat.Codes): an error
+// wrapping two has the code of the first.
+var codes = seat.Codes{
+	{Code: "not-issued", Sentinels: []error{ErrNotIssued}},
+	{Code: "read-only", Sentinels: []error{ErrReadOnly}},
+	{Code: "too-large", Sentinels: []error{ErrValueTooLarge}},
+	{Code: "bucket-full", Sentinels: []error{ErrBucketFull}},
+	{Code: "credential", Sentinels: []error{ErrCredential}},
+	{Code: "not-found", Sentinels: []error{ErrNotFound}},
+	{Code: "invalid-key", Sentinels: []error{ErrInvalidKey}},
+	{Code: "protocol", Sentinels: []error{ErrProtocol}},
 }
 
 // codeOf is the wire code of err's sentinel, "" for any other error.
-func codeOf(err error) string {
-	for c, s := range codes {
-		if errors.Is(err, s) {
-			return c
-		}
-	}
-	return ""
-}
+func codeOf(err error) string { return codes.Of(err) }
 
-// wireError is an error that came over the socket: its message as the
+// fromWire is an error that came over the socket: its message as the
 // runtime wrote it, matching the sentinel its code names.
-type wireError struct {
-	msg      string
-	sentinel error
-}
-
-func (e *wireError) Error() string { return e.msg }
-func (e *wireError) Unwrap() error { return e.sentinel }
-
-func fromWire(code, msg string) error {
-	return &wireError{msg: msg, sentinel: codes[code]}
-}
+func fromWire(code, msg string) error { return codes.Error(code, msg) }

@@ -9,9 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshbuild/meshbuild/cascade"
 	"github.com/meshbuild/meshbuild/internal/cli"
-	"github.com/meshbuild/meshbuild/internal/daemon"
 	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
@@ -80,17 +78,8 @@ func TestBadRequestsExitOneWithAClearMessage(t *testing.T) {
 	s := natstest.Server(t, nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	ready := make(chan struct{})
 	errs := make(chan error, 1)
-	go func() {
-		errs <- daemon.RunController(ctx, daemon.ControllerOptions{NATS: s.ClientURL(), Catalogue: fleet(t),
-			Controller: cascade.Config{Registry: "127.0.0.1:1", Images: testenv.AnyImage{}}, Ready: ready})
-	}()
-	select {
-	case <-ready:
-	case err := <-errs:
-		t.Fatal(err)
-	}
+	startController(t, ctx, fleetController(t, s), errs)
 	url := s.ClientURL()
 	cases := []struct {
 		args []string
@@ -124,17 +113,8 @@ func TestOperatorMessages(t *testing.T) {
 	s := natstest.Server(t, nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	ready := make(chan struct{})
 	errs := make(chan error, 1)
-	go func() {
-		errs <- daemon.RunController(ctx, daemon.ControllerOptions{NATS: s.ClientURL(), Catalogue: fleet(t),
-			Controller: cascade.Config{Registry: "127.0.0.1:1", Images: testenv.AnyImage{}}, Ready: ready})
-	}()
-	select {
-	case <-ready:
-	case err := <-errs:
-		t.Fatal(err)
-	}
+	startController(t, ctx, fleetController(t, s), errs)
 	url := s.ClientURL()
 	once := func(t *testing.T, errw string, words ...string) {
 		t.Helper()

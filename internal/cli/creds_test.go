@@ -7,16 +7,12 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/nats-io/jwt/v2"
 
-	"github.com/meshbuild/meshbuild/cascade"
 	"github.com/meshbuild/meshbuild/internal/creds"
-	"github.com/meshbuild/meshbuild/internal/daemon"
 	"github.com/meshbuild/meshbuild/internal/farm"
 	"github.com/meshbuild/meshbuild/internal/natstest"
-	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
 )
 
@@ -105,19 +101,11 @@ func TestCredsInitIssue(t *testing.T) {
 	s := natstest.Server(t, opts)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	ready := make(chan struct{})
+	// The controller under its issued credentials.
+	copts := fleetController(t, s)
+	copts.Creds = filepath.Join(dir, "controller.creds")
 	errs := make(chan error, 1)
-	go func() {
-		errs <- daemon.RunController(ctx, daemon.ControllerOptions{NATS: s.ClientURL(), Creds: filepath.Join(dir, "controller.creds"),
-			Catalogue: fleet(t), Controller: cascade.Config{Registry: "127.0.0.1:1", Images: testenv.AnyImage{}}, Ready: ready})
-	}()
-	select {
-	case <-ready:
-	case err := <-errs:
-		t.Fatalf("the controller under its issued credentials: %v", err)
-	case <-time.After(time.Minute):
-		t.Fatal("the controller did not become ready under its issued credentials")
-	}
+	startController(t, ctx, copts, errs)
 
 	t.Setenv("MESHBUILD_CREDS", "")
 	t.Setenv("MESHBUILD_STATE", "")

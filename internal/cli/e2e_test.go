@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -29,20 +28,7 @@ const fleetRepo = "https://git.example/e2e.git"
 // base → three dependents → one grand-dependent graph.
 func e2eCatalogue(t *testing.T) string {
 	t.Helper()
-	root, err := testenv.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	for _, m := range []string{"build-agent", "build-controller", "git"} {
-		data, err := os.ReadFile(filepath.Join(root, "examples/fleet/catalogue", m+".yaml"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, m+".yaml"), data, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	dir := meshCatalogue(t)
 	built := map[string]string{"base": "", "d1": "[base]", "d2": "[base]", "d3": "[base]", "g": "[d1, d2]"}
 	for m, on := range built {
 		y := "module: " + m + "\nbuild:\n  repo: " + fleetRepo + "\n  path: " + m + "\n"
@@ -122,22 +108,12 @@ func TestACascadeBuiltByRealAgents(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	errs := make(chan error, 3)
-	ready := make(chan struct{})
 	// The controller as build-controller runs it: its defaults (the idle
 	// window), the registry given.
 	ccfg := cascade.DefaultConfig()
 	ccfg.Registry, ccfg.RegistryClient = reg, registry.NewClient(registry.WithInsecure(true))
-	go func() {
-		errs <- daemon.RunController(ctx, daemon.ControllerOptions{NATS: s.ClientURL(), Catalogue: catDir,
-			Controller: ccfg, Ready: ready})
-	}()
-	select {
-	case <-ready:
-	case err := <-errs:
-		t.Fatalf("controller: %v", err)
-	case <-time.After(30 * time.Second):
-		t.Fatal("controller not ready in 30s")
-	}
+	startController(t, ctx, daemon.ControllerOptions{NATS: s.ClientURL(), Catalogue: catDir,
+		Controller: ccfg}, errs)
 	for _, m := range []string{"e2e-a", "e2e-b"} {
 		cfg := agent.DefaultConfig()
 		cfg.Machine = m

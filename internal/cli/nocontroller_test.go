@@ -5,10 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/meshbuild/meshbuild/cascade"
-	"github.com/meshbuild/meshbuild/internal/daemon"
 	"github.com/meshbuild/meshbuild/internal/natstest"
-	"github.com/meshbuild/meshbuild/internal/testenv"
 )
 
 // Retrying a module of a cancelled plan says the plan was cancelled and
@@ -19,17 +16,8 @@ func TestMessagesOfACancelledPlanAndOfAPushNobodyPlans(t *testing.T) {
 	s := natstest.Server(t, nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	ready := make(chan struct{})
 	errs := make(chan error, 1)
-	go func() {
-		errs <- daemon.RunController(ctx, daemon.ControllerOptions{NATS: s.ClientURL(), Catalogue: fleet(t),
-			Controller: cascade.Config{Registry: "127.0.0.1:1", Images: testenv.AnyImage{}}, Ready: ready})
-	}()
-	select {
-	case <-ready:
-	case err := <-errs:
-		t.Fatal(err)
-	}
+	startController(t, ctx, fleetController(t, s), errs)
 	url := s.ClientURL()
 
 	code, out, errw := run(t, "--nats", url, "rebuild", "--id", "c1", "base")

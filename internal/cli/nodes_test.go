@@ -10,9 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/meshbuild/meshbuild/cascade"
 	"github.com/meshbuild/meshbuild/deploy"
-	"github.com/meshbuild/meshbuild/internal/daemon"
 	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
@@ -25,17 +23,8 @@ func TestNodesAssignUnassign(t *testing.T) {
 	s := natstest.Server(t, nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	ready := make(chan struct{})
 	errs := make(chan error, 1)
-	go func() {
-		errs <- daemon.RunController(ctx, daemon.ControllerOptions{NATS: s.ClientURL(), Catalogue: fleet(t),
-			Controller: cascade.Config{Registry: "127.0.0.1:1", Images: testenv.AnyImage{}}, Ready: ready})
-	}()
-	select {
-	case <-ready:
-	case err := <-errs:
-		t.Fatal(err)
-	}
+	startController(t, ctx, fleetController(t, s), errs)
 	url := s.ClientURL()
 	testenv.WaitFor(t, 10*time.Second, "builds nodes to answer", func() bool {
 		code, out, _ := run(t, "--nats", url, "nodes")

@@ -2,7 +2,6 @@ package cli_test
 
 import (
 	"context"
-	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/meshbuild/meshbuild/agent"
 	"github.com/meshbuild/meshbuild/cascade"
+	"github.com/meshbuild/meshbuild/cascade/cascadetest"
 	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
@@ -82,10 +82,7 @@ func TestOperatorCommandsUnderOperatorPermissions(t *testing.T) {
 	defer func() { cancel(); <-adone }()
 	// The controller has raised the catalogue once its tools answer.
 	onc, _ := connect("operator")
-	testenv.WaitFor(t, 10*time.Second, "the controller to serve its tools", func() bool {
-		_, err := cascade.Call(ctx, onc, "build-controller", cascade.ToolRetry, cascade.Request{Plan: "-"})
-		return errors.Is(err, cascade.ErrNoPlan)
-	})
+	cascadetest.WaitReady(t, onc, "build-controller", 10*time.Second)
 
 	// The CLI dials as the operator (credentials in the URL).
 	url := "nats://operator:pw@" + strings.TrimPrefix(s.ClientURL(), "nats://")

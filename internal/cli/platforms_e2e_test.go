@@ -8,10 +8,10 @@ import (
 	"path/filepath"
 	"slices"
 	"testing"
-	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/meshbuild/meshbuild/agent"
 	"github.com/meshbuild/meshbuild/cascade"
@@ -35,20 +35,7 @@ func TestAModuleOfTwoPlatformsIsBuiltOnAMachineOfEach(t *testing.T) {
 	bk := testenv.BuildkitdWith(t, buildkitd.Options{RegistryHosts: []string{reg}, Platforms: []string{"linux/amd64", "linux/arm64"}})
 	s := natstest.Server(t, nil)
 
-	root, err := testenv.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	catDir := t.TempDir()
-	for _, m := range []string{"build-agent", "build-controller", "git"} {
-		data, err := os.ReadFile(filepath.Join(root, "examples/fleet/catalogue", m+".yaml"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(catDir, m+".yaml"), data, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	catDir := meshCatalogue(t)
 	for m, y := range map[string]string{
 		"multi": "module: multi\nbuild:\n  repo: " + fleetRepo + "\n  path: multi\n  platforms: [linux/amd64, linux/arm64]\n",
 		"dep":   "module: dep\nbuild:\n  repo: " + fleetRepo + "\n  path: dep\n  on: [multi]\n",
@@ -68,19 +55,9 @@ func TestAModuleOfTwoPlatformsIsBuiltOnAMachineOfEach(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	errs := make(chan error, 3)
-	ready := make(chan struct{})
 	ccfg := cascade.DefaultConfig()
 	ccfg.Registry, ccfg.RegistryClient = reg, registry.NewClient(registry.WithInsecure(true))
-	go func() {
-		errs <- daemon.RunController(ctx, daemon.ControllerOptions{NATS: s.ClientURL(), Catalogue: catDir, Controller: ccfg, Ready: ready})
-	}()
-	select {
-	case <-ready:
-	case err := <-errs:
-		t.Fatalf("controller: %v", err)
-	case <-time.After(30 * time.Second):
-		t.Fatal("controller not ready in 30s")
-	}
+	startController(t, ctx, daemon.ControllerOptions{NATS: s.ClientURL(), Catalogue: catDir, Controller: ccfg}, errs)
 	for m, p := range map[string]string{"amd": "linux/amd64", "arm": "linux/arm64"} {
 		cfg := agent.DefaultConfig()
 		cfg.Machine, cfg.Platforms = m, []string{p}
@@ -129,7 +106,7 @@ func TestAModuleOfTwoPlatformsIsBuiltOnAMachineOfEach(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d, _ := idx.Digest(); d.String() != multi.Digest || im.MediaType != "application/vnd.oci.image.index.v1+json" {
+	if d, _ := idx.Digest(); d.String() != multi.Digest || im.MediaType != ocispec.MediaTypeImageIndex {
 		t.Errorf("index %s (%s), want digest %s", d, im.MediaType, multi.Digest)
 	}
 	var got []string
@@ -161,7 +138,7 @@ func TestAModuleOfTwoPlatformsIsBuiltOnAMachineOfEach(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(tim.Manifests) != 4 || tim.Annotations["org.opencontainers.image.revision"] != commit {
+	if len(tim.Manifests) != 4 || tim.Annotations[ocispec.AnnotationRevision] != commit {
 		t.Errorf("multi:latest holds %d manifests, annotations %v: want 2 images and 2 attestation manifests, revision %s", len(tim.Manifests), tim.Annotations, commit)
 	}
 	for i, m := range tim.Manifests {

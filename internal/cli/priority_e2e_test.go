@@ -48,20 +48,7 @@ func (s sleepy) Work(ctx context.Context, a mesh.Ask, _ func(string)) (agent.Res
 // the big one; `builds priority` raises it to 20, and it is built next.
 func TestPlansOfDifferentPrioritiesShowWhatTheyWaitBehind(t *testing.T) {
 	s := natstest.Server(t, nil)
-	root, err := testenv.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	catDir := t.TempDir()
-	for _, m := range []string{"build-agent", "build-controller", "git"} {
-		data, err := os.ReadFile(filepath.Join(root, "examples/fleet/catalogue", m+".yaml"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(catDir, m+".yaml"), data, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	catDir := meshCatalogue(t)
 	repos := map[string]int{"https://git.example/big.git": 30, "https://git.example/fix.git": 4, "https://git.example/later.git": 1}
 	for repo, n := range repos {
 		name := strings.TrimSuffix(strings.TrimPrefix(repo, "https://git.example/"), ".git")
@@ -76,20 +63,10 @@ func TestPlansOfDifferentPrioritiesShowWhatTheyWaitBehind(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	errs := make(chan error, 4)
-	ready := make(chan struct{})
 	ccfg := cascade.DefaultConfig()
 	ccfg.Registry = "127.0.0.1:1"
 	ccfg.Images = testenv.AnyImage{} // its workers push nothing
-	go func() {
-		errs <- daemon.RunController(ctx, daemon.ControllerOptions{NATS: s.ClientURL(), Catalogue: catDir, Controller: ccfg, Ready: ready})
-	}()
-	select {
-	case <-ready:
-	case err := <-errs:
-		t.Fatalf("controller: %v", err)
-	case <-time.After(30 * time.Second):
-		t.Fatal("controller not ready in 30s")
-	}
+	startController(t, ctx, daemon.ControllerOptions{NATS: s.ClientURL(), Catalogue: catDir, Controller: ccfg}, errs)
 	for i := range 2 {
 		nc, err := nats.Connect(s.ClientURL())
 		if err != nil {

@@ -36,20 +36,7 @@ func TestAnAskForAPlatformNoMachineBuildsWaitsVisibly(t *testing.T) {
 	bk := testenv.BuildkitdWith(t, buildkitd.Options{RegistryHosts: []string{reg}, Platforms: []string{"linux/amd64", "linux/arm64", "linux/386"}})
 	s := natstest.Server(t, nil)
 
-	root, err := testenv.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	catDir := t.TempDir()
-	for _, m := range []string{"build-agent", "build-controller", "git"} {
-		data, err := os.ReadFile(filepath.Join(root, "examples/fleet/catalogue", m+".yaml"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(catDir, m+".yaml"), data, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	catDir := meshCatalogue(t)
 	y := "module: armonly\nbuild:\n  repo: " + fleetRepo + "\n  path: armonly\n  platforms: [linux/arm64]\n"
 	if err := os.WriteFile(filepath.Join(catDir, "armonly.yaml"), []byte(y), 0o644); err != nil {
 		t.Fatal(err)
@@ -68,20 +55,10 @@ func TestAnAskForAPlatformNoMachineBuildsWaitsVisibly(t *testing.T) {
 		t.Fatal(err)
 	}
 	errs := make(chan error, 3)
-	ready := make(chan struct{})
 	ccfg := cascade.DefaultConfig()
 	ccfg.Registry, ccfg.RegistryClient = reg, registry.NewClient(registry.WithInsecure(true))
 	ccfg.ObserveEvery = 500 * time.Millisecond
-	go func() {
-		errs <- daemon.RunController(ctx, daemon.ControllerOptions{NATS: s.ClientURL(), Catalogue: catDir, Controller: ccfg, Observer: obs, Ready: ready})
-	}()
-	select {
-	case <-ready:
-	case err := <-errs:
-		t.Fatalf("controller: %v", err)
-	case <-time.After(30 * time.Second):
-		t.Fatal("controller not ready in 30s")
-	}
+	startController(t, ctx, daemon.ControllerOptions{NATS: s.ClientURL(), Catalogue: catDir, Controller: ccfg, Observer: obs}, errs)
 	startAgent := func(machine string, platforms ...string) {
 		cfg := agent.DefaultConfig()
 		cfg.Machine, cfg.Platforms = machine, platforms

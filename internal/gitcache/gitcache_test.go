@@ -1,11 +1,11 @@
-package gittree_test
+package gitcache_test
 
 import (
 	"context"
 	"errors"
 	"testing"
 
-	"github.com/meshbuild/meshbuild/internal/gittree"
+	"github.com/meshbuild/meshbuild/internal/gitcache"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 )
 
@@ -15,7 +15,7 @@ import (
 func TestTreeIdsFollowThePathNotTheCommit(t *testing.T) {
 	const remote = "https://git.example/fleet.git"
 	dir, c1 := testenv.GitRepo(t, map[string]string{"base/Dockerfile": "FROM scratch\n", "app/Dockerfile": "FROM base\n"})
-	c := &gittree.Cache{Dir: t.TempDir(), InsteadOf: map[string]string{remote: dir}}
+	c := &gitcache.Cache{Dir: t.TempDir(), InsteadOf: map[string]string{remote: dir}}
 	ctx := context.Background()
 	paths := []string{"base", "app", "", "missing", "app/Dockerfile"}
 	r1, err := c.Resolve(ctx, remote, c1, paths)
@@ -44,10 +44,43 @@ func TestTreeIdsFollowThePathNotTheCommit(t *testing.T) {
 	if again, err := c.Resolve(ctx, remote, c1, []string{"base"}); err != nil || again.Trees["base"] != r1.Trees["base"] {
 		t.Fatalf("again %+v %v", again, err)
 	}
-	if _, err := c.Resolve(ctx, remote, "no-such-branch", nil); !errors.Is(err, gittree.ErrNotFound) {
+	if _, err := c.Resolve(ctx, remote, "no-such-branch", nil); !errors.Is(err, gitcache.ErrNotFound) {
 		t.Fatalf("a missing ref: %v, want ErrNotFound", err)
 	}
 	if _, err := c.Resolve(ctx, remote, "--upload-pack=x", nil); err == nil {
 		t.Fatal("an option as a commit was accepted")
+	}
+}
+
+// A repository that cannot be fetched is ErrFetch (and not ErrNotFound);
+// Changed lists the paths two resolved trees differ in.
+func TestFetchFailuresAndChangedPaths(t *testing.T) {
+	const remote = "https://git.example/fleet.git"
+	dir, c1 := testenv.GitRepo(t, map[string]string{"base/Dockerfile": "FROM scratch\n", "app/Dockerfile": "FROM base\n"})
+	c := &gitcache.Cache{Dir: t.TempDir(), InsteadOf: map[string]string{remote: dir}}
+	ctx := context.Background()
+	_, _, err := c.Fetch(ctx, "/nonexistent/repo.git", "HEAD")
+	if !errors.Is(err, gitcache.ErrFetch) || errors.Is(err, gitcache.ErrNotFound) {
+		t.Fatalf("fetching a missing repository: %v, want ErrFetch", err)
+	}
+	var ge *gitcache.Error
+	if !errors.As(err, &ge) || ge.Stderr == "" {
+		t.Errorf("the git error and what git said are not kept: %#v", err)
+	}
+	r1, err := c.Resolve(ctx, remote, c1, []string{""})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c2 := testenv.Commit(t, dir, map[string]string{"base/README.md": "docs\n", "app/VERSION": "2\n"})
+	r2, err := c.Resolve(ctx, remote, c2, []string{""})
+	if err != nil {
+		t.Fatal(err)
+	}
+	changed, err := c.Changed(ctx, remote, r1.Trees[""], r2.Trees[""])
+	if err != nil || len(changed) != 2 || changed[0] != "app/VERSION" || changed[1] != "base/README.md" {
+		t.Fatalf("changed %v (%v), want [app/VERSION base/README.md]", changed, err)
+	}
+	if _, err := c.Changed(ctx, remote, "HEAD", r2.Trees[""]); err == nil {
+		t.Error("a ref was taken as a tree id")
 	}
 }

@@ -1,0 +1,286 @@
+// Package gitcache keeps bare clones of git repositories, one per
+// repository under a directory, and fetches into a clone only what it
+// lacks: a commit named by its full hash that the clone has is never
+// fetched again; a ref (HEAD, a branch, a tag) is always fetched anew,
+// since refs move. The agent checks build contexts out of these clones
+// (Archive); the controller reads tree ids from them (Resolve, Changed).
+//
+// A clone is named by a hash of the repository's URL as the caller spells
+// it; InsteadOf (git's url.<base>.insteadOf) rewrites the URL it is fetched
+// from. Fetches into one clone are serialised; reads run concurrently. The
+// git command line does the work and never prompts for credentials.
+//
+//	c := &gitcache.Cache{Dir: "/var/lib/meshbuild/controller/repos"}
+//	res, err := c.Resolve(ctx, "https://git.example/fleet.git", "HEAD", []string{"base", "runtime"})
+//	// res.Commit is HEAD's full hash; res.Trees["base"] its tree id at base/
+//	// ("" when the commit has no such directory).
+package gitcache
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"sync"
+)
+
+var (
+	// ErrNotFound is wrapped when the repository has no such commit (or,
+	// for HEAD, no HEAD).
+	ErrNotFound = errors.New("commit not found")
+	// ErrFetch is wrapped when fetching from the repository failed: the
+	// error also wraps the *Error of the git command.
+	ErrFetch = errors.New("fetch failed")
+)
+
+// Cache keeps bare clones under Dir. Set Dir; the rest of the zero value is
+// ready. It is safe for concurrent use, not by two processes sharing Dir.
+type Cache struct {
+	// Dir holds the bare clones.
+	Dir string
+	// InsteadOf rewrites repository URLs before they are fetched: a repo
+	// starting with a key is fetched from the value followed by the rest
+	// (the longest key wins).
+	InsteadOf map[string]string
+
+	mu    sync.Mutex
+	locks map[string]*sync.Mutex
+	// origin is the URL each clone's origin was last set to (under the
+	// clone's lock), so that it is set only when it changes.
+	origin map[string]string
+}
+
+var (
+	// A commit is a hash or a ref name; never an option.
+	commitRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._/-]*$`)
+	// A full object name is immutable, so a clone that has it need not fetch.
+	fullHashRE = regexp.MustCompile(`^([0-9a-f]{40}|[0-9a-f]{64})$`)
+)
+
+// ValidRepo reports whether repo may be handed to git as a repository.
+func ValidRepo(repo string) bool { return repo != "" && !strings.HasPrefix(repo, "-") }
+
+// ValidCommit reports whether commit may be handed to git: a hash or a ref
+// name, never an option or a range.
+func ValidCommit(commit string) bool {
+	return commitRE.MatchString(commit) && !strings.Contains(commit, "..")
+}
+
+// Clone is the directory of repo's bare clone (which may not exist yet).
+func (c *Cache) Clone(repo string) (string, error) {
+	if c.Dir == "" {
+		return "", errors.New("gitcache: Dir is not set")
+	}
+	root, err := filepath.Abs(c.Dir)
+	if err != nil {
+		return "", err
+	}
+	key := sha256.Sum256([]byte(repo))
+	return filepath.Join(root, hex.EncodeToString(key[:12])+".git"), nil
+}
+
+// Fetch makes sure repo's clone holds commit (a full hash, a ref name, or
+// HEAD: the server's) and returns the clone and the commit's full hash. A
+// commit the repository does not have wraps ErrNotFound; a failed fetch,
+// ErrFetch; when ctx ends, its error is returned.
+func (c *Cache) Fetch(ctx context.Context, repo, commit string) (clone, full string, err error) {
+	if !ValidRepo(repo) {
+		return "", "", fmt.Errorf("gitcache: %q is not a repository", repo)
+	}
+	if !ValidCommit(commit) {
+		return "", "", fmt.Errorf("gitcache: %q is not a commit", commit)
+	}
+	if clone, err = c.Clone(repo); err != nil {
+		return "", "", err
+	}
+	defer c.lock(clone)()
+	if err := c.prepare(ctx, clone, c.Rewrite(repo)); err != nil {
+		return "", "", err
+	}
+	full, err = fetch(ctx, clone, commit)
+	if cerr := ctx.Err(); err != nil && cerr != nil {
+		return "", "", cerr
+	}
+	return clone, full, err
+}
+
+// prepare creates the clone if it is not there and points its origin at
+// url. The caller holds the clone's lock.
+func (c *Cache) prepare(ctx context.Context, clone, url string) error {
+	if _, err := os.Stat(filepath.Join(clone, "HEAD")); err != nil {
+		if err := initClone(ctx, clone); err != nil {
+			return fmt.Errorf("creating the clone: %w", err)
+		}
+	}
+	if c.originOf(clone) != url {
+		if _, err := Git(ctx, clone, "config", "remote.origin.url", url); err != nil {
+			return fmt.Errorf("configuring the clone: %w", err)
+		}
+		c.setOrigin(clone, url)
+	}
+	return nil
+}
+
+// fetch makes sure the clone holds commit and returns its full hash.
+func fetch(ctx context.Context, clone, commit string) (string, error) {
+	if fullHashRE.MatchString(commit) {
+		if h, err := revParse(ctx, clone, commit); err == nil {
+			return h, nil
+		}
+		// Most servers hand out a reachable commit by its hash.
+		if _, err := Git(ctx, clone, "fetch", "--quiet", "--no-tags", "origin", commit); err == nil {
+			if h, err := revParse(ctx, clone, commit); err == nil {
+				return h, nil
+			}
+		} else if cerr := ctx.Err(); cerr != nil {
+			return "", cerr
+		}
+	}
+	// HEAD is the server's: fetched on its own and read from FETCH_HEAD
+	// (under the clone's lock), never the bare clone's own HEAD.
+	if commit == "HEAD" {
+		if _, err := Git(ctx, clone, "fetch", "--quiet", "--no-tags", "origin", "HEAD"); err != nil {
+			return "", fmt.Errorf("%w: %w", ErrFetch, err)
+		}
+		h, err := revParse(ctx, clone, "FETCH_HEAD")
+		if err != nil {
+			return "", fmt.Errorf("%w: no HEAD: %w", ErrNotFound, err)
+		}
+		return h, nil
+	}
+	// Every branch and tag: for a server that will not hand out a hash, and
+	// for a commit named by a ref.
+	if _, err := Git(ctx, clone, "fetch", "--quiet", "--prune", "--force", "origin",
+		"+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*"); err != nil {
+		return "", fmt.Errorf("%w: %w", ErrFetch, err)
+	}
+	h, err := revParse(ctx, clone, commit)
+	if err != nil {
+		return "", fmt.Errorf("%w: %s: %w", ErrNotFound, commit, err)
+	}
+	return h, nil
+}
+
+// initClone creates an empty bare clone, atomically.
+func initClone(ctx context.Context, clone string) error {
+	if err := os.MkdirAll(filepath.Dir(clone), 0o755); err != nil {
+		return err
+	}
+	tmp, err := os.MkdirTemp(filepath.Dir(clone), ".init-")
+	if err != nil {
+		return err
+	}
+	if _, err := Git(ctx, "", "init", "--quiet", "--bare", tmp); err != nil {
+		os.RemoveAll(tmp)
+		return err
+	}
+	if err := os.Rename(tmp, clone); err != nil {
+		os.RemoveAll(tmp)
+		return err
+	}
+	return nil
+}
+
+func revParse(ctx context.Context, clone, commit string) (string, error) {
+	return Git(ctx, clone, "rev-parse", "--verify", "--quiet", "--end-of-options", commit+"^{commit}")
+}
+
+// Rewrite applies InsteadOf to repo, the longest matching prefix first.
+func (c *Cache) Rewrite(repo string) string {
+	keys := make([]string, 0, len(c.InsteadOf))
+	for k := range c.InsteadOf {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool { return len(keys[i]) > len(keys[j]) })
+	for _, k := range keys {
+		if k != "" && strings.HasPrefix(repo, k) {
+			return c.InsteadOf[k] + strings.TrimPrefix(repo, k)
+		}
+	}
+	return repo
+}
+
+// lock takes the clone's lock and returns its release.
+func (c *Cache) lock(clone string) func() {
+	c.mu.Lock()
+	if c.locks == nil {
+		c.locks = map[string]*sync.Mutex{}
+	}
+	m, ok := c.locks[clone]
+	if !ok {
+		m = &sync.Mutex{}
+		c.locks[clone] = m
+	}
+	c.mu.Unlock()
+	m.Lock()
+	return m.Unlock
+}
+
+func (c *Cache) originOf(clone string) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.origin[clone]
+}
+
+func (c *Cache) setOrigin(clone, url string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.origin == nil {
+		c.origin = map[string]string{}
+	}
+	c.origin[clone] = url
+}
+
+// Error is a failed git command with what it said.
+type Error struct {
+	Args   []string
+	Err    error
+	Stderr string
+}
+
+func (e *Error) Error() string {
+	msg := lastLine(e.Stderr)
+	if msg == "" {
+		msg = e.Err.Error()
+	}
+	return fmt.Sprintf("git %s: %s", strings.Join(e.Args, " "), msg)
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return strings.TrimSpace(lines[len(lines)-1])
+}
+
+// command is git against the repository at gitDir ("" for none), never
+// prompting for credentials.
+func command(ctx context.Context, gitDir string, args ...string) *exec.Cmd {
+	full := args
+	if gitDir != "" {
+		full = append([]string{"--git-dir=" + gitDir}, args...)
+	}
+	cmd := exec.CommandContext(ctx, "git", full...)
+	cmd.Env = append(os.Environ(), "GIT_TERMINAL_PROMPT=0", "LC_ALL=C")
+	return cmd
+}
+
+// Git runs git against the repository at gitDir ("" for none) and returns
+// its trimmed output; a failure is an *Error.
+func Git(ctx context.Context, gitDir string, args ...string) (string, error) {
+	cmd := command(ctx, gitDir, args...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return "", &Error{Args: args, Err: err, Stderr: stderr.String()}
+	}
+	return strings.TrimSpace(stdout.String()), nil
+}

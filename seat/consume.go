@@ -1,0 +1,93 @@
+package seat
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Consumption reads a durable pull consumer onto a channel until it is
+// stopped or the consumer ends. Make one with Consume.
+type Consumption struct {
+	nc   *nats.Conn
+	it   jetstream.MessagesContext
+	out  chan jetstream.Msg
+	wg   sync.WaitGroup
+	err  error // why the consumer ended; written before out is closed
+	once sync.Once
+}
+
+// Consume binds the durable consumer on stream and delivers its messages on
+// Messages, pulling batch at a time. what names the consumption in errors
+// and in log (nil: silent). A missed heartbeat is logged and the pull goes
+// on; any other end of the consumer closes Messages, and Err says why.
+func Consume(ctx context.Context, js jetstream.JetStream, stream, consumer string, batch int, what string, log *slog.Logger) (*Consumption, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if batch < 1 {
+		batch = 1
+	}
+	cons, err := js.Consumer(ctx, stream, consumer)
+	if err != nil {
+		return nil, fmt.Errorf("binding the consumer of %s (%s/%s): %w", what, stream, consumer, err)
+	}
+	it, err := cons.Messages(jetstream.PullMaxMessages(batch))
+	if err != nil {
+		return nil, fmt.Errorf("consuming %s (%s/%s): %w", what, stream, consumer, err)
+	}
+	c := &Consumption{nc: js.Conn(), it: it, out: make(chan jetstream.Msg, batch)}
+	c.wg.Go(func() { c.pull(what, log) })
+	return c, nil
+}
+
+func (c *Consumption) pull(what string, log *slog.Logger) {
+	defer close(c.out)
+	for {
+		m, err := c.it.Next()
+		if errors.Is(err, jetstream.ErrNoHeartbeat) {
+			// The server missed its heartbeats (a cluster without
+			// quorum, a bus away): the iterator goes on pulling.
+			log.Warn("consumer missed its heartbeats; still pulling", "of", what)
+			continue
+		}
+		if err != nil {
+			if !errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+				log.Warn("consumer stopped", "of", what, "err", err)
+				c.err = fmt.Errorf("consuming %s: %w", what, err)
+			}
+			return
+		}
+		c.out <- m
+	}
+}
+
+// Messages is the consumer's messages, closed when the consumption ends.
+func (c *Consumption) Messages() <-chan jetstream.Msg { return c.out }
+
+// Err is why the consumer ended by itself; read it only once Messages is
+// closed. nil when it was stopped.
+func (c *Consumption) Err() error { return c.err }
+
+// Stop ends the consumption and waits for it: what was fetched and not
+// worked goes back at once (naked), so the next holder has it without an
+// ack wait. A drain needs the bus, so cut off from it, it just stops. Stop
+// may be called more than once.
+func (c *Consumption) Stop() {
+	c.once.Do(func() {
+		if c.nc != nil && c.nc.IsConnected() {
+			c.it.Drain()
+		} else {
+			c.it.Stop()
+		}
+		for m := range c.out {
+			_ = m.Nak()
+		}
+		c.wg.Wait()
+	})
+}
