@@ -334,7 +334,11 @@ func (l *AskLease) write(ctx context.Context, data []byte, rev uint64) error {
 		return nil
 	}
 	for moved := 0; moved < 3; {
-		_, err := l.js.PublishMsg(ctx, &nats.Msg{Subject: l.subject, Data: data}, jetstream.WithExpectLastSequencePerSubject(rev))
+		// Each try is bounded on its own: a publish sent while the
+		// stream had no leader may never be answered.
+		tctx, cancel := context.WithTimeout(ctx, settleTry)
+		_, err := l.js.PublishMsg(tctx, &nats.Msg{Subject: l.subject, Data: data}, jetstream.WithExpectLastSequencePerSubject(rev))
+		cancel()
 		if err == nil {
 			return nil
 		}
@@ -349,7 +353,10 @@ func (l *AskLease) write(ctx context.Context, data []byte, rev uint64) error {
 		// (its credentials): still this claim's, or gone with nobody
 		// holding or having settled the ask since, it is written as is.
 		// A bus that cannot say which yet is waited for.
-		if err := l.stillOurs(ctx); errors.Is(err, ErrLost) {
+		tctx, cancel = context.WithTimeout(ctx, settleTry)
+		err = l.stillOurs(tctx)
+		cancel()
+		if errors.Is(err, ErrLost) {
 			return err
 		} else if err != nil {
 			if perr := pause(err); perr != nil {
@@ -358,7 +365,10 @@ func (l *AskLease) write(ctx context.Context, data []byte, rev uint64) error {
 			continue
 		}
 		moved++
-		if _, err := l.js.PublishMsg(ctx, &nats.Msg{Subject: l.subject, Data: data}); err == nil {
+		tctx, cancel = context.WithTimeout(ctx, settleTry)
+		_, err = l.js.PublishMsg(tctx, &nats.Msg{Subject: l.subject, Data: data})
+		cancel()
+		if err == nil {
 			return nil
 		}
 	}
@@ -390,6 +400,9 @@ func (l *AskLease) stillOurs(ctx context.Context) error {
 	return nil
 }
 
+// settleTry bounds each try of a settle's write.
+const settleTry = 2 * time.Second
+
 // confirmAfter is how long after the claim's last TTL'd write could expire
 // (or the settled write landed, if later) the settled claim is looked at
 // again: the server expires messages on a timer, and a leader just elected
@@ -413,7 +426,10 @@ func (l *AskLease) confirm(ctx context.Context, data []byte, expires time.Time) 
 		err error
 	)
 	for wait := 100 * time.Millisecond; ; wait = min(2*wait, time.Second) {
-		if cur, err = readLeader(ctx, l.js, l.kv.Bucket(), l.key); err == nil || gone(err) {
+		rctx, cancel := context.WithTimeout(ctx, settleTry)
+		cur, err = readLeader(rctx, l.js, l.kv.Bucket(), l.key)
+		cancel()
+		if err == nil || gone(err) {
 			break
 		}
 		select {
