@@ -28,7 +28,7 @@ const testAckWait = 2 * time.Second
 
 // bus raises the seat on a fresh server, with a short ack wait so that
 // redelivery is observable in a test.
-func bus(t *testing.T) (*server.Server, jetstream.JetStream) {
+func bus(t testing.TB) (*server.Server, jetstream.JetStream) {
 	t.Helper()
 	return busAckWait(t, testAckWait)
 }
@@ -167,7 +167,7 @@ type record struct {
 	Back    []mesh.HandedBack
 }
 
-func events(t *testing.T, js jetstream.JetStream) record {
+func events(t testing.TB, js jetstream.JetStream) record {
 	t.Helper()
 	ctx := context.Background()
 	cons, err := js.OrderedConsumer(ctx, mesh.EventsStream, jetstream.OrderedConsumerConfig{})

@@ -1,22 +1,32 @@
 package agent_test
 
 import (
+	"context"
 	"fmt"
+	"os"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/meshbuild/meshbuild/agent"
+	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
+	"github.com/meshbuild/meshbuild/registry"
 )
 
-// BenchmarkFailover measures what a lost machine costs: the seconds from the
-// loss of a machine in the middle of a build (its connection dropped with
-// no word, as kill -9 leaves it) to its ask started on another machine that
-// was idle all along, with the holders' defaults (mesh.HolderAckWait, the
-// ask claim's lease, the heartbeat). Each run is a fresh server and two
-// agents; the figure is the median (and the slowest) of the runs
-// (MESHBUILD_BENCH=tiny: one).
+// BenchmarkFailover measures what failures cost, with the holders'
+// defaults (mesh.HolderAckWait, the ask claim's lease, the heartbeat):
+//
+//   - kill: the seconds from the loss of a machine in the middle of a build
+//     (its connection dropped with no word, as kill -9 leaves it) to its
+//     ask started on another machine that was idle all along; each run a
+//     fresh server and two agents, the median (and the slowest) of the runs
+//     (MESHBUILD_BENCH=tiny: one);
+//   - registry gone: a registry gone for good, on two machines (real
+//     buildkitds, the real registry stopped): the time from the ask's first
+//     failing attempt to its failed{infra}, over its --retry-for budget,
+//     both machines sick (target: the budget, ± 10 %).
 func BenchmarkFailover(b *testing.B) {
 	runs := 3
 	if benchTiny() {
@@ -32,6 +42,13 @@ func BenchmarkFailover(b *testing.B) {
 		b.ReportMetric(took[len(took)-1].Seconds(), "kill-to-started-max-s")
 		b.ReportMetric(mesh.HolderAckWait.Seconds(), "ack-wait-s")
 		b.ReportMetric(float64(runs), "runs")
+		if os.Getenv(testenv.BuildkitEnv) == "1" {
+			budget := 10 * time.Second
+			gone := registryGoneToFailed(b, budget)
+			b.ReportMetric(gone.Seconds(), "registry-gone-to-failed-s")
+			b.ReportMetric(gone.Seconds()/budget.Seconds(), "registry-gone/budget")
+			b.ReportMetric(budget.Seconds(), "budget-s")
+		}
 	}
 }
 
@@ -55,4 +72,35 @@ func killToStarted(b *testing.B, id string) time.Duration {
 	took := time.Since(killed)
 	g.ch(id) <- nil
 	return took
+}
+
+// registryGoneToFailed stops a registry for good under two machines and
+// returns how long after the ask's first (failing) attempt it was failed
+// {infra}, "no healthy machine".
+func registryGoneToFailed(b *testing.B, budget time.Duration) time.Duration {
+	addr := freeAddr(b)
+	srv, err := registry.Serve(context.Background(), addr, b.TempDir())
+	if err != nil {
+		b.Fatal(err)
+	}
+	bk := testenv.Buildkitd(b, addr)
+	git, commit := testenv.GitRepo(b, map[string]string{"app/Dockerfile": "FROM scratch\nCOPY Dockerfile /\n"})
+	s, js := bus(b)
+	cfg := func(c *agent.Config) { c.RetryFor, c.ProbeEvery = budget, 0 }
+	startAgent(b, s, "m1", realWorker(b, bk, git), cfg)
+	startAgent(b, s, "m2", realWorker(b, bk, git), cfg)
+	srv.Close() // gone for good
+	submit(b, js, realAsk("gone", commit, "app", addr+"/gone"))
+	deadline := time.Now().Add(budget + 2*time.Minute)
+	for countEvents(b, js, mesh.EventFailed) == 0 {
+		if time.Now().After(deadline) {
+			b.Fatalf("the ask did not settle within its budget %s and two minutes", budget)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	r := events(b, js)
+	if len(r.Failed) != 1 || len(r.Started) == 0 || r.Failed[0].Reason != mesh.ReasonInfra || !strings.Contains(r.Failed[0].Message, "no healthy machine") {
+		b.Fatalf("failed %+v after %d starts: want one failed{infra}, no healthy machine", r.Failed, len(r.Started))
+	}
+	return r.Failed[0].At.Sub(r.Started[0].At)
 }

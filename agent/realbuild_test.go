@@ -30,7 +30,7 @@ import (
 
 const realRepo = "https://git.example/real.git"
 
-func realWorker(t *testing.T, bk, gitDir string) agent.Worker {
+func realWorker(t testing.TB, bk, gitDir string) agent.Worker {
 	t.Helper()
 	b, err := agent.NewBuildKit(bk, agent.BuildKitOptions{Registry: registry.NewClient(registry.WithInsecure(true))})
 	if err != nil {
@@ -49,7 +49,7 @@ func realAsk(id, commit, path, image string, bases ...mesh.Base) mesh.Ask {
 }
 
 // freeAddr reserves a loopback port and releases it for a server to take.
-func freeAddr(t *testing.T) string {
+func freeAddr(t testing.TB) string {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

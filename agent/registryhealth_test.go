@@ -187,7 +187,7 @@ func TestAnAskSettlesWhenItsBudgetIsGoneThoughEveryMachineIsSick(t *testing.T) {
 
 // countEvents is how many events of the build seat named event EVENTS
 // holds, from any machine (cheap enough to poll: no consumer).
-func countEvents(t *testing.T, js jetstream.JetStream, event string) uint64 {
+func countEvents(t testing.TB, js jetstream.JetStream, event string) uint64 {
 	t.Helper()
 	ctx := context.Background()
 	st, err := js.Stream(ctx, mesh.EventsStream)

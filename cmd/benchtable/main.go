@@ -428,6 +428,11 @@ var failoverRows = []row{
 		beside: func(m metrics) string {
 			return fmt.Sprintf("median of %.0f runs, slowest %.1f s; the holders' ack wait is %.0f s, the ask claim's lease three quarters of it", m["runs"], m["kill-to-started-max-s"], m["ack-wait-s"])
 		}},
+	{figure: "a registry gone for good under two machines (real buildkitds; both turn sick): from the ask's first failing attempt to its failed{infra} \"no healthy machine\", ÷ its --retry-for budget", suite: failover,
+		bench: "BenchmarkFailover", metric: "registry-gone/budget", format: "%.3f", atMost: 1.1,
+		beside: func(m metrics) string {
+			return fmt.Sprintf("%.2f s for a budget of %.0f s", m["registry-gone-to-failed-s"], m["budget-s"])
+		}},
 }
 
 func init() {
