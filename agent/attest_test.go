@@ -15,7 +15,6 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 
 	"github.com/meshbuild/meshbuild/agent"
-	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/registry"
 )
@@ -59,7 +58,7 @@ type statement struct {
 // turns provenance off is pushed as a bare image.
 func TestProvenanceIsPushedWithTheImage(t *testing.T) {
 	testenv.RequireBuildkit(t)
-	reg := testenv.Registry(t)
+	reg := registrytest.Registry(t)
 	bk := testenv.Buildkitd(t, reg)
 	repo, dg := name2(testenv.Busybox(t, reg))
 	git, commit := testenv.GitRepo(t, map[string]string{
@@ -257,7 +256,7 @@ printf '{"_type": "https://in-toto.io/Statement/v0.1", "predicateType": "https:/
 // turns the SBOM off gets the provenance alone.
 func TestSBOMFromAGeneratorInTheMeshRegistry(t *testing.T) {
 	testenv.RequireBuildkit(t)
-	reg := testenv.Registry(t)
+	reg := registrytest.Registry(t)
 	bk := testenv.Buildkitd(t, reg)
 	repo, dg := name2(testenv.Busybox(t, reg))
 	busybox := []mesh.Base{{Module: "busybox", Image: repo, Digest: dg}}

@@ -348,7 +348,7 @@ func BenchmarkAgentOverhead(b *testing.B) {
 	if _, err := os.Stat(buildctl); err != nil {
 		b.Fatalf("%s: %v (make deps builds it)", buildctl, err)
 	}
-	host := testenv.Registry(b)
+	host := registrytest.Registry(b)
 	addr := testenv.Buildkitd(b, host)
 	baseRef := testenv.Busybox(b, host)
 	base := mesh.Base{Module: "runtime", Image: host + "/busybox", Digest: baseRef[strings.LastIndex(baseRef, "@")+1:]}

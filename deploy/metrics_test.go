@@ -77,7 +77,7 @@ func serve(t *testing.T, reg *prometheus.Registry) string {
 // newer one applies. The controller's view of the node (declared and
 // applied revision, when last heard) follows on its own /metrics.
 func TestNodeMetricsFollowEveryOutcome(t *testing.T) {
-	reg := testenv.Registry(t)
+	reg := registrytest.Registry(t)
 	b := newBed(t, []string{"n1"})
 	b.controller(deploy.DefaultControllerConfig())
 	ctrl := serve(t, b.creg)

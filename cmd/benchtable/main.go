@@ -162,11 +162,11 @@ var (
 	thru  = suite{pkg: "./cascade", bench: "BenchmarkControllerThroughput10000"}
 	disp  = suite{pkg: "./agent", bench: "BenchmarkDispatch"}
 	over  = suite{pkg: "./agent", bench: "BenchmarkAgentOverhead"}
-	fleet = suite{pkg: "./internal/demo", bench: "BenchmarkFleetSpeedup"}
-	rebld = suite{pkg: "./internal/demo", bench: "BenchmarkFleetRebuild"}
+	fleet = suite{pkg: "./cmd/internal/demo", bench: "BenchmarkFleetSpeedup"}
+	rebld = suite{pkg: "./cmd/internal/demo", bench: "BenchmarkFleetRebuild"}
 	// bake is BenchmarkFleetBake: the farm against buildx bake on a fleet
 	// whose steps sleep.
-	bake = suite{pkg: "./internal/demo", bench: "BenchmarkFleetBake"}
+	bake = suite{pkg: "./cmd/internal/demo", bench: "BenchmarkFleetBake"}
 	// overFleet is BenchmarkAgentOverheadFleet: the fully cached build on
 	// three machines at once.
 	overFleet = suite{pkg: "./agent", bench: "BenchmarkAgentOverheadFleet"}
@@ -255,7 +255,7 @@ func fleetSpeedup(k int) func(m metrics) string {
 }
 
 // buildxVersion is the buildx BenchmarkFleetRebuild bakes with
-// (internal/demo, BuildxVersion).
+// (cmd/internal/demo, BuildxVersion).
 const buildxVersion = "v0.38.2"
 
 // fleetBus names BenchmarkFleet1000's buses in the rows' figures.
