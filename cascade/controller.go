@@ -211,48 +211,14 @@ func (c *Controller) raise(ctx context.Context, cat *mesh.Catalogue) (mesh.Raise
 func unanswered(err error) bool { return mesh.Unanswered(err) }
 
 // Run raises the catalogue, resumes the plans in the store and works until
-// ctx is done.
+// ctx is done: each turn of its loop is one batch (see the package doc's
+// batch loop).
 func (c *Controller) Run(ctx context.Context) error {
-	r, err := c.raise(ctx, c.cat)
+	in, err := c.start(ctx)
 	if err != nil {
 		return err
 	}
-	c.logRaise(r)
-	if c.store, err = OpenStore(ctx, c.js, c.module); err != nil {
-		return err
-	}
-	if c.asks, err = c.js.KeyValue(ctx, mesh.AskClaimsBucket(mesh.BuildSeat)); err != nil {
-		// Raised above with the catalogue; a catalogue without the build
-		// seat has no outcomes to fence.
-		c.log.Warn("no ask claims bucket: every outcome of the build seat is refused", "err", err)
-		c.asks = nil
-	}
-	if err := c.resume(ctx); err != nil {
-		return err
-	}
-	subs, err := c.serveTools()
-	if err != nil {
-		return err
-	}
-	defer func() {
-		for _, s := range subs {
-			_ = s.Unsubscribe()
-		}
-	}()
-	// The asks the server gave up on, from the stream that kept its
-	// advisories while no controller ran as well as now.
-	gaveUp, stopGaveUp, err := c.consumeGaveUp(ctx)
-	if err != nil {
-		return err
-	}
-	defer stopGaveUp()
-	// On the way out, events fetched and not worked go back at once, so
-	// the next holder of mesh-controller has them without an ack wait.
-	events, stopEvents, err := c.consume(ctx, mesh.EventsStream, mesh.ModuleConsumer(c.module), c.cfg.Batch, "events")
-	if err != nil {
-		return err
-	}
-	defer stopEvents()
+	defer in.stop()
 	c.log.Info("controller running", "module", c.module, "plans", len(c.plans))
 
 	tick := time.NewTicker(c.cfg.ObserveEvery)
@@ -278,34 +244,14 @@ func (c *Controller) Run(ctx context.Context) error {
 				}
 				delete(c.forecastOwed, id)
 			}
-		case m, ok := <-events:
+		case m, ok := <-in.events:
 			if !ok {
 				return errors.New("the event consumer stopped")
 			}
-			batch = append(batch, m)
-		drain:
-			for len(batch) < c.cfg.Batch {
-				select {
-				case m, ok := <-events:
-					if !ok {
-						break drain
-					}
-					batch = append(batch, m)
-				default:
-					break drain
-				}
-			}
-			verdicts := c.fence(ctx, batch)
-			kept := batch[:0]
-			for _, m := range batch {
-				if !c.event(ctx, m, verdicts) {
-					kept = append(kept, m)
-				}
-			}
-			batch = kept
+			batch = c.work(ctx, m, in.events)
 		case cmd := <-c.cmds:
 			cmd.Answer(c.command(ctx, cmd.Q))
-		case m, ok := <-gaveUp:
+		case m, ok := <-in.gaveUp:
 			if !ok {
 				return errors.New("the consumer of given-up asks stopped")
 			}
@@ -313,12 +259,7 @@ func (c *Controller) Run(ctx context.Context) error {
 			// Acknowledged with the batch, once the failure is stored.
 			batch = append(batch, m)
 		case <-tick.C:
-			c.observe()
-			now := time.Now().UTC()
-			cancels, expired := c.expireCancels(now), c.expireAsks(now)
-			noted := c.watchPlatforms(ctx)
-			indexed := c.assemble(ctx, true)
-			if !cancels && !expired && !noted && !indexed && !c.unflushed() {
+			if !c.tick(ctx) {
 				continue
 			}
 		}
@@ -334,6 +275,80 @@ func (c *Controller) Run(ctx context.Context) error {
 			_ = m.Ack()
 		}
 	}
+}
+
+// runInputs are the consumers and tool subscriptions Run waits on, and how
+// to stop them (in the reverse of the order they were started).
+type runInputs struct {
+	events, gaveUp <-chan jetstream.Msg
+	stops          []func()
+}
+
+func (in *runInputs) stop() {
+	for i := len(in.stops) - 1; i >= 0; i-- {
+		in.stops[i]()
+	}
+}
+
+// start raises the catalogue, opens the plan store and the ask claims,
+// resumes the stored plans, then serves the tools and consumes the events
+// and the asks the server gave up on.
+func (c *Controller) start(ctx context.Context) (*runInputs, error) {
+	r, err := c.raise(ctx, c.cat)
+	if err != nil {
+		return nil, err
+	}
+	c.logRaise(r)
+	if c.store, err = OpenStore(ctx, c.js, c.module); err != nil {
+		return nil, err
+	}
+	if c.asks, err = c.js.KeyValue(ctx, mesh.AskClaimsBucket(mesh.BuildSeat)); err != nil {
+		// Raised above with the catalogue; a catalogue without the build
+		// seat has no outcomes to fence.
+		c.log.Warn("no ask claims bucket: every outcome of the build seat is refused", "err", err)
+		c.asks = nil
+	}
+	if err := c.resume(ctx); err != nil {
+		return nil, err
+	}
+	subs, err := c.serveTools()
+	if err != nil {
+		return nil, err
+	}
+	in := &runInputs{stops: []func(){func() {
+		for _, s := range subs {
+			_ = s.Unsubscribe()
+		}
+	}}}
+	// The asks the server gave up on, from the stream that kept its
+	// advisories while no controller ran as well as now.
+	gaveUp, stopGaveUp, err := c.consumeGaveUp(ctx)
+	if err != nil {
+		in.stop()
+		return nil, err
+	}
+	in.gaveUp, in.stops = gaveUp, append(in.stops, stopGaveUp)
+	// On the way out, events fetched and not worked go back at once, so
+	// the next holder of mesh-controller has them without an ack wait.
+	events, stopEvents, err := c.consume(ctx, mesh.EventsStream, mesh.ModuleConsumer(c.module), c.cfg.Batch, "events")
+	if err != nil {
+		in.stop()
+		return nil, err
+	}
+	in.events, in.stops = events, append(in.stops, stopEvents)
+	return in, nil
+}
+
+// tick is the controller's periodic look: it observes, and bounds what
+// waited too long, notes the platforms no machine serves and pushes the
+// image indexes due. It reports whether a flush has anything to do.
+func (c *Controller) tick(ctx context.Context) bool {
+	c.observe()
+	now := time.Now().UTC()
+	cancels, expired := c.expireCancels(now), c.expireAsks(now)
+	noted := c.watchPlatforms(ctx)
+	indexed := c.assemble(ctx, true)
+	return cancels || expired || noted || indexed || c.unflushed()
 }
 
 func (c *Controller) logRaise(r mesh.RaiseReport) {

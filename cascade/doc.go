@@ -113,16 +113,16 @@
 // acknowledges anything:
 //
 //	Run: waits on the events, the tools, the given-up asks and a tick
-//	 ├─ event (events.go)     a batch of outcomes, fenced (fence.go), applied to State
-//	 ├─ command (tools.go)    rebuild, retry, cancel, priority, catalogue
-//	 └─ tick                  bounds (bounds.go), platforms, image indexes (platforms.go)
+//	 ├─ work, event (events.go)  a batch of outcomes, fenced (fence.go), applied to State
+//	 ├─ command (tools.go)       rebuild, retry, cancel, priority, catalogue
+//	 └─ tick (controller.go)     bounds (bounds.go), platforms unserved, image indexes (platforms.go)
 //	 ▼
-//	touch, enqueue (flush.go)  the plans and modules changed, the asks released
+//	touch, enqueue (flush.go)    the plans and modules changed, the asks released
 //	 ▼
-//	flush                      fills the windows (dispatch.go), then, retried up to StoreRetryFor:
-//	 ├─► persist               modules, current images, estimates, then plan records, in phases
-//	 ├─► publish               the asks of the plans stored, to the build seat (message id = ask id)
-//	 └─► settle                settled plans handed to the Settler (deployment); old plans pruned
+//	flush                        fills the windows (dispatch.go), then, retried up to StoreRetryFor:
+//	 ├─► persist                 modules, current images, estimates, then plan records, in phases
+//	 ├─► publish                 the asks of the plans stored, to the build seat (message id = ask id)
+//	 └─► settle                  settled plans handed to the Settler (deployment); old plans pruned
 //	 ▼
 //	ack the batch, back to Run
 //

@@ -28,6 +28,33 @@ func (c *Controller) consume(ctx context.Context, stream, consumer string, batch
 	return s.Messages(), s.Stop, nil
 }
 
+// work takes first and the events already waiting behind it, up to
+// Config.Batch, fences them and applies them (event). It returns the batch
+// to acknowledge once it is stored: the events event did not settle itself.
+func (c *Controller) work(ctx context.Context, first jetstream.Msg, events <-chan jetstream.Msg) []jetstream.Msg {
+	batch := []jetstream.Msg{first}
+drain:
+	for len(batch) < c.cfg.Batch {
+		select {
+		case m, ok := <-events:
+			if !ok {
+				break drain
+			}
+			batch = append(batch, m)
+		default:
+			break drain
+		}
+	}
+	verdicts := c.fence(ctx, batch)
+	kept := batch[:0]
+	for _, m := range batch {
+		if !c.event(ctx, m, verdicts) {
+			kept = append(kept, m)
+		}
+	}
+	return kept
+}
+
 // event works one event of the controller's consumer. Every event is read
 // with mesh.DecodeEvent (its version checked); one that cannot be read is
 // refused once (Term) and holds up nothing. An outcome of the build seat is
@@ -37,28 +64,8 @@ func (c *Controller) consume(ctx context.Context, stream, consumer string, batch
 // once the batch is stored.
 func (c *Controller) event(ctx context.Context, m jetstream.Msg, verdicts map[jetstream.Msg]*verdict) (settled bool) {
 	now := time.Now().UTC()
-	refuse := func(err error) bool {
-		c.log.Warn("refusing an event", "subject", m.Subject(), "err", err)
-		_ = m.Term()
-		return true
-	}
 	if m.Subject() == mesh.SeatEventSubject(mesh.GitSeat, mesh.EventPushed) {
-		ev, err := mesh.DecodeEvent[mesh.Pushed](m.Data())
-		if err != nil {
-			return refuse(err)
-		}
-		t := planner.Trigger{Kind: planner.KindPush, Repo: ev.Repo, Commit: ev.Commit, Ref: ev.Ref, Paths: ev.Paths}
-		// A push's plan is as new as the push's place on the bus, not as
-		// the moment it is planned: a push delivered again after a crash,
-		// behind a newer push already planned, stays the older.
-		var at uint64
-		if md, err := m.Metadata(); err == nil {
-			at = md.Sequence.Stream
-		}
-		if _, _, err := c.createPlan(ctx, t, ev.Schedule, now, at); err != nil {
-			c.log.Warn("no plan for a push", "repo", ev.Repo, "commit", ev.Commit, "err", err)
-		}
-		return false
+		return c.pushed(ctx, m, now)
 	}
 	seat, _, event, ok := mesh.SplitHolderEventSubject(m.Subject())
 	if !ok || seat != mesh.BuildSeat {
@@ -77,6 +84,38 @@ func (c *Controller) event(ctx context.Context, m jetstream.Msg, verdicts map[je
 		c.refuse(m, v)
 		return true
 	}
+	return c.outcome(m, event, now)
+}
+
+// pushed plans a push (a plan that exists already is not made again). A
+// push that cannot be read is refused (Term); one that cannot be planned
+// is logged and acknowledged.
+func (c *Controller) pushed(ctx context.Context, m jetstream.Msg, now time.Time) (settled bool) {
+	ev, err := mesh.DecodeEvent[mesh.Pushed](m.Data())
+	if err != nil {
+		c.log.Warn("refusing an event", "subject", m.Subject(), "err", err)
+		_ = m.Term()
+		return true
+	}
+	t := planner.Trigger{Kind: planner.KindPush, Repo: ev.Repo, Commit: ev.Commit, Ref: ev.Ref, Paths: ev.Paths}
+	// A push's plan is as new as the push's place on the bus, not as
+	// the moment it is planned: a push delivered again after a crash,
+	// behind a newer push already planned, stays the older.
+	var at uint64
+	if md, err := m.Metadata(); err == nil {
+		at = md.Sequence.Stream
+	}
+	if _, _, err := c.createPlan(ctx, t, ev.Schedule, now, at); err != nil {
+		c.log.Warn("no plan for a push", "repo", ev.Repo, "commit", ev.Commit, "err", err)
+	}
+	return false
+}
+
+// outcome applies a fenced event of the build seat (started, built,
+// failed, handed back) to its plan. An event of an attempt older than one
+// already started is refused (RefusedStale). It reports whether it settled
+// the message itself.
+func (c *Controller) outcome(m jetstream.Msg, event string, now time.Time) (settled bool) {
 	switch event {
 	case mesh.EventStarted:
 		ev, _ := mesh.DecodeEvent[mesh.Started](m.Data())

@@ -17,26 +17,9 @@ func (c *Controller) resume(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if c.current, err = c.store.Currents(ctx); err != nil {
+	if err := c.loadKept(ctx); err != nil {
 		return err
 	}
-	if c.keys, err = c.store.Keys(ctx); err != nil {
-		return err
-	}
-	if c.sched.shares, err = c.store.Shares(ctx); err != nil {
-		return err
-	}
-	est, err := c.store.Estimates(ctx)
-	if err != nil {
-		return err
-	}
-	for m, d := range est {
-		c.storedBuild[m] = d
-		if _, ok := c.lastBuild[m]; !ok {
-			c.lastBuild[m] = d
-		}
-	}
-	c.seedEstimates(ctx)
 	var since time.Time
 	for _, r := range recs {
 		c.seq = max(c.seq, r.Seq)
@@ -86,6 +69,34 @@ func (c *Controller) resume(ctx context.Context) error {
 		c.log.Info("resumed a plan", "plan", id, "counts", fmt.Sprintf("%+v", st.Counts()))
 	}
 	return c.flush(ctx)
+}
+
+// loadKept reads what the controller keeps beside its plans: the current
+// images, the input keys built, the owners' shares and the modules'
+// estimates (seeded from the build records where none is stored).
+func (c *Controller) loadKept(ctx context.Context) error {
+	var err error
+	if c.current, err = c.store.Currents(ctx); err != nil {
+		return err
+	}
+	if c.keys, err = c.store.Keys(ctx); err != nil {
+		return err
+	}
+	if c.sched.shares, err = c.store.Shares(ctx); err != nil {
+		return err
+	}
+	est, err := c.store.Estimates(ctx)
+	if err != nil {
+		return err
+	}
+	for m, d := range est {
+		c.storedBuild[m] = d
+		if _, ok := c.lastBuild[m]; !ok {
+			c.lastBuild[m] = d
+		}
+	}
+	c.seedEstimates(ctx)
+	return nil
 }
 
 // replayMargin is how far before a plan's last stored change the replay of

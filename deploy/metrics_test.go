@@ -19,6 +19,7 @@ import (
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/metrics"
+	"github.com/meshbuild/meshbuild/registry/registrytest"
 )
 
 // scrape reads a /metrics page as Prometheus does, over HTTP, into the
