@@ -139,10 +139,11 @@ func TestAHandedBackModuleSaysWhy(t *testing.T) {
 	if got := HandedBackNote(cascade.HandedBack{Why: strings.Repeat("x", 400)}, now); len(got) > 250 {
 		t.Errorf("a long cause is not cut: %d bytes", len(got))
 	}
-	// As a controller leaves a module given back for a retry: queued, on
-	// no machine (cascade's TestAHandedBackIsShownAndForgeriesOfItAreRefused).
+	// As a controller leaves a module given back for a retry: building,
+	// on no machine, with the note (cascade's
+	// TestAHandedBackIsShownAndForgeriesOfItAreRefused); shown queued.
 	var out strings.Builder
-	queued := cascade.ModuleStatus{Module: "solo", State: cascade.Queued, HandedBack: &retry}
+	queued := cascade.ModuleStatus{Module: "solo", State: cascade.Building, HandedBack: &retry}
 	PrintPlan(&out, cascade.PlanRecord{ID: "p1", Outcome: cascade.OutcomeRunning}, map[string]cascade.ModuleStatus{"solo": queued})
 	if line := testenv.GrepLines(out.String(), "solo"); !strings.Contains(line, "queued") || strings.Contains(line, "m9") || !strings.Contains(line, "retrying (attempt 7: ") || !strings.Contains(line, "connection refused; ") {
 		t.Errorf("builds show's line for solo: %q, want queued on no machine, retrying (attempt 7: …; next …)\n%s", line, out.String())
