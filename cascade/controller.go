@@ -168,15 +168,8 @@ func (c *Controller) SetSettler(s Settler) { c.settler = s }
 
 // controllerModule finds the catalogue module the controller runs as.
 func controllerModule(cat *mesh.Catalogue, name string) (string, error) {
-	for _, m := range cat.Holders("mesh-controller") {
-		if name != "" && m.Module != name {
-			continue
-		}
-		for _, b := range m.State {
-			if b.Name == StateBucket {
-				return m.Module, nil
-			}
-		}
+	if m, ok := seat.ControllerModule(cat, name, StateBucket); ok {
+		return m, nil
 	}
 	return "", fmt.Errorf("%w: no module holds mesh-controller with state %q: add `holds: [mesh-controller]` and `state: [{name: %s}]` to the controller's manifest",
 		ErrConfig, StateBucket, StateBucket)
