@@ -84,7 +84,7 @@
 // at most Window of the plan's asks queued; whenever a holder starts one
 // ([State.Started], then [State.Fill]) the best held ask is published, so
 // the next idle machine takes the module holding up most of the plan. The
-// simulator (Simulate in package internal/sim; simstate_test.go runs State
+// simulator (Simulate in package cascade/sim; simstate_test.go runs State
 // through it) measures a 1,000-module plan on 50 machines at 1.08× the
 // lower bound with no window and 1.004× with a window of 1 and duration
 // estimates (1.02× with a window of 5). A State's Window 0 publishes

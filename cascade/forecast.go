@@ -21,7 +21,7 @@ import (
 // With many modules and few machines the machines are the bound instead:
 // the plan cannot end before its remaining work, spread over every
 // machine, is done. The forecast is the longer of the two (the simulator
-// measures the cascade within 1% of that bound, see internal/sim).
+// measures the cascade within 1% of that bound, see cascade/sim).
 //
 // A build rarely takes exactly its estimate: the time a building module
 // has left is what a build that has already taken its elapsed time is

@@ -155,10 +155,10 @@ func (r row) reproduce() string {
 var (
 	fan = suite{pkg: "./cascade", bench: "BenchmarkControllerFan35On4", sub: "^(equal|lognormal|lognormal-learned|lognormal-window-0)$"}
 	dag = suite{pkg: "./cascade", bench: "BenchmarkControllerDAG1000On50", sub: "^(idle|idle-learned|window-0)$"}
-	opt = suite{pkg: "./internal/sim", bench: "BenchmarkListVersusOptimal"}
+	opt = suite{pkg: "./cascade/sim", bench: "BenchmarkListVersusOptimal"}
 	// first is BenchmarkFirstSight: estimates of durations not known,
 	// measured in the simulator on the scheduling benchmarks' DAGs.
-	first = suite{pkg: "./internal/sim", bench: "BenchmarkFirstSight"}
+	first = suite{pkg: "./cascade/sim", bench: "BenchmarkFirstSight"}
 	thru  = suite{pkg: "./cascade", bench: "BenchmarkControllerThroughput10000"}
 	disp  = suite{pkg: "./agent", bench: "BenchmarkDispatch"}
 	over  = suite{pkg: "./agent", bench: "BenchmarkAgentOverhead"}

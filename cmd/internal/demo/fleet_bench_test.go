@@ -14,9 +14,9 @@ import (
 	"time"
 
 	"github.com/meshbuild/meshbuild/cascade"
+	"github.com/meshbuild/meshbuild/cascade/sim"
 	"github.com/meshbuild/meshbuild/cmd/internal/daemon"
 	"github.com/meshbuild/meshbuild/cmd/internal/farm"
-	"github.com/meshbuild/meshbuild/internal/sim"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
 )

@@ -1,9 +1,10 @@
 // Package sim is a deterministic discrete-event simulator of a build farm:
 // the pure reference for the scheduling benchmarks (the benchmark through
 // the real bus lives in package cascade's tests). It is used only by tests,
-// benchmarks and cmd/benchtable, so it is not part of cascade's API. It
-// does not import cascade: cascade's own tests run State through the same
-// DAGs (SimulateState, in cascade/simstate_test.go) and compare.
+// benchmarks and cmd/benchtable: it sits beside cascade, whose tests it
+// serves (as cascadetest does), and no core package imports it outside its
+// tests. It does not import cascade: cascade's own tests run State through
+// the same DAGs (SimulateState, in cascade/simstate_test.go) and compare.
 //
 // M machines pull one ask at a time from one shared queue; a policy decides when asks enter the queue and in which order.
 //
