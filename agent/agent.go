@@ -225,45 +225,15 @@ func (b *bound) names() []string {
 func (a *Agent) bind(ctx context.Context) (*bound, error) {
 	b := &bound{}
 	stream := mesh.SeatStream(mesh.BuildSeat)
-	notRaised := func(err error) bool {
-		return errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrStreamNotFound)
-	}
 	ready := make(chan struct{})
 	var once sync.Once
-	type first struct {
-		platform string
-		err      error // nil: bound; notRaised: waiting for the raise
-	}
-	firsts := make(chan first, len(a.cfg.Platforms))
+	firsts := make(chan bindFirst, len(a.cfg.Platforms))
 	for _, p := range a.cfg.Platforms {
 		go func() {
-			name := mesh.BuildConsumer(p)
-			cons, err := a.js.Consumer(ctx, stream, name)
-			firsts <- first{p, err}
-			switch {
-			case notRaised(err):
-				a.log.Info("no ask is queued for this platform yet; waiting for the controller to raise its queue", "platform", p)
-				err = bindRetry.Retry(ctx, 0, notRaised, func() error {
-					var err error
-					cons, err = a.js.Consumer(ctx, stream, name)
-					return err
-				})
-				if err != nil {
-					if ctx.Err() == nil {
-						a.log.Warn("binding a platform's consumer", "platform", p, "consumer", stream+"/"+name, "err", err)
-					}
-					return
-				}
-				a.log.Info("bound a platform's consumer", "platform", p, "consumer", stream+"/"+name)
-			case err != nil:
-				if ctx.Err() == nil && len(a.cfg.Platforms) > 1 {
-					a.log.Warn("cannot bind a platform's consumer; taking no asks for it", "platform", p,
-						"consumer", stream+"/"+name, "err", err)
-				}
-				return
+			if cons, ok := a.bindPlatform(ctx, p, firsts); ok {
+				b.add(p, cons)
+				once.Do(func() { close(ready) })
 			}
-			b.add(p, cons)
-			once.Do(func() { close(ready) })
 		}()
 	}
 	var failed []string
@@ -293,6 +263,52 @@ func (a *Agent) bind(ctx context.Context) (*bound, error) {
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
+}
+
+// bindFirst is how a platform's first try at binding went: err nil, bound;
+// notRaised, waiting for the raise.
+type bindFirst struct {
+	platform string
+	err      error
+}
+
+// notRaised reports whether err says a consumer (or its stream) is not
+// raised yet.
+func notRaised(err error) bool {
+	return errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrStreamNotFound)
+}
+
+// bindPlatform binds platform p's consumer of the build seat, telling
+// firsts how its first try went; a consumer not raised yet is waited for.
+// It reports false when p is not bound (said in the log).
+func (a *Agent) bindPlatform(ctx context.Context, p string, firsts chan<- bindFirst) (jetstream.Consumer, bool) {
+	stream := mesh.SeatStream(mesh.BuildSeat)
+	name := mesh.BuildConsumer(p)
+	cons, err := a.js.Consumer(ctx, stream, name)
+	firsts <- bindFirst{p, err}
+	switch {
+	case notRaised(err):
+		a.log.Info("no ask is queued for this platform yet; waiting for the controller to raise its queue", "platform", p)
+		err = bindRetry.Retry(ctx, 0, notRaised, func() error {
+			var err error
+			cons, err = a.js.Consumer(ctx, stream, name)
+			return err
+		})
+		if err != nil {
+			if ctx.Err() == nil {
+				a.log.Warn("binding a platform's consumer", "platform", p, "consumer", stream+"/"+name, "err", err)
+			}
+			return nil, false
+		}
+		a.log.Info("bound a platform's consumer", "platform", p, "consumer", stream+"/"+name)
+	case err != nil:
+		if ctx.Err() == nil && len(a.cfg.Platforms) > 1 {
+			a.log.Warn("cannot bind a platform's consumer; taking no asks for it", "platform", p,
+				"consumer", stream+"/"+name, "err", err)
+		}
+		return nil, false
+	}
+	return cons, true
 }
 
 // slot pulls one ask at a time until ctx is done, from the consumers of

@@ -18,6 +18,7 @@ import (
 	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
+	"github.com/meshbuild/meshbuild/mesh/meshtest"
 )
 
 // These tests hold the build seat with real agents on a real NATS server;
@@ -43,7 +44,7 @@ func busAckWait(t testing.TB, ackWait time.Duration) (*server.Server, jetstream.
 	s := natstest.Server(t, nil)
 	_, js := natstest.Connect(t, s)
 	ctx := context.Background()
-	if _, err := mesh.Raise(ctx, js, testenv.Catalogue(t, nil), 1); err != nil {
+	if _, err := mesh.Raise(ctx, js, meshtest.Catalogue(t, nil), 1); err != nil {
 		t.Fatal(err)
 	}
 	spec := mesh.SeatConsumerSpecs(mesh.Seat{Seat: mesh.BuildSeat, Accepts: []string{mesh.BuildVerb}}, []string{mesh.DefaultPlatform}, 1)[0]

@@ -18,6 +18,7 @@ import (
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/registry"
+	"github.com/meshbuild/meshbuild/registry/registrytest"
 )
 
 // statement is the part of an in-toto statement of SLSA provenance v0.2
@@ -59,7 +60,7 @@ type statement struct {
 // turns provenance off is pushed as a bare image.
 func TestProvenanceIsPushedWithTheImage(t *testing.T) {
 	testenv.RequireBuildkit(t)
-	reg := testenv.Registry(t)
+	reg := registrytest.Registry(t)
 	bk := testenv.Buildkitd(t, reg)
 	repo, dg := name2(testenv.Busybox(t, reg))
 	git, commit := testenv.GitRepo(t, map[string]string{
@@ -257,7 +258,7 @@ printf '{"_type": "https://in-toto.io/Statement/v0.1", "predicateType": "https:/
 // turns the SBOM off gets the provenance alone.
 func TestSBOMFromAGeneratorInTheMeshRegistry(t *testing.T) {
 	testenv.RequireBuildkit(t)
-	reg := testenv.Registry(t)
+	reg := registrytest.Registry(t)
 	bk := testenv.Buildkitd(t, reg)
 	repo, dg := name2(testenv.Busybox(t, reg))
 	busybox := []mesh.Base{{Module: "busybox", Image: repo, Digest: dg}}

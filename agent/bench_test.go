@@ -25,6 +25,7 @@ import (
 	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/planner"
 	"github.com/meshbuild/meshbuild/registry"
+	"github.com/meshbuild/meshbuild/registry/registrytest"
 )
 
 // The agent measured through the real parts: an embedded NATS server with
@@ -348,7 +349,7 @@ func BenchmarkAgentOverhead(b *testing.B) {
 	if _, err := os.Stat(buildctl); err != nil {
 		b.Fatalf("%s: %v (make deps builds it)", buildctl, err)
 	}
-	host := testenv.Registry(b)
+	host := registrytest.Registry(b)
 	addr := testenv.Buildkitd(b, host)
 	baseRef := testenv.Busybox(b, host)
 	base := mesh.Base{Module: "runtime", Image: host + "/busybox", Digest: baseRef[strings.LastIndex(baseRef, "@")+1:]}

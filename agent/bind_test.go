@@ -15,6 +15,7 @@ import (
 	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
+	"github.com/meshbuild/meshbuild/mesh/meshtest"
 )
 
 // An agent given platforms its principal has no grant for (the catalogue
@@ -25,7 +26,7 @@ import (
 // status names the queue it holds, apart from every platform it would
 // build; and it builds asks of that platform.
 func TestUngrantedPlatformsDoNotDelayTheStart(t *testing.T) {
-	cat := testenv.Catalogue(t, map[string][]string{"tool": nil}) // linux/amd64 only
+	cat := meshtest.Catalogue(t, map[string][]string{"tool": nil}) // linux/amd64 only
 	machine, err := cat.MachinePermissions("wide")
 	if err != nil {
 		t.Fatal(err)

@@ -19,6 +19,7 @@ import (
 	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
+	"github.com/meshbuild/meshbuild/mesh/meshtest"
 )
 
 // An ask redelivered while its holder still works on it — the server heard
@@ -279,7 +280,7 @@ func TestAnAskIsBuiltOnceAcrossABusOutage(t *testing.T) {
 	s := natstest.Server(t, opts)
 	_, js := natstest.Connect(t, s)
 	ctx := context.Background()
-	if _, err := mesh.Raise(ctx, js, testenv.Catalogue(t, nil), 1); err != nil {
+	if _, err := mesh.Raise(ctx, js, meshtest.Catalogue(t, nil), 1); err != nil {
 		t.Fatal(err)
 	}
 	spec := mesh.BuildConsumerSpec(mesh.DefaultPlatform, 1)

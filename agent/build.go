@@ -226,32 +226,10 @@ func (b *BuildKit) Build(ctx context.Context, req BuildRequest) (Result, error) 
 		return Result{}, err
 	}
 	t := time.Now()
-	// At once with the ping: whether the registry already holds this
-	// input key's build cache (cachemark.go).
-	type markHeld struct {
-		mark  cacheMark
-		marks bool
-		held  bool
-	}
-	held := make(chan markHeld, 1)
-	if len(opt.CacheExports) > 0 {
-		go func() {
-			var m markHeld
-			if m.mark, m.marks = b.cacheMarkOf(ctx, req); m.marks {
-				m.held = b.cacheHeld(ctx, req, m.mark)
-			}
-			held <- m
-		}()
-	} else {
-		held <- markHeld{}
-	}
-	if err := b.Ping(ctx); err != nil {
-		if cerr := ctx.Err(); cerr != nil {
-			return Result{}, context.Cause(ctx)
-		}
+	mh, err := b.pingMark(ctx, req, len(opt.CacheExports) > 0)
+	if err != nil {
 		return Result{}, err
 	}
-	mh := <-held
 	cacheHeld := mh.held
 	spans.add(SpanPing, time.Since(t))
 	if cacheHeld {
@@ -267,21 +245,10 @@ func (b *BuildKit) Build(ctx context.Context, req BuildRequest) (Result, error) 
 			req.Log("build cache: " + req.Cache + " holds this input key's cache already: not exported again")
 		}
 	}
-	p := newProgress(req.Log, b.opts.MaxLogLine)
-	ch := make(chan *client.SolveStatus)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for s := range ch {
-			p.update(s)
-		}
-	}()
 	t = time.Now()
-	resp, err := b.c.Solve(ctx, nil, opt, ch) // closes ch
-	<-done
-	p.flush()
+	resp, p, err := b.solve(ctx, req, opt)
 	if err != nil {
-		return Result{}, b.solveError(ctx, req, p, err)
+		return Result{}, err
 	}
 	spans.add(SpanSolve, time.Since(t))
 	spans = append(spans, p.solveSpans()...)
@@ -317,42 +284,148 @@ func (b *BuildKit) Build(ctx context.Context, req BuildRequest) (Result, error) 
 	}, nil
 }
 
+// markHeld is what Build knows of its input key's cache mark
+// (cachemark.go): the mark, whether marks are kept, and whether the
+// registry holds the cache already.
+type markHeld struct {
+	mark  cacheMark
+	marks bool
+	held  bool
+}
+
+// pingMark pings the daemon and, at once with the ping when the build
+// exports its cache, looks whether the registry already holds this input
+// key's build cache.
+func (b *BuildKit) pingMark(ctx context.Context, req BuildRequest, exports bool) (markHeld, error) {
+	held := make(chan markHeld, 1)
+	if exports {
+		go func() {
+			var m markHeld
+			if m.mark, m.marks = b.cacheMarkOf(ctx, req); m.marks {
+				m.held = b.cacheHeld(ctx, req, m.mark)
+			}
+			held <- m
+		}()
+	} else {
+		held <- markHeld{}
+	}
+	if err := b.Ping(ctx); err != nil {
+		if cerr := ctx.Err(); cerr != nil {
+			return markHeld{}, context.Cause(ctx)
+		}
+		return markHeld{}, err
+	}
+	return <-held, nil
+}
+
+// solve runs opt on the daemon, its progress to req.Log, and returns the
+// daemon's response and the progress (its steps and spans); a failed
+// solve is classified (solveError).
+func (b *BuildKit) solve(ctx context.Context, req BuildRequest, opt client.SolveOpt) (*client.SolveResponse, *progress, error) {
+	p := newProgress(req.Log, b.opts.MaxLogLine)
+	ch := make(chan *client.SolveStatus)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for s := range ch {
+			p.update(s)
+		}
+	}()
+	resp, err := b.c.Solve(ctx, nil, opt, ch) // closes ch
+	<-done
+	p.flush()
+	if err != nil {
+		return nil, p, b.solveError(ctx, req, p, err)
+	}
+	return resp, p, nil
+}
+
 // solveOpt turns req into a solve of the dockerfile.v0 frontend.
 func (b *BuildKit) solveOpt(req BuildRequest) (client.SolveOpt, error) {
+	target, err := imageTarget(req)
+	if err != nil {
+		return client.SolveOpt{}, err
+	}
+	df, err := dockerfileOf(req)
+	if err != nil {
+		return client.SolveOpt{}, err
+	}
+	attrs, err := b.frontendAttrs(req, df.path)
+	if err != nil {
+		return client.SolveOpt{}, err
+	}
+	opt := client.SolveOpt{
+		Frontend:      "dockerfile.v0",
+		FrontendAttrs: attrs,
+		LocalMounts:   map[string]fsutil.FS{"context": df.context, "dockerfile": df.dir},
+		Exports:       []client.ExportEntry{{Type: client.ExporterImage, Attrs: b.exportAttrs(req, target, attrs, df.data)}},
+		Session:       []session.Attachable{b.auth},
+		// Not recorded in buildkitd's build history (BuildKitOptions.History).
+		Internal: !b.opts.History,
+	}
+	if req.Cache != "" {
+		opt.CacheImports, opt.CacheExports = b.cacheOptions(req.Cache)
+	}
+	return opt, nil
+}
+
+// imageTarget is the name the image is pushed under: req.Image, with
+// req.Tag when there is one. A malformed image or tag is a malformed ask.
+func imageTarget(req BuildRequest) (string, error) {
 	target := req.Image
 	if req.Tag != "" {
 		target += ":" + req.Tag
 	}
 	if named, err := reference.ParseNormalizedNamed(req.Image); err != nil || !reference.IsNameOnly(named) {
-		return client.SolveOpt{}, fmt.Errorf("%w: image %q: want a repository without tag or digest", mesh.ErrMalformedAsk, req.Image)
+		return "", fmt.Errorf("%w: image %q: want a repository without tag or digest", mesh.ErrMalformedAsk, req.Image)
 	} else if _, err := reference.WithTag(named, req.Tag); req.Tag != "" && err != nil {
-		return client.SolveOpt{}, fmt.Errorf("%w: tag %q: %v", mesh.ErrMalformedAsk, req.Tag, err)
+		return "", fmt.Errorf("%w: tag %q: %v", mesh.ErrMalformedAsk, req.Tag, err)
 	}
+	return target, nil
+}
+
+// buildFiles are a build's context and Dockerfile, as the solve mounts
+// them.
+type buildFiles struct {
+	context, dir fsutil.FS // the build context; the Dockerfile's directory
+	path         string    // the Dockerfile
+	data         []byte    // its content
+}
+
+// dockerfileOf finds req's Dockerfile (default "Dockerfile") in its
+// context: a Dockerfile outside the context or missing is ErrSource.
+func dockerfileOf(req BuildRequest) (buildFiles, error) {
 	df := req.Source.Dockerfile
 	if df == "" {
 		df = "Dockerfile"
 	}
 	rel, ok := relPath(filepath.ToSlash(df))
 	if !ok || rel == "" {
-		return client.SolveOpt{}, classified(ErrSource, fmt.Sprintf("Dockerfile %q is not a file in the build context", df), nil)
+		return buildFiles{}, classified(ErrSource, fmt.Sprintf("Dockerfile %q is not a file in the build context", df), nil)
 	}
 	dfPath := filepath.Join(req.ContextDir, filepath.FromSlash(rel))
 	if fi, err := os.Stat(dfPath); err != nil || !fi.Mode().IsRegular() {
-		return client.SolveOpt{}, classified(ErrSource, fmt.Sprintf("Dockerfile %q not found in the build context", rel), err)
+		return buildFiles{}, classified(ErrSource, fmt.Sprintf("Dockerfile %q not found in the build context", rel), err)
 	}
 	ctxFS, err := fsutil.NewFS(req.ContextDir)
 	if err != nil {
-		return client.SolveOpt{}, classified(ErrSource, "build context "+req.ContextDir, err)
+		return buildFiles{}, classified(ErrSource, "build context "+req.ContextDir, err)
 	}
 	dfData, err := os.ReadFile(dfPath)
 	if err != nil {
-		return client.SolveOpt{}, classified(ErrSource, fmt.Sprintf("reading Dockerfile %q", rel), err)
+		return buildFiles{}, classified(ErrSource, fmt.Sprintf("reading Dockerfile %q", rel), err)
 	}
 	dfFS, err := fsutil.NewFS(filepath.Dir(dfPath))
 	if err != nil {
-		return client.SolveOpt{}, classified(ErrSource, "Dockerfile directory", err)
+		return buildFiles{}, classified(ErrSource, "Dockerfile directory", err)
 	}
+	return buildFiles{context: ctxFS, dir: dfFS, path: dfPath, data: dfData}, nil
+}
 
+// frontendAttrs are the dockerfile frontend's attributes: the Dockerfile,
+// the attestations asked for, SOURCE_DATE_EPOCH, the platform, and every
+// base as a named context pinned to its digest.
+func (b *BuildKit) frontendAttrs(req BuildRequest, dfPath string) (map[string]string, error) {
 	// SOURCE_DATE_EPOCH as a build argument: the dockerfile frontend
 	// clamps the image config's created time and its history to it, and
 	// the daemon passes it on to the image exporter (control.go) as
@@ -367,20 +440,27 @@ func (b *BuildKit) solveOpt(req BuildRequest) (client.SolveOpt, error) {
 	for _, base := range req.Bases {
 		names, err := contextNames(base)
 		if err != nil {
-			return client.SolveOpt{}, err
+			return nil, err
 		}
 		for _, n := range names {
 			attrs["context:"+n] = "docker-image://" + base.Ref()
 		}
 	}
+	return attrs, nil
+}
 
+// exportAttrs are the image exporter's attributes: pushed to target (by
+// digest without a tag), timestamps rewritten, the manifest annotated, and,
+// with attestations (attrs), as an index by digest naming the image as
+// its subject.
+func (b *BuildKit) exportAttrs(req BuildRequest, target string, attrs map[string]string, dockerfile []byte) map[string]string {
 	// rewrite-timestamp: every layer's file times are rewritten to the
 	// epoch (a checkout's files carry the time it was written).
 	exp := map[string]string{"name": target, "push": "true", "rewrite-timestamp": "true"}
 	if req.Tag == "" {
 		exp["push-by-digest"] = "true"
 	}
-	annotations := manifestAnnotations(req, dfData)
+	annotations := manifestAnnotations(req, dockerfile)
 	for k, v := range annotations {
 		exp["annotation-manifest."+k] = v
 	}
@@ -399,28 +479,21 @@ func (b *BuildKit) solveOpt(req BuildRequest) (client.SolveOpt, error) {
 	if b.opts.Registry.Insecure() {
 		exp["registry.insecure"] = "true"
 	}
-	opt := client.SolveOpt{
-		Frontend:      "dockerfile.v0",
-		FrontendAttrs: attrs,
-		LocalMounts:   map[string]fsutil.FS{"context": ctxFS, "dockerfile": dfFS},
-		Exports:       []client.ExportEntry{{Type: client.ExporterImage, Attrs: exp}},
-		Session:       []session.Attachable{b.auth},
-		// Not recorded in buildkitd's build history (BuildKitOptions.History).
-		Internal: !b.opts.History,
+	return exp
+}
+
+// cacheOptions import the build cache from ref and export it there (mode
+// max; an export the registry refuses does not fail the build).
+func (b *BuildKit) cacheOptions(ref string) (imports, exports []client.CacheOptionsEntry) {
+	cache := map[string]string{"ref": ref}
+	if b.opts.Registry.Insecure() {
+		cache["registry.insecure"] = "true"
 	}
-	if req.Cache != "" {
-		cache := map[string]string{"ref": req.Cache}
-		if b.opts.Registry.Insecure() {
-			cache["registry.insecure"] = "true"
-		}
-		opt.CacheImports = []client.CacheOptionsEntry{{Type: "registry", Attrs: cache}}
-		export := map[string]string{"mode": "max", "ignore-error": "true"}
-		for k, v := range cache {
-			export[k] = v
-		}
-		opt.CacheExports = []client.CacheOptionsEntry{{Type: "registry", Attrs: export}}
+	export := map[string]string{"mode": "max", "ignore-error": "true"}
+	for k, v := range cache {
+		export[k] = v
 	}
-	return opt, nil
+	return []client.CacheOptionsEntry{{Type: "registry", Attrs: cache}}, []client.CacheOptionsEntry{{Type: "registry", Attrs: export}}
 }
 
 // contextNames are the names a base is supplied under as a named context:

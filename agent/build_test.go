@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"archive/tar"
 	"bytes"
 	"context"
 	"errors"
@@ -14,22 +15,20 @@ import (
 	"testing"
 	"time"
 
-	"archive/tar"
-
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/static"
 	"github.com/google/go-containerregistry/pkg/v1/types"
-
 	"github.com/moby/buildkit/client"
 
 	"github.com/meshbuild/meshbuild/internal/buildkitd"
-	"github.com/meshbuild/meshbuild/internal/demo/busybox"
+	"github.com/meshbuild/meshbuild/internal/busybox"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/registry"
+	"github.com/meshbuild/meshbuild/registry/registrytest"
 )
 
 // buildContext writes files to a temp dir, the build context.
@@ -106,7 +105,7 @@ func digestOf(ref string) string { return ref[strings.LastIndex(ref, "@")+1:] }
 func TestBuildFromBase(t *testing.T) {
 	testenv.RequireBuildkit(t)
 	ctx := context.Background()
-	host := testenv.Registry(t)
+	host := registrytest.Registry(t)
 	bk := newBuildKit(t, testenv.Buildkitd(t, host))
 	base := testenv.Busybox(t, host)
 
@@ -193,7 +192,7 @@ func pushMarked(t *testing.T, img v1.Image, ref string) (string, string) {
 func TestBuildPinsBase(t *testing.T) {
 	testenv.RequireBuildkit(t)
 	ctx := context.Background()
-	host := testenv.Registry(t)
+	host := registrytest.Registry(t)
 	bk := newBuildKit(t, testenv.Buildkitd(t, host))
 
 	// The first image under runtime:latest, whose digest the ask names;
@@ -249,7 +248,7 @@ func TestBuildPinsBase(t *testing.T) {
 func TestBuildFailures(t *testing.T) {
 	testenv.RequireBuildkit(t)
 	ctx := context.Background()
-	host := testenv.Registry(t)
+	host := registrytest.Registry(t)
 	bk := newBuildKit(t, testenv.Buildkitd(t, host))
 	base := testenv.Busybox(t, host)
 	bases := []mesh.Base{{Module: "runtime", Image: host + "/busybox", Digest: digestOf(base)}}
@@ -289,7 +288,7 @@ func TestBuildFailures(t *testing.T) {
 func TestBuildPushFailures(t *testing.T) {
 	testenv.RequireBuildkit(t)
 	ctx := context.Background()
-	host := testenv.Registry(t)
+	host := registrytest.Registry(t)
 
 	// A registry that answers but forbids uploads.
 	inner := registry.New(t.TempDir())
@@ -347,7 +346,7 @@ func TestBuildPushFailures(t *testing.T) {
 func TestBuildRegistryCache(t *testing.T) {
 	testenv.RequireBuildkit(t)
 	ctx := context.Background()
-	host := testenv.Registry(t)
+	host := registrytest.Registry(t)
 	base := testenv.Busybox(t, host)
 	dir := buildContext(t, map[string]string{"Dockerfile": "FROM runtime\nRUN echo expensive > /out\n"})
 	req := BuildRequest{
@@ -574,7 +573,7 @@ func TestBuildMalformedRequest(t *testing.T) {
 // A cancelled build stops at once and says it was cancelled.
 func TestBuildCancelled(t *testing.T) {
 	testenv.RequireBuildkit(t)
-	host := testenv.Registry(t)
+	host := registrytest.Registry(t)
 	bk := newBuildKit(t, testenv.Buildkitd(t, host))
 	base := testenv.Busybox(t, host)
 	dir := buildContext(t, map[string]string{"Dockerfile": "FROM runtime\nRUN echo sleeping; sleep 60\n"})
@@ -616,7 +615,7 @@ func TestBuildCancelled(t *testing.T) {
 // A daemon that dies mid-build is an infrastructure failure.
 func TestBuildDaemonDies(t *testing.T) {
 	testenv.RequireBuildkit(t)
-	host := testenv.Registry(t)
+	host := registrytest.Registry(t)
 	daemon := testenv.StartBuildkitd(t, buildkitd.Options{RegistryHosts: []string{host}, StopTimeout: 2 * time.Second})
 	bk := newBuildKit(t, daemon.Addr())
 	base := testenv.Busybox(t, host)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
+	"github.com/meshbuild/meshbuild/registry/registrytest"
 )
 
 // A build exports its registry cache once per input key: a build of a key
@@ -20,7 +21,7 @@ import (
 func TestBuildCacheExportedOncePerKey(t *testing.T) {
 	testenv.RequireBuildkit(t)
 	ctx := context.Background()
-	host := testenv.Registry(t)
+	host := registrytest.Registry(t)
 	base := testenv.Busybox(t, host)
 	bases := []mesh.Base{{Module: "runtime", Image: host + "/busybox", Digest: digestOf(base)}}
 	one := buildContext(t, map[string]string{"Dockerfile": "FROM runtime\nRUN echo one > /out\n"})

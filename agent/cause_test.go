@@ -18,6 +18,7 @@ import (
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/registry"
+	"github.com/meshbuild/meshbuild/registry/registrytest"
 )
 
 // faulty is a real registry (the embedded one) behind a wrapper that
@@ -70,7 +71,7 @@ func isManifestPut(r *http.Request) bool {
 func TestPushFailuresAreClassifiedByCause(t *testing.T) {
 	testenv.RequireBuildkit(t)
 	ctx := context.Background()
-	host := testenv.Registry(t)
+	host := registrytest.Registry(t)
 
 	diskFull := errcode.ErrorCodeUnknown.WithDetail("write /var/lib/registry/docker/registry/v2/repositories/app/_uploads/data: no space left on device")
 	cases := []struct {

@@ -16,6 +16,7 @@ import (
 	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/planner"
 	"github.com/meshbuild/meshbuild/registry"
+	"github.com/meshbuild/meshbuild/registry/registrytest"
 )
 
 // fleetMachines is the cached fleet case's machine count.
@@ -51,7 +52,7 @@ func BenchmarkAgentOverheadFleet(b *testing.B) {
 	if benchTiny() {
 		rounds = 2
 	}
-	host := testenv.Registry(b)
+	host := registrytest.Registry(b)
 	baseRef := testenv.Busybox(b, host)
 	base := mesh.Base{Module: "runtime", Image: host + "/busybox", Digest: baseRef[strings.LastIndex(baseRef, "@")+1:]}
 	files := map[string]string{}

@@ -10,8 +10,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/meshbuild/meshbuild/agent"
-	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
+	"github.com/meshbuild/meshbuild/mesh/meshtest"
 )
 
 // An arm64 ask is never delivered to an amd64 machine — it sits in the
@@ -21,8 +21,8 @@ import (
 func TestAnAskIsTakenOnlyByAMachineOfItsPlatform(t *testing.T) {
 	s, js := bus(t)
 	ctx := context.Background()
-	ms := testenv.MeshManifests(t)
-	ms = append(ms, &mesh.Manifest{Module: "tool", Build: &mesh.Build{Repo: testenv.FleetRepo, Path: "tool", Platforms: []string{"linux/amd64", "linux/arm64"}}})
+	ms := meshtest.MeshManifests(t)
+	ms = append(ms, &mesh.Manifest{Module: "tool", Build: &mesh.Build{Repo: meshtest.FleetRepo, Path: "tool", Platforms: []string{"linux/amd64", "linux/arm64"}}})
 	if _, err := mesh.Raise(ctx, js, mesh.NewCatalogue(ms), 1); err != nil {
 		t.Fatal(err)
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/registry"
+	"github.com/meshbuild/meshbuild/registry/registrytest"
 )
 
 // These run the agent loop with the real BuildWorker: a git checkout, real
@@ -61,7 +62,7 @@ func freeAddr(t testing.TB) string {
 
 func TestRealBuildsReportTheRegistrysDigestAndTheirFailures(t *testing.T) {
 	testenv.RequireBuildkit(t)
-	reg := testenv.Registry(t)
+	reg := registrytest.Registry(t)
 	bk := testenv.Buildkitd(t, reg)
 	bb := testenv.Busybox(t, reg)
 	repo, _ := name2(bb)
@@ -112,7 +113,7 @@ func TestRealBuildsReportTheRegistrysDigestAndTheirFailures(t *testing.T) {
 // TestAMachineWhoseRegistryDoesNotAnswerStopsTakingAsks.)
 func TestARegistryOutageIsRetriedThenReported(t *testing.T) {
 	testenv.RequireBuildkit(t)
-	reg := testenv.Registry(t)
+	reg := registrytest.Registry(t)
 	// The base's registry holds busybox, and is stopped.
 	baseAddr, baseDir := freeAddr(t), t.TempDir()
 	srv, err := registry.Serve(context.Background(), baseAddr, baseDir)
@@ -176,7 +177,7 @@ func TestARegistryOutageIsRetriedThenReported(t *testing.T) {
 
 func TestSIGTERMMidBuildHandsARealBuildToAnotherAgent(t *testing.T) {
 	testenv.RequireBuildkit(t)
-	reg := testenv.Registry(t)
+	reg := registrytest.Registry(t)
 	bk := testenv.Buildkitd(t, reg)
 	git, head := testenv.GitRepo(t, map[string]string{"slow/Dockerfile": "FROM busybox\nRUN echo sleeping && sleep 4 && echo done > /done\n"})
 	bb := testenv.Busybox(t, reg)
@@ -281,7 +282,7 @@ func activeBuilds(t *testing.T, addr string) int {
 // come within the bound (the RUN sleeps a minute) and the test fails.
 func TestACancelledBuildStopsAndIsNeverPushedOrAnnouncedBuilt(t *testing.T) {
 	testenv.RequireBuildkit(t)
-	reg := testenv.Registry(t)
+	reg := registrytest.Registry(t)
 	bk := testenv.Buildkitd(t, reg)
 	bb := testenv.Busybox(t, reg)
 	repo, _ := name2(bb)
@@ -340,7 +341,7 @@ func TestACancelledBuildStopsAndIsNeverPushedOrAnnouncedBuilt(t *testing.T) {
 // it were redelivered.
 func TestTheDefaultHeartbeatKeepsABuildLongerThanTheAckWait(t *testing.T) {
 	testenv.RequireBuildkit(t)
-	reg := testenv.Registry(t)
+	reg := registrytest.Registry(t)
 	bk := testenv.Buildkitd(t, reg)
 	bb := testenv.Busybox(t, reg)
 	repo, _ := name2(bb)
@@ -371,7 +372,7 @@ func TestTheDefaultHeartbeatKeepsABuildLongerThanTheAckWait(t *testing.T) {
 // back the sick agent takes asks again.
 func TestAMachineWhoseBuildKitIsKilledStopsTakingAsks(t *testing.T) {
 	testenv.RequireBuildkit(t)
-	reg := testenv.Registry(t)
+	reg := registrytest.Registry(t)
 	sockDir, err := os.MkdirTemp("", "bk")
 	if err != nil {
 		t.Fatal(err)

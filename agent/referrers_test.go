@@ -18,6 +18,7 @@ import (
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/registry"
+	"github.com/meshbuild/meshbuild/registry/registrytest"
 )
 
 // Attestations where users' tools look, on real parts (buildkitd, the
@@ -30,7 +31,7 @@ import (
 // image gives the same image digest, its revision only on the tag's index.
 func TestAttestationsWhereToolsLook(t *testing.T) {
 	testenv.RequireBuildkit(t)
-	regs := map[string]string{"embedded": testenv.Registry(t), "docker-registry": testenv.DebianRegistry(t)}
+	regs := map[string]string{"embedded": registrytest.Registry(t), "docker-registry": testenv.DebianRegistry(t)}
 	bk := testenv.Buildkitd(t, regs["embedded"], regs["docker-registry"])
 	b, err := agent.NewBuildKit(bk, agent.BuildKitOptions{Registry: registry.NewClient(registry.WithInsecure(true))})
 	if err != nil {

@@ -13,6 +13,7 @@ import (
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/registry"
+	"github.com/meshbuild/meshbuild/registry/registrytest"
 )
 
 // TestReproducibleImagesOneDigestOnTwoDaemons builds one module on two
@@ -23,7 +24,7 @@ import (
 // config's created time and every history entry it made are the epoch.
 func TestReproducibleImagesOneDigestOnTwoDaemons(t *testing.T) {
 	testenv.RequireBuildkit(t)
-	reg := testenv.Registry(t)
+	reg := registrytest.Registry(t)
 	bkA := testenv.Buildkitd(t, reg)
 	bkB := testenv.Buildkitd(t, reg)
 	bb := testenv.Busybox(t, reg)

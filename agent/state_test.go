@@ -15,8 +15,8 @@ import (
 
 	"github.com/meshbuild/meshbuild/agent"
 	"github.com/meshbuild/meshbuild/internal/natstest"
-	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
+	"github.com/meshbuild/meshbuild/mesh/meshtest"
 	"github.com/meshbuild/meshbuild/state"
 )
 
@@ -33,7 +33,7 @@ type keepBus struct {
 
 func newKeepBus(t *testing.T) *keepBus {
 	t.Helper()
-	cat := testenv.Catalogue(t, nil)
+	cat := meshtest.Catalogue(t, nil)
 	agentMod, _ := cat.Module(mesh.AgentModule)
 	node, err := cat.PrincipalPermissions(mesh.KindNode, "m1")
 	if err != nil {

@@ -47,7 +47,6 @@ func (b *BuildKit) verify(ctx context.Context, req BuildRequest, dgst string) (p
 		return pushed{}, classified(ErrPush, "reading "+ref+": "+err.Error(), err)
 	}
 	out := pushed{digest: image.Digest.String()}
-	imageRef := req.Image + "@" + out.digest
 	if !isIndex {
 		size, err := imageSize(desc.Manifest, desc.Size)
 		if err != nil {
@@ -56,7 +55,17 @@ func (b *BuildKit) verify(ctx context.Context, req BuildRequest, dgst string) (p
 		out.size = size
 		return out, nil
 	}
+	return b.verifyIndex(ctx, req, desc, attDesc, out)
+}
 
+// verifyIndex reads, at once, the image manifest in the index desc (its
+// size) and the attestation manifest attDesc (its statements), then makes
+// the attestation manifest a referrer of the image and moves the tag to
+// the index (see verify).
+func (b *BuildKit) verifyIndex(ctx context.Context, req BuildRequest, desc *remote.Descriptor, attDesc *v1.Descriptor, out pushed) (pushed, error) {
+	dgst := desc.Digest.String()
+	ref := req.Image + "@" + dgst
+	imageRef := req.Image + "@" + out.digest
 	out.att = &mesh.Attestations{Index: dgst}
 	g, gctx := errgroup.WithContext(ctx)
 	imageRead := make(chan struct{})

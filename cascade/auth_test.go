@@ -15,6 +15,7 @@ import (
 	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
+	"github.com/meshbuild/meshbuild/mesh/meshtest"
 	"github.com/meshbuild/meshbuild/planner"
 )
 
@@ -24,7 +25,7 @@ import (
 // through a cascade, retried and cancelled without one permissions
 // violation. A grant missing from a derivation fails here.
 func TestTheFarmRunsUnderItsDerivedPermissions(t *testing.T) {
-	cat := testenv.Catalogue(t, map[string][]string{"a": nil, "b": {"a"}, "c": {"a"}, "d": {"b", "c"}, "slow": {"a"}})
+	cat := meshtest.Catalogue(t, map[string][]string{"a": nil, "b": {"a"}, "c": {"a"}, "d": {"b", "c"}, "slow": {"a"}})
 	gitModule, _ := cat.Module("git")
 	m1, _ := cat.MachinePermissions("m1")
 	m2, _ := cat.MachinePermissions("m2")

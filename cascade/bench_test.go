@@ -20,10 +20,11 @@ import (
 	"github.com/meshbuild/meshbuild/agent"
 	"github.com/meshbuild/meshbuild/cascade"
 	"github.com/meshbuild/meshbuild/cascade/cascadetest"
+	"github.com/meshbuild/meshbuild/cascade/sim"
 	"github.com/meshbuild/meshbuild/internal/natstest"
-	"github.com/meshbuild/meshbuild/internal/sim"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
+	"github.com/meshbuild/meshbuild/mesh/meshtest"
 	"github.com/meshbuild/meshbuild/planner"
 )
 
@@ -49,7 +50,7 @@ const simRepo = "sim"
 // benchCatalogue is the DAG's catalogue (DAG.Catalogue) with the mesh's
 // modules around it: the build seat's holder, the controller and git.
 func benchCatalogue(tb testing.TB, d sim.DAG) *mesh.Catalogue {
-	ms := testenv.MeshManifests(tb)
+	ms := meshtest.MeshManifests(tb)
 	ms = append(ms, d.Catalogue().Built()...)
 	return mesh.NewCatalogue(ms)
 }

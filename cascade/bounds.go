@@ -1,9 +1,14 @@
 package cascade
 
 import (
+	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 	"unicode/utf8"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/meshbuild/meshbuild/mesh"
 )
@@ -87,4 +92,83 @@ func cut(s string, n int) string {
 		k--
 	}
 	return s[:k] + mark
+}
+
+// buildRetain is how long the build seat's queue keeps an ask.
+func (c *Controller) buildRetain() time.Duration {
+	if s, _, ok := c.cat.Seat(mesh.BuildSeat); ok {
+		return mesh.SeatRetain(s)
+	}
+	return 0
+}
+
+// expireAsks fails the queued modules whose ask the seat's queue has
+// dropped (its retain passed with nobody holding it). It reports whether
+// any changed.
+func (c *Controller) expireAsks(now time.Time) bool {
+	retain := c.buildRetain()
+	changed := false
+	for _, st := range c.plans {
+		if mods := st.Expire(now, retain); len(mods) > 0 {
+			c.log.Warn("asks expired in the queue: nobody took them", "plan", st.Plan, "modules", mods, "retain", retain)
+			c.touch(st, mods...)
+			changed = true
+		}
+	}
+	return changed
+}
+
+// abandoned works the server's word that it gave up on an ask of the build
+// seat (delivered its consumer's max delivery count, never settled; data
+// is the advisory): the module fails for infrastructure, its dependents
+// are blocked, and the ask is taken out of the queue. An advisory of an ask
+// no running plan waits for (settled, or retried since) only takes it out.
+func (c *Controller) abandoned(ctx context.Context, data []byte, now time.Time) {
+	var adv struct {
+		Stream     string `json:"stream"`
+		Consumer   string `json:"consumer"`
+		StreamSeq  uint64 `json:"stream_seq"`
+		Deliveries uint64 `json:"deliveries"`
+	}
+	if err := json.Unmarshal(data, &adv); err != nil || adv.StreamSeq == 0 {
+		c.log.Warn("unreadable max-deliveries advisory", "err", err)
+		return
+	}
+	stream, err := c.js.Stream(ctx, adv.Stream)
+	if err != nil {
+		c.log.Warn("an ask was given up on; its stream cannot be read", "stream", adv.Stream, "seq", adv.StreamSeq, "err", err)
+		return
+	}
+	raw, err := stream.GetMsg(ctx, adv.StreamSeq)
+	if err != nil {
+		c.log.Warn("an ask was given up on and is gone from its queue", "stream", adv.Stream, "seq", adv.StreamSeq, "err", err)
+		return
+	}
+	ask, err := mesh.DecodeAsk(raw.Data)
+	if err == nil {
+		if st := c.plans[ask.Plan]; st != nil {
+			if mod, blocked, ok := st.Abandoned(ask.ID, int(adv.Deliveries), now); ok {
+				c.log.Error("the bus gave up on an ask: failed", "plan", ask.Plan, "module", mod, "ask", ask.ID, "deliveries", adv.Deliveries)
+				c.touch(st, mod)
+				c.touch(st, blocked...)
+			}
+		}
+	}
+	if err := stream.DeleteMsg(ctx, adv.StreamSeq); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+		c.log.Warn("taking a given-up ask out of its queue", "seq", adv.StreamSeq, "err", err)
+	}
+}
+
+// expireCancels cancels the modules of cancelled plans whose holders have
+// not reported within Config.CancelWait. It reports whether any changed.
+func (c *Controller) expireCancels(now time.Time) bool {
+	changed := false
+	for _, st := range c.plans {
+		if mods := st.ExpireCancelling(now, c.cfg.CancelWait); len(mods) > 0 {
+			c.log.Warn("cancelled without word from their holders", "plan", st.Plan, "modules", mods, "after", c.cfg.CancelWait)
+			c.touch(st, mods...)
+			changed = true
+		}
+	}
+	return changed
 }

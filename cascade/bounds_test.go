@@ -19,6 +19,8 @@ import (
 	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
+	"github.com/meshbuild/meshbuild/mesh/meshtest"
+	"github.com/meshbuild/meshbuild/registry/registrytest"
 )
 
 // killer is a worker that kills its agent (its connection goes: no ack, no
@@ -173,7 +175,7 @@ func (h *poisonHarness) checkPoisoned(plan string) {
 // An ask nobody takes within the seat's retain is dropped by the queue;
 // its module fails, saying so, and the plan does not show it queued.
 func TestAnAskThatExpiresFailsItsModule(t *testing.T) {
-	ms := testenv.MeshManifests(t)
+	ms := meshtest.MeshManifests(t)
 	for _, m := range ms {
 		for i := range m.Seats {
 			if m.Seats[i].Seat == mesh.BuildSeat {
@@ -274,7 +276,7 @@ func TestAStoreThatRefusesWritesDoesNotWedgeTheController(t *testing.T) {
 	s := natstest.Server(t, nil)
 	nc, js := natstest.Connect(t, s)
 	var logs testenv.Buffer
-	h := &harness{t: t, s: s, nc: nc, js: js, cat: testenv.Catalogue(t, graph), w: newWork(),
+	h := &harness{t: t, s: s, nc: nc, js: js, cat: meshtest.Catalogue(t, graph), w: newWork(),
 		log: slog.New(slog.NewTextHandler(&logs, nil))}
 	h.startControllerWith(func(c *cascade.Config) {
 		c.StoreRetryFor, c.ObserveEvery = 300*time.Millisecond, 200*time.Millisecond
@@ -374,14 +376,14 @@ func TestAFailureWhoseLineIsMegabytesIsStored(t *testing.T) {
 // the module's record, its log trimmed, far inside the bucket's limit.
 func TestARealBuildWhoseLineIsMegabytesIsStored(t *testing.T) {
 	testenv.RequireBuildkit(t)
-	reg := testenv.Registry(t)
+	reg := registrytest.Registry(t)
 	bk := testenv.Buildkitd(t, reg)
 	testenv.Busybox(t, reg) // reg/busybox:latest: the module's base, outside the plan
 	git, _ := testenv.GitRepo(t, map[string]string{
 		"busybox/Dockerfile": "FROM scratch\n",
 		"loud/Dockerfile":    "FROM busybox\nRUN head -c 3000000 /dev/zero | tr '\\0' x && exit 3\n",
 	})
-	cat := testenv.Catalogue(t, map[string][]string{"busybox": nil, "loud": {"busybox"}})
+	cat := meshtest.Catalogue(t, map[string][]string{"busybox": nil, "loud": {"busybox"}})
 	s := natstest.Server(t, nil)
 	nc, js := natstest.Connect(t, s)
 	ctx, stop := context.WithCancel(context.Background())

@@ -15,6 +15,8 @@ import (
 	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
+	"github.com/meshbuild/meshbuild/mesh/meshtest"
+	"github.com/meshbuild/meshbuild/registry/registrytest"
 )
 
 // TestCancelOfARealBuildWaitsForTheAgentsWord cancels a plan while a real
@@ -24,14 +26,14 @@ import (
 // the test's bound (the sleep is a minute, the cancel bound ten).
 func TestCancelOfARealBuildWaitsForTheAgentsWord(t *testing.T) {
 	testenv.RequireBuildkit(t)
-	reg := testenv.Registry(t)
+	reg := registrytest.Registry(t)
 	bk := testenv.Buildkitd(t, reg)
 	testenv.Busybox(t, reg) // reg/busybox:latest: the slow module's base, outside the plan
 	git, _ := testenv.GitRepo(t, map[string]string{
 		"busybox/Dockerfile": "FROM scratch\n",
 		"slow/Dockerfile":    "FROM busybox\nRUN echo begun && sleep 60 && echo done > /done\n",
 	})
-	cat := testenv.Catalogue(t, map[string][]string{"busybox": nil, "slow": {"busybox"}})
+	cat := meshtest.Catalogue(t, map[string][]string{"busybox": nil, "slow": {"busybox"}})
 	s := natstest.Server(t, nil)
 	nc, js := natstest.Connect(t, s)
 	ctx, stop := context.WithCancel(context.Background())

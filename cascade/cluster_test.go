@@ -20,6 +20,7 @@ import (
 	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
+	"github.com/meshbuild/meshbuild/mesh/meshtest"
 	"github.com/meshbuild/meshbuild/registry"
 )
 
@@ -148,7 +149,7 @@ func newFaultFarm(t *testing.T, bus *natstest.TestCluster, replicas int) *faultF
 	cfg := cascade.DefaultConfig()
 	cfg.Replicas = replicas
 	cfg.Registry, cfg.RegistryClient = reg.host, registry.NewClient(registry.WithInsecure(true))
-	c, err := cascade.New(cfg, cjs, testenv.Catalogue(t, faultGraph), testenv.Log(t, "controller"), nil)
+	c, err := cascade.New(cfg, cjs, meshtest.Catalogue(t, faultGraph), testenv.Log(t, "controller"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -198,7 +199,7 @@ func newFaultFarm(t *testing.T, bus *natstest.TestCluster, replicas int) *faultF
 // push starts a plan rebuilding every module.
 func (f *faultFarm) push(commit string) string {
 	f.t.Helper()
-	id, _, err := cascade.Push(context.Background(), f.js, mesh.Pushed{Repo: testenv.FleetRepo, Ref: "refs/heads/main", Commit: commit})
+	id, _, err := cascade.Push(context.Background(), f.js, mesh.Pushed{Repo: meshtest.FleetRepo, Ref: "refs/heads/main", Commit: commit})
 	if err != nil {
 		f.t.Fatal(err)
 	}
@@ -449,7 +450,7 @@ func testWithoutQuorum(t *testing.T, leaderSurvives bool) {
 		return f.nc.IsConnected() && f.nc.ConnectedUrl() == bus.Server(survivor).ClientURL()
 	})
 	phantom := mesh.Ask{Version: mesh.AskVersion, ID: "phantom-" + id, Plan: "phantom", Module: "a",
-		Source: mesh.Source{Repo: testenv.FleetRepo, Commit: "none", Path: "a"}, Image: f.reg.host + "/a"}
+		Source: mesh.Source{Repo: meshtest.FleetRepo, Commit: "none", Path: "a"}, Image: f.reg.host + "/a"}
 	data, _ := json.Marshal(phantom)
 	subj := mesh.BuildSubject(mesh.DefaultPlatform)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

@@ -23,6 +23,7 @@ import (
 	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
+	"github.com/meshbuild/meshbuild/mesh/meshtest"
 	"github.com/meshbuild/meshbuild/planner"
 )
 
@@ -30,7 +31,7 @@ import (
 // server; the agents' worker sleeps instead of building (BuildKit's part is
 // tested in agent/ and in the end-to-end test).
 
-const repo = testenv.FleetRepo
+const repo = meshtest.FleetRepo
 
 // work is a sleeping worker shared by a test's agents: it records every ask
 // and builds for the duration its module is given.
@@ -99,7 +100,7 @@ func newHarness(t *testing.T, graph map[string][]string, agents int) *harness {
 	t.Helper()
 	s := natstest.Server(t, nil)
 	nc, js := natstest.Connect(t, s)
-	h := &harness{t: t, s: s, nc: nc, js: js, cat: testenv.Catalogue(t, graph), w: newWork()}
+	h := &harness{t: t, s: s, nc: nc, js: js, cat: meshtest.Catalogue(t, graph), w: newWork()}
 	h.startController()
 	for i := range agents {
 		h.startAgent(fmt.Sprintf("m%d", i+1))

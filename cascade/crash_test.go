@@ -37,6 +37,7 @@ import (
 	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
+	"github.com/meshbuild/meshbuild/mesh/meshtest"
 	"github.com/meshbuild/meshbuild/registry"
 )
 
@@ -163,7 +164,7 @@ func TestCrashAnywhereRegressions(t *testing.T) {
 func TestANewerPushWinsOverAnOlderRedelivered(t *testing.T) {
 	f := newChaosFarm(t, 1)
 	push := func(commit string) string {
-		id, _, err := cascade.Push(context.Background(), f.js, mesh.Pushed{Repo: testenv.FleetRepo, Ref: "refs/heads/main", Commit: commit})
+		id, _, err := cascade.Push(context.Background(), f.js, mesh.Pushed{Repo: meshtest.FleetRepo, Ref: "refs/heads/main", Commit: commit})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -244,7 +245,7 @@ func newChaosFarm(t *testing.T, seed uint64) *chaosFarm {
 	f := &chaosFarm{
 		t: t, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), faults: rand.New(rand.NewPCG(seed^0xfa175, seed)),
 		bus: bus, nc: nc, js: js,
-		cat: testenv.Catalogue(t, chaosGraph), reg: newCountingRegistry(t), kills: &killCounts{n: map[string]int{}},
+		cat: meshtest.Catalogue(t, chaosGraph), reg: newCountingRegistry(t), kills: &killCounts{n: map[string]int{}},
 		builds: &chaosBuilds{calls: map[string]int{}, orphans: map[string]int{}, holding: map[string]string{}, retried: map[string]int{}},
 		built:  map[string][]mesh.Built{},
 	}
@@ -703,7 +704,7 @@ func (f *chaosFarm) round(round, n int) {
 		// its modules (a newer push to the same branch would supersede
 		// what an older plan has not started: tested in schedule_test).
 		id, _, err := cascade.Push(context.Background(), f.js, mesh.Pushed{
-			Repo: testenv.FleetRepo, Ref: fmt.Sprintf("refs/heads/r%d-p%d", round, i+1), Commit: fmt.Sprintf("r%d-p%d", round, i+1),
+			Repo: meshtest.FleetRepo, Ref: fmt.Sprintf("refs/heads/r%d-p%d", round, i+1), Commit: fmt.Sprintf("r%d-p%d", round, i+1),
 		})
 		if err != nil {
 			t.Fatalf("round %d: push: %v", round, err)

@@ -15,7 +15,9 @@ import (
 	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
+	"github.com/meshbuild/meshbuild/mesh/meshtest"
 	"github.com/meshbuild/meshbuild/registry"
+	"github.com/meshbuild/meshbuild/registry/registrytest"
 )
 
 // TestUnchangedInputsAreNotDispatchedAndTheCascadeStops runs a controller
@@ -34,7 +36,7 @@ import (
 //   - rebuild --force dispatches every module whatever its key.
 func TestUnchangedInputsAreNotDispatchedAndTheCascadeStops(t *testing.T) {
 	testenv.RequireBuildkit(t)
-	reg := testenv.Registry(t)
+	reg := registrytest.Registry(t)
 	bks := []string{testenv.Buildkitd(t, reg), testenv.Buildkitd(t, reg)}
 	testenv.Busybox(t, reg)
 	git, _ := testenv.GitRepo(t, map[string]string{
@@ -45,7 +47,7 @@ func TestUnchangedInputsAreNotDispatchedAndTheCascadeStops(t *testing.T) {
 		"app/app.txt":     "app\n",
 		"tool/Dockerfile": "FROM app\nRUN cat /etc/motd /app.txt > /tool\n",
 	})
-	cat := testenv.Catalogue(t, map[string][]string{"busybox": nil, "base": {"busybox"}, "app": {"base"}, "tool": {"app"}})
+	cat := meshtest.Catalogue(t, map[string][]string{"busybox": nil, "base": {"busybox"}, "app": {"base"}, "tool": {"app"}})
 	s := natstest.Server(t, nil)
 	nc, js := natstest.Connect(t, s)
 	ctx, stop := context.WithCancel(context.Background())
@@ -54,7 +56,7 @@ func TestUnchangedInputsAreNotDispatchedAndTheCascadeStops(t *testing.T) {
 
 	cfg := cascade.DefaultConfig()
 	cfg.Registry, cfg.RegistryClient = reg, registry.NewClient(registry.WithInsecure(true))
-	cfg.Sources, cfg.InsteadOf = t.TempDir(), map[string]string{testenv.FleetRepo: git}
+	cfg.Sources, cfg.InsteadOf = t.TempDir(), map[string]string{meshtest.FleetRepo: git}
 	startController := func() (stop func()) {
 		t.Helper()
 		c, err := cascade.New(cfg, js, cat, nil, nil)
@@ -138,7 +140,7 @@ func TestUnchangedInputsAreNotDispatchedAndTheCascadeStops(t *testing.T) {
 		for p := range files {
 			paths = append(paths, p)
 		}
-		id, _, err := cascade.Push(ctx, js, mesh.Pushed{Repo: testenv.FleetRepo, Commit: commit, Ref: "refs/heads/main", Paths: paths})
+		id, _, err := cascade.Push(ctx, js, mesh.Pushed{Repo: meshtest.FleetRepo, Commit: commit, Ref: "refs/heads/main", Paths: paths})
 		if err != nil {
 			t.Fatal(err)
 		}

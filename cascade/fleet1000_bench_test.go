@@ -25,8 +25,8 @@ import (
 
 	"github.com/meshbuild/meshbuild/agent"
 	"github.com/meshbuild/meshbuild/cascade"
+	"github.com/meshbuild/meshbuild/cascade/sim"
 	"github.com/meshbuild/meshbuild/internal/natstest"
-	"github.com/meshbuild/meshbuild/internal/sim"
 	"github.com/meshbuild/meshbuild/mesh"
 )
 

@@ -21,7 +21,7 @@ import (
 // With many modules and few machines the machines are the bound instead:
 // the plan cannot end before its remaining work, spread over every
 // machine, is done. The forecast is the longer of the two (the simulator
-// measures the cascade within 1% of that bound, see internal/sim).
+// measures the cascade within 1% of that bound, see cascade/sim).
 //
 // A build rarely takes exactly its estimate: the time a building module
 // has left is what a build that has already taken its elapsed time is
@@ -164,11 +164,53 @@ func (s *State) Forecast(est map[string]time.Duration, now time.Time, machines i
 // off its estimate. It does no I/O and changes nothing.
 func CriticalPath(mods []ModuleStatus, est map[string]time.Duration, now time.Time, machines int) Forecast {
 	f := Forecast{At: now, Finish: now, Bound: BoundPath, Machines: max(machines, 0)}
-	pos := make(map[string]int, len(mods))
+	estimate, unit, unknown := estimatesOf(mods, est)
+	f.Unknown = unknown
+	spread := spreadOf(mods, estimate)
+	w := newPathWalk(mods, func(i int) PathStep { return stepOf(mods[i], estimate[i], unit, unknown, spread, now) })
+	end := -1
 	for i, m := range mods {
-		pos[m.Module] = i
+		if !m.State.left() {
+			continue
+		}
+		f.Left++
+		e := w.visit(i)
+		if w.steps[i].Guessed {
+			f.Guessed++
+		}
+		f.Work += w.steps[i].Left
+		if end < 0 || e > w.finish[end] || (e == w.finish[end] && m.Module < mods[end].Module) {
+			end = i
+		}
 	}
-	estimate := make([]time.Duration, len(mods))
+	if end < 0 {
+		return f
+	}
+	for i := end; i >= 0; i = w.via[i] {
+		f.Path = append(f.Path, w.steps[i])
+	}
+	slices.Reverse(f.Path)
+	if f.Unknown {
+		f.Work = 0
+		return f
+	}
+	f.PathLeft = w.finish[end]
+	f.Remaining = f.PathLeft
+	if f.Machines > 0 {
+		if spread := f.Work / time.Duration(f.Machines); spread > f.Remaining {
+			f.Remaining, f.Bound = spread, BoundMachines
+		}
+	}
+	f.Finish = now.Add(f.Remaining)
+	return f
+}
+
+// estimatesOf is each module's expected build time (est's, else its own
+// Estimate, else 0) and the unit a module without one counts: the mean of
+// those known, or, when none is (unknown), one "second" a module, the path
+// in modules.
+func estimatesOf(mods []ModuleStatus, est map[string]time.Duration) (estimate []time.Duration, unit time.Duration, unknown bool) {
+	estimate = make([]time.Duration, len(mods))
 	var sum time.Duration
 	known := 0
 	for i, m := range mods {
@@ -182,111 +224,95 @@ func CriticalPath(mods []ModuleStatus, est map[string]time.Duration, now time.Ti
 			known++
 		}
 	}
-	unit := time.Duration(0)
-	if known > 0 {
-		unit = sum / time.Duration(known)
-	} else {
-		// No times at all: the path in modules, one "second" each.
-		f.Unknown = true
-		unit = time.Second
+	if known == 0 {
+		return estimate, time.Second, true
 	}
+	return estimate, sum / time.Duration(known), false
+}
 
-	spread := spreadOf(mods, estimate)
+// stepOf is module m's step on a path: its estimate (the unit where it has
+// none, marked guessed; 0 when no time is known) and what is left of it at
+// now (a building module's elapsed time taken off, by the plan's spread).
+func stepOf(m ModuleStatus, estimate, unit time.Duration, unknown bool, spread float64, now time.Time) PathStep {
+	st := PathStep{Module: m.Module, State: m.State, Estimate: estimate, On: m.On}
+	if st.Estimate == 0 {
+		st.Estimate, st.Guessed = unit, !unknown
+	}
+	if unknown {
+		st.Estimate = 0
+	}
+	whole := unit
+	if !unknown {
+		whole = st.Estimate
+	}
+	st.Left = whole
+	if m.State == Building && !m.Started.IsZero() && !unknown {
+		if el := now.Sub(m.Started); el > 0 {
+			st.Left = leftOf(whole, el, spread)
+			st.Overdue = el > whole
+		}
+	}
+	if m.State != Building {
+		st.On = ""
+	}
+	return st
+}
 
-	// finish[i]: when module i ends, from now, if it is still to build;
-	// via[i]: its base on the longest chain (-1: none left).
-	const unseen = -2
-	finish := make([]time.Duration, len(mods))
-	via := make([]int, len(mods))
-	steps := make([]PathStep, len(mods))
-	for i := range via {
-		via[i] = unseen
-	}
-	var visit func(i int) time.Duration
-	visit = func(i int) time.Duration {
-		m := mods[i]
-		if !m.State.left() {
-			return 0
-		}
-		if via[i] != unseen {
-			return finish[i]
-		}
-		via[i] = -1 // also ends a cycle, which a checked plan has not
-		start := time.Duration(0)
-		for _, b := range m.Bases {
-			j, ok := pos[b]
-			if !ok {
-				continue
-			}
-			if !mods[j].State.left() {
-				continue
-			}
-			// The base that ends last; at a tie the first by name (an
-			// overdue base, ending now, still holds its dependents up).
-			if e := visit(j); via[i] < 0 || e > start || (e == start && mods[j].Module < mods[via[i]].Module) {
-				start, via[i] = e, j
-			}
-		}
-		st := PathStep{Module: m.Module, State: m.State, Estimate: estimate[i], On: m.On}
-		if st.Estimate == 0 {
-			st.Estimate, st.Guessed = unit, !f.Unknown
-		}
-		if f.Unknown {
-			st.Estimate = 0
-		}
-		whole := unit
-		if !f.Unknown {
-			whole = st.Estimate
-		}
-		st.Left = whole
-		if m.State == Building && !m.Started.IsZero() && !f.Unknown {
-			if el := now.Sub(m.Started); el > 0 {
-				st.Left = leftOf(whole, el, spread)
-				st.Overdue = el > whole
-			}
-		}
-		if m.State != Building {
-			st.On = ""
-		}
-		steps[i] = st
-		finish[i] = start + st.Left
-		return finish[i]
-	}
-	end := -1
+// pathWalk finds, for each module still to build, when it ends from now
+// (finish) if its bases still to build end first, and its base on the
+// longest chain to it (via; -1: none left).
+type pathWalk struct {
+	mods   []ModuleStatus
+	pos    map[string]int
+	step   func(i int) PathStep
+	finish []time.Duration
+	via    []int
+	steps  []PathStep
+}
+
+// pathUnseen marks a module the walk has not reached.
+const pathUnseen = -2
+
+func newPathWalk(mods []ModuleStatus, step func(i int) PathStep) *pathWalk {
+	w := &pathWalk{mods: mods, pos: make(map[string]int, len(mods)), step: step,
+		finish: make([]time.Duration, len(mods)), via: make([]int, len(mods)), steps: make([]PathStep, len(mods))}
 	for i, m := range mods {
-		if !m.State.left() {
+		w.pos[m.Module] = i
+	}
+	for i := range w.via {
+		w.via[i] = pathUnseen
+	}
+	return w
+}
+
+// visit is when module i ends, from now (0 if it is not still to build).
+func (w *pathWalk) visit(i int) time.Duration {
+	m := w.mods[i]
+	if !m.State.left() {
+		return 0
+	}
+	if w.via[i] != pathUnseen {
+		return w.finish[i]
+	}
+	w.via[i] = -1 // also ends a cycle, which a checked plan has not
+	start := time.Duration(0)
+	for _, b := range m.Bases {
+		j, ok := w.pos[b]
+		if !ok {
 			continue
 		}
-		f.Left++
-		e := visit(i)
-		if steps[i].Guessed {
-			f.Guessed++
+		if !w.mods[j].State.left() {
+			continue
 		}
-		f.Work += steps[i].Left
-		if end < 0 || e > finish[end] || (e == finish[end] && m.Module < mods[end].Module) {
-			end = i
-		}
-	}
-	if end < 0 {
-		return f
-	}
-	for i := end; i >= 0; i = via[i] {
-		f.Path = append(f.Path, steps[i])
-	}
-	slices.Reverse(f.Path)
-	if f.Unknown {
-		f.Work = 0
-		return f
-	}
-	f.PathLeft = finish[end]
-	f.Remaining = f.PathLeft
-	if f.Machines > 0 {
-		if spread := f.Work / time.Duration(f.Machines); spread > f.Remaining {
-			f.Remaining, f.Bound = spread, BoundMachines
+		// The base that ends last; at a tie the first by name (an
+		// overdue base, ending now, still holds its dependents up).
+		if e := w.visit(j); w.via[i] < 0 || e > start || (e == start && w.mods[j].Module < w.mods[w.via[i]].Module) {
+			start, w.via[i] = e, j
 		}
 	}
-	f.Finish = now.Add(f.Remaining)
-	return f
+	w.steps[i] = w.step(i)
+	w.finish[i] = start + w.steps[i].Left
+	return w.finish[i]
 }
 
 // defaultSpread is the spread of build times around their estimates

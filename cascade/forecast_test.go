@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshbuild/meshbuild/internal/sim"
+	"github.com/meshbuild/meshbuild/cascade/sim"
 )
 
 // A plan's forecast by hand: base built; runtime (2m) building for 30s;

@@ -1,6 +1,7 @@
 package cascade
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"strings"
@@ -284,4 +285,37 @@ func (s *State) Unserved(served func(platform string) bool) (changed []string, a
 		}
 	}
 	return changed, asks
+}
+
+// assemble pushes the image index of every module whose platforms are all
+// built (State.Unindexed) and records it as the module's built: the index
+// digest is its digest, its current image and what its dependents are
+// pinned to. It looks at the plans the batch changed, or at every plan
+// (all: on the tick, to retry an index the registry refused). It reports
+// whether any module was built so.
+func (c *Controller) assemble(ctx context.Context, all bool) bool {
+	some := false
+	for id, st := range c.plans {
+		if !all && !c.dirtyRun[id] {
+			continue
+		}
+		for _, u := range st.Unindexed() {
+			begun := time.Now()
+			rctx, cancel := context.WithTimeout(ctx, c.cfg.ResolveTimeout)
+			ms, _ := st.Module(u.Module)
+			dg, err := c.cfg.RegistryClient.PushIndex(rctx, c.Image(u.Module), u.Manifests, indexAnnotations(ms))
+			cancel()
+			if err != nil {
+				c.log.Warn("pushing a module's image index; retrying on the next tick", "plan", id, "module", u.Module, "err", err)
+				continue
+			}
+			c.log.Info("pushed an image index", "plan", id, "module", u.Module, "digest", dg, "platforms", len(u.Manifests), "took", time.Since(begun))
+			c.built(st, mesh.Built{
+				Version: mesh.AskVersion, Ask: u.Ask, Plan: id, Module: u.Module, Commit: ms.Commit,
+				Digest: dg, Image: c.Image(u.Module) + "@" + dg, On: ms.On, At: time.Now().UTC(),
+			}, time.Now().UTC())
+			some = true
+		}
+	}
+	return some
 }

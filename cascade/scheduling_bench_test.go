@@ -12,8 +12,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/meshbuild/meshbuild/cascade"
-	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
+	"github.com/meshbuild/meshbuild/mesh/meshtest"
 	"github.com/meshbuild/meshbuild/planner"
 )
 
@@ -52,7 +52,7 @@ func BenchmarkScheduling(b *testing.B) {
 
 // schedFarm is a benchFarm for a catalogue of flat modules and chains.
 func schedFarm(b *testing.B, mods []*mesh.Manifest, machines int, unit time.Duration) *benchFarm {
-	ms := append(testenv.MeshManifests(b), mods...)
+	ms := append(meshtest.MeshManifests(b), mods...)
 	f := newBenchFarm(b, mesh.NewCatalogue(ms), cascade.DefaultConfig(), machines, 1)
 	d := map[string]time.Duration{}
 	for _, m := range mods {

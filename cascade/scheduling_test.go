@@ -15,6 +15,7 @@ import (
 	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
+	"github.com/meshbuild/meshbuild/mesh/meshtest"
 	"github.com/meshbuild/meshbuild/planner"
 )
 
@@ -41,7 +42,7 @@ func newSchedHarness(t *testing.T, mods []*mesh.Manifest, machines int, tweak fu
 	t.Helper()
 	s := natstest.Server(t, nil)
 	nc, js := natstest.Connect(t, s)
-	ms := append(testenv.MeshManifests(t), mods...)
+	ms := append(meshtest.MeshManifests(t), mods...)
 	if ps := mesh.Check(ms); mesh.HasErrors(ps) {
 		t.Fatalf("test catalogue has problems: %v", ps)
 	}

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshbuild/meshbuild/internal/sim"
+	"github.com/meshbuild/meshbuild/cascade/sim"
 	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/planner"
 )

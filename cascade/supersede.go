@@ -2,6 +2,7 @@ package cascade
 
 import (
 	"context"
+	"slices"
 	"time"
 
 	"github.com/meshbuild/meshbuild/planner"
@@ -46,4 +47,76 @@ func (c *Controller) supersede(ctx context.Context, st *State, cancel bool, now 
 			c.cancelOnHolders(asks)
 		}
 	}
+}
+
+// Supersede settles, for the newer plan of the same repository and ref,
+// every module of this plan that builds reports the newer plan builds too
+// and that has not started (waiting, or ready: held for a machine) as
+// superseded, SupersededBy newer, and with it every module waiting on a
+// superseded one, transitively. A module in flight (queued or building)
+// finishes; with cancel it becomes cancelling instead, its asks returned
+// (sorted) for the caller to withdraw and cut short, and settles
+// superseded when its holder stops (see Cancel; a built that arrives is
+// not the plan's). It returns the modules superseded now, in plan order.
+// A cancelled or settled plan, or a module already finished, is left
+// alone.
+func (s *State) Supersede(newer string, builds func(module string) bool, cancel bool, now time.Time) (superseded, cancelAsks []string) {
+	s.ensure()
+	if !s.Cancelled.IsZero() || newer == "" || newer == s.Plan {
+		return nil, nil
+	}
+	mark := func(i int) {
+		m := &s.Modules[i]
+		s.set(m, Superseded)
+		m.SupersededBy, m.Finished = newer, now
+		superseded = append(superseded, m.Module)
+	}
+	for i := range s.Modules {
+		m := &s.Modules[i]
+		if !builds(m.Module) {
+			continue
+		}
+		switch m.State {
+		case Waiting, Ready:
+			mark(i)
+		case Queued, Building:
+			if cancel {
+				cancelAsks = append(cancelAsks, inFlightAsks(*m)...)
+				s.set(m, Cancelling)
+				m.SupersededBy = newer
+				s.Superseding = now
+			}
+		}
+	}
+	for i := range s.Modules {
+		if s.Modules[i].SupersededBy == newer {
+			superseded = append(superseded, s.supersedeDown(i, newer, now)...)
+		}
+	}
+	if len(superseded) > 0 || len(cancelAsks) > 0 {
+		s.touch(now)
+	}
+	slices.SortFunc(superseded, func(a, b string) int { return s.ix.pos[a] - s.ix.pos[b] })
+	slices.Sort(cancelAsks)
+	return superseded, cancelAsks
+}
+
+// supersedeDown settles superseded every module waiting, transitively, on
+// module i (superseded, or to be): its base will not be built in this
+// plan. It returns them.
+func (s *State) supersedeDown(i int, newer string, now time.Time) (out []string) {
+	queue := []int{i}
+	for k := 0; k < len(queue); k++ {
+		for _, d := range s.ix.deps[queue[k]] {
+			dm := &s.Modules[d]
+			if dm.State != Waiting {
+				continue
+			}
+			s.set(dm, Superseded)
+			dm.SupersededBy, dm.Finished = newer, now
+			out = append(out, dm.Module)
+			queue = append(queue, d)
+		}
+	}
+	return out
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
+	"github.com/meshbuild/meshbuild/mesh/meshtest"
 )
 
 // lease is short so that a lapse is seen in a test; the server counts whole
@@ -369,7 +370,7 @@ func TestBadClaimsAreRefusedWithTheFix(t *testing.T) {
 // Every principal holding a seat claims it under its derived permissions,
 // and cannot write the claim of a seat it does not hold.
 func TestHoldersClaimUnderTheirDerivedPermissions(t *testing.T) {
-	cat := testenv.Catalogue(t, map[string][]string{"a": nil})
+	cat := meshtest.Catalogue(t, map[string][]string{"a": nil})
 	machine, err := cat.MachinePermissions("m1")
 	if err != nil {
 		t.Fatal(err)

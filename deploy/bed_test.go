@@ -19,6 +19,7 @@ import (
 	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
+	"github.com/meshbuild/meshbuild/mesh/meshtest"
 	"github.com/meshbuild/meshbuild/registry"
 )
 
@@ -43,7 +44,7 @@ type bed struct {
 
 func newBed(t *testing.T, nodes []string, extra ...mesh.Permissions) *bed {
 	t.Helper()
-	cat := testenv.Catalogue(t, map[string][]string{"base": nil, "app": {"base"}})
+	cat := meshtest.Catalogue(t, map[string][]string{"base": nil, "app": {"base"}})
 	for _, n := range nodes {
 		extra = append(extra, mesh.NodePermissions(n))
 	}

@@ -120,15 +120,8 @@ func NewController(cfg ControllerConfig, js jetstream.JetStream, cat *mesh.Catal
 }
 
 func controllerModule(cat *mesh.Catalogue, name string) (string, error) {
-	for _, m := range cat.Holders(mesh.ControllerSeat) {
-		if name != "" && m.Module != name {
-			continue
-		}
-		for _, b := range m.State {
-			if b.Name == StateBucket {
-				return m.Module, nil
-			}
-		}
+	if m, ok := seat.ControllerModule(cat, name, StateBucket); ok {
+		return m, nil
 	}
 	return "", fmt.Errorf("%w: no module holds %s with state %q: add `state: [{name: %s, history: 1}]` to the controller's manifest",
 		ErrConfig, mesh.ControllerSeat, StateBucket, StateBucket)

@@ -19,6 +19,7 @@ import (
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/registry"
+	"github.com/meshbuild/meshbuild/registry/registrytest"
 )
 
 // TestEnrolmentIsAnsweredAtThePayloadAddress: a node, under its derived
@@ -224,7 +225,7 @@ func TestRestartedControllerReassertsNodeConsumers(t *testing.T) {
 // with the module, image, digest and revision, and the node reports
 // applied; the controller records it.
 func TestNodeAppliesByDigestIntoALayout(t *testing.T) {
-	reg := testenv.Registry(t)
+	reg := registrytest.Registry(t)
 	b := newBed(t, []string{"n1"})
 	b.controller(deploy.DefaultControllerConfig())
 	dir := t.TempDir()

@@ -19,6 +19,7 @@ import (
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/metrics"
+	"github.com/meshbuild/meshbuild/registry/registrytest"
 )
 
 // scrape reads a /metrics page as Prometheus does, over HTTP, into the
@@ -77,7 +78,7 @@ func serve(t *testing.T, reg *prometheus.Registry) string {
 // newer one applies. The controller's view of the node (declared and
 // applied revision, when last heard) follows on its own /metrics.
 func TestNodeMetricsFollowEveryOutcome(t *testing.T) {
-	reg := testenv.Registry(t)
+	reg := registrytest.Registry(t)
 	b := newBed(t, []string{"n1"})
 	b.controller(deploy.DefaultControllerConfig())
 	ctrl := serve(t, b.creg)

@@ -18,6 +18,7 @@ import (
 	"github.com/meshbuild/meshbuild/deploy"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
+	"github.com/meshbuild/meshbuild/mesh/meshtest"
 )
 
 func assign(t *testing.T, b *bed, tool, module string, nodes ...string) {
@@ -347,7 +348,7 @@ func (w *holdWorker) builtAsks() []string {
 // carries; unassigned, it stops and hands back the ask it holds, and the
 // build agent of another node builds it.
 func TestUnassignedBuildAgentHandsBack(t *testing.T) {
-	cat := testenv.Catalogue(t, nil)
+	cat := meshtest.Catalogue(t, nil)
 	m1, _ := cat.MachinePermissions("n1")
 	m2, _ := cat.MachinePermissions("n2")
 	b := newBed(t, []string{"n1", "n2"}, m1, m2)
@@ -374,7 +375,7 @@ func TestUnassignedBuildAgentHandsBack(t *testing.T) {
 	testenv.WaitFor(t, 10*time.Second, "n1 to start its build agent", func() bool { return n1.Running("build-agent") })
 
 	ask := mesh.Ask{Version: mesh.AskVersion, ID: "ask-1", Plan: "p", Module: "app", Image: "reg.example/app",
-		Source: mesh.Source{Repo: testenv.FleetRepo, Commit: "c1", Path: "app"}, Platform: mesh.DefaultPlatform}
+		Source: mesh.Source{Repo: meshtest.FleetRepo, Commit: "c1", Path: "app"}, Platform: mesh.DefaultPlatform}
 	data, _ := json.Marshal(ask)
 	if _, err := b.ajs.Publish(b.ctx, mesh.BuildSubject(mesh.DefaultPlatform), data, jetstream.WithMsgID(ask.ID)); err != nil {
 		t.Fatal(err)
@@ -413,7 +414,7 @@ func TestUnassignedBuildAgentHandsBack(t *testing.T) {
 // declaration. The same from a state file kept before the declaration was
 // recorded in it. (A restarted node ran nothing until the next assignment.)
 func TestARestartedNodeResumesItsCarriedModules(t *testing.T) {
-	cat := testenv.Catalogue(t, nil)
+	cat := meshtest.Catalogue(t, nil)
 	m1, _ := cat.MachinePermissions("n1")
 	b := newBed(t, []string{"n1"}, m1)
 	b.controller(deploy.DefaultControllerConfig())
@@ -476,7 +477,7 @@ func TestARestartedNodeResumesItsCarriedModules(t *testing.T) {
 			t.Fatalf("the restarted node applied revision %d, want %d resumed (no new declaration)", n.Applied(), applied)
 		}
 		ask := mesh.Ask{Version: mesh.AskVersion, ID: fmt.Sprintf("ask-%d", i), Plan: "p", Module: "app", Image: "reg.example/app",
-			Source: mesh.Source{Repo: testenv.FleetRepo, Commit: "c1", Path: "app"}, Platform: mesh.DefaultPlatform}
+			Source: mesh.Source{Repo: meshtest.FleetRepo, Commit: "c1", Path: "app"}, Platform: mesh.DefaultPlatform}
 		data, _ := json.Marshal(ask)
 		if _, err := b.ajs.Publish(b.ctx, mesh.BuildSubject(mesh.DefaultPlatform), data, jetstream.WithMsgID(ask.ID)); err != nil {
 			t.Fatal(err)

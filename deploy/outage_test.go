@@ -18,6 +18,7 @@ import (
 	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
+	"github.com/meshbuild/meshbuild/mesh/meshtest"
 )
 
 type syncBuffer struct {
@@ -44,7 +45,7 @@ func (s *syncBuffer) String() string {
 // node's consumer and serves. Before, the first timeout ("asserting node
 // n1's consumer … context deadline exceeded") stopped it.
 func TestTheFleetControllerRetriesItsAssertionsWhileTheBusIsAway(t *testing.T) {
-	cat := testenv.Catalogue(t, map[string][]string{"base": nil})
+	cat := meshtest.Catalogue(t, map[string][]string{"base": nil})
 	sets := []mesh.Permissions{cat.ControllerPermissions("controller"), cat.OperatorPermissions("operator"), mesh.NodePermissions("n1")}
 	users := []*server.User{{Username: "admin", Password: "pw"}}
 	known := map[string]bool{}

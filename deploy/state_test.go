@@ -10,6 +10,7 @@ import (
 	"github.com/meshbuild/meshbuild/deploy"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
+	"github.com/meshbuild/meshbuild/mesh/meshtest"
 	"github.com/meshbuild/meshbuild/state"
 )
 
@@ -20,7 +21,7 @@ import (
 // while it is assigned. Every node runs as the principal its assignment
 // derives, on a server that enforces it.
 func TestModuleStateIsLiveAcrossNodes(t *testing.T) {
-	ms := append(testenv.MeshManifests(t),
+	ms := append(meshtest.MeshManifests(t),
 		&mesh.Manifest{Module: "owner", State: []mesh.Bucket{{Name: "builds"}}},
 		&mesh.Manifest{Module: "reader", Reads: []string{"owner.builds"}},
 	)

@@ -141,6 +141,6 @@
 // each one against the metrics the package exports, and (with
 // MESHBUILD_PROMETHEUS=1 or MESHBUILD_BUILDKIT=1, as make test sets) against
 // a real Prometheus scraping a real in-process farm; with
-// MESHBUILD_BUILDKIT=1, internal/demo's tests check them again against the
+// MESHBUILD_BUILDKIT=1, cmd/internal/demo's tests check them again against the
 // farm `builds up` starts, after its demo plan.
 package metrics

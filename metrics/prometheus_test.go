@@ -21,6 +21,7 @@ import (
 	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
+	"github.com/meshbuild/meshbuild/mesh/meshtest"
 	"github.com/meshbuild/meshbuild/metrics"
 	"github.com/meshbuild/meshbuild/planner"
 )
@@ -30,7 +31,7 @@ import (
 // sleeps instead of building — each serving its own /metrics, lets a real
 // Prometheus scrape them while a plan with one failing module runs, and
 // then asks that Prometheus every query of every dashboard panel: each must
-// return a series with a value. (internal/demo's TestDashboardsOnBuildsUp
+// return a series with a value. (cmd/internal/demo's TestDashboardsOnBuildsUp
 // does the same against the real farm of builds up.)
 func TestDashboardsAgainstARealPrometheus(t *testing.T) {
 	testenv.RequirePrometheus(t)
@@ -39,7 +40,7 @@ func TestDashboardsAgainstARealPrometheus(t *testing.T) {
 	s := natstest.Server(t, nil)
 	_, js := natstest.Connect(t, s)
 	graph := map[string][]string{"base": nil, "runtime": {"base"}, "web": {"base"}, "tool": {"base"}, "tool-cli": {"tool"}}
-	cat := testenv.Catalogue(t, graph)
+	cat := meshtest.Catalogue(t, graph)
 	w := &sleepy{sleep: map[string]time.Duration{"base": 400 * time.Millisecond, "runtime": 700 * time.Millisecond,
 		"web": 300 * time.Millisecond, "tool": 500 * time.Millisecond}, fail: map[string]bool{"tool": true}}
 

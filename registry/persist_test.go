@@ -15,7 +15,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/validate"
 	"github.com/sirupsen/logrus"
 
-	"github.com/meshbuild/meshbuild/internal/demo/busybox"
+	"github.com/meshbuild/meshbuild/internal/busybox"
 	"github.com/meshbuild/meshbuild/registry"
 )
 

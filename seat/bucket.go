@@ -21,3 +21,21 @@ func OpenBucket(ctx context.Context, js jetstream.JetStream, controllerModule, n
 	}
 	return kv, nil
 }
+
+// ControllerModule is the catalogue module that holds the controller seat
+// (mesh.ControllerSeat) and declares state bucket: the one named name, or,
+// when name is empty, the first such. It reports false when none does; the
+// caller says what its manifest must declare.
+func ControllerModule(cat *mesh.Catalogue, name, bucket string) (string, bool) {
+	for _, m := range cat.Holders(mesh.ControllerSeat) {
+		if name != "" && m.Module != name {
+			continue
+		}
+		for _, b := range m.State {
+			if b.Name == bucket {
+				return m.Module, true
+			}
+		}
+	}
+	return "", false
+}

@@ -24,7 +24,8 @@
 //     code, always the same; the client's [Error] matches every sentinel of
 //     its code with errors.Is.
 //   - A controller's bucket ([OpenBucket]) is the key-value bucket its
-//     module declares as state, named by mesh.KVBucket.
+//     module declares as state, named by mesh.KVBucket; the module is the
+//     holder of the controller seat that declares it ([ControllerModule]).
 //
 // Example: the fleet controller serves its tools with
 //

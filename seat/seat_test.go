@@ -13,6 +13,7 @@ import (
 
 	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/mesh"
+	"github.com/meshbuild/meshbuild/mesh/meshtest"
 	"github.com/meshbuild/meshbuild/seat"
 )
 
@@ -251,5 +252,28 @@ func TestAConsumerDeletedEndsTheConsumption(t *testing.T) {
 	}
 	if _, err := seat.Consume(ctx, js, "WORK", "holders", 1, "work", nil); !errors.Is(err, jetstream.ErrConsumerNotFound) {
 		t.Errorf("binding a missing consumer: %v", err)
+	}
+}
+
+// The controller's module is the holder of mesh-controller that declares
+// the bucket: in the example fleet, build-controller for the plans and the
+// declarations; none for a bucket no holder declares, or a module that is
+// not a holder.
+func TestControllerModuleDeclaresTheBucket(t *testing.T) {
+	cat := meshtest.Catalogue(t, map[string][]string{"app": nil})
+	for _, c := range []struct {
+		name, bucket, want string
+		ok                 bool
+	}{
+		{"", "plans", "build-controller", true},
+		{"build-controller", "declarations", "build-controller", true},
+		{"", "no-such-bucket", "", false},
+		{"build-agent", "plans", "", false},
+		{"app", "plans", "", false},
+	} {
+		got, ok := seat.ControllerModule(cat, c.name, c.bucket)
+		if got != c.want || ok != c.ok {
+			t.Errorf("ControllerModule(%q, %q) = %q, %v; want %q, %v", c.name, c.bucket, got, ok, c.want, c.ok)
+		}
 	}
 }

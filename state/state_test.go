@@ -15,8 +15,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/meshbuild/meshbuild/internal/natstest"
-	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
+	"github.com/meshbuild/meshbuild/mesh/meshtest"
 	"github.com/meshbuild/meshbuild/state"
 )
 
@@ -34,7 +34,7 @@ type world struct {
 
 func newWorld(t *testing.T) *world {
 	t.Helper()
-	ms := append(testenv.MeshManifests(t),
+	ms := append(meshtest.MeshManifests(t),
 		&mesh.Manifest{Module: "owner", State: []mesh.Bucket{{Name: "builds"}}},
 		&mesh.Manifest{Module: "reader", Reads: []string{"owner.builds"}},
 		&mesh.Manifest{Module: "plain", Emits: []string{"hello"}},

@@ -1,8 +1,7 @@
 // Package cascadetest starts the parts a test of the build controller runs
 // against — a controller, a real agent on a real buildkitd — and waits for
-// the controller to serve its tools. It is for tests only: it imports the
-// assembly's test environment (internal/testenv), so no core package
-// imports it outside its tests.
+// the controller to serve its tools, or opens a plan store. It is for
+// tests only: no core package imports it outside its tests.
 package cascadetest
 
 import (
@@ -12,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -20,6 +20,7 @@ import (
 	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
+	"github.com/meshbuild/meshbuild/mesh/meshtest"
 	"github.com/meshbuild/meshbuild/registry"
 )
 
@@ -55,7 +56,7 @@ func Run(tb testing.TB, ctx context.Context, wg *sync.WaitGroup, c *cascade.Cont
 
 // Agent runs in wg, until ctx ends, a real agent named machine on its own
 // connection to url: it builds on the buildkitd at bk, pushes to an
-// insecure registry, and checks testenv.FleetRepo out of the repository at
+// insecure registry, and checks meshtest.FleetRepo out of the repository at
 // git.
 func Agent(tb testing.TB, ctx context.Context, wg *sync.WaitGroup, url, bk, git, machine string) {
 	tb.Helper()
@@ -65,7 +66,7 @@ func Agent(tb testing.TB, ctx context.Context, wg *sync.WaitGroup, url, bk, git,
 	}
 	tb.Cleanup(func() { b.Close() })
 	w := &agent.BuildWorker{
-		Sources: &agent.Sources{Dir: tb.TempDir(), InsteadOf: map[string]string{testenv.FleetRepo: git}},
+		Sources: &agent.Sources{Dir: tb.TempDir(), InsteadOf: map[string]string{meshtest.FleetRepo: git}},
 		Builder: b,
 	}
 	nc, err := nats.Connect(url, nats.Name(machine))
@@ -85,14 +86,14 @@ func Agent(tb testing.TB, ctx context.Context, wg *sync.WaitGroup, url, bk, git,
 	wg.Go(func() { _ = a.Run(ctx); nc.Close() })
 }
 
-// Store starts a server, raises testenv's catalogue of the mesh's own
+// Store starts a server, raises meshtest's catalogue of the mesh's own
 // modules on it, and opens build-controller's plan store there.
 func Store(tb testing.TB) *cascade.Store {
 	tb.Helper()
 	s := natstest.Server(tb, nil)
 	_, js := natstest.Connect(tb, s)
 	ctx := context.Background()
-	if _, err := mesh.Raise(ctx, js, testenv.Catalogue(tb, nil), 1); err != nil {
+	if _, err := mesh.Raise(ctx, js, meshtest.Catalogue(tb, nil), 1); err != nil {
 		tb.Fatal(err)
 	}
 	st, err := cascade.OpenStore(ctx, js, "build-controller")
@@ -100,6 +101,25 @@ func Store(tb testing.TB) *cascade.Store {
 		tb.Fatal(err)
 	}
 	return st
+}
+
+// PlanStore starts a JetStream server with the controller's plans bucket
+// (build-controller's) and no controller, and opens the store on it: for
+// writing plan records as a controller would and reading them back as the
+// tools do.
+func PlanStore(tb testing.TB) (*server.Server, *cascade.Store) {
+	tb.Helper()
+	s := natstest.Server(tb, nil)
+	_, js := natstest.Connect(tb, s)
+	ctx := context.Background()
+	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: mesh.KVBucket("build-controller", cascade.StateBucket)}); err != nil {
+		tb.Fatal(err)
+	}
+	st, err := cascade.OpenStore(ctx, js, "build-controller")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return s, st
 }
 
 // Background runs run (a controller's Run, say) in a goroutine with a

@@ -155,18 +155,18 @@ func (r row) reproduce() string {
 var (
 	fan = suite{pkg: "./cascade", bench: "BenchmarkControllerFan35On4", sub: "^(equal|lognormal|lognormal-learned|lognormal-window-0)$"}
 	dag = suite{pkg: "./cascade", bench: "BenchmarkControllerDAG1000On50", sub: "^(idle|idle-learned|window-0)$"}
-	opt = suite{pkg: "./internal/sim", bench: "BenchmarkListVersusOptimal"}
+	opt = suite{pkg: "./cascade/sim", bench: "BenchmarkListVersusOptimal"}
 	// first is BenchmarkFirstSight: estimates of durations not known,
 	// measured in the simulator on the scheduling benchmarks' DAGs.
-	first = suite{pkg: "./internal/sim", bench: "BenchmarkFirstSight"}
+	first = suite{pkg: "./cascade/sim", bench: "BenchmarkFirstSight"}
 	thru  = suite{pkg: "./cascade", bench: "BenchmarkControllerThroughput10000"}
 	disp  = suite{pkg: "./agent", bench: "BenchmarkDispatch"}
 	over  = suite{pkg: "./agent", bench: "BenchmarkAgentOverhead"}
-	fleet = suite{pkg: "./internal/demo", bench: "BenchmarkFleetSpeedup"}
-	rebld = suite{pkg: "./internal/demo", bench: "BenchmarkFleetRebuild"}
+	fleet = suite{pkg: "./cmd/internal/demo", bench: "BenchmarkFleetSpeedup"}
+	rebld = suite{pkg: "./cmd/internal/demo", bench: "BenchmarkFleetRebuild"}
 	// bake is BenchmarkFleetBake: the farm against buildx bake on a fleet
 	// whose steps sleep.
-	bake = suite{pkg: "./internal/demo", bench: "BenchmarkFleetBake"}
+	bake = suite{pkg: "./cmd/internal/demo", bench: "BenchmarkFleetBake"}
 	// overFleet is BenchmarkAgentOverheadFleet: the fully cached build on
 	// three machines at once.
 	overFleet = suite{pkg: "./agent", bench: "BenchmarkAgentOverheadFleet"}
@@ -255,7 +255,7 @@ func fleetSpeedup(k int) func(m metrics) string {
 }
 
 // buildxVersion is the buildx BenchmarkFleetRebuild bakes with
-// (internal/demo, BuildxVersion).
+// (cmd/internal/demo, BuildxVersion).
 const buildxVersion = "v0.38.2"
 
 // fleetBus names BenchmarkFleet1000's buses in the rows' figures.

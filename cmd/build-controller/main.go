@@ -20,7 +20,7 @@ import (
 
 	"github.com/meshbuild/meshbuild/cascade"
 	"github.com/meshbuild/meshbuild/claim"
-	"github.com/meshbuild/meshbuild/internal/daemon"
+	"github.com/meshbuild/meshbuild/cmd/internal/daemon"
 	"github.com/meshbuild/meshbuild/registry"
 )
 

@@ -7,7 +7,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/meshbuild/meshbuild/internal/cli"
+	"github.com/meshbuild/meshbuild/cmd/internal/cli"
 )
 
 func main() {

@@ -4,8 +4,8 @@ import (
 	"context"
 
 	"github.com/meshbuild/meshbuild/agent"
+	"github.com/meshbuild/meshbuild/cmd/internal/daemon"
 	"github.com/meshbuild/meshbuild/deploy"
-	"github.com/meshbuild/meshbuild/internal/daemon"
 )
 
 // buildAgent is the one place the node runtime reaches the build agent: the

@@ -20,8 +20,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/meshbuild/meshbuild/cmd/internal/daemon"
 	"github.com/meshbuild/meshbuild/deploy"
-	"github.com/meshbuild/meshbuild/internal/daemon"
 	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/registry"
 )

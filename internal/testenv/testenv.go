@@ -1,7 +1,10 @@
-// Package testenv starts the real parts meshbuild's tests run against: an
-// embedded OCI registry, a BuildKit daemon, a busybox base image in that
-// registry, and git repositories. Each is stopped or removed in the test's
-// cleanup.
+// Package testenv starts the real parts meshbuild's tests run against: a
+// BuildKit daemon, a busybox base image in a registry, and git
+// repositories. Each is stopped or removed in the test's cleanup. It sits
+// below the core and imports none of its packages: the helpers that do
+// stand beside the package they serve (mesh/meshtest: the test catalogues;
+// registry/registrytest: the embedded registry; cascade/cascadetest: a
+// controller, an agent, a plan store).
 //
 // Tests that need buildkitd run only when MESHBUILD_BUILDKIT=1 (make test
 // sets it); without it they are skipped, saying so. With it, a daemon that

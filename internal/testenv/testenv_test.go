@@ -14,10 +14,11 @@ import (
 	"github.com/meshbuild/meshbuild/internal/buildkitd"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/registry"
+	"github.com/meshbuild/meshbuild/registry/registrytest"
 )
 
 func TestRegistryBusybox(t *testing.T) {
-	host := testenv.Registry(t)
+	host := registrytest.Registry(t)
 	ref := testenv.Busybox(t, host)
 	if !strings.HasPrefix(ref, host+"/busybox@sha256:") {
 		t.Fatalf("Busybox = %s", ref)
@@ -58,7 +59,7 @@ func TestRepoRoot(t *testing.T) {
 }
 
 func TestBuildkitd(t *testing.T) {
-	host := testenv.Registry(t)
+	host := registrytest.Registry(t)
 	root := t.TempDir()
 	addr := testenv.BuildkitdWith(t, buildkitd.Options{Root: root, RegistryHosts: []string{host}, MaxParallelism: 1})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -1,0 +1,344 @@
+package cascade
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/meshbuild/meshbuild/internal/backoff"
+	"github.com/meshbuild/meshbuild/mesh"
+)
+
+func (c *Controller) touch(st *State, modules ...string) {
+	if c.dirty == nil {
+		c.dirty = map[string]any{}
+	}
+	if c.dirtyRun == nil {
+		c.dirtyRun = map[string]bool{}
+	}
+	c.dirtyRun[st.Plan] = true
+	for _, m := range modules {
+		if ms, ok := st.Module(m); ok {
+			c.dirty[ModuleKey(st.Plan, m)] = ms
+		}
+	}
+}
+
+// enqueue keeps submits for the next flush, and records the modules the
+// state settled unchanged on the way.
+func (c *Controller) enqueue(st *State, subs []Submit) {
+	for _, s := range subs {
+		c.touch(st, s.Module)
+		c.submits = append(c.submits, s)
+	}
+	for _, m := range st.Reused() {
+		c.touch(st, m)
+		c.setCurrent(st, m)
+	}
+}
+
+// flush makes a batch's effects durable and visible, retrying (with
+// backoff) for at most Config.StoreRetryFor: events are acknowledged only
+// after it. Its steps, in order: persist the state, publish the asks of
+// the plans stored, settle what settled (the hand-over to deployment),
+// prune old plans. A plan whose state the store still refuses when the
+// bound passes is reported; its writes and asks wait for the next flush,
+// and the other plans go on.
+func (c *Controller) flush(ctx context.Context) error {
+	c.assemble(ctx, false)
+	c.fillWindows(ctx)
+	retry := backoff.Policy{First: 100 * time.Millisecond, Max: 10 * time.Second}
+	deadline := time.Now().Add(c.cfg.StoreRetryFor)
+	for attempt := 1; ; attempt++ {
+		err := c.flushOnce(ctx)
+		if err == nil || ctx.Err() != nil {
+			return nil
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			c.log.Error("could not store plan state; going on without it and trying again at the next flush",
+				"plans", slices.Sorted(maps.Keys(c.dirtyRun)), "after", c.cfg.StoreRetryFor, "err", err)
+			return nil
+		}
+		c.log.Warn("writing plan state failed; retrying", "err", err, "attempt", attempt)
+		if backoff.Wait(ctx, min(retry.Delay(attempt), left)) != nil {
+			return nil
+		}
+	}
+}
+
+// unflushed reports whether writes or asks wait for the next flush.
+func (c *Controller) unflushed() bool { return len(c.dirty)+len(c.submits) > 0 }
+
+func (c *Controller) flushOnce(ctx context.Context) error {
+	perr := c.persist(ctx)
+	// A plan with a write still refused keeps its asks, unpublished, and
+	// is not settled: an ask goes out only once the state that says it is
+	// queued is stored.
+	held := map[string]bool{}
+	for k := range c.dirty {
+		if p, ok := PlanOfKey(k); ok {
+			held[p] = true
+		}
+	}
+	var asks []mesh.Ask
+	var keep []Submit
+	seen := map[string]bool{}
+	for _, sub := range c.submits {
+		switch {
+		case held[sub.Plan]:
+			keep = append(keep, sub)
+		case !seen[sub.AskID]:
+			seen[sub.AskID] = true
+			asks = append(asks, Asks(c.cfg.Registry, sub)...)
+		}
+	}
+	if err := c.publish(ctx, asks); err != nil {
+		return err
+	}
+	c.submits = keep
+	settled := c.settle(ctx, held)
+	for id := range c.dirtyRun {
+		if !held[id] {
+			delete(c.dirtyRun, id)
+		}
+	}
+	if settled {
+		c.prune(ctx)
+	}
+	return perr
+}
+
+// persist stores every changed module, estimate, current image and plan
+// record. It comes first: an ask is published only once the state that
+// says it is queued is stored, so a restart re-submits every queued ask
+// (deduplicated by id) and none is lost.
+//
+// The keys are written in parallel, so a crash can store any part of one
+// phase: the phases are ordered so that every part is a state a restart
+// resumes correctly. First what modules finished (built, failed, blocked,
+// cancelled), with the current images and estimates; then what the
+// finished ones released (queued, building, …): a dependent is never
+// stored queued, its ask pinned to a base's digest, before that base is
+// stored built. Last the plan records: a record that says the plan settled
+// is stored only after everything it settled, so a crash before it leaves
+// the plan running, to be resumed, and its events (unacknowledged)
+// delivered again
+// What a phase stored leaves c.dirty; what the store refused stays, for
+// the next try, and the later phases wait for it.
+func (c *Controller) persist(ctx context.Context) error {
+	if c.dirty == nil {
+		c.dirty = map[string]any{}
+	}
+	for id := range c.dirtyRun {
+		if st := c.plans[id]; st != nil {
+			c.dirty[PlanKey(id)] = c.record(st)
+		}
+	}
+	finished, released, records := map[string]any{}, map[string]any{}, map[string]any{}
+	for k, v := range c.dirty {
+		switch v := v.(type) {
+		case PlanRecord:
+			records[k] = v
+		case ModuleStatus:
+			if !v.State.Finished() {
+				released[k] = v
+				continue
+			}
+			finished[k] = v
+		default:
+			finished[k] = v
+		}
+	}
+	for _, phase := range []map[string]any{finished, released, records} {
+		if len(phase) == 0 {
+			continue
+		}
+		err := c.store.Put(ctx, phase)
+		var pe *PutError
+		switch {
+		case err == nil:
+			for k := range phase {
+				delete(c.dirty, k)
+			}
+		case errors.As(err, &pe):
+			for k := range phase {
+				if pe.Failed[k] == nil {
+					delete(c.dirty, k)
+				}
+			}
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// record is a plan's record with, while it runs, its forecast: from the
+// modules' last build times, spread over the holders last seen.
+//
+// The forecast is computed again at most every ForecastEvery: a record
+// written sooner carries the last one (its At says when it was made).
+func (c *Controller) record(st *State) PlanRecord {
+	r := Record(st)
+	r.Held = c.sched.held[st.Plan]
+	if r.Outcome != OutcomeRunning {
+		delete(c.forecasts, st.Plan)
+		delete(c.forecastOwed, st.Plan)
+		return r
+	}
+	now := time.Now().UTC()
+	f, ok := c.forecasts[st.Plan]
+	if !ok || now.Sub(f.At) >= ForecastEvery || now.Before(f.At) {
+		f = st.Forecast(c.lastBuild, now, c.platforms.holders)
+		c.forecasts[st.Plan] = f
+		delete(c.forecastOwed, st.Plan)
+	} else {
+		c.forecastOwed[st.Plan] = true
+	}
+	r.Forecast = &f
+	return r
+}
+
+// forecastDue is when the first record written with an older forecast is
+// to be written again with a fresh one (ForecastEvery after the one it
+// carries), if any is.
+func (c *Controller) forecastDue() (time.Time, bool) {
+	var due time.Time
+	for id := range c.forecastOwed {
+		f, ok := c.forecasts[id]
+		if !ok || c.plans[id] == nil {
+			delete(c.forecastOwed, id)
+			continue
+		}
+		if at := f.At.Add(ForecastEvery); due.IsZero() || at.Before(due) {
+			due = at
+		}
+	}
+	return due, !due.IsZero()
+}
+
+// estimateMoved reports whether a module's build duration now differs
+// enough from the one stored to be written again: by more than a tenth,
+// or than EstimateSlack, whichever is larger. The estimate only ranks asks
+// (and forecasts); the controller ranks by the exact last duration it
+// holds in memory, and the stored copy is what a restarted controller
+// starts from, where a difference this small changes no ranking that
+// matters. Writing it on every build was one store write per module.
+func estimateMoved(stored, now time.Duration) bool {
+	if stored <= 0 {
+		return true
+	}
+	diff := now - stored
+	if diff < 0 {
+		diff = -diff
+	}
+	return diff > max(stored/10, EstimateSlack)
+}
+
+// EstimateSlack is the smallest change of a module's build duration that
+// is written to the store (estimateMoved).
+const EstimateSlack = 500 * time.Millisecond
+
+// ForecastEvery is how often, at most, a running plan's forecast is
+// computed again for its record (CriticalPath walks every module); a
+// record written sooner carries the last one, which says when it was made
+// (Forecast.At).
+const ForecastEvery = time.Second
+
+// publish submits the asks to the build seat, each with its id as the
+// message id, and waits for the bus to store them all.
+func (c *Controller) publish(ctx context.Context, asks []mesh.Ask) error {
+	if len(asks) == 0 {
+		return nil
+	}
+	futures := make([]jetstream.PubAckFuture, 0, len(asks))
+	for _, a := range asks {
+		data, _ := json.Marshal(a)
+		f, err := c.js.PublishAsync(mesh.BuildSubject(a.Platform), data, jetstream.WithMsgID(a.ID))
+		if err != nil {
+			return fmt.Errorf("submitting %s: %w", a.ID, err)
+		}
+		futures = append(futures, f)
+	}
+	select {
+	case <-c.js.PublishAsyncComplete():
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(c.cfg.PublishAckWait):
+		return fmt.Errorf("submitting asks: no acknowledgement in %s", c.cfg.PublishAckWait)
+	}
+	for i, f := range futures {
+		select {
+		case ack := <-f.Ok():
+			c.askSeq[asks[i].ID] = ack.Sequence
+			c.askPlatform[asks[i].ID] = asks[i].Platform
+		case err := <-f.Err():
+			return fmt.Errorf("submitting %s: %w", asks[i].ID, err)
+		}
+	}
+	return nil
+}
+
+// settle reports the batch's plans that settled, hands each to the
+// Settler (deployment), and forgets those that are finished (built or
+// cancelled; a failed plan stays for a retry). It reports whether any plan
+// settled.
+func (c *Controller) settle(ctx context.Context, held map[string]bool) bool {
+	some := false
+	for id := range c.dirtyRun {
+		if held[id] {
+			continue
+		}
+		st := c.plans[id]
+		if st == nil || !st.Settled() {
+			continue
+		}
+		some = true
+		rec := Record(st)
+		c.obs.PlanSettled(string(rec.Outcome), rec.Updated.Sub(rec.Created))
+		c.log.Info("plan settled", "plan", id, "outcome", rec.Outcome, "counts", fmt.Sprintf("%+v", rec.Counts))
+		if c.settler != nil {
+			if err := c.settler.Settled(ctx, SettledPlan{Record: rec, Modules: slices.Clone(st.Modules)}); err != nil {
+				c.log.Warn("handing a settled plan over", "plan", id, "err", err)
+			}
+		}
+		if rec.Outcome == OutcomeBuilt || rec.Outcome == OutcomeCancelled {
+			delete(c.plans, id)
+		}
+	}
+	return some
+}
+
+// prune removes the oldest settled plans beyond Config.KeepPlans, and the
+// input keys that went with them (Store.PruneKeys), at most once every
+// Config.PruneEvery.
+func (c *Controller) prune(ctx context.Context) {
+	if time.Since(c.lastPrune) < c.cfg.PruneEvery {
+		return
+	}
+	c.lastPrune = time.Now()
+	if n, err := c.store.Prune(ctx, c.cfg.KeepPlans); err != nil {
+		c.log.Warn("pruning old plans", "err", err)
+	} else if n > 0 {
+		c.log.Info("pruned old plans", "removed", n, "kept", c.cfg.KeepPlans)
+	}
+	keys, err := c.store.PruneKeys(ctx)
+	for k, r := range keys {
+		if c.keys[k].Plan == r.Plan { // not built again since
+			delete(c.keys, k)
+		}
+	}
+	if err != nil {
+		c.log.Warn("pruning input keys", "err", err)
+	} else if len(keys) > 0 {
+		c.log.Info("pruned input keys", "removed", len(keys))
+	}
+}

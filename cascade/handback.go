@@ -1,0 +1,65 @@
+package cascade
+
+import (
+	"time"
+
+	"github.com/meshbuild/meshbuild/mesh"
+)
+
+// HandedBack is why a module's ask went back to the queue, from the
+// handed-back event of the machine that gave it back (mesh.HandedBack).
+type HandedBack struct {
+	// Attempt is the ask's delivery that was given back (1 the first).
+	Attempt int `json:"attempt"`
+	// Why is the cause, in the machine's words.
+	Why string `json:"why"`
+	// On is the machine that gave it back.
+	On string `json:"on"`
+	// InfraSince is when the ask began failing on infrastructure, on any
+	// machine: its --retry-for budget runs from then.
+	InfraSince time.Time `json:"infra_since,omitzero"`
+	// Next is when the ask is due again (a retry after a delay); zero
+	// for at once.
+	Next time.Time `json:"next,omitzero"`
+	// Sick says the machine cannot build (its probe fails): the ask waits
+	// for a healthy machine.
+	Sick bool      `json:"sick,omitempty"`
+	At   time.Time `json:"at"`
+}
+
+// HandedBack records that a holder gave the module's current ask back to
+// the queue (ev): a note on the module, queued or building, that it is to
+// be retried or waits for a healthy machine. The machine that gave it back
+// is no longer the module's (On): the module is not shown building there.
+// It reports whether the state changed; an event for another ask, or for a
+// module not in flight, changes nothing.
+func (s *State) HandedBack(ev mesh.HandedBack) bool {
+	i, k, multi := s.platformAsk(ev.Plan, ev.Module, ev.Ask)
+	if !multi {
+		var ok bool
+		if i, ok = s.current(ev.Plan, ev.Module, ev.Ask); !ok {
+			return false
+		}
+	}
+	m := &s.Modules[i]
+	if m.State != Queued && m.State != Building {
+		return false
+	}
+	note := &HandedBack{Attempt: ev.Attempt, Why: cut(ev.Why, maxMessage), On: ev.On, InfraSince: ev.InfraSince,
+		Next: ev.Next, Sick: ev.Sick, At: ev.At}
+	if m.HandedBack != nil && *m.HandedBack == *note {
+		return false
+	}
+	m.HandedBack = note
+	switch {
+	case multi:
+		if p := &m.Platforms[k]; p.State == Building && p.On == ev.On {
+			p.State, p.On = Queued, ""
+		}
+		m.On = machinesOf(m.Platforms)
+	case m.On == ev.On:
+		m.On = ""
+	}
+	s.touch(ev.At)
+	return true
+}

@@ -1,0 +1,67 @@
+package cli_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/meshbuild/meshbuild/cascade"
+	"github.com/meshbuild/meshbuild/cmd/internal/daemon"
+	"github.com/meshbuild/meshbuild/internal/testenv"
+)
+
+// startController runs build-controller (daemon.RunController) with opts
+// until ctx ends, its end said on errs, and returns once it is ready; a
+// controller that stops or is not ready within a minute fails the test.
+func startController(t *testing.T, ctx context.Context, opts daemon.ControllerOptions, errs chan<- error) {
+	t.Helper()
+	ready := make(chan struct{})
+	opts.Ready = ready
+	ended := make(chan error, 1)
+	go func() {
+		err := daemon.RunController(ctx, opts)
+		ended <- err
+		errs <- err
+	}()
+	select {
+	case <-ready:
+	case err := <-ended:
+		t.Fatalf("controller: %v", err)
+	case <-time.After(time.Minute):
+		t.Fatal("controller not ready in a minute")
+	}
+}
+
+// fleetController is build-controller of the example fleet on s, with a
+// registry that never answers: its workers push nothing, any image is
+// taken to exist.
+func fleetController(t *testing.T, s *server.Server) daemon.ControllerOptions {
+	return daemon.ControllerOptions{NATS: s.ClientURL(), Catalogue: fleet(t),
+		Controller: cascade.Config{Registry: "127.0.0.1:1", Images: testenv.AnyImage{}}}
+}
+
+// meshCatalogue is a new catalogue directory holding the mesh's own modules
+// from examples/fleet (build-agent, build-controller, git); a test adds the
+// modules it builds.
+func meshCatalogue(t *testing.T) string {
+	t.Helper()
+	root, err := testenv.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	for _, m := range []string{"build-agent", "build-controller", "git"} {
+		data, err := os.ReadFile(filepath.Join(root, "examples/fleet/catalogue", m+".yaml"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, m+".yaml"), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}

@@ -1,0 +1,579 @@
+package cli
+
+import (
+	"cmp"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"os"
+	"os/exec"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/spf13/cobra"
+
+	"github.com/meshbuild/meshbuild/agent"
+	"github.com/meshbuild/meshbuild/cascade"
+	"github.com/meshbuild/meshbuild/cmd/internal/planview"
+	"github.com/meshbuild/meshbuild/mesh"
+	"github.com/meshbuild/meshbuild/planner"
+)
+
+func init() {
+	extraCommands = append(extraCommands, watchCmd, logsCmd, machinesCmd, pushCmd, rebuildCmd, retryCmd, cancelCmd, explainCmd)
+}
+
+func watchCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "watch PLAN",
+		Short: "Follow a plan until it settles; exit 0 when every module is built, 1 otherwise",
+		Args:  exactArgs(1),
+		RunE: g.withBus(func(ctx context.Context, b *bus, args []string) error {
+			return watchAndShow(ctx, g, b, args[0])
+		}),
+	}
+}
+
+// Watch follows a plan until it settles, drawing a progress bar on a
+// terminal and a line per change of its record otherwise; it returns the
+// settled plan, its modules with it.
+func Watch(ctx context.Context, st *cascade.Store, plan string, w io.Writer, tty bool) (planview.Plan, error) {
+	last := ""
+	notes := map[string]cascade.HandedBack{} // the last hand-back said of each module
+	p, err := planview.Watch(ctx, st, plan, planview.Options{
+		Changed: func(p planview.Plan, m *cascade.ModuleStatus, _ cascade.ModuleState) {
+			if m != nil {
+				// The record's counts say the rest; a module whose ask
+				// went back to the queue says why, once per hand-back.
+				if h := m.HandedBack; h != nil && notes[m.Module] != *h {
+					notes[m.Module] = *h
+					if tty && last != "" {
+						fmt.Fprint(w, "\r\x1b[K")
+					}
+					fmt.Fprintf(w, "%s: %s\n", m.Module, planview.HandedBackNote(*h, time.Now()))
+					if tty && last != "" {
+						fmt.Fprint(w, last)
+					}
+				}
+				return
+			}
+			line := progress(p.Record, tty)
+			if f, ok := planview.ForecastOf(p.Record, p.Modules, time.Now()); ok {
+				if s := planview.ShortForecast(f); s != "" {
+					line += "; " + s
+				}
+			}
+			if tty {
+				fmt.Fprintf(w, "\r\x1b[K%s", line)
+			} else if line != last {
+				fmt.Fprintln(w, line)
+			}
+			last = line
+		},
+	})
+	if tty && last != "" {
+		fmt.Fprintln(w)
+	}
+	if errors.Is(err, cascade.ErrNoPlan) {
+		return p, fmt.Errorf("no plan %s; see `builds plans`", plan)
+	}
+	return p, err
+}
+
+// progress renders a plan's counts, as a bar on a terminal.
+func progress(r cascade.PlanRecord, bar bool) string {
+	c := r.Counts
+	done := c.Finished()
+	unchanged := ""
+	if c.Unchanged > 0 {
+		unchanged = fmt.Sprintf(", %d unchanged", c.Unchanged)
+	}
+	if c.Superseded > 0 {
+		unchanged += fmt.Sprintf(", %d superseded", c.Superseded)
+	}
+	text := fmt.Sprintf("%s %d/%d built%s, %d building, %d queued, %d waiting, %d failed, %d blocked",
+		r.ID, c.Built, c.Total, unchanged, c.Building, c.Queued, planview.Waiting(c), c.Failed, c.Blocked)
+	if !bar || c.Total == 0 {
+		return text
+	}
+	const width = 30
+	n := done * width / c.Total
+	return "[" + strings.Repeat("█", n) + strings.Repeat("·", width-n) + "] " + text
+}
+
+func logsCmd(g *globals) *cobra.Command {
+	var follow bool
+	c := &cobra.Command{
+		Use:   "logs PLAN MODULE",
+		Short: "A module's build output in a plan (log.<ask>), following while it builds",
+		Args:  exactArgs(2),
+		RunE: g.withBus(func(ctx context.Context, b *bus, args []string) error {
+			_, mods, err := b.plan(ctx, args[0])
+			if err != nil {
+				return err
+			}
+			m, ok := mods[args[1]]
+			if !ok {
+				return fmt.Errorf("module %s is not in plan %s; see `builds show %s`", args[1], args[0], args[0])
+			}
+			if m.Ask == "" {
+				return fmt.Errorf("%s has not been asked for yet in plan %s (it is %s)", args[1], args[0], m.State)
+			}
+			return printLogs(ctx, b.js, m, follow, g)
+		}),
+	}
+	c.Flags().BoolVarP(&follow, "follow", "f", true, "keep following until the build's output ends")
+	return c
+}
+
+func printLogs(ctx context.Context, js jetstream.JetStream, m cascade.ModuleStatus, follow bool, g *globals) error {
+	subj := mesh.HolderEventSubject(mesh.BuildSeat, mesh.AnyHolder, mesh.LogEvent(m.Ask))
+	cons, err := js.OrderedConsumer(ctx, mesh.LogsStream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subj}})
+	if err != nil {
+		return fmt.Errorf("reading %s: %w", subj, err)
+	}
+	finished := m.State != cascade.Building && m.State != cascade.Queued
+	for {
+		wait := 2 * time.Second
+		if !follow || finished {
+			wait = 500 * time.Millisecond
+		}
+		msg, err := cons.Next(jetstream.FetchMaxWait(wait))
+		if errors.Is(err, jetstream.ErrNoMessages) || errors.Is(err, context.DeadlineExceeded) {
+			if !follow || finished {
+				return nil
+			}
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		var batch mesh.LogBatch
+		if err := json.Unmarshal(msg.Data(), &batch); err != nil {
+			continue
+		}
+		if g.json {
+			if err := writeJSON(g.out, batch); err != nil {
+				return err
+			}
+		} else {
+			for _, l := range batch.Lines {
+				fmt.Fprintln(g.out, l)
+			}
+		}
+		if batch.Final {
+			return nil
+		}
+	}
+}
+
+// Machine is one row of `builds machines`.
+type Machine struct {
+	Machine string `json:"machine"`
+	Online  bool   `json:"online"`
+	// Health is agent.HealthHealthy or agent.HealthUnhealthy (the machine
+	// takes no asks: Why says what its probe found); empty when offline.
+	Health   string    `json:"health,omitempty"`
+	Why      string    `json:"why,omitempty"`
+	Slots    int       `json:"slots"`
+	InFlight int64     `json:"in_flight"`
+	Built    int64     `json:"built"`
+	Failed   int64     `json:"failed"`
+	LastSeen time.Time `json:"last_seen"`
+	// Platforms are those whose queues the machine holds: the asks it
+	// takes; known while it is online.
+	Platforms []string `json:"platforms,omitempty"`
+	// Builds are every platform it would take asks for (its BuildKit
+	// worker's, or those --platforms or its catalogue narrowed them to);
+	// a platform here and not in Platforms has no queue yet, or none the
+	// machine may bind.
+	Builds []string `json:"builds,omitempty"`
+}
+
+func machinesCmd(g *globals) *cobra.Command {
+	var wait time.Duration
+	c := &cobra.Command{
+		Use:   "machines",
+		Short: "Each machine seen: slots, in flight, built, failed, last seen",
+		Args:  cobra.NoArgs,
+		RunE: g.withBus(func(ctx context.Context, b *bus, _ []string) error {
+			live, err := agent.AskStatus(ctx, b.nc, wait)
+			if err != nil {
+				return err
+			}
+			rows := map[string]*Machine{}
+			for _, s := range live {
+				rows[s.Machine] = &Machine{Machine: s.Machine, Online: true, Health: s.Health, Why: s.Why, Slots: s.Slots, InFlight: s.InFlight,
+					LastSeen: s.At, Platforms: s.Platforms, Builds: s.Builds}
+			}
+			// What each machine built and failed is counted from the plans
+			// the controller keeps, not from the agent's own counters
+			// (which start again at zero when it restarts); a machine not
+			// answering now is known from them too.
+			err = b.store.EachModule(ctx, func(_, _ string, m cascade.ModuleStatus) {
+				// A module built for several platforms names each
+				// platform's machine.
+				for on := range strings.SplitSeq(m.On, ",") {
+					if on == "" {
+						continue
+					}
+					row := rows[on]
+					if row == nil {
+						row = &Machine{Machine: on}
+						rows[on] = row
+					}
+					switch m.State {
+					case cascade.Built:
+						row.Built++
+					case cascade.Failed:
+						row.Failed++
+					}
+					if row.Online {
+						continue // it says when it was seen
+					}
+					seen := m.Finished
+					if seen.IsZero() {
+						seen = m.Started
+					}
+					if seen.After(row.LastSeen) {
+						row.LastSeen = seen
+					}
+				}
+			})
+			if err != nil {
+				return fmt.Errorf("reading the plans' modules: %w", err)
+			}
+			out := make([]Machine, 0, len(rows))
+			for _, name := range slices.Sorted(maps.Keys(rows)) {
+				out = append(out, *rows[name])
+			}
+			if g.json {
+				return writeJSON(g.out, out)
+			}
+			if len(out) == 0 {
+				fmt.Fprintln(g.errw, "no machine answered and none is in a recent plan; start build-agent on a machine with buildkitd")
+				return nil
+			}
+			tw := tabwriter.NewWriter(g.out, 2, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "MACHINE\tONLINE\tPLATFORMS\tSLOTS\tIN FLIGHT\tBUILT\tFAILED\tLAST SEEN")
+			for _, m := range out {
+				online := "no"
+				switch {
+				case m.Online && m.Health == agent.HealthUnhealthy:
+					online = "unhealthy: " + m.Why
+				case m.Online:
+					online = "yes"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s ago\n", m.Machine, online, cmp.Or(strings.Join(m.Platforms, ","), "-"), m.Slots, m.InFlight, m.Built, m.Failed, age(m.LastSeen))
+			}
+			return tw.Flush()
+		}),
+	}
+	c.Flags().DurationVar(&wait, "wait", time.Second, "how long to wait for machines to answer")
+	return c
+}
+
+func pushCmd(g *globals) *cobra.Command {
+	var repo, commit, ref string
+	var paths []string
+	var watch bool
+	var sf scheduleFlags
+	c := &cobra.Command{
+		Use:   "push --repo URL [--commit C] [--path P]... [--priority N]",
+		Short: "Announce a push (as mesh-git does): the controller plans what it changes",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			if repo == "" {
+				return errors.New("--repo is required: the repository URL as the manifests spell it")
+			}
+			sched, err := sf.schedule()
+			if err != nil {
+				return err
+			}
+			if commit == "" {
+				c, err := headOf(ctx, repo)
+				if err != nil {
+					return fmt.Errorf("no --commit and %w", err)
+				}
+				commit = c
+			}
+			b, err := g.connect(ctx)
+			if err != nil {
+				return err
+			}
+			defer b.close()
+			// A push of a commit already planned makes no new plan: said
+			// so, with the plan's state, rather than shown as new.
+			id := planner.PlanID(planner.Trigger{Kind: planner.KindPush, Repo: repo, Commit: commit, Ref: ref, Paths: paths})
+			before, berr := b.store.Plan(ctx, id)
+			id, duplicate, err := cascade.Push(ctx, b.js, mesh.Pushed{Repo: repo, Ref: ref, Commit: commit, Paths: paths, Schedule: sched})
+			if err != nil {
+				return err
+			}
+			existed := berr == nil
+			if !existed && duplicate {
+				// Announced moments ago: the controller may not have
+				// made the plan yet.
+				before, existed = cascade.PlanRecord{ID: id, Outcome: cascade.OutcomeRunning}, true
+			}
+			// A push nobody plans yet is queued (EVENTS keeps it): said
+			// so, rather than a plan id that watch would not find.
+			queued := !existed && !b.controllerAnswers(ctx)
+			if g.json && !watch {
+				return writeJSON(g.out, map[string]any{"plan": id, "existed": existed, "queued": queued})
+			}
+			if existed && !g.json {
+				fmt.Fprintln(g.progressOut(), existing(before, "--commit "+planner.ShortCommit(commit)))
+			}
+			if queued {
+				fmt.Fprintln(g.out, notPlannedYet(id, "the push is queued and is planned when build-controller runs"))
+				if watch {
+					return ErrFailed
+				}
+				return nil
+			}
+			if !watch {
+				if !existed {
+					fmt.Fprintf(g.out, "plan %s (follow it: builds watch %s)\n", id, id)
+				}
+				return nil
+			}
+			return watchAndShow(ctx, g, b, id)
+		},
+	}
+	c.Flags().StringVar(&repo, "repo", "", "repository URL, as the manifests' build.repo spells it")
+	c.Flags().StringVar(&commit, "commit", "", "the pushed commit (default: the repository's HEAD, via git ls-remote)")
+	c.Flags().StringVar(&ref, "ref", "refs/heads/main", "the pushed ref")
+	c.Flags().StringSliceVar(&paths, "path", nil, "a changed path (repeatable); none means anything may have changed")
+	c.Flags().BoolVar(&watch, "watch", false, "watch the plan until it settles")
+	sf.add(c, true)
+	return c
+}
+
+// notPlannedYet says that plan id is not made because no controller
+// answers, what became of the request (why), and what to do.
+func notPlannedYet(id, why string) string {
+	return fmt.Sprintf("plan %s is not made yet: no controller answered, so %s; start build-controller, then follow it: builds watch %s", id, why, id)
+}
+
+// controllerAnswers reports whether a controller answers its tools now
+// (any reply, even a refusal, is an answer).
+func (b *bus) controllerAnswers(ctx context.Context) bool {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	_, err := cascade.Call(ctx, b.nc, controllerModule, cascade.ToolRetry, cascade.Request{Plan: "-"})
+	var te *cascade.ToolError
+	return err == nil || errors.As(err, &te)
+}
+
+func watchAndShow(ctx context.Context, g *globals, b *bus, id string) error {
+	if _, err := b.store.Plan(ctx, id); errors.Is(err, cascade.ErrNoPlan) && !b.controllerAnswers(ctx) {
+		// A push announced while no controller runs is planned when one
+		// starts: not "no plan".
+		return errors.New(notPlannedYet(id, "a push or rebuild announced meanwhile waits, queued, until one runs"))
+	}
+	p, err := Watch(ctx, b.store, id, g.progressOut(), isTTY(g.progressOut()))
+	if err != nil {
+		return err
+	}
+	rec := p.Record
+	err = showPlan(g, rec, p.Modules)
+	if err == nil && rec.Outcome != cascade.OutcomeBuilt {
+		return ErrFailed
+	}
+	if err == nil && rec.Counts.Total > 0 && rec.Counts.Unchanged == rec.Counts.Total {
+		fmt.Fprintf(g.errw, "nothing was built: every module's inputs were built before (each reuses that digest); to build them again: builds rebuild --force MODULE...\n")
+	}
+	return err
+}
+
+// existing says that a request made no new plan because its plan exists,
+// what became of that plan, and what to run next. what names the request
+// ("--commit 1a2b3c4", "--id X").
+func existing(r cascade.PlanRecord, what string) string {
+	switch r.Outcome {
+	case cascade.OutcomeRunning:
+		return fmt.Sprintf("plan %s for %s already exists and is running: no new plan; follow it: builds watch %s", r.ID, what, r.ID)
+	case cascade.OutcomeCancelled:
+		return fmt.Sprintf("plan %s for %s already exists and was cancelled: no new plan is made for it; build again with a new request: builds rebuild MODULE...", r.ID, what)
+	default:
+		return fmt.Sprintf("plan %s for %s already exists (%s): no new plan; see it: builds show %s", r.ID, what, r.Outcome, r.ID)
+	}
+}
+
+func headOf(ctx context.Context, repo string) (string, error) {
+	out, err := exec.CommandContext(ctx, "git", "ls-remote", repo, "HEAD").Output()
+	if err != nil {
+		return "", fmt.Errorf("git ls-remote %s HEAD failed: pass --commit", repo)
+	}
+	f := strings.Fields(string(out))
+	if len(f) == 0 {
+		return "", fmt.Errorf("%s has no HEAD: pass --commit", repo)
+	}
+	return f[0], nil
+}
+
+func rebuildCmd(g *globals) *cobra.Command {
+	var id string
+	var watch, force bool
+	var sf scheduleFlags
+	c := &cobra.Command{
+		Use:   "rebuild MODULE...",
+		Short: "Rebuild modules and everything built on them",
+		Args:  minimumArgs(1),
+		RunE: g.withBus(func(ctx context.Context, b *bus, args []string) error {
+			if id == "" {
+				id = newID()
+			}
+			sched, err := sf.schedule()
+			if err != nil {
+				return err
+			}
+			r, err := cascade.Call(ctx, b.nc, controllerModule, cascade.ToolRebuild, cascade.Request{ID: id, Modules: args, Force: force, Schedule: sched})
+			switch {
+			case errors.Is(err, cascade.ErrUnknownModule):
+				// The controller's message names the module and the
+				// command that lists the catalogue's.
+				return refused(r, err, "")
+			case err != nil:
+				return err
+			}
+			if !r.Created && !g.json {
+				fmt.Fprintln(g.progressOut(), existing(r.Record, "--id "+id))
+			}
+			if watch {
+				return watchAndShow(ctx, g, b, r.Plan)
+			}
+			if g.json {
+				return writeJSON(g.out, r.Record)
+			}
+			if r.Created {
+				fmt.Fprintf(g.out, "plan %s: %d modules (follow it: builds watch %s)\n", r.Plan, r.Record.Counts.Total, r.Plan)
+			}
+			return nil
+		}),
+	}
+	c.Flags().StringVar(&id, "id", "", "request id: the same id twice is one plan (default: a new one)")
+	c.Flags().BoolVar(&watch, "watch", false, "watch the plan until it settles")
+	c.Flags().BoolVar(&force, "force", false, "build every module, even those whose inputs were built before (otherwise settled unchanged)")
+	sf.add(c, false)
+	return c
+}
+
+func retryCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "retry PLAN MODULE",
+		Short: "Re-submit a failed module; on success what it blocked is released",
+		Args:  exactArgs(2),
+		RunE: g.withBus(func(ctx context.Context, b *bus, args []string) error {
+			return tool(ctx, g, b, cascade.ToolRetry, cascade.Request{Plan: args[0], Module: args[1]})
+		}),
+	}
+}
+
+func cancelCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "cancel PLAN",
+		Short: "Stop a plan: queued asks are dropped, builds in flight are cancelled",
+		Args:  exactArgs(1),
+		RunE: g.withBus(func(ctx context.Context, b *bus, args []string) error {
+			return tool(ctx, g, b, cascade.ToolCancel, cascade.Request{Plan: args[0]})
+		}),
+	}
+}
+
+func tool(ctx context.Context, g *globals, b *bus, name string, req cascade.Request) error {
+	r, err := cascade.Call(ctx, b.nc, controllerModule, name, req)
+	switch {
+	case errors.Is(err, cascade.ErrNoPlan):
+		return fmt.Errorf("no plan %s; see `builds plans`", req.Plan)
+	case errors.Is(err, cascade.ErrNotFailed):
+		// Said from the plan as stored when it can be read.
+		if _, mods, perr := b.plan(ctx, req.Plan); perr == nil {
+			if m, ok := mods[req.Module]; ok {
+				return &refusal{err: err, msg: fmt.Sprintf("%s has not failed in plan %s: it is %s, and only a failed module is retried; see `builds show %s`",
+					req.Module, req.Plan, m.State, req.Plan)}
+			}
+		}
+		return refused(r, err, "see `builds show "+req.Plan+"`")
+	case errors.Is(err, cascade.ErrUnknownModule):
+		return &refusal{err: err, msg: fmt.Sprintf("%s is not a module of plan %s; see `builds show %s` for its modules", req.Module, req.Plan, req.Plan)}
+	case errors.Is(err, cascade.ErrPlanCancelled):
+		return &refusal{err: err, msg: fmt.Sprintf("plan %s was cancelled, and a cancelled plan does not go on: %s is not retried in it; build it again in a new plan: builds rebuild %s", req.Plan, req.Module, req.Module)}
+	case err != nil:
+		return err
+	}
+	if g.json {
+		return writeJSON(g.out, r)
+	}
+	fmt.Fprintf(g.out, "plan %s: %s (asks %s)\n", r.Plan, r.Record.Outcome, strings.Join(r.Asks, ", "))
+	return nil
+}
+
+func explainCmd(g *globals) *cobra.Command {
+	var dir, repo, commit string
+	var paths, modules []string
+	c := &cobra.Command{
+		Use:   "explain --catalogue DIR (--repo URL [--path P]... | --module M...)",
+		Short: "What a push or a rebuild would build, tier by tier, and why — offline, submitting nothing",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if dir == "" {
+				return errors.New("--catalogue DIR is required")
+			}
+			var t planner.Trigger
+			switch {
+			case repo != "" && len(modules) == 0:
+				if commit == "" {
+					commit = "HEAD"
+				}
+				t = planner.Trigger{Kind: planner.KindPush, Repo: repo, Commit: commit, Paths: paths}
+			case repo == "" && len(modules) > 0:
+				t = planner.Trigger{Kind: planner.KindRebuild, Modules: modules, ID: "explain"}
+			default:
+				return errors.New("give either --repo URL (with --path P…) or --module M…, not both")
+			}
+			cat, err := loadCatalogue(g, dir)
+			if err != nil {
+				return err
+			}
+			p, err := planner.New(cat, t)
+			if err != nil {
+				return err
+			}
+			if g.json {
+				return writeJSON(g.out, p)
+			}
+			return p.Explain(g.out)
+		},
+	}
+	c.Flags().StringVar(&dir, "catalogue", os.Getenv("MESHBUILD_CATALOGUE"), "catalogue directory (env MESHBUILD_CATALOGUE)")
+	c.Flags().StringVar(&repo, "repo", "", "a pushed repository")
+	c.Flags().StringVar(&commit, "commit", "", "the pushed commit (for display)")
+	c.Flags().StringSliceVar(&paths, "path", nil, "a changed path (repeatable)")
+	c.Flags().StringSliceVar(&modules, "module", nil, "a module to rebuild (repeatable)")
+	return c
+}
+
+func newID() string {
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	return time.Now().UTC().Format("20060102-150405") + "-" + hex.EncodeToString(b)
+}
+
+// progressOut is where progress goes: stdout, or stderr when stdout is JSON.
+func (g *globals) progressOut() io.Writer {
+	if g.json {
+		return g.errw
+	}
+	return g.out
+}

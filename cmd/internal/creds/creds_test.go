@@ -1,0 +1,202 @@
+package creds_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/nats-io/jwt/v2"
+	"github.com/nats-io/nats.go"
+
+	"github.com/meshbuild/meshbuild/cmd/internal/creds"
+	"github.com/meshbuild/meshbuild/internal/natstest"
+	"github.com/meshbuild/meshbuild/mesh"
+	"github.com/meshbuild/meshbuild/mesh/meshtest"
+)
+
+// A key directory: every file only its owner's, not made twice, read back
+// as made.
+func TestInitOpen(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "keys")
+	k, err := creds.Init(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{creds.OperatorSeed, creds.AccountSeed, creds.SystemSeed, creds.OperatorJWT, creds.AccountJWT, creds.SystemJWT, creds.ServerConf} {
+		fi, err := os.Stat(filepath.Join(dir, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fi.Mode().Perm() != 0o600 {
+			t.Errorf("%s has mode %v, want 0600", f, fi.Mode().Perm())
+		}
+	}
+	if _, err := creds.Init(dir); !errors.Is(err, creds.ErrExists) {
+		t.Errorf("Init again = %v, want ErrExists", err)
+	}
+	again, err := creds.Open(dir)
+	if err != nil || again.Account() != k.Account() {
+		t.Fatalf("Open = %v, %v; want account %s", again, err, k.Account())
+	}
+	if _, err := creds.Open(t.TempDir()); !errors.Is(err, creds.ErrNoKeys) {
+		t.Errorf("Open of an empty directory = %v, want ErrNoKeys", err)
+	}
+	ensured, err := creds.Ensure(dir)
+	if err != nil || ensured.Account() != k.Account() {
+		t.Errorf("Ensure of a made directory = %v, %v; want the same keys", ensured, err)
+	}
+	os.WriteFile(filepath.Join(dir, creds.AccountSeed), []byte("not a seed\n"), 0o600)
+	if _, err := creds.Open(dir); err == nil {
+		t.Error("Open read a broken account seed")
+	}
+}
+
+// Credentials issued from a key directory, on a server configured from its
+// server.conf: the user's JWT carries exactly the derived set, the server
+// admits it with JetStream on and enforces the set; credentials from other
+// keys are refused.
+func TestIssuedCredentialsAreEnforced(t *testing.T) {
+	k, err := creds.Init(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts, err := k.ServerOptions()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(opts.TrustedOperators) != 1 || opts.AccountResolver == nil || opts.SystemAccount == "" {
+		t.Fatalf("server.conf: operators %d, resolver %v, system account %q; want the operator, a resolver, a system account",
+			len(opts.TrustedOperators), opts.AccountResolver, opts.SystemAccount)
+	}
+	s := natstest.Server(t, opts)
+
+	cat := meshtest.Catalogue(t, map[string][]string{"a": nil})
+	issue := func(kind, name string) (string, mesh.Permissions) {
+		p, err := cat.PrincipalPermissions(kind, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		path := filepath.Join(t.TempDir(), kind+".creds")
+		if err := k.IssueFile(p, kind+" "+name, path); err != nil {
+			t.Fatal(err)
+		}
+		if fi, _ := os.Stat(path); fi.Mode().Perm() != 0o600 {
+			t.Errorf("%s has mode %v, want 0600", path, fi.Mode().Perm())
+		}
+		return path, p
+	}
+
+	// The JWT's permissions are the derived set, nothing added.
+	nodeCreds, nodePerms := issue(mesh.KindNode, "m1")
+	b, _ := os.ReadFile(nodeCreds)
+	token, err := jwt.ParseDecoratedJWT(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	uc, err := jwt.DecodeUserClaims(token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(uc.Pub.Allow, mesh.AllowList(nodePerms.Publish)) || !slices.Equal(uc.Sub.Allow, mesh.AllowList(nodePerms.Subscribe)) || uc.IssuerAccount != "" || uc.Issuer != k.Account() {
+		t.Errorf("the node's JWT: pub %v sub %v issuer %s; want %v, %v signed by %s", uc.Pub.Allow, uc.Sub.Allow, uc.Issuer, nodePerms.Publish, nodePerms.Subscribe, k.Account())
+	}
+
+	// The controller raises a stream: the account has JetStream.
+	ctrlCreds, _ := issue(mesh.KindController, "")
+	_, cjs := natstest.Connect(t, s, nats.UserCredentials(ctrlCreds), nats.CustomInboxPrefix(mesh.InboxPrefix(mesh.ControllerPrincipal)))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	spec := mesh.NodesStreamSpec(1)
+	if _, err := cjs.CreateStream(ctx, spec.Config); err != nil {
+		t.Fatalf("the controller raising %s under its credentials: %v", spec.Config.Name, err)
+	}
+	if _, err := cjs.CreateConsumer(ctx, mesh.NodesStream, mesh.NodeConsumerSpec("m1", 1).Config); err != nil {
+		t.Fatal(err)
+	}
+
+	// The node: its own consumer yes, a subscription beyond its set no.
+	refused := make(chan error, 4)
+	nnc, njs := natstest.Connect(t, s, nats.UserCredentials(nodeCreds), nats.CustomInboxPrefix(mesh.InboxPrefix(mesh.PrincipalID(mesh.KindNode, "m1"))),
+		nats.PermissionErrOnSubscribe(true), nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { refused <- err }))
+	if _, err := njs.Consumer(ctx, mesh.NodesStream, mesh.NodeConsumer("m1")); err != nil {
+		t.Errorf("node m1 binding its own consumer: %v", err)
+	}
+	// Fetching from m2's consumer is refused by the server.
+	nnc.Publish("$JS.API.CONSUMER.MSG.NEXT."+mesh.NodesStream+"."+mesh.NodeConsumer("m2"), nil)
+	select {
+	case err := <-refused:
+		if !errors.Is(err, nats.ErrPermissionViolation) {
+			t.Errorf("node m1 fetching from m2's consumer: %v, want a permissions violation", err)
+		}
+	case <-ctx.Done():
+		t.Fatal("node m1 fetching from m2's consumer was not refused")
+	}
+	other, err := nnc.SubscribeSync(mesh.NodeSubject("m2"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.NextMsg(10 * time.Second); !errors.Is(err, nats.ErrPermissionViolation) {
+		t.Errorf("node m1 subscribing to m2's declarations: %v, want a permissions violation", err)
+	}
+
+	// Credentials from keys the server does not trust are refused.
+	stranger, err := creds.Init(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "stranger.creds")
+	if err := stranger.IssueFile(nodePerms, "stranger", path); err != nil {
+		t.Fatal(err)
+	}
+	if nc, err := nats.Connect(s.ClientURL(), nats.UserCredentials(path)); !errors.Is(err, nats.ErrAuthorization) {
+		if nc != nil {
+			nc.Close()
+		}
+		t.Errorf("credentials from other keys: %v, want an authorization violation", err)
+	}
+	// And so is a client without credentials.
+	if nc, err := nats.Connect(s.ClientURL()); !errors.Is(err, nats.ErrAuthorization) {
+		if nc != nil {
+			nc.Close()
+		}
+		t.Errorf("no credentials: %v, want an authorization violation", err)
+	}
+}
+
+// An empty allow list in a derived set denies everything: to the server an
+// empty list would allow everything.
+func TestEmptySetDeniesAll(t *testing.T) {
+	k, err := creds.Init(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts, err := k.ServerOptions()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := natstest.Server(t, opts)
+	path := filepath.Join(t.TempDir(), "nobody.creds")
+	if err := k.IssueFile(mesh.Permissions{Principal: "nobody", Subscribe: []string{"_INBOX_nobody.>"}}, "", path); err != nil {
+		t.Fatal(err)
+	}
+	refused := make(chan error, 1)
+	nc, _ := natstest.Connect(t, s, nats.UserCredentials(path), nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+		select {
+		case refused <- err:
+		default:
+		}
+	}))
+	nc.Publish("anything", nil)
+	select {
+	case err := <-refused:
+		if !errors.Is(err, nats.ErrPermissionViolation) {
+			t.Errorf("publish under an empty set: %v, want a permissions violation", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a publish under an empty set was not refused")
+	}
+}

@@ -1,0 +1,276 @@
+package daemon
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/meshbuild/meshbuild/agent"
+	"github.com/meshbuild/meshbuild/cascade"
+	"github.com/meshbuild/meshbuild/claim"
+	"github.com/meshbuild/meshbuild/internal/natstest"
+	"github.com/meshbuild/meshbuild/internal/testenv"
+	"github.com/meshbuild/meshbuild/mesh"
+	"github.com/meshbuild/meshbuild/mesh/meshtest"
+)
+
+// restartable is a real server the test stops and starts again on the same
+// port and store, as an operator restarting nats-server does.
+type restartable struct {
+	t    *testing.T
+	opts server.Options
+	s    *server.Server
+}
+
+func newRestartable(t *testing.T) *restartable {
+	t.Helper()
+	r := &restartable{t: t, opts: server.Options{Port: natstest.FreePortRun(t, 1), StoreDir: t.TempDir()}}
+	r.s = natstest.Server(t, &r.opts)
+	return r
+}
+
+func (r *restartable) stop() { r.s.Shutdown(); r.s.WaitForShutdown() }
+
+func (r *restartable) start() { r.s = natstest.Server(r.t, &r.opts) }
+
+// holder reads who holds seat at scope, on a connection of the test's own.
+func holder(t *testing.T, r *restartable, seat string, scope claim.Scope) (claim.Record, bool) {
+	t.Helper()
+	_, js := natstest.Connect(t, r.s)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	rec, ok, err := claim.Current(ctx, js, seat, scope)
+	if err != nil {
+		return claim.Record{}, false
+	}
+	return rec, ok
+}
+
+// A standalone build agent rides out a bus outage longer than its seat's
+// lease: it loses its claim, says so, stands by while the bus is away, takes
+// its machine's seat back when the server returns (on the same port and
+// store) and pulls again. Before, RunAgent returned the lost claim as an
+// error, and build-agent exited 1.
+func TestAStandaloneAgentRidesOutABusOutageLongerThanItsLease(t *testing.T) {
+	bk := testenv.Buildkitd(t)
+	srv := newRestartable(t)
+	_, js := natstest.Connect(t, srv.s)
+	if _, err := mesh.Raise(context.Background(), js, meshtest.Catalogue(t, nil), 1); err != nil {
+		t.Fatal(err)
+	}
+	var log logBuffer
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cfg := agent.DefaultConfig()
+	cfg.Machine = "m1"
+	done := make(chan error, 1)
+	go func() {
+		done <- RunAgent(ctx, AgentOptions{NATS: srv.s.ClientURL(), Agent: cfg, BuildKit: bk, Workspace: t.TempDir(),
+			Lease: 2 * time.Second, Log: slog.New(slog.NewTextHandler(&log, nil))})
+	}()
+	var before claim.Record
+	testenv.WaitFor(t, 30*time.Second, "the agent to claim m1", func() bool {
+		var ok bool
+		before, ok = holder(t, srv, mesh.BuildSeat, claim.Node("m1"))
+		return ok
+	})
+
+	srv.stop()
+	testenv.WaitFor(t, 30*time.Second, "the agent to say it lost its claim and stands by", func() bool {
+		select {
+		case err := <-done:
+			t.Fatalf("the agent stopped on losing its claim: %v\n%s", err, log.String())
+		default:
+		}
+		return strings.Contains(log.String(), "standing by to take it back")
+	})
+	// Out for longer than the lease, twice over.
+	select {
+	case err := <-done:
+		t.Fatalf("the agent stopped during the outage: %v\n%s", err, log.String())
+	case <-time.After(4 * time.Second):
+	}
+	srv.start()
+	testenv.WaitFor(t, 30*time.Second, "the agent to take m1 back", func() bool {
+		rec, ok := holder(t, srv, mesh.BuildSeat, claim.Node("m1"))
+		return ok && rec.Token != before.Token && rec.Holder == before.Holder
+	})
+	_, js = natstest.Connect(t, srv.s)
+	testenv.WaitFor(t, 30*time.Second, "the agent to pull again", func() bool {
+		c, err := js.Consumer(context.Background(), mesh.SeatStream(mesh.BuildSeat), mesh.BuildConsumer(mesh.DefaultPlatform))
+		if err != nil {
+			return false
+		}
+		info, err := c.Info(context.Background())
+		return err == nil && info.NumWaiting > 0
+	})
+	select {
+	case err := <-done:
+		t.Fatalf("the agent stopped: %v", err)
+	default:
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("RunAgent: %v", err)
+	}
+}
+
+// deadPid is the pid of a process that ran on this host and has exited.
+func deadPid(t *testing.T) int {
+	t.Helper()
+	c := exec.Command("true")
+	if err := c.Run(); err != nil {
+		t.Fatal(err)
+	}
+	return c.Process.Pid
+}
+
+// leaveClaim writes, as a killed predecessor left it, a claim of machine's
+// seat held by holder, with a lease the test would notice waiting out.
+func leaveClaim(t *testing.T, js jetstream.JetStream, machine, holder string, lease time.Duration) claim.Record {
+	t.Helper()
+	ctx := context.Background()
+	kv, err := js.KeyValue(ctx, mesh.ClaimsBucket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now().UTC()
+	rec := claim.Record{Seat: mesh.BuildSeat, Scope: mesh.ScopeNode, Node: machine, Holder: holder, Since: now, Renewed: now,
+		Lease: lease.String(), Token: "predecessor"}
+	data, _ := json.Marshal(rec)
+	if _, err := kv.Create(ctx, mesh.ClaimKey(mesh.BuildSeat, machine), data, jetstream.KeyTTL(lease)); err != nil {
+		t.Fatal(err)
+	}
+	return rec
+}
+
+// An agent restarted after a kill finds its machine's seat claimed by its
+// predecessor: same name, same host, a pid that is no longer running. It
+// takes the claim at once, saying whose it was, instead of exiting 1
+// naming a dead pid. A claim of a process that does run is still refused.
+func TestARestartedAgentTakesTheClaimItsKilledPredecessorLeft(t *testing.T) {
+	bk := testenv.Buildkitd(t)
+	s := natstest.Server(t, nil)
+	_, js := natstest.Connect(t, s)
+	if _, err := mesh.Raise(context.Background(), js, meshtest.Catalogue(t, nil), 1); err != nil {
+		t.Fatal(err)
+	}
+	host, _ := os.Hostname()
+	dead := deadPid(t)
+	stale := leaveClaim(t, js, "m1", "build-agent on "+host+" pid "+strconv.Itoa(dead), time.Minute)
+
+	// A live process holds m2: still refused.
+	live := exec.Command("sleep", "60")
+	if err := live.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = live.Process.Kill(); _ = live.Wait() })
+	leaveClaim(t, js, "m2", "build-agent on "+host+" pid "+strconv.Itoa(live.Process.Pid), time.Minute)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	run := func(machine string, log *logBuffer) <-chan error {
+		cfg := agent.DefaultConfig()
+		cfg.Machine = machine
+		errc := make(chan error, 1)
+		go func() {
+			errc <- RunAgent(ctx, AgentOptions{NATS: s.ClientURL(), Agent: cfg, BuildKit: bk, Workspace: t.TempDir(),
+				Log: slog.New(slog.NewTextHandler(log, nil))})
+		}()
+		return errc
+	}
+	var log1, log2 logBuffer
+	start := time.Now()
+	m1 := run("m1", &log1)
+	testenv.WaitFor(t, 30*time.Second, "the agent to take m1", func() bool {
+		rec, ok, _ := claim.Current(ctx, js, mesh.BuildSeat, claim.Node("m1"))
+		return ok && rec.Token != stale.Token
+	})
+	if took := time.Since(start); took > 20*time.Second {
+		t.Fatalf("took m1 after %s: want at once, not the predecessor's lease", took)
+	}
+	if l := log1.String(); !strings.Contains(l, "left behind") || !strings.Contains(l, "pid "+strconv.Itoa(dead)) {
+		t.Errorf("the log does not say whose claim it took:\n%s", l)
+	}
+	select {
+	case err := <-run("m2", &log2):
+		if !errors.Is(err, claim.ErrClaimed) || !strings.Contains(err.Error(), "pid "+strconv.Itoa(live.Process.Pid)) {
+			t.Fatalf("agent on m2: %v, want refused naming the live holder", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the agent on m2 was not refused")
+	}
+	select {
+	case err := <-m1:
+		t.Fatalf("the agent on m1 stopped: %v", err)
+	default:
+	}
+	cancel()
+	if err := <-m1; err != nil {
+		t.Fatalf("RunAgent m1: %v", err)
+	}
+}
+
+// The controller loses its claim of mesh-controller to a bus outage longer
+// than its lease, and stands by; when the server returns it takes the
+// seat back at once, its own stale claim recognised (the lease it lost),
+// not after waiting the claim out.
+func TestTheControllerTakesItsSeatBackAtOnceAfterAnOutage(t *testing.T) {
+	srv := newRestartable(t)
+	dir := chainCatalogue(t)
+	var log logBuffer
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ready := make(chan struct{})
+	done := make(chan error, 1)
+	const lease = 6 * time.Second
+	go func() {
+		done <- RunController(ctx, ControllerOptions{NATS: srv.s.ClientURL(), Catalogue: dir, Poll: time.Hour, Lease: lease,
+			Controller: cascade.Config{Registry: "127.0.0.1:1", Images: testenv.AnyImage{}}, Ready: ready, Log: slog.New(slog.NewTextHandler(&log, nil))})
+	}()
+	select {
+	case <-ready:
+	case err := <-done:
+		t.Fatalf("controller: %v", err)
+	case <-time.After(60 * time.Second):
+		t.Fatal("the controller did not start")
+	}
+	before, ok := holder(t, srv, mesh.ControllerSeat, claim.Mesh())
+	if !ok {
+		t.Fatal("mesh-controller unclaimed")
+	}
+	srv.stop()
+	testenv.WaitFor(t, 30*time.Second, "the controller to say it lost its claim", func() bool {
+		return strings.Contains(log.String(), "lost the seat")
+	})
+	srv.start()
+	back := time.Now()
+	testenv.WaitFor(t, 60*time.Second, "the controller to take its seat back", func() bool {
+		rec, ok := holder(t, srv, mesh.ControllerSeat, claim.Mesh())
+		return ok && rec.Token != before.Token
+	})
+	took := time.Since(back)
+	t.Logf("took the seat back %s after the server returned", took.Round(time.Millisecond))
+	if took > lease/2 {
+		t.Fatalf("took the seat back %s after the server returned: want at once, not its own stale claim's lease (%s)\n%s", took, lease, log.String())
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("the controller stopped: %v", err)
+	default:
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("RunController: %v", err)
+	}
+}

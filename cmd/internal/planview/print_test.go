@@ -1,0 +1,159 @@
+package planview
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/meshbuild/meshbuild/cascade"
+	"github.com/meshbuild/meshbuild/internal/testenv"
+)
+
+func TestPrintPlan(t *testing.T) {
+	created := time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
+	rec := cascade.PlanRecord{
+		ID: "p-0123456789ab", Summary: "push https://git.example/fleet.git@1a2b3c4 (refs/heads/main), changed base/motd",
+		Outcome: cascade.OutcomeFailed, Counts: cascade.Counts{Built: 2, Failed: 2, Blocked: 1, Total: 5},
+		Created: created, Finished: created.Add(75 * time.Second),
+	}
+	mods := map[string]cascade.ModuleStatus{
+		"base":    {Module: "base", Tier: 0, State: cascade.Built, On: "m-a1", Duration: 2100 * time.Millisecond, Digest: "sha256:0123456789abcdef"},
+		"runtime": {Module: "runtime", Tier: 1, State: cascade.Built, On: "m-a2", Duration: 3 * time.Second, Digest: "sha256:fedcba9876543210"},
+		"tool-01": {Module: "tool-01", Tier: 2, State: cascade.Failed, On: "m-a1", Duration: time.Second,
+			Reason: "build", Message: "RUN exit code: 3\nmore", Log: []string{"it broke"}},
+		"tool-02": {Module: "tool-02", Tier: 3, State: cascade.Blocked, BlockedBy: "tool-01"},
+		// A machine whose only build failed is in the machines summary.
+		"tool-03": {Module: "tool-03", Tier: 2, State: cascade.Failed, On: "m-a3", Duration: 2 * time.Second,
+			Reason: "build", Message: "RUN exit code: 1"},
+	}
+	var b bytes.Buffer
+	PrintPlan(&b, rec, mods)
+	want := `plan p-0123456789ab  failed  push https://git.example/fleet.git@1a2b3c4 (refs/heads/main), changed base/motd
+  5 modules: 2 built, 2 failed, 1 blocked in 1m15s
+tier 0
+  base     built    m-a1  2.1s  0123456789ab
+tier 1
+  runtime  built    m-a2    3s  fedcba987654
+tier 2
+  tool-01  failed   m-a1    1s  build: RUN exit code: 3
+  tool-03  failed   m-a3    2s  build: RUN exit code: 1
+tier 3
+  tool-02  blocked  -        -  blocked by tool-01
+tool-01 failed (build); its last log lines:
+  | it broke
+machines
+  m-a1  1 built  1 failed  3.1s
+  m-a2  1 built            3s
+  m-a3  0 built  1 failed  2s
+`
+	if b.String() != want {
+		t.Errorf("PrintPlan:\n%s\nwant:\n%s", b.String(), want)
+	}
+}
+
+// A module the controller holds for an idle holder (ready) is shown and
+// counted as waiting, in every summary alike.
+func TestReadyIsWaiting(t *testing.T) {
+	rec := cascade.PlanRecord{ID: "p", Outcome: cascade.OutcomeRunning,
+		Counts: cascade.Counts{Built: 1, Building: 1, Queued: 1, Ready: 2, Waiting: 1, Total: 6}}
+	if got, want := countsLine(rec), "6 modules: 1 built, 1 building, 1 queued, 3 waiting"; got != want {
+		t.Errorf("countsLine = %q, want %q", got, want)
+	}
+	if got := Waiting(rec.Counts); got != 3 {
+		t.Errorf("Waiting = %d, want 3 (waiting and ready)", got)
+	}
+	line := ModuleLine(cascade.ModuleStatus{Module: "tool-01", State: cascade.Ready})
+	if !strings.HasPrefix(line, "  waiting ") {
+		t.Errorf("ModuleLine of a ready module = %q, want it waiting", line)
+	}
+	var b bytes.Buffer
+	PrintPlan(&b, rec, map[string]cascade.ModuleStatus{"tool-01": {Module: "tool-01", State: cascade.Ready}})
+	if !strings.Contains(b.String(), "tool-01  waiting") || strings.Contains(b.String(), "ready") {
+		t.Errorf("PrintPlan shows a ready module as:\n%s", b.String())
+	}
+}
+
+// Without failures the machines summary has no failed column.
+func TestMachinesWithoutFailures(t *testing.T) {
+	var b bytes.Buffer
+	PrintPlan(&b, cascade.PlanRecord{ID: "p", Outcome: cascade.OutcomeBuilt, Counts: cascade.Counts{Built: 1, Total: 1}},
+		map[string]cascade.ModuleStatus{"a": {Module: "a", State: cascade.Built, On: "m-a1", Duration: time.Second}})
+	if !strings.HasSuffix(b.String(), "machines\n  m-a1  1 built  1s\n") {
+		t.Errorf("PrintPlan:\n%s", b.String())
+	}
+}
+
+// A running plan is shown with the module holding it up, its estimated
+// finish and its remaining critical path.
+func TestPrintPlanShowsARunningPlansCriticalPath(t *testing.T) {
+	now := time.Now()
+	rec := cascade.PlanRecord{ID: "p", Outcome: cascade.OutcomeRunning, Counts: cascade.Counts{Built: 1, Building: 1, Waiting: 1, Total: 3}}
+	mods := map[string]cascade.ModuleStatus{
+		"base":    {Module: "base", State: cascade.Built, Estimate: time.Minute},
+		"tool-17": {Module: "tool-17", Tier: 1, Bases: []string{"base"}, State: cascade.Building, On: "host-a1", Estimate: 5 * time.Minute, Started: now.Add(-time.Minute)},
+		"cli":     {Module: "cli", Tier: 2, Bases: []string{"tool-17"}, State: cascade.Ready, Estimate: 2 * time.Minute},
+	}
+	var b bytes.Buffer
+	PrintPlan(&b, rec, mods)
+	out := b.String()
+	for _, want := range []string{
+		"  waiting on tool-17 (building on host-a1): 4m",
+		" left on the critical path; finish ≈ ",
+		"  critical path: tool-17 (building, 4m",
+		" → cli (waiting, 2m0s)\n",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("PrintPlan lacks %q:\n%s", want, out)
+		}
+	}
+	f, ok := ForecastOf(rec, mods, now)
+	if !ok || !strings.HasPrefix(ShortForecast(f), "ETA ") || !strings.HasSuffix(ShortForecast(f), "left), waiting on tool-17") {
+		t.Errorf("short forecast %q", ShortForecast(f))
+	}
+	rec.Outcome = cascade.OutcomeBuilt
+	if _, ok := ForecastOf(rec, mods, now); ok {
+		t.Error("a settled plan has a forecast")
+	}
+}
+
+// A module whose ask its holder gave back reads queued, on no machine,
+// with why: a retry counts down to its next attempt; a sick machine's
+// hand-back waits for a healthy machine, since the budget began. Any other
+// state (its next start, its outcome) shows no note.
+func TestAHandedBackModuleSaysWhy(t *testing.T) {
+	now := time.Date(2026, 12, 1, 14, 2, 51, 0, time.UTC)
+	retry := cascade.HandedBack{Attempt: 7, Why: "fetching https://git.example/x.git: connection refused", On: "m9",
+		InfraSince: now.Add(-5 * time.Minute), Next: now.Add(40 * time.Second), At: now.Add(-20 * time.Second)}
+	if got, want := HandedBackNote(retry, now), "retrying (attempt 7: fetching https://git.example/x.git: connection refused; next in 40s)"; got != want {
+		t.Errorf("retry note %q, want %q", got, want)
+	}
+	if got := HandedBackNote(retry, now.Add(time.Minute)); !strings.HasSuffix(got, "; due now)") {
+		t.Errorf("a retry past its time: %q, want due now", got)
+	}
+	sick := cascade.HandedBack{Attempt: 3, Why: "registry 127.0.0.1:5000 does not answer: connection refused", On: "m9", Sick: true,
+		InfraSince: time.Date(2026, 12, 1, 14, 2, 11, 0, time.UTC), At: now}
+	if got, want := HandedBackNote(sick, now), "waiting: no healthy machine (registry 127.0.0.1:5000 does not answer: connection refused, since 14:02:11)"; got != want {
+		t.Errorf("sick note %q, want %q", got, want)
+	}
+	if got := HandedBackNote(cascade.HandedBack{Why: strings.Repeat("x", 400)}, now); len(got) > 250 {
+		t.Errorf("a long cause is not cut: %d bytes", len(got))
+	}
+	// As a controller leaves a module given back for a retry: building,
+	// on no machine, with the note (cascade's
+	// TestAHandedBackIsShownAndForgeriesOfItAreRefused); shown queued.
+	var out strings.Builder
+	queued := cascade.ModuleStatus{Module: "solo", State: cascade.Building, HandedBack: &retry}
+	PrintPlan(&out, cascade.PlanRecord{ID: "p1", Outcome: cascade.OutcomeRunning}, map[string]cascade.ModuleStatus{"solo": queued})
+	if line := testenv.GrepLines(out.String(), "solo"); !strings.Contains(line, "queued") || strings.Contains(line, "m9") || !strings.Contains(line, "retrying (attempt 7: ") || !strings.Contains(line, "connection refused; ") {
+		t.Errorf("builds show's line for solo: %q, want queued on no machine, retrying (attempt 7: …; next …)\n%s", line, out.String())
+	}
+	m := cascade.ModuleStatus{Module: "app", State: cascade.Building, HandedBack: &sick}
+	if line := ModuleLine(m); !strings.Contains(line, "queued") || strings.Contains(line, "building") || !strings.Contains(line, "waiting: no healthy machine (") {
+		t.Errorf("ModuleLine %q: want queued, waiting for a healthy machine", line)
+	}
+	m.State, m.Digest = cascade.Built, "sha256:0123456789abcdef"
+	if line := ModuleLine(m); strings.Contains(line, "healthy") {
+		t.Errorf("a built module with a stale note: %q", line)
+	}
+}
