@@ -260,19 +260,7 @@ func (ix *Index) layout(t Trigger, members []int32, in []bool, tier []int, reaso
 	if len(members) == 0 {
 		p.Tiers = [][]string{}
 	}
-	bound := make([]int, maxTier+2) // tier k is order[bound[k]:bound[k+1]]
-	for _, m := range members {
-		bound[tier[m]+1]++
-	}
-	for k := 1; k < len(bound); k++ {
-		bound[k] += bound[k-1]
-	}
-	order := make([]int32, len(members))
-	next := slices.Clone(bound)
-	for _, m := range members {
-		order[next[tier[m]]] = m
-		next[tier[m]]++
-	}
+	order, bound := tierOrder(members, tier, maxTier)
 
 	// One backing array for every node's string slices.
 	size := len(members) // tier lists
@@ -329,6 +317,25 @@ func (ix *Index) layout(t Trigger, members []int32, in []bool, tier []int, reaso
 	}
 	slices.SortFunc(p.External, func(a, b External) int { return strings.Compare(a.Module, b.Module) })
 	return p
+}
+
+// tierOrder orders members (in name order) by (tier, name), a counting
+// sort: tier k is order[bound[k]:bound[k+1]].
+func tierOrder(members []int32, tier []int, maxTier int) (order []int32, bound []int) {
+	bound = make([]int, maxTier+2)
+	for _, m := range members {
+		bound[tier[m]+1]++
+	}
+	for k := 1; k < len(bound); k++ {
+		bound[k] += bound[k-1]
+	}
+	order = make([]int32, len(members))
+	next := slices.Clone(bound)
+	for _, m := range members {
+		order[next[tier[m]]] = m
+		next[tier[m]]++
+	}
+	return order, bound
 }
 
 func nilIfEmpty(s []string) []string {

@@ -1,0 +1,281 @@
+package claim
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/meshbuild/meshbuild/mesh"
+)
+
+// Lease is a held claim. It renews itself until Release, or until it is
+// lost; then Lost is closed and the holder must stop working as the seat's
+// holder.
+type Lease struct {
+	js  jetstream.JetStream
+	kv  jetstream.KeyValue
+	key string
+	rec Record
+	o   options
+
+	// subject is the key's subject (renewals are published on it), what
+	// names the claim in logs and errors, token tells this claim from any
+	// other on the key, and value is its record renewed at a time.
+	subject, what, token string
+	value                func(renewed time.Time) []byte
+
+	mu  sync.Mutex
+	rev uint64
+	err error
+	// ttlAt is when the last write carrying the lease as its TTL (the
+	// claim, a renewal) was acknowledged: the server expires it no later
+	// than a lease after (AskLease.settle looks again after that).
+	ttlAt time.Time
+
+	lost     chan struct{}
+	lostOnce sync.Once
+	stop     chan struct{}
+	stopOnce sync.Once
+	done     chan struct{}
+}
+
+// newSeatLease is the lease of seat claim rec, stored at revision rev.
+func newSeatLease(js jetstream.JetStream, kv jetstream.KeyValue, key string, rec Record, rev uint64, sent time.Time, o options) *Lease {
+	l := newLease(js, kv, mesh.ClaimsBucket(), key, rec.Token, rec.Seat+" ("+rec.scope().String()+")", rev, sent, o,
+		func(at time.Time) []byte {
+			r := rec
+			r.Renewed = at
+			data, _ := json.Marshal(r)
+			return data
+		})
+	l.rec = rec
+	return l
+}
+
+// newLease starts renewing the claim on key of bucket, identified by token,
+// from revision rev (sent when its write was sent).
+func newLease(js jetstream.JetStream, kv jetstream.KeyValue, bucket, key, token, what string, rev uint64, sent time.Time, o options, value func(time.Time) []byte) *Lease {
+	l := &Lease{js: js, kv: kv, key: key, o: o, rev: rev, ttlAt: time.Now(),
+		subject: mesh.KVKeySubject(bucket, key), what: what, token: token, value: value,
+		lost: make(chan struct{}), stop: make(chan struct{}), done: make(chan struct{})}
+	go l.renew(sent)
+	return l
+}
+
+// Token tells this claim from any other on its key: what a claim bound to
+// it (an ask's, to its machine's) records.
+func (l *Lease) Token() string { return l.token }
+
+// Record is what the claim says: holder, since, lease.
+func (l *Lease) Record() Record { return l.rec }
+
+// Lost is closed when the claim is lost — a renewal was refused because
+// another holder has the key now, or no renewal succeeded for a whole lease
+// — and when it is released. Err says which.
+func (l *Lease) Lost() <-chan struct{} { return l.lost }
+
+// Err is nil while the claim is held; after, it matches ErrLost (with the
+// reason) or ErrReleased.
+func (l *Lease) Err() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.err
+}
+
+// Context returns a copy of parent that is cancelled, with Err as its
+// cause, when the lease ends: the work of a holder runs under it, so losing
+// the seat stops the work.
+func (l *Lease) Context(parent context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancelCause(parent)
+	go func() {
+		select {
+		case <-l.lost:
+			cancel(l.Err())
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, func() { cancel(nil) }
+}
+
+func (l *Lease) end(err error) {
+	l.lostOnce.Do(func() {
+		l.mu.Lock()
+		l.err = err
+		l.mu.Unlock()
+		close(l.lost)
+	})
+}
+
+// Release stops renewing and gives the seat up at once, so a standby takes
+// it without waiting for the lease. Releasing a lost claim removes nothing:
+// the key is another holder's now, or gone.
+func (l *Lease) Release(ctx context.Context) error {
+	l.stopOnce.Do(func() { close(l.stop) })
+	<-l.done
+	l.mu.Lock()
+	held, rev := l.err == nil, l.rev
+	l.mu.Unlock()
+	if !held {
+		return nil
+	}
+	l.end(ErrReleased)
+	err := l.kv.Delete(ctx, l.key, jetstream.LastRevision(rev))
+	if wrongLastSequence(err) {
+		// A renewal cut short by the release may have been stored: delete
+		// at the key's revision if the claim there is still this one.
+		e, gerr := l.kv.Get(ctx, l.key)
+		var cur Record
+		switch {
+		case errors.Is(gerr, jetstream.ErrKeyNotFound) || errors.Is(gerr, jetstream.ErrKeyDeleted):
+			err = nil // lapsed: nothing to remove
+		case gerr != nil:
+			err = gerr
+		case json.Unmarshal(e.Value(), &cur) != nil || cur.Token != l.token:
+			err = nil // another's now: not ours to remove
+		default:
+			err = l.kv.Delete(ctx, l.key, jetstream.LastRevision(e.Revision()))
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("releasing %s: %w (the claim lapses within %s)", l.what, err, l.o.lease)
+	}
+	l.o.log.Info("released the claim", "claim", l.what)
+	return nil
+}
+
+// renew renews the claim every o.renew, each renewal conditional on the last
+// revision and carrying the lease as the key's TTL. The server forgets the
+// claim one lease after it stored the last renewal, which is no earlier than
+// one lease after it was sent: the holder gives up half a renewal before
+// that (giveUp), so it has stopped before anyone else can have the key.
+func (l *Lease) renew(sent time.Time) {
+	defer close(l.done)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-l.stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	giveUp := sent.Add(l.giveUp())
+	deadline := time.NewTimer(time.Until(giveUp))
+	defer deadline.Stop()
+	tick := time.NewTicker(l.o.renew)
+	defer tick.Stop()
+	for {
+		select {
+		case <-l.stop:
+			return
+		case <-deadline.C:
+			l.lapsed()
+			return
+		case <-tick.C:
+		}
+		at := time.Now()
+		err := l.renewOnce(ctx, at, giveUp)
+		if err == nil {
+			giveUp = at.Add(l.giveUp())
+			deadline.Reset(time.Until(giveUp))
+			continue
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		if !time.Now().Before(giveUp) {
+			l.lapsed()
+			return
+		}
+		if !wrongLastSequence(err) {
+			l.o.log.Warn("renewing the claim failed; retrying", "claim", l.what, "err", err)
+			continue
+		}
+		if lost := l.moved(ctx, giveUp); lost != nil {
+			l.lose(lost)
+			return
+		}
+	}
+}
+
+// renewOnce publishes one renewal sent at at, conditional on the last
+// revision, and takes up the revision it was stored at.
+func (l *Lease) renewOnce(ctx context.Context, at, giveUp time.Time) error {
+	l.mu.Lock()
+	rev := l.rev
+	l.mu.Unlock()
+	data := l.value(l.o.clock().UTC())
+	// A renewal in flight may not outlast the claim it renews.
+	end := at.Add(l.o.renew)
+	if giveUp.Before(end) {
+		end = giveUp
+	}
+	pctx, pcancel := context.WithDeadline(ctx, end)
+	defer pcancel()
+	ack, err := l.js.PublishMsg(pctx, &nats.Msg{Subject: l.subject, Data: data},
+		jetstream.WithExpectLastSequencePerSubject(rev), jetstream.WithMsgTTL(l.o.lease))
+	if err != nil {
+		return err
+	}
+	l.mu.Lock()
+	l.rev, l.ttlAt = ack.Sequence, time.Now()
+	l.mu.Unlock()
+	return nil
+}
+
+// moved reads the key a renewal found moved on without us: our own renewal
+// whose acknowledgement was lost (its revision is taken up), else the claim
+// lapsed or is another's — the loss it returns. A read that fails is
+// retried at the next renewal (nil).
+func (l *Lease) moved(ctx context.Context, giveUp time.Time) error {
+	rctx, rcancel := context.WithDeadline(ctx, giveUp)
+	defer rcancel()
+	cur, rerr := read(rctx, l.kv, l.key)
+	switch {
+	case rerr == nil && cur.Token == l.token:
+		if e, gerr := l.kv.Get(rctx, l.key); gerr == nil {
+			l.mu.Lock()
+			l.rev = e.Revision()
+			l.mu.Unlock()
+		}
+		return nil
+	case rerr == nil && l.rec.Seat != "":
+		return fmt.Errorf("%w: %w", ErrLost, &ClaimedError{Record: cur})
+	case rerr == nil:
+		return fmt.Errorf("%w: %s: another claim has the key now", ErrLost, l.what)
+	case errors.Is(rerr, jetstream.ErrKeyNotFound) || errors.Is(rerr, jetstream.ErrKeyDeleted):
+		return fmt.Errorf("%w: %w: %s: the claim lapsed on the server", ErrLost, ErrLapsed, l.what)
+	}
+	l.o.log.Warn("reading the claim failed; retrying", "claim", l.what, "err", rerr)
+	return nil
+}
+
+// lapsed ends the lease: no renewal succeeded within it.
+func (l *Lease) lapsed() {
+	l.lose(fmt.Errorf("%w: %w: %s: no renewal succeeded within the lease (%s)", ErrLost, ErrLapsed, l.what, l.o.lease))
+}
+
+// wrongLastSequence reports whether a conditional write was refused because
+// the key has moved on from the revision it expected.
+func wrongLastSequence(err error) bool {
+	var apiErr *jetstream.APIError
+	// A replicated (R>1) stream answers 10164 where one of a single
+	// replica answers 10071 (nats.go's jetstream/errors.go).
+	return errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
+}
+
+// giveUp is how long after sending its last successful renewal the holder
+// gives the claim up: half a renewal inside the lease.
+func (l *Lease) giveUp() time.Duration { return l.o.lease - l.o.renew/2 }
+
+func (l *Lease) lose(err error) {
+	l.o.log.Error("lost the claim: stop working as its holder", "claim", l.what, "err", err)
+	l.end(err)
+}
