@@ -333,21 +333,8 @@ func TestAKilledAgentsAskIsBuiltByAnother(t *testing.T) {
 // about the ack wait — not the minutes of an ack wait plus a long lease
 // (issue 20: 111-118 s before).
 func TestAKilledMachinesAskIsStartedElsewhereInSeconds(t *testing.T) {
-	s, js := busAckWait(t, mesh.HolderAckWait)
-	g := newGate()
-	a1 := startAgent(t, s, "m1", g.on("m1"), func(c *agent.Config) { c.Grace, c.Heartbeat = 0, 0 })
-	submit(t, js, ask("k9"))
-	recv(t, g.began, 5*time.Second)
-	startAgent(t, s, "m2", g.on("m2"), func(c *agent.Config) { c.Heartbeat = 0 }) // idle all along
-	a1.nc.Close()
-	killed := time.Now()
-	a1.cancel()
-	<-a1.done
-	if id := recv(t, g.began, mesh.HolderAckWait+5*time.Second); id != "k9" {
-		t.Fatalf("m2 began %s, want k9", id)
-	}
-	t.Logf("kill -9 to started elsewhere: %s (ack wait %s)", time.Since(killed).Round(time.Millisecond), mesh.HolderAckWait)
-	g.ch("k9") <- nil
+	took, js := killToStarted(t, "k9")
+	t.Logf("kill -9 to started elsewhere: %s (ack wait %s)", took.Round(time.Millisecond), mesh.HolderAckWait)
 	testenv.WaitFor(t, 10*time.Second, "k9 built on m2", func() bool {
 		r := events(t, js)
 		return len(r.Built) == 1 && r.Built[0].On == "m2"
