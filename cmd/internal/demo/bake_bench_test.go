@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -14,8 +13,6 @@ import (
 
 	"github.com/meshbuild/meshbuild/cascade"
 	"github.com/meshbuild/meshbuild/cascade/sim"
-	"github.com/meshbuild/meshbuild/cmd/internal/daemon"
-	"github.com/meshbuild/meshbuild/cmd/internal/farm"
 	"github.com/meshbuild/meshbuild/internal/buildkitd"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
@@ -173,26 +170,8 @@ func BenchmarkFleetBake(b *testing.B) {
 		b.Fatalf("catalogue %s: %v %v", catalogue, err, problems)
 	}
 
-	state := b.TempDir()
-	logs := &testenv.Buffer{}
-	f, err := farm.Up(context.Background(), farm.UpOptions{
-		Catalogue: catalogue, Agents: bakeMachines, StateDir: state,
-		ListenNATS: "127.0.0.1:0", ListenRegistry: "127.0.0.1:0",
-		BuildkitdBin: testenv.BuildkitdBin(b), BuildkitdPerAgent: true, MaxParallelism: 1,
-		InsteadOf: InsteadOf(state),
-		Log:       slog.New(slog.NewTextHandler(logs, nil)),
-	})
-	if err != nil {
-		b.Fatalf("Up: %v", err)
-	}
-	defer func() {
-		if err := f.Stop(); err != nil {
-			b.Errorf("Stop: %v", err)
-		}
-		if b.Failed() {
-			b.Logf("farm log:\n%s", logs.String())
-		}
-	}()
+	f, state, stop := upBenchFarm(b, catalogue, bakeMachines, 1)
+	defer stop()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*fleetTimeout)
 	defer cancel()
 	repo := Repo(state)
@@ -209,20 +188,10 @@ func BenchmarkFleetBake(b *testing.B) {
 		if err := Run(ctx, f, src, &out); err != nil {
 			b.Fatalf("the first cold build: %v\n%s", err, out.String())
 		}
-		conn, js, err := daemon.Connect(f.NATSURL(), f.OperatorCreds(), mesh.OperatorPrincipal, "BenchmarkFleetBake")
-		if err != nil {
-			b.Fatal(err)
-		}
+		conn, js, store := operatorStore(b, ctx, f, "BenchmarkFleetBake")
 		defer conn.Close()
-		store, err := cascade.OpenStore(ctx, js, "build-controller")
-		if err != nil {
-			b.Fatal(err)
-		}
-		plans, err := store.Plans(ctx)
-		if err != nil || len(plans) != 1 {
-			b.Fatalf("Plans = %v, %v; want the first cold build's one", plans, err)
-		}
-		firstSight = plans[0].Finished.Sub(plans[0].Created)
+		first := onlyPlan(b, ctx, store, "the first cold build's one")
+		firstSight = first.Finished.Sub(first.Created)
 		farmCold = append(farmCold, firstSight)
 		// Cold again: a new base version each time, the durations known.
 		for range runs - 1 {

@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"io/fs"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -15,10 +14,7 @@ import (
 
 	"github.com/meshbuild/meshbuild/cascade"
 	"github.com/meshbuild/meshbuild/cascade/sim"
-	"github.com/meshbuild/meshbuild/cmd/internal/daemon"
-	"github.com/meshbuild/meshbuild/cmd/internal/farm"
 	"github.com/meshbuild/meshbuild/internal/testenv"
-	"github.com/meshbuild/meshbuild/mesh"
 )
 
 // The fleet against one machine: examples/fleet built by the embedded
@@ -195,48 +191,17 @@ func (r fleetRun) dag() sim.DAG {
 // requires all the modules built.
 func runFleet(b *testing.B, catalogue, src string, machines, modules int, sleep time.Duration) fleetRun {
 	b.Helper()
-	state := b.TempDir()
-	logs := &testenv.Buffer{}
-	f, err := farm.Up(context.Background(), farm.UpOptions{
-		Catalogue: catalogue, Agents: machines, StateDir: state,
-		ListenNATS: "127.0.0.1:0", ListenRegistry: "127.0.0.1:0",
-		BuildkitdBin:      testenv.BuildkitdBin(b),
-		BuildkitdPerAgent: true, MaxParallelism: 1,
-		InsteadOf: InsteadOf(state),
-		Log:       slog.New(slog.NewTextHandler(logs, nil)),
-	})
-	if err != nil {
-		b.Fatalf("Up: %v", err)
-	}
-	defer func() {
-		if err := f.Stop(); err != nil {
-			b.Errorf("Stop: %v", err)
-		}
-		if b.Failed() {
-			b.Logf("farm log:\n%s", logs.String())
-		}
-	}()
-
+	f, _, stop := upBenchFarm(b, catalogue, machines, 1)
+	defer stop()
 	ctx, cancel := context.WithTimeout(context.Background(), fleetTimeout)
 	defer cancel()
 	var out bytes.Buffer
 	if err := Run(ctx, f, src, &out); err != nil {
 		b.Fatalf("Run on %d machines: %v\n%s", machines, err, out.String())
 	}
-	nc, js, err := daemon.Connect(f.NATSURL(), f.OperatorCreds(), mesh.OperatorPrincipal, "BenchmarkFleetSpeedup")
-	if err != nil {
-		b.Fatal(err)
-	}
+	nc, _, store := operatorStore(b, ctx, f, "BenchmarkFleetSpeedup")
 	defer nc.Close()
-	store, err := cascade.OpenStore(ctx, js, "build-controller")
-	if err != nil {
-		b.Fatal(err)
-	}
-	plans, err := store.Plans(ctx)
-	if err != nil || len(plans) != 1 {
-		b.Fatalf("Plans = %v, %v; want the demo's one", plans, err)
-	}
-	rec := plans[0]
+	rec := onlyPlan(b, ctx, store, "the demo's one")
 	if rec.Outcome != cascade.OutcomeBuilt || rec.Counts.Built != modules {
 		b.Fatalf("plan %s: %s, %+v; want all %d modules built", rec.ID, rec.Outcome, rec.Counts, modules)
 	}

@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshbuild/meshbuild/cascade"
-	"github.com/meshbuild/meshbuild/cmd/internal/daemon"
 	"github.com/meshbuild/meshbuild/cmd/internal/farm"
 	"github.com/meshbuild/meshbuild/deploy"
 	"github.com/meshbuild/meshbuild/internal/testenv"
@@ -48,15 +46,8 @@ func TestUpRunsBuildMachinesAsNodes(t *testing.T) {
 	}
 	t.Logf("demo output:\n%s", out.String())
 
-	nc, js, err := daemon.Connect(f.NATSURL(), f.OperatorCreds(), mesh.OperatorPrincipal, "test")
-	if err != nil {
-		t.Fatal(err)
-	}
+	nc, _, store := operatorStore(t, ctx, f, "test")
 	defer nc.Close()
-	store, err := cascade.OpenStore(ctx, js, "build-controller")
-	if err != nil {
-		t.Fatal(err)
-	}
 	cur, err := store.Currents(ctx)
 	if err != nil {
 		t.Fatal(err)

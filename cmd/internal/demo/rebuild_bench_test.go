@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,8 +14,6 @@ import (
 	"time"
 
 	"github.com/meshbuild/meshbuild/cascade"
-	"github.com/meshbuild/meshbuild/cmd/internal/daemon"
-	"github.com/meshbuild/meshbuild/cmd/internal/farm"
 	"github.com/meshbuild/meshbuild/internal/buildkitd"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
@@ -85,46 +82,17 @@ func BenchmarkFleetRebuild(b *testing.B) {
 	slices.Sort(modules)
 	base := mostBuiltOn(cat)
 
-	state := b.TempDir()
-	logs := &testenv.Buffer{}
-	f, err := farm.Up(context.Background(), farm.UpOptions{
-		Catalogue: catalogue, Agents: rebuildMachines, StateDir: state,
-		ListenNATS: "127.0.0.1:0", ListenRegistry: "127.0.0.1:0",
-		BuildkitdBin: testenv.BuildkitdBin(b), BuildkitdPerAgent: true,
-		InsteadOf: InsteadOf(state),
-		Log:       slog.New(slog.NewTextHandler(logs, nil)),
-	})
-	if err != nil {
-		b.Fatalf("Up: %v", err)
-	}
-	defer func() {
-		if err := f.Stop(); err != nil {
-			b.Errorf("Stop: %v", err)
-		}
-		if b.Failed() {
-			b.Logf("farm log:\n%s", logs.String())
-		}
-	}()
+	f, state, stop := upBenchFarm(b, catalogue, rebuildMachines, 0)
+	defer stop()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*fleetTimeout)
 	defer cancel()
 	var out bytes.Buffer
 	if err := Run(ctx, f, src, &out); err != nil {
 		b.Fatalf("the cold build: %v\n%s", err, out.String())
 	}
-	nc, js, err := daemon.Connect(f.NATSURL(), f.OperatorCreds(), mesh.OperatorPrincipal, "BenchmarkFleetRebuild")
-	if err != nil {
-		b.Fatal(err)
-	}
+	nc, js, store := operatorStore(b, ctx, f, "BenchmarkFleetRebuild")
 	defer nc.Close()
-	store, err := cascade.OpenStore(ctx, js, "build-controller")
-	if err != nil {
-		b.Fatal(err)
-	}
-	plans, err := store.Plans(ctx)
-	if err != nil || len(plans) != 1 {
-		b.Fatalf("Plans = %v, %v; want the cold build's one", plans, err)
-	}
-	coldMods, err := store.Modules(ctx, plans[0].ID)
+	coldMods, err := store.Modules(ctx, onlyPlan(b, ctx, store, "the cold build's one").ID)
 	if err != nil {
 		b.Fatal(err)
 	}
