@@ -359,7 +359,10 @@ func (c *Controller) SetCatalogue(ctx context.Context, cat *mesh.Catalogue) erro
 		return err
 	}
 	c.logRaise(r)
-	res := c.do(ctx, command{kind: "catalogue", cat: cat})
+	res, err := c.cmds.Do(ctx, command{Kind: "catalogue", Cat: cat})
+	if err != nil {
+		return err
+	}
 	if res.Error != "" {
 		return errors.New(res.Error)
 	}

@@ -92,30 +92,17 @@ type ToolError = seat.Error
 // Failure is the reply's error and its code (seat.Answer).
 func (r Reply) Failure() (message, code string) { return r.Error, r.Code }
 
-type command struct {
-	kind string
-	req  Request
-	cat  *mesh.Catalogue
-}
-
-// do hands cmd to the controller's goroutine and waits for its reply.
-func (c *Controller) do(ctx context.Context, cmd command) Reply {
-	r, err := c.cmds.Do(ctx, cmd)
-	if err != nil {
-		return Reply{Error: err.Error()}
-	}
-	return r
-}
+// command is a tool's request or a changed catalogue, handed to the
+// controller's goroutine.
+type command = seat.Command[Request]
 
 func (c *Controller) serveTools() ([]*nats.Subscription, error) {
 	var tools []seat.Tool
 	for _, name := range []string{ToolRebuild, ToolRetry, ToolCancel, ToolPriority} {
 		tools = append(tools, toolOf(c.module, name))
 	}
-	return seat.Serve(c.nc, tools, c.cfg.ToolTimeout,
-		func(ctx context.Context, tool string, req Request) Reply {
-			return c.do(ctx, command{kind: tool, req: req})
-		},
+	return seat.ServeInbox(c.nc, tools, c.cfg.ToolTimeout, c.cmds,
+		func(err error) Reply { return Reply{Error: err.Error()} },
 		func(err error) Reply {
 			return Reply{Error: fmt.Sprintf("%v: malformed request: %v", ErrBadRequest, err), Code: codeOf(ErrBadRequest)}
 		})
@@ -130,25 +117,25 @@ func toolOf(controllerModule, name string) seat.Tool {
 func (c *Controller) command(ctx context.Context, cmd command) Reply {
 	now := time.Now().UTC()
 	fail := func(err error) Reply { return Reply{Error: err.Error(), Code: codeOf(err)} }
-	switch cmd.kind {
+	switch cmd.Kind {
 	case "catalogue":
-		c.cat, c.catPlatforms, c.ix = cmd.cat, cmd.cat.Platforms(), planner.NewIndex(cmd.cat)
+		c.cat, c.catPlatforms, c.ix = cmd.Cat, cmd.Cat.Platforms(), planner.NewIndex(cmd.Cat)
 		return Reply{}
 	case ToolRebuild:
-		if cmd.req.ID == "" || len(cmd.req.Modules) == 0 {
+		if cmd.Req.ID == "" || len(cmd.Req.Modules) == 0 {
 			return fail(fmt.Errorf("%w: a rebuild needs a request id and modules", ErrBadRequest))
 		}
-		rec, created, err := c.createPlan(ctx, planner.Trigger{Kind: planner.KindRebuild, ID: cmd.req.ID, Modules: cmd.req.Modules, Force: cmd.req.Force}, cmd.req.Schedule, now, 0)
+		rec, created, err := c.createPlan(ctx, planner.Trigger{Kind: planner.KindRebuild, ID: cmd.Req.ID, Modules: cmd.Req.Modules, Force: cmd.Req.Force}, cmd.Req.Schedule, now, 0)
 		if err != nil {
 			return fail(err)
 		}
 		return Reply{Plan: rec.ID, Created: created, Record: rec}
 	case ToolRetry:
-		st, err := c.plan(ctx, cmd.req.Plan)
+		st, err := c.plan(ctx, cmd.Req.Plan)
 		if err != nil {
 			return fail(err)
 		}
-		sub, err := st.Retry(cmd.req.Module, now)
+		sub, err := st.Retry(cmd.Req.Module, now)
 		if err != nil {
 			return fail(err)
 		}
@@ -158,7 +145,7 @@ func (c *Controller) command(ctx context.Context, cmd command) Reply {
 		}
 		return Reply{Plan: st.Plan, Asks: []string{sub.AskID}, Record: Record(st)}
 	case ToolCancel:
-		st, err := c.plan(ctx, cmd.req.Plan)
+		st, err := c.plan(ctx, cmd.Req.Plan)
 		if err != nil {
 			return fail(err)
 		}
@@ -170,13 +157,13 @@ func (c *Controller) command(ctx context.Context, cmd command) Reply {
 		c.cancelOnHolders(asks)
 		return Reply{Plan: st.Plan, Asks: asks, Record: Record(st)}
 	case ToolPriority:
-		st, err := c.setPriority(ctx, cmd.req)
+		st, err := c.setPriority(ctx, cmd.Req)
 		if err != nil {
 			return fail(err)
 		}
 		return Reply{Plan: st.Plan, Record: Record(st)}
 	}
-	return fail(fmt.Errorf("%w: unknown command %q", ErrBadRequest, cmd.kind))
+	return fail(fmt.Errorf("%w: unknown command %q", ErrBadRequest, cmd.Kind))
 }
 
 // plan finds a plan the controller can still act on: running, or settled

@@ -85,30 +85,17 @@ func codeOf(err error) string {
 // Failure is the reply's error and its code (seat.Answer).
 func (r Reply) Failure() (message, code string) { return r.Error, r.Code }
 
-type command struct {
-	kind string
-	req  Request
-	cat  *mesh.Catalogue
-}
-
-// do hands cmd to the controller's goroutine and waits for its reply.
-func (c *Controller) do(ctx context.Context, cmd command) Reply {
-	r, err := c.cmds.Do(ctx, cmd)
-	if err != nil {
-		return Reply{Error: err.Error()}
-	}
-	return r
-}
+// command is a tool's request or a changed catalogue, handed to the
+// controller's goroutine.
+type command = seat.Command[Request]
 
 func (c *Controller) serveTools() ([]*nats.Subscription, error) {
 	var tools []seat.Tool
 	for _, name := range []string{mesh.NodesTool, mesh.AssignTool, mesh.UnassignTool, mesh.SeatsTool} {
 		tools = append(tools, toolOf(name))
 	}
-	return seat.Serve(c.nc, tools, c.cfg.ToolTimeout,
-		func(ctx context.Context, tool string, req Request) Reply {
-			return c.do(ctx, command{kind: tool, req: req})
-		},
+	return seat.ServeInbox(c.nc, tools, c.cfg.ToolTimeout, c.cmds,
+		func(err error) Reply { return Reply{Error: err.Error()} },
 		func(err error) Reply {
 			return Reply{Error: fmt.Sprintf("malformed request: %v", err), Code: "bad-request"}
 		})
@@ -122,9 +109,9 @@ func toolOf(name string) seat.Tool {
 // command runs on the controller's goroutine.
 func (c *Controller) command(ctx context.Context, cmd command) Reply {
 	fail := func(err error) Reply { return Reply{Error: err.Error(), Code: codeOf(err)} }
-	switch cmd.kind {
+	switch cmd.Kind {
 	case "catalogue":
-		c.cat = cmd.cat
+		c.cat = cmd.Cat
 		// What a module is issued follows its manifest: a node whose
 		// modules' buckets changed is given its new declaration.
 		c.reconcile(ctx, "")
@@ -134,13 +121,13 @@ func (c *Controller) command(ctx context.Context, cmd command) Reply {
 	case mesh.SeatsTool:
 		return Reply{Seats: c.seats(ctx)}
 	case mesh.AssignTool, mesh.UnassignTool:
-		a, left, err := c.change(ctx, cmd.kind == mesh.AssignTool, cmd.req)
+		a, left, err := c.change(ctx, cmd.Kind == mesh.AssignTool, cmd.Req)
 		if err != nil {
 			return fail(err)
 		}
-		return Reply{Assignment: &a, Declared: append(left, c.reconcile(ctx, cmd.req.Module)...)}
+		return Reply{Assignment: &a, Declared: append(left, c.reconcile(ctx, cmd.Req.Module)...)}
 	}
-	return fail(fmt.Errorf("%w: unknown command %q", ErrBadRequest, cmd.kind))
+	return fail(fmt.Errorf("%w: unknown command %q", ErrBadRequest, cmd.Kind))
 }
 
 // change checks and records an assignment change and declares the nodes the

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/meshbuild/meshbuild/mesh"
 )
 
 // DefaultToolTimeout bounds a tool request, on the server (the owner's work
@@ -85,6 +87,30 @@ func Serve[Req, Rep any](nc *nats.Conn, tools []Tool, timeout time.Duration, han
 		subs = append(subs, sub)
 	}
 	return subs, nil
+}
+
+// Command is what a controller's goroutine is handed through its Inbox: a
+// tool's request (Kind the tool's name, Req the request) or a changed
+// catalogue (Kind "catalogue", Cat).
+type Command[Req any] struct {
+	Kind string
+	Req  Req
+	Cat  *mesh.Catalogue
+}
+
+// ServeInbox serves tools on nc (Serve) by handing each request, as a
+// Command of the tool's name, to the owner of in and answering with its
+// answer; one the owner does not take or answer in time is answered with
+// lost's reply (of ctx's error), one that does not decode with
+// malformed's.
+func ServeInbox[Req, Rep any](nc *nats.Conn, tools []Tool, timeout time.Duration, in Inbox[Command[Req], Rep], lost, malformed func(error) Rep) ([]*nats.Subscription, error) {
+	return Serve(nc, tools, timeout, func(ctx context.Context, tool string, req Req) Rep {
+		r, err := in.Do(ctx, Command[Req]{Kind: tool, Req: req})
+		if err != nil {
+			return lost(err)
+		}
+		return r
+	}, malformed)
 }
 
 // Answer is a tool's reply as Call reads it: its error message and code,
