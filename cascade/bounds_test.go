@@ -20,7 +20,6 @@ import (
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/mesh/meshtest"
-	"github.com/meshbuild/meshbuild/registry/registrytest"
 )
 
 // killer is a worker that kills its agent (its connection goes: no ack, no
@@ -375,29 +374,17 @@ func TestAFailureWhoseLineIsMegabytesIsStored(t *testing.T) {
 // fails. The agent announces it failed{build}, and the controller stores
 // the module's record, its log trimmed, far inside the bucket's limit.
 func TestARealBuildWhoseLineIsMegabytesIsStored(t *testing.T) {
-	testenv.RequireBuildkit(t)
-	reg := registrytest.Registry(t)
-	bk := testenv.Buildkitd(t, reg)
-	testenv.Busybox(t, reg) // reg/busybox:latest: the module's base, outside the plan
-	git, _ := testenv.GitRepo(t, map[string]string{
+	bed := cascadetest.RealBed(t, map[string]string{
 		"busybox/Dockerfile": "FROM scratch\n",
 		"loud/Dockerfile":    "FROM busybox\nRUN head -c 3000000 /dev/zero | tr '\\0' x && exit 3\n",
-	})
-	cat := meshtest.Catalogue(t, map[string][]string{"busybox": nil, "loud": {"busybox"}})
-	s := natstest.Server(t, nil)
-	nc, js := natstest.Connect(t, s)
-	ctx, stop := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	t.Cleanup(func() { stop(); wg.Wait() })
+	}, map[string][]string{"busybox": nil, "loud": {"busybox"}})
+	nc, js, ctx := bed.NC, bed.JS, bed.Ctx
+	bk := testenv.Buildkitd(t, bed.Reg)
 	cfg := cascade.DefaultConfig()
-	cfg.Registry = reg
+	cfg.Registry = bed.Reg
 	cfg.Images = testenv.AnyImage{} // its workers push nothing
-	c, err := cascade.New(cfg, js, cat, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cascadetest.Run(t, ctx, &wg, c, nc)
-	cascadetest.Agent(t, ctx, &wg, s.ClientURL(), bk, git, "m1")
+	bed.Controller(t, cfg)
+	bed.Agent(t, bk, "m1")
 
 	r, err := cascade.Call(ctx, nc, "build-controller", cascade.ToolRebuild, cascade.Request{ID: "loud-1", Modules: []string{"loud"}})
 	if err != nil {

@@ -1,7 +1,6 @@
 package cascade_test
 
 import (
-	"context"
 	"encoding/json"
 	"slices"
 	"sync"
@@ -12,11 +11,8 @@ import (
 
 	"github.com/meshbuild/meshbuild/cascade"
 	"github.com/meshbuild/meshbuild/cascade/cascadetest"
-	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
-	"github.com/meshbuild/meshbuild/mesh/meshtest"
-	"github.com/meshbuild/meshbuild/registry/registrytest"
 )
 
 // TestCancelOfARealBuildWaitsForTheAgentsWord cancels a plan while a real
@@ -25,31 +21,19 @@ import (
 // cancelled; if the agent kept building, the plan would stay running past
 // the test's bound (the sleep is a minute, the cancel bound ten).
 func TestCancelOfARealBuildWaitsForTheAgentsWord(t *testing.T) {
-	testenv.RequireBuildkit(t)
-	reg := registrytest.Registry(t)
-	bk := testenv.Buildkitd(t, reg)
-	testenv.Busybox(t, reg) // reg/busybox:latest: the slow module's base, outside the plan
-	git, _ := testenv.GitRepo(t, map[string]string{
+	bed := cascadetest.RealBed(t, map[string]string{
 		"busybox/Dockerfile": "FROM scratch\n",
 		"slow/Dockerfile":    "FROM busybox\nRUN echo begun && sleep 60 && echo done > /done\n",
-	})
-	cat := meshtest.Catalogue(t, map[string][]string{"busybox": nil, "slow": {"busybox"}})
-	s := natstest.Server(t, nil)
-	nc, js := natstest.Connect(t, s)
-	ctx, stop := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	t.Cleanup(func() { stop(); wg.Wait() })
+	}, map[string][]string{"busybox": nil, "slow": {"busybox"}})
+	nc, js, ctx := bed.NC, bed.JS, bed.Ctx
+	bk := testenv.Buildkitd(t, bed.Reg)
 
 	cfg := cascade.DefaultConfig()
-	cfg.Registry = reg
+	cfg.Registry = bed.Reg
 	cfg.CancelWait = 10 * time.Minute // only the agent's word may end the cancel
-	c, err := cascade.New(cfg, js, cat, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cascadetest.Run(t, ctx, &wg, c, nc)
+	bed.Controller(t, cfg)
 
-	cascadetest.Agent(t, ctx, &wg, s.ClientURL(), bk, git, "m1")
+	bed.Agent(t, bk, "m1")
 
 	var builtEvents sync.Map
 	sub, err := nc.Subscribe(mesh.HolderEventSubject(mesh.BuildSeat, mesh.AnyHolder, mesh.EventBuilt), func(m *nats.Msg) { builtEvents.Store(string(m.Data), true) })
@@ -79,7 +63,7 @@ func TestCancelOfARealBuildWaitsForTheAgentsWord(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer watch.Stop()
-	wg.Go(func() {
+	bed.WG.Go(func() {
 		for e := range watch.Updates() {
 			if e == nil {
 				continue

@@ -12,12 +12,10 @@ import (
 
 	"github.com/meshbuild/meshbuild/cascade"
 	"github.com/meshbuild/meshbuild/cascade/cascadetest"
-	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/mesh/meshtest"
 	"github.com/meshbuild/meshbuild/registry"
-	"github.com/meshbuild/meshbuild/registry/registrytest"
 )
 
 // TestUnchangedInputsAreNotDispatchedAndTheCascadeStops runs a controller
@@ -35,31 +33,23 @@ import (
 //     and everything downstream is built again;
 //   - rebuild --force dispatches every module whatever its key.
 func TestUnchangedInputsAreNotDispatchedAndTheCascadeStops(t *testing.T) {
-	testenv.RequireBuildkit(t)
-	reg := registrytest.Registry(t)
-	bks := []string{testenv.Buildkitd(t, reg), testenv.Buildkitd(t, reg)}
-	testenv.Busybox(t, reg)
-	git, _ := testenv.GitRepo(t, map[string]string{
+	bed := cascadetest.RealBed(t, map[string]string{
 		"base/Dockerfile": "FROM busybox\nCOPY motd /etc/motd\nRUN echo base > /base\n",
 		"base/motd":       "hello\n",
 		"base/README.md":  "the base image\n",
 		"app/Dockerfile":  "FROM base\nCOPY app.txt /app.txt\n",
 		"app/app.txt":     "app\n",
 		"tool/Dockerfile": "FROM app\nRUN cat /etc/motd /app.txt > /tool\n",
-	})
-	cat := meshtest.Catalogue(t, map[string][]string{"busybox": nil, "base": {"busybox"}, "app": {"base"}, "tool": {"app"}})
-	s := natstest.Server(t, nil)
-	nc, js := natstest.Connect(t, s)
-	ctx, stop := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	t.Cleanup(func() { stop(); wg.Wait() })
+	}, map[string][]string{"busybox": nil, "base": {"busybox"}, "app": {"base"}, "tool": {"app"}})
+	git, nc, js, ctx, wg := bed.Git, bed.NC, bed.JS, bed.Ctx, bed.WG
+	bks := []string{testenv.Buildkitd(t, bed.Reg), testenv.Buildkitd(t, bed.Reg)}
 
 	cfg := cascade.DefaultConfig()
-	cfg.Registry, cfg.RegistryClient = reg, registry.NewClient(registry.WithInsecure(true))
+	cfg.Registry, cfg.RegistryClient = bed.Reg, registry.NewClient(registry.WithInsecure(true))
 	cfg.Sources, cfg.InsteadOf = t.TempDir(), map[string]string{meshtest.FleetRepo: git}
 	startController := func() (stop func()) {
 		t.Helper()
-		c, err := cascade.New(cfg, js, cat, nil, nil)
+		c, err := cascade.New(cfg, js, bed.Cat, nil, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -76,7 +66,7 @@ func TestUnchangedInputsAreNotDispatchedAndTheCascadeStops(t *testing.T) {
 	}
 	stopController := startController()
 	for i, bk := range bks {
-		cascadetest.Agent(t, ctx, &wg, s.ClientURL(), bk, git, []string{"m1", "m2"}[i])
+		bed.Agent(t, bk, []string{"m1", "m2"}[i])
 	}
 
 	// Every ask published, by plan: what was dispatched.

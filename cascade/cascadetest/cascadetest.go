@@ -22,6 +22,7 @@ import (
 	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/mesh/meshtest"
 	"github.com/meshbuild/meshbuild/registry"
+	"github.com/meshbuild/meshbuild/registry/registrytest"
 )
 
 // Answers reports whether the controller of module serves its tools now:
@@ -136,4 +137,54 @@ func Background(tb testing.TB, what string, run func(context.Context) error) (st
 		}
 	}()
 	return func() { cancel(); <-done }
+}
+
+// Bed is what a test of the controller against real agents on real
+// BuildKit runs on: a registry holding busybox (reg/busybox:latest), a git
+// repository of the test's files, the catalogue of its graph, a NATS
+// server (URL) and a connection to it, and a context that ends when the
+// test does, the test then waiting for WG.
+type Bed struct {
+	Reg, Git, URL string
+	Cat           *mesh.Catalogue
+	NC            *nats.Conn
+	JS            jetstream.JetStream
+	Ctx           context.Context
+	WG            *sync.WaitGroup
+}
+
+// RealBed requires real BuildKit and starts a Bed: files are the git
+// repository's (path to content), graph the catalogue's (module to what it
+// is built on).
+func RealBed(tb testing.TB, files map[string]string, graph map[string][]string) *Bed {
+	tb.Helper()
+	testenv.RequireBuildkit(tb)
+	reg := registrytest.Registry(tb)
+	testenv.Busybox(tb, reg)
+	git, _ := testenv.GitRepo(tb, files)
+	s := natstest.Server(tb, nil)
+	nc, js := natstest.Connect(tb, s)
+	ctx, stop := context.WithCancel(context.Background())
+	wg := &sync.WaitGroup{}
+	tb.Cleanup(func() { stop(); wg.Wait() })
+	return &Bed{Reg: reg, Git: git, URL: s.ClientURL(), Cat: meshtest.Catalogue(tb, graph), NC: nc, JS: js, Ctx: ctx, WG: wg}
+}
+
+// Controller makes a controller of cfg on the bed's catalogue and runs it
+// (Run) until the test ends.
+func (b *Bed) Controller(tb testing.TB, cfg cascade.Config) *cascade.Controller {
+	tb.Helper()
+	c, err := cascade.New(cfg, b.JS, b.Cat, nil, nil)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	Run(tb, b.Ctx, b.WG, c, b.NC)
+	return c
+}
+
+// Agent runs a real agent named machine on the buildkitd at bk until the
+// test ends (Agent).
+func (b *Bed) Agent(tb testing.TB, bk, machine string) {
+	tb.Helper()
+	Agent(tb, b.Ctx, b.WG, b.URL, bk, b.Git, machine)
 }
