@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/meshbuild/meshbuild/cmd/internal/cli"
-	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
 )
@@ -75,11 +74,7 @@ func TestExplainIsOffline(t *testing.T) {
 }
 
 func TestBadRequestsExitOneWithAClearMessage(t *testing.T) {
-	s := natstest.Server(t, nil)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	errs := make(chan error, 1)
-	startController(t, ctx, fleetController(t, s), errs)
+	s, _, _ := runFleetController(t)
 	url := s.ClientURL()
 	cases := []struct {
 		args []string
@@ -110,11 +105,7 @@ func TestBadRequestsExitOneWithAClearMessage(t *testing.T) {
 // What an operator reads when a request is refused or repeated: each fact
 // once, with the command to run next.
 func TestOperatorMessages(t *testing.T) {
-	s := natstest.Server(t, nil)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	errs := make(chan error, 1)
-	startController(t, ctx, fleetController(t, s), errs)
+	s, _, _ := runFleetController(t)
 	url := s.ClientURL()
 	once := func(t *testing.T, errw string, words ...string) {
 		t.Helper()

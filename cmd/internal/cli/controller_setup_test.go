@@ -11,6 +11,7 @@ import (
 
 	"github.com/meshbuild/meshbuild/cascade"
 	"github.com/meshbuild/meshbuild/cmd/internal/daemon"
+	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 )
 
@@ -34,6 +35,19 @@ func startController(t *testing.T, ctx context.Context, opts daemon.ControllerOp
 	case <-time.After(time.Minute):
 		t.Fatal("controller not ready in a minute")
 	}
+}
+
+// runFleetController starts a server and the example fleet's controller on
+// it (fleetController) with a context that ends with the test; stop ends
+// it before and returns what its run returned.
+func runFleetController(t *testing.T) (s *server.Server, ctx context.Context, stop func() error) {
+	t.Helper()
+	s = natstest.Server(t, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	errs := make(chan error, 1)
+	startController(t, ctx, fleetController(t, s), errs)
+	return s, ctx, func() error { cancel(); return <-errs }
 }
 
 // fleetController is build-controller of the example fleet on s, with a

@@ -31,11 +31,7 @@ func (instant) Work(_ context.Context, a mesh.Ask, _ func(string)) (agent.Result
 // controller keeps: an agent that restarts is online again with the count
 // it had, not zero (its own counters start again).
 func TestMachinesKeepTheirCountsWhenAnAgentRestarts(t *testing.T) {
-	s := natstest.Server(t, nil)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	errs := make(chan error, 1)
-	startController(t, ctx, fleetController(t, s), errs)
+	s, ctx, _ := runFleetController(t)
 	url := s.ClientURL()
 	startAgent := func() (stop func()) {
 		_, js := natstest.Connect(t, s)

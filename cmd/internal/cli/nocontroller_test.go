@@ -1,11 +1,8 @@
 package cli_test
 
 import (
-	"context"
 	"strings"
 	"testing"
-
-	"github.com/meshbuild/meshbuild/internal/natstest"
 )
 
 // Retrying a module of a cancelled plan says the plan was cancelled and
@@ -13,11 +10,7 @@ import (
 // controller answered and the push is queued (not a plan id to follow),
 // and watching that plan says it is not made yet, not "no plan".
 func TestMessagesOfACancelledPlanAndOfAPushNobodyPlans(t *testing.T) {
-	s := natstest.Server(t, nil)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	errs := make(chan error, 1)
-	startController(t, ctx, fleetController(t, s), errs)
+	s, _, stop := runFleetController(t)
 	url := s.ClientURL()
 
 	code, out, errw := run(t, "--nats", url, "rebuild", "--id", "c1", "base")
@@ -34,8 +27,7 @@ func TestMessagesOfACancelledPlanAndOfAPushNobodyPlans(t *testing.T) {
 	}
 
 	// The controller stops.
-	cancel()
-	if err := <-errs; err != nil {
+	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
 	code, out, errw = run(t, "--nats", url, "push", "--repo", "https://git.example/fleet.git", "--commit", "d00d", "--path", "base/Dockerfile")

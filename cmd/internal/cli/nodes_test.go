@@ -1,7 +1,6 @@
 package cli_test
 
 import (
-	"context"
 	"encoding/json"
 	"strings"
 	"testing"
@@ -11,7 +10,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/meshbuild/meshbuild/deploy"
-	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
 )
@@ -20,11 +18,7 @@ import (
 // assignments, against build-controller (which runs the fleet) and a node
 // that enrols on a real server.
 func TestNodesAssignUnassign(t *testing.T) {
-	s := natstest.Server(t, nil)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	errs := make(chan error, 1)
-	startController(t, ctx, fleetController(t, s), errs)
+	s, ctx, _ := runFleetController(t)
 	url := s.ClientURL()
 	testenv.WaitFor(t, 10*time.Second, "builds nodes to answer", func() bool {
 		code, out, _ := run(t, "--nats", url, "nodes")
