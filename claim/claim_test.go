@@ -36,6 +36,17 @@ func bus(t *testing.T) (*server.Server, func() (*nats.Conn, jetstream.JetStream)
 	return s, func() (*nats.Conn, jetstream.JetStream) { return natstest.Connect(t, s) }
 }
 
+// claimAsA claims mesh-controller's seat (mesh scope) on js as holder A,
+// with opts, failing the test if it cannot.
+func claimAsA(t *testing.T, js jetstream.JetStream, opts ...claim.Option) *claim.Lease {
+	t.Helper()
+	a, err := claim.Claim(context.Background(), js, "mesh-controller", claim.Mesh(), "A", opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
 func release(t *testing.T, l *claim.Lease) {
 	t.Cleanup(func() { _ = l.Release(context.Background()) })
 }
@@ -97,10 +108,7 @@ func TestAReleasedSeatIsTakenAtOnce(t *testing.T) {
 	ctx := context.Background()
 	_, js1 := dial()
 	_, js2 := dial()
-	a, err := claim.Claim(ctx, js1, "mesh-controller", claim.Mesh(), "A")
-	if err != nil {
-		t.Fatal(err)
-	}
+	a := claimAsA(t, js1)
 	if err := a.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -122,10 +130,7 @@ func TestReleaseRemovesAClaimARevisionAhead(t *testing.T) {
 	_, dial := bus(t)
 	ctx := context.Background()
 	_, js := dial()
-	a, err := claim.Claim(ctx, js, "mesh-controller", claim.Mesh(), "A")
-	if err != nil {
-		t.Fatal(err)
-	}
+	a := claimAsA(t, js)
 	kv, err := js.KeyValue(ctx, mesh.ClaimsBucket())
 	if err != nil {
 		t.Fatal(err)
@@ -154,10 +159,7 @@ func TestAClaimLapsesWhenItsHolderDies(t *testing.T) {
 	ctx := context.Background()
 	nc1, js1 := dial()
 	_, js2 := dial()
-	a, err := claim.Claim(ctx, js1, "mesh-controller", claim.Mesh(), "A", short...)
-	if err != nil {
-		t.Fatal(err)
-	}
+	a := claimAsA(t, js1, short...)
 	got := make(chan *claim.Lease, 1)
 	errc := make(chan error, 1)
 	go func() {
@@ -219,10 +221,7 @@ func TestARenewalAfterLossIsNoticed(t *testing.T) {
 	ctx := context.Background()
 	_, js1 := dial()
 	_, js2 := dial()
-	a, err := claim.Claim(ctx, js1, "mesh-controller", claim.Mesh(), "A", short...)
-	if err != nil {
-		t.Fatal(err)
-	}
+	a := claimAsA(t, js1, short...)
 	// An operator (or a partition that outlasted the lease) took the seat
 	// away: the key is removed and B claims it.
 	kv, err := js2.KeyValue(ctx, mesh.ClaimsBucket())
