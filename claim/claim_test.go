@@ -47,6 +47,17 @@ func claimAsA(t *testing.T, js jetstream.JetStream, opts ...claim.Option) *claim
 	return a
 }
 
+// aHolds starts a bus and two processes on it, the first of which claims
+// the seat as A (claimAsA) with opts: A's lease, the first process's
+// connection, and the second's JetStream.
+func aHolds(t *testing.T, opts ...claim.Option) (*claim.Lease, *nats.Conn, jetstream.JetStream) {
+	t.Helper()
+	_, dial := bus(t)
+	nc1, js1 := dial()
+	_, js2 := dial()
+	return claimAsA(t, js1, opts...), nc1, js2
+}
+
 func release(t *testing.T, l *claim.Lease) {
 	t.Cleanup(func() { _ = l.Release(context.Background()) })
 }
@@ -104,11 +115,8 @@ func TestOneHolderASecondClaimIsRefusedNamingIt(t *testing.T) {
 }
 
 func TestAReleasedSeatIsTakenAtOnce(t *testing.T) {
-	_, dial := bus(t)
 	ctx := context.Background()
-	_, js1 := dial()
-	_, js2 := dial()
-	a := claimAsA(t, js1)
+	a, _, js2 := aHolds(t)
 	if err := a.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -155,11 +163,8 @@ func TestReleaseRemovesAClaimARevisionAhead(t *testing.T) {
 // standby takes the seat within the lease, while the dead holder's Lost
 // fires.
 func TestAClaimLapsesWhenItsHolderDies(t *testing.T) {
-	_, dial := bus(t)
 	ctx := context.Background()
-	nc1, js1 := dial()
-	_, js2 := dial()
-	a := claimAsA(t, js1, short...)
+	a, nc1, js2 := aHolds(t, short...)
 	got := make(chan *claim.Lease, 1)
 	errc := make(chan error, 1)
 	go func() {
@@ -217,11 +222,8 @@ func TestAClaimLapsesWhenItsHolderDies(t *testing.T) {
 // A holder whose claim is now another's notices at its next renewal: the
 // renewal is refused, Lost fires, and Err names the holder it has now.
 func TestARenewalAfterLossIsNoticed(t *testing.T) {
-	_, dial := bus(t)
 	ctx := context.Background()
-	_, js1 := dial()
-	_, js2 := dial()
-	a := claimAsA(t, js1, short...)
+	a, _, js2 := aHolds(t, short...)
 	// An operator (or a partition that outlasted the lease) took the seat
 	// away: the key is removed and B claims it.
 	kv, err := js2.KeyValue(ctx, mesh.ClaimsBucket())
@@ -288,6 +290,18 @@ func TestHoldRunsOneHolderAtATime(t *testing.T) {
 	if who := <-started; who != "A" {
 		t.Fatalf("%s started first", who)
 	}
+	// bStarts waits for B to start: "B never took " what, if it does not.
+	bStarts := func(what string) {
+		t.Helper()
+		select {
+		case who := <-started:
+			if who != "B" {
+				t.Fatalf("%s started", who)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("B never took " + what)
+		}
+	}
 	go func() { done2 <- claim.Hold(ctx2, js2, "mesh-controller", claim.Mesh(), "B", work("B"), short...) }()
 	testenv.WaitFor(t, 5*time.Second, "B to stand by", func() bool {
 		_, err := claim.Claim(context.Background(), js2, "mesh-controller", claim.Mesh(), "probe", short...)
@@ -302,14 +316,7 @@ func TestHoldRunsOneHolderAtATime(t *testing.T) {
 	if err := <-done1; err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case who := <-started:
-		if who != "B" {
-			t.Fatalf("%s started", who)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("B never took over after A stopped")
-	}
+	bStarts("over after A stopped")
 
 	// B loses the seat (its key taken away, C claims it): B's work stops,
 	// and B stands by instead of running as a second holder.
@@ -325,14 +332,7 @@ func TestHoldRunsOneHolderAtATime(t *testing.T) {
 	if err := c.Release(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case who := <-started:
-		if who != "B" {
-			t.Fatalf("%s started", who)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("B never took the seat back")
-	}
+	bStarts("the seat back")
 	stop2()
 	if err := <-done2; err != nil {
 		t.Fatal(err)
