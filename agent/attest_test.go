@@ -75,22 +75,7 @@ func TestProvenanceIsPushedWithTheImage(t *testing.T) {
 	src := &agent.Sources{Dir: t.TempDir(), InsteadOf: map[string]string{realRepo: git}}
 	build := func(s mesh.Source) (agent.Result, []string) {
 		t.Helper()
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		defer cancel()
-		dir, err := src.Checkout(ctx, s)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer src.Release(dir)
-		var log []string
-		res, err := b.Build(ctx, agent.BuildRequest{
-			Ask:        mesh.Ask{Image: reg + "/app", Source: s, Platform: mesh.DefaultPlatform, Bases: []mesh.Base{{Module: "busybox", Image: repo, Digest: dg}}},
-			ContextDir: dir, Tag: "latest", Log: func(l string) { log = append(log, l) },
-		})
-		if err != nil {
-			t.Fatalf("build: %v\n%s", err, strings.Join(log, "\n"))
-		}
-		return res, log
+		return buildApp(t, b, src, s, reg, repo, dg)
 	}
 	source := mesh.Source{Repo: realRepo, Commit: commit, Path: "app", Dockerfile: "docker/Dockerfile"}
 	res, log := build(source)

@@ -215,6 +215,29 @@ func TestSIGTERMMidBuildHandsARealBuildToAnotherAgent(t *testing.T) {
 	}
 }
 
+// buildApp checks s out of src and builds it on b, in two minutes at
+// most, as reg/app:latest on one base, busybox at baseRepo@baseDigest: the
+// result and the build's log. A build that fails fails t, with its log.
+func buildApp(t *testing.T, b *agent.BuildKit, src *agent.Sources, s mesh.Source, reg, baseRepo, baseDigest string) (agent.Result, []string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	dir, err := src.Checkout(ctx, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Release(dir)
+	var log []string
+	res, err := b.Build(ctx, agent.BuildRequest{
+		Ask:        mesh.Ask{Image: reg + "/app", Source: s, Platform: mesh.DefaultPlatform, Bases: []mesh.Base{{Module: "busybox", Image: baseRepo, Digest: baseDigest}}},
+		ContextDir: dir, Tag: "latest", Log: func(l string) { log = append(log, l) },
+	})
+	if err != nil {
+		t.Fatalf("build: %v\n%s", err, strings.Join(log, "\n"))
+	}
+	return res, log
+}
+
 // name2 splits repo@digest.
 func name2(ref string) (repo, digest string) {
 	repo, digest, _ = strings.Cut(ref, "@")

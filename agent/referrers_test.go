@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -53,22 +52,7 @@ func TestAttestationsWhereToolsLook(t *testing.T) {
 			baseRepo, baseDigest := name2(testenv.Busybox(t, reg))
 			build := func(commit string) agent.Result {
 				t.Helper()
-				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-				defer cancel()
-				s := mesh.Source{Repo: realRepo, Commit: commit, Path: "app"}
-				dir, err := src.Checkout(ctx, s)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer src.Release(dir)
-				var log []string
-				res, err := b.Build(ctx, agent.BuildRequest{
-					Ask:        mesh.Ask{Image: reg + "/app", Source: s, Platform: mesh.DefaultPlatform, Bases: []mesh.Base{{Module: "busybox", Image: baseRepo, Digest: baseDigest}}},
-					ContextDir: dir, Tag: "latest", Log: func(l string) { log = append(log, l) },
-				})
-				if err != nil {
-					t.Fatalf("build: %v\n%s", err, strings.Join(log, "\n"))
-				}
+				res, _ := buildApp(t, b, src, mesh.Source{Repo: realRepo, Commit: commit, Path: "app"}, reg, baseRepo, baseDigest)
 				if res.Attestations == nil || res.Attestations.Manifest == "" || res.Attestations.Provenance == "" {
 					t.Fatalf("attestations %+v: want an index, its attestation manifest and a provenance", res.Attestations)
 				}
