@@ -69,6 +69,27 @@ func newGate() *gate {
 	return &gate{release: map[string]chan error{}, inFlight: map[string]int{}, maxIn: map[string]int{}, began: make(chan string, 100)}
 }
 
+// notBegunAgain fails t if an ask began again on g.
+func (g *gate) notBegunAgain(t *testing.T) {
+	t.Helper()
+	select {
+	case id := <-g.began:
+		t.Fatalf("%s was worked on a second time", id)
+	default:
+	}
+}
+
+// builtOnce waits, up to within, until one ask is built and acknowledged
+// and nothing is pending (what names the wait), and returns the events.
+func builtOnce(t *testing.T, js jetstream.JetStream, within time.Duration, what string) record {
+	t.Helper()
+	testenv.WaitFor(t, within, what, func() bool {
+		info := consumerInfo(t, js)
+		return len(events(t, js).Built) == 1 && info.NumAckPending == 0 && info.NumPending == 0
+	})
+	return events(t, js)
+}
+
 func (g *gate) ch(id string) chan error {
 	g.mu.Lock()
 	defer g.mu.Unlock()

@@ -39,19 +39,11 @@ func TestARedeliveredAskWhoseClaimIsAliveIsLeftToItsHolder(t *testing.T) {
 	startObserved(t, s, "m2", g.on("m2"), nil, ended)
 	ended.next(t, agent.OutcomeHandedBack, 3*testAckWait)
 	g.ch("once") <- nil
-	testenv.WaitFor(t, 10*time.Second, "once built and acknowledged", func() bool {
-		info := consumerInfo(t, js)
-		return len(events(t, js).Built) == 1 && info.NumAckPending == 0 && info.NumPending == 0
-	})
-	r := events(t, js)
+	r := builtOnce(t, js, 10*time.Second, "once built and acknowledged")
 	if len(r.Built) != 1 || r.Built[0].On != "m1" || len(r.Started) != 1 {
 		t.Fatalf("started %+v built %+v: want one start and one built, on m1", r.Started, r.Built)
 	}
-	select {
-	case id := <-g.began:
-		t.Fatalf("%s was worked on a second time", id)
-	default:
-	}
+	g.notBegunAgain(t)
 }
 
 // An ask that comes again after its outcome was announced (its holder lost
@@ -313,19 +305,11 @@ func TestAnAskIsBuiltOnceAcrossABusOutage(t *testing.T) {
 		t.Fatalf("the redelivered ask was worked on (%s), want it left to its holder", e.Took)
 	}
 	g.ch("outage") <- nil
-	testenv.WaitFor(t, 30*time.Second, "built and acknowledged", func() bool {
-		info := consumerInfo(t, js)
-		return len(events(t, js).Built) == 1 && info.NumAckPending == 0 && info.NumPending == 0
-	})
-	r := events(t, js)
+	r := builtOnce(t, js, 30*time.Second, "built and acknowledged")
 	if len(r.Built) != 1 || len(r.Started) != 1 || first != "outage" {
 		t.Fatalf("started %+v built %+v: want the ask started and built once", r.Started, r.Built)
 	}
-	select {
-	case id := <-g.began:
-		t.Fatalf("%s was worked on a second time", id)
-	default:
-	}
+	g.notBegunAgain(t)
 }
 
 // An idle machine whose BuildKit goes away says so before it takes an ask.

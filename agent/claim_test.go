@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/meshbuild/meshbuild/agent"
-	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
 )
 
@@ -70,11 +69,7 @@ func TestAClaimIsRenewedWithinItsLeaseEvenWhenAnAnswerIsLost(t *testing.T) {
 		}
 	}
 	g.ch("kept") <- nil
-	testenv.WaitFor(t, 10*time.Second, "kept built and acknowledged", func() bool {
-		info := consumerInfo(t, js)
-		return len(events(t, js).Built) == 1 && info.NumAckPending == 0 && info.NumPending == 0
-	})
-	if r := events(t, js); len(r.Built) != 1 || r.Built[0].On != "m1" || len(r.Started) != 1 {
+	if r := builtOnce(t, js, 10*time.Second, "kept built and acknowledged"); len(r.Built) != 1 || r.Built[0].On != "m1" || len(r.Started) != 1 {
 		t.Fatalf("started %+v built %+v: want one start and one built, on m1", r.Started, r.Built)
 	}
 }
