@@ -172,17 +172,28 @@ func (c *Client) Head(ctx context.Context, ref string) (*v1.Descriptor, error) {
 	return desc, nil
 }
 
+// fetch gets the manifest ref names, with its descriptor, and ref parsed;
+// a registry's error is said as doing ref ("pulling", "fetching"), with a
+// hint to log in where it refused.
+func (c *Client) fetch(ctx context.Context, ref, doing string) (name.Reference, *remote.Descriptor, error) {
+	r, err := c.parse(ref)
+	if err != nil {
+		return nil, nil, err
+	}
+	desc, err := remote.Get(r, c.remote(ctx)...)
+	if err != nil {
+		return nil, nil, loginHint(fmt.Errorf("%s %s: %w", doing, ref, err), r.Context().RegistryStr())
+	}
+	return r, desc, nil
+}
+
 // Get fetches the manifest ref names, with its descriptor, for a caller
 // that reads the image or index further (a node pulling into its layout).
 func (c *Client) Get(ctx context.Context, ref string) (*remote.Descriptor, error) {
 	c = c.or()
-	r, err := c.parse(ref)
+	_, desc, err := c.fetch(ctx, ref, "pulling")
 	if err != nil {
 		return nil, err
-	}
-	desc, err := remote.Get(r, c.remote(ctx)...)
-	if err != nil {
-		return nil, loginHint(fmt.Errorf("pulling %s: %w", ref, err), r.Context().RegistryStr())
 	}
 	return desc, nil
 }
@@ -192,13 +203,9 @@ func (c *Client) Get(ctx context.Context, ref string) (*remote.Descriptor, error
 // it again.
 func (c *Client) Tag(ctx context.Context, ref, tag string) error {
 	c = c.or()
-	r, err := c.parse(ref)
+	_, desc, err := c.fetch(ctx, ref, "fetching")
 	if err != nil {
 		return err
-	}
-	desc, err := remote.Get(r, c.remote(ctx)...)
-	if err != nil {
-		return loginHint(fmt.Errorf("fetching %s: %w", ref, err), r.Context().RegistryStr())
 	}
 	return c.TagFetched(ctx, ref, desc, tag)
 }
@@ -223,13 +230,9 @@ func (c *Client) TagFetched(ctx context.Context, ref string, desc *remote.Descri
 // its images.
 func (c *Client) Size(ctx context.Context, ref string) (int64, error) {
 	c = c.or()
-	r, err := c.parse(ref)
+	r, desc, err := c.fetch(ctx, ref, "fetching")
 	if err != nil {
 		return 0, err
-	}
-	desc, err := remote.Get(r, c.remote(ctx)...)
-	if err != nil {
-		return 0, loginHint(fmt.Errorf("fetching %s: %w", ref, err), r.Context().RegistryStr())
 	}
 	if desc.MediaType.IsIndex() {
 		idx, err := desc.ImageIndex()

@@ -57,13 +57,9 @@ func (r rawManifest) MediaType() (types.MediaType, error) { return r.mt, nil }
 // refused.
 func (c *Client) Refer(ctx context.Context, ref string) error {
 	c = c.or()
-	r, err := c.parse(ref)
+	_, desc, err := c.fetch(ctx, ref, "fetching")
 	if err != nil {
 		return err
-	}
-	desc, err := remote.Get(r, c.remote(ctx)...)
-	if err != nil {
-		return loginHint(fmt.Errorf("fetching %s: %w", ref, err), r.Context().RegistryStr())
 	}
 	return c.ReferFetched(ctx, ref, desc)
 }
