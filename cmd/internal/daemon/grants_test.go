@@ -19,6 +19,21 @@ import (
 	"github.com/meshbuild/meshbuild/mesh/meshtest"
 )
 
+// issueAgentM1 writes the credentials keys issue for agent m1 from cat,
+// and returns the file.
+func issueAgentM1(t *testing.T, keys *creds.Keys, cat *mesh.Catalogue) string {
+	t.Helper()
+	p, err := cat.PrincipalPermissions(mesh.KindAgent, "m1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(t.TempDir(), "agent.creds")
+	if err := keys.IssueFile(p, "", file); err != nil {
+		t.Fatal(err)
+	}
+	return file
+}
+
 // Credentials issued from a catalogue grant its platforms' queues only:
 // grantedPlatforms keeps those, and refuses, naming the file and what to
 // do, when none of the machine's is granted.
@@ -27,20 +42,9 @@ func TestAnAgentTakesOnlyThePlatformsItsCredentialsGrant(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	issue := func(cat *mesh.Catalogue) string {
-		p, err := cat.PrincipalPermissions(mesh.KindAgent, "m1")
-		if err != nil {
-			t.Fatal(err)
-		}
-		file := filepath.Join(t.TempDir(), "agent.creds")
-		if err := keys.IssueFile(p, "", file); err != nil {
-			t.Fatal(err)
-		}
-		return file
-	}
-	amd := issue(meshtest.Catalogue(t, nil))
+	amd := issueAgentM1(t, keys, meshtest.Catalogue(t, nil))
 	ms := append(meshtest.MeshManifests(t), &mesh.Manifest{Module: "tool", Build: &mesh.Build{Repo: "r", Platforms: []string{"linux/arm64", "linux/amd64"}}})
-	both := issue(mesh.NewCatalogue(ms))
+	both := issueAgentM1(t, keys, mesh.NewCatalogue(ms))
 	machine := []string{"linux/amd64", "linux/amd64/v2", "linux/386", "linux/arm64"}
 	log := slog.New(slog.DiscardHandler)
 	if got, err := grantedPlatforms(amd, machine, log); err != nil || !slices.Equal(got, []string{"linux/amd64"}) {
@@ -151,19 +155,8 @@ func TestHandBacksAreAnnouncedOnlyWhereTheCredentialsGrantThem(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	issue := func(ms []*mesh.Manifest) string {
-		p, err := mesh.NewCatalogue(ms).PrincipalPermissions(mesh.KindAgent, "m1")
-		if err != nil {
-			t.Fatal(err)
-		}
-		file := filepath.Join(t.TempDir(), "agent.creds")
-		if err := keys.IssueFile(p, "", file); err != nil {
-			t.Fatal(err)
-		}
-		return file
-	}
 	log := slog.New(slog.DiscardHandler)
-	if !handBacksGranted(issue(meshtest.MeshManifests(t)), "m1", log) {
+	if !handBacksGranted(issueAgentM1(t, keys, mesh.NewCatalogue(meshtest.MeshManifests(t))), "m1", log) {
 		t.Error("credentials of this version's catalogue: hand-backs not granted")
 	}
 	old := meshtest.MeshManifests(t)
@@ -172,7 +165,7 @@ func TestHandBacksAreAnnouncedOnlyWhereTheCredentialsGrantThem(t *testing.T) {
 			m.Seats[i].Emits = slices.DeleteFunc(m.Seats[i].Emits, func(e string) bool { return e == mesh.EventHandedBack })
 		}
 	}
-	if handBacksGranted(issue(old), "m1", log) {
+	if handBacksGranted(issueAgentM1(t, keys, mesh.NewCatalogue(old)), "m1", log) {
 		t.Error("credentials of a catalogue without handed-back: hand-backs granted")
 	}
 }

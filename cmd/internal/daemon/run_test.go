@@ -24,20 +24,8 @@ import (
 func TestTheControllerRaisesACatalogueChange(t *testing.T) {
 	s := natstest.Server(t, nil)
 	_, js := natstest.Connect(t, s)
-	root, err := testenv.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
 	dir := t.TempDir()
-	for _, m := range meshtest.MeshModules {
-		data, err := os.ReadFile(filepath.Join(root, "examples/fleet/catalogue", m+".yaml"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, m+".yaml"), data, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	meshManifests(t, dir)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	ready := make(chan struct{})
@@ -94,8 +82,9 @@ func TestTheControllerRaisesACatalogueChange(t *testing.T) {
 	}
 }
 
-// fleetManifests writes the farm's own manifests and app's into dir.
-func fleetManifests(t *testing.T, dir string) {
+// meshManifests writes the farm's own manifests (examples/fleet's of
+// meshtest.MeshModules) into dir.
+func meshManifests(t *testing.T, dir string) {
 	t.Helper()
 	root, err := testenv.RepoRoot()
 	if err != nil {
@@ -110,6 +99,12 @@ func fleetManifests(t *testing.T, dir string) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// fleetManifests writes the farm's own manifests and app's into dir.
+func fleetManifests(t *testing.T, dir string) {
+	t.Helper()
+	meshManifests(t, dir)
 	if err := os.WriteFile(filepath.Join(dir, "app.yaml"), []byte("module: app\nbuild:\n  repo: https://git.example/app.git\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
