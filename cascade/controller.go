@@ -359,14 +359,7 @@ func (c *Controller) SetCatalogue(ctx context.Context, cat *mesh.Catalogue) erro
 		return err
 	}
 	c.logRaise(r)
-	res, err := c.cmds.Do(ctx, command{Kind: "catalogue", Cat: cat})
-	if err != nil {
-		return err
-	}
-	if res.Error != "" {
-		return errors.New(res.Error)
-	}
-	return nil
+	return seat.SetCatalogue(ctx, c.cmds, cat)
 }
 
 func (c *Controller) observe() {

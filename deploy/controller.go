@@ -522,14 +522,7 @@ func (c *Controller) publish(ctx context.Context, d Declaration) error {
 
 // SetCatalogue swaps in a changed catalogue (raised by the caller).
 func (c *Controller) SetCatalogue(ctx context.Context, cat *mesh.Catalogue) error {
-	r, err := c.cmds.Do(ctx, command{Kind: "catalogue", Cat: cat})
-	if err != nil {
-		return err
-	}
-	if r.Error != "" {
-		return errors.New(r.Error)
-	}
-	return nil
+	return seat.SetCatalogue(ctx, c.cmds, cat)
 }
 
 func sortedKeys[V any](m map[string]V) []string {

@@ -113,6 +113,19 @@ func ServeInbox[Req, Rep any](nc *nats.Conn, tools []Tool, timeout time.Duration
 	}, malformed)
 }
 
+// SetCatalogue hands cat to the owner of in as a Command of kind
+// "catalogue" and returns the error its answer carries (or ctx's).
+func SetCatalogue[Req any, Rep Answer](ctx context.Context, in Inbox[Command[Req], Rep], cat *mesh.Catalogue) error {
+	r, err := in.Do(ctx, Command[Req]{Kind: "catalogue", Cat: cat})
+	if err != nil {
+		return err
+	}
+	if msg, _ := r.Failure(); msg != "" {
+		return errors.New(msg)
+	}
+	return nil
+}
+
 // Answer is a tool's reply as Call reads it: its error message and code,
 // both empty for a success.
 type Answer interface {
