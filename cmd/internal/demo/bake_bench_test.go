@@ -230,16 +230,7 @@ func BenchmarkFleetBake(b *testing.B) {
 			farmForced = append(farmForced, at.Sub(t0))
 
 			// Nothing changed: every module rebuilt, none dispatched.
-			t0 = time.Now()
-			r, err = cascade.Call(ctx, conn, "build-controller", cascade.ToolRebuild, cascade.Request{ID: fmt.Sprintf("bench-nothing-%d", n), Modules: modules})
-			if err != nil {
-				b.Fatalf("rebuild: %v", err)
-			}
-			at, rec, _ = settled(b, ctx, store, r.Plan)
-			if rec.Counts.Unchanged != len(modules) {
-				b.Fatalf("rebuild of an unchanged fleet: %+v; want all %d modules unchanged", rec.Counts, len(modules))
-			}
-			farmNothing = append(farmNothing, at.Sub(t0))
+			farmNothing = append(farmNothing, rebuildNothing(b, ctx, conn, store, modules, n))
 		}
 	}
 	med := func(ds []time.Duration) time.Duration {
