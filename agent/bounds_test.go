@@ -46,6 +46,23 @@ func TestARedeliveredAskWhoseClaimIsAliveIsLeftToItsHolder(t *testing.T) {
 	g.notBegunAgain(t)
 }
 
+// takeAndNak takes the next ask off the build queue (of the default
+// platform), as a holder would, and naks it: it comes again.
+func takeAndNak(t *testing.T, js jetstream.JetStream) {
+	t.Helper()
+	cons, err := js.Consumer(context.Background(), mesh.SeatStream(mesh.BuildSeat), mesh.BuildConsumer(mesh.DefaultPlatform))
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for m := range batch.Messages() {
+		_ = m.Nak()
+	}
+}
+
 // An ask that comes again after its outcome was announced (its holder lost
 // the ack) is settled without building.
 func TestAnAskWhoseOutcomeWasAnnouncedIsSettledWithoutBuilding(t *testing.T) {
@@ -65,17 +82,7 @@ func TestAnAskWhoseOutcomeWasAnnouncedIsSettledWithoutBuilding(t *testing.T) {
 	})
 	// Its first holder took it and lost the ack: it comes again.
 	submit(t, js, ask("again"))
-	cons, err := js.Consumer(context.Background(), mesh.SeatStream(mesh.BuildSeat), mesh.BuildConsumer(mesh.DefaultPlatform))
-	if err != nil {
-		t.Fatal(err)
-	}
-	batch, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for m := range batch.Messages() {
-		_ = m.Nak()
-	}
+	takeAndNak(t, js)
 	ended := make(ends, 10)
 	startObserved(t, s, "m1", w, nil, ended)
 	ended.next(t, agent.OutcomeDone, 10*time.Second)
@@ -118,17 +125,7 @@ func TestAnAskWhoseAckWasLostIsAnnouncedAgainUnderItsOwnClaim(t *testing.T) {
 		t.Fatal(err)
 	}
 	submit(t, js, a)
-	cons, err := js.Consumer(ctx, mesh.SeatStream(mesh.BuildSeat), mesh.BuildConsumer(mesh.DefaultPlatform))
-	if err != nil {
-		t.Fatal(err)
-	}
-	batch, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for m := range batch.Messages() {
-		_ = m.Nak()
-	}
+	takeAndNak(t, js)
 	var calls atomic.Int32
 	w := workerFunc(func(context.Context, mesh.Ask, func(string)) (agent.Result, error) {
 		calls.Add(1)
