@@ -144,11 +144,7 @@ func watchSeat(tb testing.TB, nc *nats.Conn) *seatEvents {
 		if batch.Final {
 			e.arrived[logFinal+"/"+batch.Ask] = at
 		}
-		e.mu.Unlock()
-		select {
-		case e.notify <- struct{}{}:
-		default:
-		}
+		e.unlockAndWake()
 	})
 	if err != nil {
 		tb.Fatal(err)
@@ -168,11 +164,7 @@ func watchSeat(tb testing.TB, nc *nats.Conn) *seatEvents {
 			if ev == mesh.EventFailed {
 				e.failed[v.Ask] = v.Reason + ": " + v.Message
 			}
-			e.mu.Unlock()
-			select {
-			case e.notify <- struct{}{}:
-			default:
-			}
+			e.unlockAndWake()
 		})
 		if err != nil {
 			tb.Fatal(err)
@@ -186,6 +178,15 @@ func watchSeat(tb testing.TB, nc *nats.Conn) *seatEvents {
 }
 
 // wait returns when event arrived for ask; a failed of the ask fails tb.
+// unlockAndWake unlocks e and wakes a wait, if one waits.
+func (e *seatEvents) unlockAndWake() {
+	e.mu.Unlock()
+	select {
+	case e.notify <- struct{}{}:
+	default:
+	}
+}
+
 func (e *seatEvents) wait(tb testing.TB, event, ask string, d time.Duration) time.Time {
 	tb.Helper()
 	deadline := time.NewTimer(d)

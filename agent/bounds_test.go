@@ -46,6 +46,19 @@ func TestARedeliveredAskWhoseClaimIsAliveIsLeftToItsHolder(t *testing.T) {
 	g.notBegunAgain(t)
 }
 
+// settledBy starts agent m1 with w, waits for its outcome done (the ask
+// settled without building) and for the ask to leave the queue.
+func settledBy(t *testing.T, s *server.Server, js jetstream.JetStream, w agent.Worker) {
+	t.Helper()
+	ended := make(ends, 10)
+	startObserved(t, s, "m1", w, nil, ended)
+	ended.next(t, agent.OutcomeDone, 10*time.Second)
+	testenv.WaitFor(t, 5*time.Second, "the ask settled", func() bool {
+		info := consumerInfo(t, js)
+		return info.NumAckPending == 0 && info.NumPending == 0
+	})
+}
+
 // takeAndNak takes the next ask off the build queue (of the default
 // platform), as a holder would, and naks it: it comes again.
 func takeAndNak(t *testing.T, js jetstream.JetStream) {
@@ -83,13 +96,7 @@ func TestAnAskWhoseOutcomeWasAnnouncedIsSettledWithoutBuilding(t *testing.T) {
 	// Its first holder took it and lost the ack: it comes again.
 	submit(t, js, ask("again"))
 	takeAndNak(t, js)
-	ended := make(ends, 10)
-	startObserved(t, s, "m1", w, nil, ended)
-	ended.next(t, agent.OutcomeDone, 10*time.Second)
-	testenv.WaitFor(t, 5*time.Second, "the ask settled", func() bool {
-		info := consumerInfo(t, js)
-		return info.NumAckPending == 0 && info.NumPending == 0
-	})
+	settledBy(t, s, js, w)
 	if r := events(t, js); calls.Load() != 0 || len(r.Started)+len(r.Built)+len(r.Failed) != 0 {
 		t.Fatalf("worked %d times, events %+v: want nothing built or announced", calls.Load(), r)
 	}
@@ -131,13 +138,7 @@ func TestAnAskWhoseAckWasLostIsAnnouncedAgainUnderItsOwnClaim(t *testing.T) {
 		calls.Add(1)
 		return agent.Result{Digest: digest}, nil
 	})
-	ended := make(ends, 10)
-	startObserved(t, s, "m1", w, nil, ended)
-	ended.next(t, agent.OutcomeDone, 10*time.Second)
-	testenv.WaitFor(t, 5*time.Second, "the ask settled", func() bool {
-		info := consumerInfo(t, js)
-		return info.NumAckPending == 0 && info.NumPending == 0
-	})
+	settledBy(t, s, js, w)
 	e, err := kv.Get(ctx, mesh.AskClaimKey(a.ID, "m1"))
 	if err != nil {
 		t.Fatal(err)
