@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/nats-io/jwt/v2"
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
 	"github.com/meshbuild/meshbuild/cmd/internal/creds"
@@ -55,11 +56,10 @@ func TestInitOpen(t *testing.T) {
 	}
 }
 
-// Credentials issued from a key directory, on a server configured from its
-// server.conf: the user's JWT carries exactly the derived set, the server
-// admits it with JetStream on and enforces the set; credentials from other
-// keys are refused.
-func TestIssuedCredentialsAreEnforced(t *testing.T) {
+// newKeys makes a new key directory and the server options its
+// server.conf holds.
+func newKeys(t *testing.T) (*creds.Keys, *server.Options) {
+	t.Helper()
 	k, err := creds.Init(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
@@ -68,6 +68,15 @@ func TestIssuedCredentialsAreEnforced(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return k, opts
+}
+
+// Credentials issued from a key directory, on a server configured from its
+// server.conf: the user's JWT carries exactly the derived set, the server
+// admits it with JetStream on and enforces the set; credentials from other
+// keys are refused.
+func TestIssuedCredentialsAreEnforced(t *testing.T) {
+	k, opts := newKeys(t)
 	if len(opts.TrustedOperators) != 1 || opts.AccountResolver == nil || opts.SystemAccount == "" {
 		t.Fatalf("server.conf: operators %d, resolver %v, system account %q; want the operator, a resolver, a system account",
 			len(opts.TrustedOperators), opts.AccountResolver, opts.SystemAccount)
@@ -170,14 +179,7 @@ func TestIssuedCredentialsAreEnforced(t *testing.T) {
 // An empty allow list in a derived set denies everything: to the server an
 // empty list would allow everything.
 func TestEmptySetDeniesAll(t *testing.T) {
-	k, err := creds.Init(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	opts, err := k.ServerOptions()
-	if err != nil {
-		t.Fatal(err)
-	}
+	k, opts := newKeys(t)
 	s := natstest.Server(t, opts)
 	path := filepath.Join(t.TempDir(), "nobody.creds")
 	if err := k.IssueFile(mesh.Permissions{Principal: "nobody", Subscribe: []string{"_INBOX_nobody.>"}}, "", path); err != nil {
