@@ -230,6 +230,20 @@ type planRun struct {
 
 // run pushes a commit of the simulated repository with the DAG's durations
 // scaled by unit and waits for the plan to settle.
+// modules reads the module records of plan from the controller's store.
+func (f *benchFarm) modules(tb testing.TB, plan string) map[string]cascade.ModuleStatus {
+	tb.Helper()
+	st, err := cascade.OpenStore(context.Background(), f.js, "build-controller")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	mods, err := st.Modules(context.Background(), plan)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return mods
+}
+
 func (f *benchFarm) run(d sim.DAG, unit, timeout time.Duration) planRun {
 	f.tb.Helper()
 	f.waitIdle()
@@ -482,14 +496,7 @@ func testLongestFirst(t *testing.T, window int) {
 	const unit = 80 * time.Millisecond
 	f.run(d, unit, time.Minute)
 	r := f.run(d, unit, time.Minute)
-	st, err := cascade.OpenStore(context.Background(), f.js, "build-controller")
-	if err != nil {
-		t.Fatal(err)
-	}
-	mods, err := st.Modules(context.Background(), r.Rec.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
+	mods := f.modules(t, r.Rec.ID)
 	order := slices.Clone(d.Names[1:])
 	slices.SortFunc(order, func(a, b string) int { return mods[a].Started.Compare(mods[b].Started) })
 	want := []string{"m1", "m3", "m5", "m7", "m8", "m6", "m4", "m2"}
@@ -558,14 +565,7 @@ func TestControllerDefaultMatchesItsModel(t *testing.T) {
 		lo, hi := slack(model)
 		t.Logf("%s: real %.3f s, model %.3f s (%+.1f %%), allowed %.3f–%.3f s", m.name, got, model, 100*(got-model)/model, lo, hi)
 		if got < lo || got > hi || testing.Verbose() {
-			st, err := cascade.OpenStore(context.Background(), f.js, "build-controller")
-			if err != nil {
-				t.Fatal(err)
-			}
-			mods, err := st.Modules(context.Background(), r.Rec.ID)
-			if err != nil {
-				t.Fatal(err)
-			}
+			mods := f.modules(t, r.Rec.ID)
 			for i, name := range d.Names {
 				t.Logf("  %s (%.2f): started %.3f s, model %.3f s", name, d.Dur[i], mods[name].Started.Sub(r.Rec.Created).Seconds(), res.Start[i]*unit.Seconds())
 			}
