@@ -285,6 +285,9 @@ func (a *Agent) bindPlatform(ctx context.Context, p string, firsts chan<- bindFi
 	stream := mesh.SeatStream(mesh.BuildSeat)
 	name := mesh.BuildConsumer(p)
 	cons, err := a.js.Consumer(ctx, stream, name)
+	if err == nil {
+		err = roomFor(cons.CachedInfo(), a.cfg.Slots)
+	}
 	firsts <- bindFirst{p, err}
 	switch {
 	case notRaised(err):
@@ -345,10 +348,39 @@ func (a *Agent) slot(ctx, work context.Context, b *bound, slot int) {
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, context.DeadlineExceeded) {
 			a.troubled()
-			a.log.Warn("fetch ended", "slot", slot, "err", err)
+			if exceededMaxWaiting(err) {
+				a.log.Error("the seat's consumer refused this slot's pull: its MaxWaiting is below the fleet's machines × slots × 1.25 (mesh.FleetSettingsOf); machines sit idle",
+					"slot", slot, "err", err)
+			} else {
+				a.log.Warn("fetch ended", "slot", slot, "err", err)
+			}
 			_ = backoff.Wait(ctx, time.Second)
 		}
 	}
+}
+
+// ErrNoRoom is an agent refusing to hold the seat: the holders' consumer
+// has no room for its slots' pulls, which the server would drop.
+var ErrNoRoom = errors.New("the seat's consumer has no room for this machine's pulls")
+
+// roomFor checks that the holders' consumer described by info keeps a pull
+// of each of slots waiting beside those already waiting: beyond its
+// MaxWaiting the server drops a pull (a Fetch hears "409 Exceeded
+// MaxWaiting"; a Consume nothing), and the machine would sit idle.
+func roomFor(info *jetstream.ConsumerInfo, slots int) error {
+	mw := info.Config.MaxWaiting
+	if mw <= 0 || info.NumWaiting+slots <= mw {
+		return nil
+	}
+	return fmt.Errorf("%w: consumer %s/%s has MaxWaiting %d with %d pulls waiting, %d slots more would be dropped; "+
+		"a fleet of M machines of S slots needs MaxWaiting ≥ 1.25 × M × S (mesh.FleetSettingsOf): delete the consumer while no holder works and raise the catalogue again",
+		ErrNoRoom, info.Stream, info.Name, mw, info.NumWaiting, slots)
+}
+
+// exceededMaxWaiting reports whether err is the server's "409 Exceeded
+// MaxWaiting" to a pull (nats.go has no error value for it).
+func exceededMaxWaiting(err error) bool {
+	return err != nil && strings.Contains(err.Error(), "Exceeded MaxWaiting")
 }
 
 // minFetchWait is the shortest pull a slot waits on one platform.
