@@ -349,7 +349,7 @@ func (a *Agent) slot(ctx, work context.Context, b *bound, slot int) {
 		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, context.DeadlineExceeded) {
 			a.troubled()
 			if exceededMaxWaiting(err) {
-				a.log.Error("the seat's consumer refused this slot's pull: its MaxWaiting is below the fleet's machines × slots × 1.25 (mesh.FleetSettingsOf); machines sit idle",
+				a.log.Error("fetch refused: the seat's consumer's MaxWaiting is below the fleet's machines × slots × 1.25 (mesh.FleetSettingsOf); machines sit idle",
 					"slot", slot, "err", err)
 			} else {
 				a.log.Warn("fetch ended", "slot", slot, "err", err)

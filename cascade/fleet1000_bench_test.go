@@ -59,6 +59,11 @@ import (
 //
 //	go test -run XXX -bench BenchmarkFleet1000 -benchtime 1x -timeout 30m ./cascade
 //
+// single/agents=10000 is issue #23's 10,000 machines on one server: the
+// dispatch and throughput figures and the server's memory, no makespan
+// (the consumer's MaxWaiting and the open files limit come from
+// mesh.FleetSettingsOf).
+//
 // TestFleet1000Tiny runs the same at 20 agents under `make test`.
 
 // fleetUnit is the real time of one unit of simulated duration.
@@ -77,7 +82,10 @@ func BenchmarkFleet1000(b *testing.B) {
 		return
 	}
 	for _, bus := range []int{1, 3} {
-		for _, agents := range []int{50, 1000} {
+		for _, agents := range []int{50, 1000, 10000} {
+			if bus == 3 && agents == 10000 {
+				continue // issue #23 asks 10,000 of one server
+			}
 			name := fmt.Sprintf("single/agents=%d", agents)
 			if bus == 3 {
 				name = fmt.Sprintf("cluster3/agents=%d", agents)
@@ -86,7 +94,7 @@ func BenchmarkFleet1000(b *testing.B) {
 			// throughput plan there.
 			plans := map[int]int{1: 3, 3: 1}[bus]
 			b.Run(name, func(b *testing.B) {
-				fleetBench(b, fleetSize{nodes: bus, agents: agents, asks: 200, modules: 10000, plans: plans, makespan: agents >= 1000})
+				fleetBench(b, fleetSize{nodes: bus, agents: agents, asks: 200, modules: 10000, plans: plans, makespan: agents == 1000})
 			})
 		}
 	}
@@ -147,8 +155,9 @@ func fleetRun(tb testing.TB, sz fleetSize) map[string]float64 {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	if mw := cons.CachedInfo().Config.MaxWaiting; float64(mw) < 1.25*float64(sz.agents) {
-		tb.Fatalf("the seat's consumer has MaxWaiting %d, want at least 1.25 × %d slots", mw, sz.agents)
+	need := mesh.FleetSettingsOf(mesh.Fleet{Machines: sz.agents, Slots: 1})
+	if mw := cons.CachedInfo().Config.MaxWaiting; mw < need.MaxWaiting {
+		tb.Fatalf("the seat's consumer has MaxWaiting %d, want at least %d for %d slots", mw, need.MaxWaiting, sz.agents)
 	}
 
 	// Dispatch to idle agents.
@@ -220,14 +229,15 @@ func quantileOf(sorted []time.Duration, q float64) time.Duration {
 }
 
 // raiseNoFile raises the soft limit of open files to the hard limit: every
-// agent's connection is a descriptor here (and in the server, which
-// inherits the limit). A hard limit too low for the fleet is a failure.
+// agent's connection is a descriptor here (and its own files), and the
+// server, which inherits the limit, needs mesh.FleetSettingsOf's. A hard limit too low for the
+// fleet is a failure.
 func raiseNoFile(tb testing.TB, agents int) {
 	var l syscall.Rlimit
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &l); err != nil {
 		tb.Fatal(err)
 	}
-	need := uint64(2*agents + 512)
+	need := max(uint64(agents)+512, mesh.FleetSettingsOf(mesh.Fleet{Machines: agents, Slots: 1}).NoFile)
 	if l.Cur < need && l.Cur < l.Max {
 		l.Cur = l.Max
 		if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &l); err != nil {
