@@ -241,7 +241,7 @@ func (a *Agent) bind(ctx context.Context) (*bound, error) {
 	for range a.cfg.Platforms {
 		select {
 		case f := <-firsts:
-			if f.err != nil && !notRaised(f.err) {
+			if f.err != nil && !bindLater(f.err) {
 				failed = append(failed, f.platform)
 				errs = append(errs, fmt.Errorf("binding consumer %s/%s: %w", stream, mesh.BuildConsumer(f.platform), f.err))
 			}
@@ -272,6 +272,11 @@ type bindFirst struct {
 	err      error
 }
 
+// bindLater reports whether binding a consumer is worth trying again
+// after err: it is not raised yet, or the server did not answer in time
+// (a fleet starting at once, mesh.Unanswered).
+func bindLater(err error) bool { return notRaised(err) || mesh.Unanswered(err) }
+
 // notRaised reports whether err says a consumer (or its stream) is not
 // raised yet.
 func notRaised(err error) bool {
@@ -290,15 +295,24 @@ func (a *Agent) bindPlatform(ctx context.Context, p string, firsts chan<- bindFi
 	}
 	firsts <- bindFirst{p, err}
 	switch {
-	case notRaised(err):
-		a.log.Info("no ask is queued for this platform yet; waiting for the controller to raise its queue", "platform", p)
-		err = bindRetry.Retry(ctx, 0, notRaised, func() error {
+	case bindLater(err):
+		if notRaised(err) {
+			a.log.Info("no ask is queued for this platform yet; waiting for the controller to raise its queue", "platform", p)
+		} else {
+			a.log.Info("the server did not answer binding a platform's consumer; trying again", "platform", p, "err", err)
+		}
+		err = bindRetry.Retry(ctx, 0, bindLater, func() error {
 			var err error
-			cons, err = a.js.Consumer(ctx, stream, name)
+			if cons, err = a.js.Consumer(ctx, stream, name); err == nil {
+				err = roomFor(cons.CachedInfo(), a.cfg.Slots)
+			}
 			return err
 		})
 		if err != nil {
-			if ctx.Err() == nil {
+			switch {
+			case errors.Is(err, ErrNoRoom):
+				a.log.Error("refusing a platform's consumer: no room for this machine's pulls", "platform", p, "consumer", stream+"/"+name, "err", err)
+			case ctx.Err() == nil:
 				a.log.Warn("binding a platform's consumer", "platform", p, "consumer", stream+"/"+name, "err", err)
 			}
 			return nil, false

@@ -149,6 +149,7 @@ func fleetRun(tb testing.TB, sz fleetSize) map[string]float64 {
 	cfg := cascade.DefaultConfig()
 	cfg.Replicas = sz.nodes
 	f, warns := newFleetFarm(tb, bus, benchCatalogue(tb, d), cfg, sz.agents)
+	out["fleet-ready-s"] = f.ready.Seconds()
 
 	// MaxWaiting covers every slot with a quarter to spare (SCALE.md).
 	cons, err := f.js.Consumer(context.Background(), mesh.SeatStream(mesh.BuildSeat), mesh.BuildConsumer(mesh.DefaultPlatform))
@@ -522,6 +523,9 @@ func (p *natsProcs) cpu() time.Duration {
 type fleetFarm struct {
 	*benchFarm
 	urls string
+	// ready is how long the agents took from their start to every slot's
+	// pull waiting.
+	ready time.Duration
 }
 
 func (f *fleetFarm) connect() (*nats.Conn, jetstream.JetStream) {
@@ -550,11 +554,38 @@ func newFleetFarm(tb testing.TB, bus *natsProcs, cat *mesh.Catalogue, cfg cascad
 	nc, cjs := f.connect()
 	f.startController(nc, cjs, cat, cfg, 60*time.Second, 20*time.Millisecond)
 	warns := &fetchWarnings{}
+	began := time.Now()
 	f.startAgents(f.connect, agents, slog.New(warns), func(i int, acfg *agent.Config) {
 		acfg.Machine = fmt.Sprintf("sim-%04d", i+1)
 	})
-	f.waitIdle()
+	f.ready = f.waitFleetIdle(30*time.Second+time.Duration(agents)*10*time.Millisecond, warns).Sub(began)
 	return f, warns
+}
+
+// waitFleetIdle is waitIdle for a fleet starting: every agent connects,
+// claims its machine's seat and binds before its pull waits, which takes
+// longer than waitIdle's 30s at 10,000 agents. It returns when the last
+// pull was seen waiting.
+func (f *fleetFarm) waitFleetIdle(timeout time.Duration, warns *fetchWarnings) time.Time {
+	f.tb.Helper()
+	ctx := context.Background()
+	deadline := time.Now().Add(timeout)
+	waiting := 0
+	for time.Now().Before(deadline) {
+		c, err := f.js.Consumer(ctx, mesh.SeatStream(mesh.BuildSeat), mesh.BuildConsumer(mesh.DefaultPlatform))
+		if err == nil {
+			if info, err := c.Info(ctx); err == nil {
+				waiting = info.NumWaiting
+				if waiting >= f.slots && info.NumPending == 0 && info.NumAckPending == 0 {
+					return time.Now()
+				}
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	n, sample := warns.fetchErrors()
+	f.tb.Fatalf("%d of the %d slots have a pull waiting after %s; the agents logged %d errors, e.g. %s", waiting, f.slots, timeout, n, sample)
+	return time.Time{}
 }
 
 // fleetDispatch publishes n asks one at a time to idle agents and returns
@@ -613,7 +644,7 @@ func fleetDispatch(tb testing.TB, f *fleetFarm, nc *nats.Conn, n int) []time.Dur
 
 // fetchWarnings is the agents' logger: it counts what they log about a
 // pull that failed or ended in an error (a 409 Exceeded MaxWaiting among
-// them).
+// them), and an agent that stopped with an error.
 type fetchWarnings struct {
 	mu     sync.Mutex
 	n      int
@@ -622,7 +653,7 @@ type fetchWarnings struct {
 
 func (w *fetchWarnings) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
 func (w *fetchWarnings) Handle(_ context.Context, r slog.Record) error {
-	if !strings.HasPrefix(r.Message, "fetch") {
+	if !strings.HasPrefix(r.Message, "fetch") && r.Message != "agent stopped" {
 		return nil
 	}
 	w.mu.Lock()
