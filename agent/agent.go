@@ -241,7 +241,7 @@ func (a *Agent) bind(ctx context.Context) (*bound, error) {
 	for range a.cfg.Platforms {
 		select {
 		case f := <-firsts:
-			if f.err != nil && !notRaised(f.err) {
+			if f.err != nil && !bindLater(f.err) {
 				failed = append(failed, f.platform)
 				errs = append(errs, fmt.Errorf("binding consumer %s/%s: %w", stream, mesh.BuildConsumer(f.platform), f.err))
 			}
@@ -272,6 +272,11 @@ type bindFirst struct {
 	err      error
 }
 
+// bindLater reports whether binding a consumer is worth trying again
+// after err: it is not raised yet, or the server did not answer in time
+// (a fleet starting at once, mesh.Unanswered).
+func bindLater(err error) bool { return notRaised(err) || mesh.Unanswered(err) }
+
 // notRaised reports whether err says a consumer (or its stream) is not
 // raised yet.
 func notRaised(err error) bool {
@@ -285,17 +290,29 @@ func (a *Agent) bindPlatform(ctx context.Context, p string, firsts chan<- bindFi
 	stream := mesh.SeatStream(mesh.BuildSeat)
 	name := mesh.BuildConsumer(p)
 	cons, err := a.js.Consumer(ctx, stream, name)
+	if err == nil {
+		err = roomFor(cons.CachedInfo(), a.cfg.Slots)
+	}
 	firsts <- bindFirst{p, err}
 	switch {
-	case notRaised(err):
-		a.log.Info("no ask is queued for this platform yet; waiting for the controller to raise its queue", "platform", p)
-		err = bindRetry.Retry(ctx, 0, notRaised, func() error {
+	case bindLater(err):
+		if notRaised(err) {
+			a.log.Info("no ask is queued for this platform yet; waiting for the controller to raise its queue", "platform", p)
+		} else {
+			a.log.Info("the server did not answer binding a platform's consumer; trying again", "platform", p, "err", err)
+		}
+		err = bindRetry.Retry(ctx, 0, bindLater, func() error {
 			var err error
-			cons, err = a.js.Consumer(ctx, stream, name)
+			if cons, err = a.js.Consumer(ctx, stream, name); err == nil {
+				err = roomFor(cons.CachedInfo(), a.cfg.Slots)
+			}
 			return err
 		})
 		if err != nil {
-			if ctx.Err() == nil {
+			switch {
+			case errors.Is(err, ErrNoRoom):
+				a.log.Error("refusing a platform's consumer: no room for this machine's pulls", "platform", p, "consumer", stream+"/"+name, "err", err)
+			case ctx.Err() == nil:
 				a.log.Warn("binding a platform's consumer", "platform", p, "consumer", stream+"/"+name, "err", err)
 			}
 			return nil, false
@@ -345,10 +362,39 @@ func (a *Agent) slot(ctx, work context.Context, b *bound, slot int) {
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, context.DeadlineExceeded) {
 			a.troubled()
-			a.log.Warn("fetch ended", "slot", slot, "err", err)
+			if exceededMaxWaiting(err) {
+				a.log.Error("fetch refused: the seat's consumer's MaxWaiting is below the fleet's machines × slots × 1.25 (mesh.FleetSettingsOf); machines sit idle",
+					"slot", slot, "err", err)
+			} else {
+				a.log.Warn("fetch ended", "slot", slot, "err", err)
+			}
 			_ = backoff.Wait(ctx, time.Second)
 		}
 	}
+}
+
+// ErrNoRoom is an agent refusing to hold the seat: the holders' consumer
+// has no room for its slots' pulls, which the server would drop.
+var ErrNoRoom = errors.New("the seat's consumer has no room for this machine's pulls")
+
+// roomFor checks that the holders' consumer described by info keeps a pull
+// of each of slots waiting beside those already waiting: beyond its
+// MaxWaiting the server drops a pull (a Fetch hears "409 Exceeded
+// MaxWaiting"; a Consume nothing), and the machine would sit idle.
+func roomFor(info *jetstream.ConsumerInfo, slots int) error {
+	mw := info.Config.MaxWaiting
+	if mw <= 0 || info.NumWaiting+slots <= mw {
+		return nil
+	}
+	return fmt.Errorf("%w: consumer %s/%s has MaxWaiting %d with %d pulls waiting, %d slots more would be dropped; "+
+		"a fleet of M machines of S slots needs MaxWaiting ≥ 1.25 × M × S (mesh.FleetSettingsOf): delete the consumer while no holder works and raise the catalogue again",
+		ErrNoRoom, info.Stream, info.Name, mw, info.NumWaiting, slots)
+}
+
+// exceededMaxWaiting reports whether err is the server's "409 Exceeded
+// MaxWaiting" to a pull (nats.go has no error value for it).
+func exceededMaxWaiting(err error) bool {
+	return err != nil && strings.Contains(err.Error(), "Exceeded MaxWaiting")
 }
 
 // minFetchWait is the shortest pull a slot waits on one platform.

@@ -173,7 +173,13 @@ func (f *benchFarm) startAgents(connect func() (*nats.Conn, jetstream.JetStream)
 		}
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
-		go func() { defer close(done); _ = a.Run(ctx); nc.Close() }()
+		go func() {
+			defer close(done)
+			if err := a.Run(ctx); err != nil && ctx.Err() == nil && log != nil {
+				log.Error("agent stopped", "machine", acfg.Machine, "err", err)
+			}
+			nc.Close()
+		}()
 		cancels, dones = append(cancels, cancel), append(dones, done)
 	}
 	f.stops = append(f.stops, func() {

@@ -349,6 +349,9 @@ func (c *Controller) logRaise(r mesh.RaiseReport) {
 	for _, o := range r.Orphans {
 		c.log.Warn("declaration gone; kept, not deleted", "what", o)
 	}
+	for _, o := range r.Short {
+		c.log.Error("holders' consumer too small for the fleet; kept (the server cannot change it): delete it while no holder works and raise again", "what", o)
+	}
 }
 
 // SetCatalogue swaps in a changed catalogue: raised first, then used for

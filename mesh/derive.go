@@ -250,11 +250,60 @@ func GaveUpConsumerSpec(s Seat, replicas int) ConsumerSpec {
 	}
 }
 
-// HolderMaxWaiting is the most pull requests a holders' consumer keeps
-// waiting: at least 1.25 × machines × slots of the holders that bind it
-// (SCALE.md: pulls beyond it are dropped without an error to a Consume), so
-// 4096 serves some 3,000 machine slots per platform.
-const HolderMaxWaiting = 4096
+// Fleet is the size of the fleet that holds one seat's consumer (one
+// platform's, for a seat that splits by platform): its machines, each on its
+// own connection, and the slots of each, each slot one pull waiting.
+type Fleet struct {
+	Machines, Slots int
+}
+
+// DefaultFleet is the fleet the holders' consumers are raised for: 10,000
+// machines of one slot (issue #23). MaxWaiting is only a cap (the server
+// keeps no room for pulls that do not wait), so a large one costs nothing
+// while the fleet is small; and the server refuses to change it on an
+// existing consumer, so it is raised once, big enough.
+var DefaultFleet = Fleet{Machines: 10_000, Slots: 1}
+
+// FleetSettings are the server settings a fleet needs (FleetSettingsOf).
+type FleetSettings struct {
+	// MaxWaiting is the holders' consumer's cap on pull requests waiting.
+	MaxWaiting int
+	// NoFile is the open files limit (RLIMIT_NOFILE: ulimit -n, a unit's
+	// LimitNOFILE) the server needs: a descriptor per connection and its
+	// own files.
+	NoFile uint64
+}
+
+// Margins FleetSettingsOf adds to what a fleet needs.
+const (
+	// FleetOtherConnections are the connections beside the machines':
+	// controllers, CLIs, tools and the routes of a cluster.
+	FleetOtherConnections = 256
+	// ServerFiles are the server's own descriptors: JetStream's message
+	// block and index files of every stream and bucket, its listeners and
+	// logs.
+	ServerFiles = 1024
+)
+
+// FleetSettingsOf derives the server settings fleet f needs, on one server:
+//   - MaxWaiting ≥ 1.25 × machines × slots: an idle slot keeps one pull
+//     waiting and renews it, the quarter covers a renewal that arrives before
+//     the pull it replaces expires (SCALE.md). Beyond the cap the server
+//     answers a Fetch "409 Exceeded MaxWaiting" and drops a Consume's pull
+//     without an error: the machine sits idle.
+//   - NoFile ≥ machines + FleetOtherConnections + ServerFiles: with 1,024
+//     and 1,100 machines the server accepted 1,010 connections and
+//     JetStream could no longer open its files; the stream stopped
+//     (SCALE.md).
+//
+// At DefaultFleet: MaxWaiting 12,500, NoFile 11,280.
+func FleetSettingsOf(f Fleet) FleetSettings {
+	machines, slots := max(f.Machines, 1), max(f.Slots, 1)
+	return FleetSettings{
+		MaxWaiting: (5*machines*slots + 3) / 4,
+		NoFile:     uint64(machines + FleetOtherConnections + ServerFiles),
+	}
+}
 
 // SeatConsumerSpec derives the one durable pull consumer every holder of
 // seat s shares. A holder bounds its own retries by time and settles with
@@ -313,7 +362,7 @@ func holderConsumer(name string, replicas int, filters ...string) jetstream.Cons
 		Durable:   name,
 		AckPolicy: jetstream.AckExplicitPolicy, AckWait: HolderAckWait,
 		DeliverPolicy: jetstream.DeliverAllPolicy, MaxDeliver: HolderMaxDeliver,
-		MaxAckPending: 100_000, MaxWaiting: HolderMaxWaiting, Replicas: replicas,
+		MaxAckPending: 100_000, MaxWaiting: FleetSettingsOf(DefaultFleet).MaxWaiting, Replicas: replicas,
 	}
 	if len(filters) == 1 {
 		cfg.FilterSubject = filters[0]

@@ -22,6 +22,12 @@ type RaiseReport struct {
 	// declaration is gone. They are reported, never deleted: data outlives
 	// the declaration that made it.
 	Orphans []string `json:"orphans"`
+	// Short are holders' consumers raised before with a MaxWaiting below
+	// what DefaultFleet needs (FleetSettingsOf). The server refuses to
+	// change it in place, so the raise keeps theirs; a holder that would
+	// overflow it refuses to start (agent), and deleting the consumer
+	// while no holder works lets the next raise make it anew.
+	Short []string `json:"short,omitempty"`
 }
 
 // Changed reports whether the raise changed anything on the server.
@@ -125,6 +131,12 @@ func (r *RaiseReport) consumer(ctx context.Context, js jetstream.JetStream, cs C
 	existed := false
 	if cons, err := js.Consumer(ctx, cs.Stream, cs.Config.Durable); err == nil {
 		before, existed = cons.CachedInfo().Config, true
+		if want := cs.Config.MaxWaiting; want > 0 && before.MaxWaiting > 0 && before.MaxWaiting < want {
+			// The server answers "max waiting can not be updated".
+			cs.Config.MaxWaiting = before.MaxWaiting
+			r.Short = append(r.Short, fmt.Sprintf("consumer %s/%s: MaxWaiting %d, below the %d %d machines of %d slots need",
+				cs.Stream, cs.Config.Durable, before.MaxWaiting, want, DefaultFleet.Machines, DefaultFleet.Slots))
+		}
 	} else if !errors.Is(err, jetstream.ErrConsumerNotFound) {
 		return fmt.Errorf("looking up consumer %s on %s: %w", cs.Config.Durable, cs.Stream, err)
 	}

@@ -171,8 +171,9 @@ var (
 	// three machines at once.
 	overFleet = suite{pkg: "./agent", bench: "BenchmarkAgentOverheadFleet"}
 	// thousand is BenchmarkFleet1000: 50 and 1,000 simulated machines on
-	// one server and on a cluster of three, the server in its own
-	// process; its four runs take longer than the other suites.
+	// one server and on a cluster of three, and 10,000 on one server, the
+	// server in its own process; its five runs take longer than the other
+	// suites.
 	thousand = suite{pkg: "./cascade", bench: "BenchmarkFleet1000", timeout: 90 * time.Minute}
 	// sched is BenchmarkScheduling: priority, fair share and the
 	// scheduler's own cost across plans.
@@ -262,8 +263,9 @@ const buildxVersion = "v0.38.2"
 var fleetBus = map[string]string{"single": "one server", "cluster3": "a three-node cluster (R3, sync always)"}
 
 // fleetRows are BenchmarkFleet1000's rows for one bus ("single" or
-// "cluster3"): dispatch and throughput at 50 and at 1,000 machines side
-// by side, then the makespan and the server's memory at 1,000.
+// "cluster3"): dispatch and throughput at 50, at 1,000 and (one server)
+// at 10,000 machines side by side, then the makespan at 1,000 and the
+// server's memory at 1,000 and 10,000.
 func fleetRows(bus string) []row {
 	name := func(agents int) string { return fmt.Sprintf("BenchmarkFleet1000/%s/agents=%d", bus, agents) }
 	on := fleetBus[bus]
@@ -274,27 +276,43 @@ func fleetRows(bus string) []row {
 		return fmt.Sprintf("median of %s; slowest %.0f/s · per module: server CPU %.3f ms, this process's CPU (controller and every agent) %.3f ms, %.1f messages into the server (%.2f JetStream API requests) · server peak RSS %.0f MiB",
 			map[string]string{"single": "3 plans", "cluster3": "1 plan"}[bus], m["slowest-modules/s"], m["server-cpu-ms/module"], m["bench-cpu-ms/module"], m["server-in-msgs/module"], m["server-js-api/module"], m["server-rss-MiB"])
 	}
+	sizes := []int{50, 1000}
+	if bus == "single" {
+		sizes = append(sizes, 10000) // issue #23: 10,000 machines on one server
+	}
 	var out []row
-	for _, agents := range []int{50, 1000} {
+	for _, agents := range sizes {
 		out = append(out, row{figure: fmt.Sprintf("dispatch p99, ask published → started, %d machines on one seat, %s", agents, on), suite: thousand,
 			bench: name(agents), metric: "p99-ms", format: "%.2f", beside: dispatch, atMost: 5})
 	}
-	for _, agents := range []int{50, 1000} {
+	for _, agents := range sizes {
 		out = append(out, row{figure: fmt.Sprintf("controller throughput, 10,000 modules, zero-length builds, %d machines, %s", agents, on), suite: thousand,
 			bench: name(agents), metric: "modules/s", format: "%.0f", beside: throughput, atLeast: 2000})
 	}
-	return append(out,
+	out = append(out,
 		row{figure: "makespan ÷ bound, 10,000 modules (lognormal, durations learned), 1,000 machines, " + on, suite: thousand,
 			bench: name(1000), metric: "makespan/lb", format: "%.3f", atMost: 1.05,
 			beside: func(m metrics) string {
 				return fmt.Sprintf("%.1f s against a bound of %.1f s (1 unit = 400 ms)", m["makespan-s"], m["lb-s"])
 			}},
-		row{figure: "server memory, peak resident set, 1,000 machines, " + on + " (MiB)", suite: thousand,
-			bench: name(1000), metric: "server-rss-MiB", format: "%.0f",
+	)
+	for _, agents := range sizes[1:] {
+		out = append(out, row{figure: fmt.Sprintf("server memory, peak resident set, %s machines, %s (MiB)", thousands(agents), on), suite: thousand,
+			bench: name(agents), metric: "server-rss-MiB", format: "%.0f",
 			beside: func(m metrics) string {
 				return fmt.Sprintf("the largest node's peak over the whole run; fetch errors logged by the agents: %.0f", m["fetch-errors"])
-			}},
-	)
+			}})
+	}
+	return out
+}
+
+// thousands writes n with a comma between thousands, as the figures do.
+func thousands(n int) string {
+	s := fmt.Sprint(n)
+	for i := len(s) - 3; i > 0; i -= 3 {
+		s = s[:i] + "," + s[i:]
+	}
+	return s
 }
 
 // learned is how the learned rows are run.

@@ -1,0 +1,37 @@
+package mesh_test
+
+import (
+	"testing"
+
+	"github.com/meshbuild/meshbuild/mesh"
+)
+
+// The settings grow with the fleet as SCALE.md measured them: MaxWaiting a
+// quarter above machines × slots, the open files a descriptor per machine
+// beside the other connections and the server's files; every holders'
+// consumer is raised with the default fleet's.
+func TestFleetSettingsOf(t *testing.T) {
+	for _, c := range []struct {
+		f          mesh.Fleet
+		maxWaiting int
+		noFile     uint64
+	}{
+		{mesh.Fleet{Machines: 1000, Slots: 1}, 1250, 2280},
+		{mesh.Fleet{Machines: 1000, Slots: 4}, 5000, 2280},
+		{mesh.Fleet{Machines: 10_000, Slots: 1}, 12_500, 11_280},
+		{mesh.Fleet{Machines: 3, Slots: 1}, 4, 1283}, // rounded up
+		{mesh.Fleet{}, 2, 1281},                      // at least one machine of one slot
+	} {
+		got := mesh.FleetSettingsOf(c.f)
+		if got.MaxWaiting != c.maxWaiting || got.NoFile != c.noFile {
+			t.Errorf("FleetSettingsOf(%+v) = %+v, want MaxWaiting %d, NoFile %d", c.f, got, c.maxWaiting, c.noFile)
+		}
+	}
+	want := mesh.FleetSettingsOf(mesh.DefaultFleet).MaxWaiting
+	seat := mesh.Seat{Seat: mesh.BuildSeat, Accepts: []string{mesh.BuildVerb}}
+	for _, cs := range mesh.SeatConsumerSpecs(seat, []string{mesh.DefaultPlatform, "linux/arm64"}, 1) {
+		if cs.Config.MaxWaiting != want {
+			t.Errorf("%s: MaxWaiting %d, want %d", cs.Config.Durable, cs.Config.MaxWaiting, want)
+		}
+	}
+}
