@@ -461,7 +461,13 @@ func countSubjects(tb testing.TB, nc *nats.Conn) *subjectCounter {
 	var err error
 	sc.sub, err = nc.Subscribe(">", func(m *nats.Msg) {
 		sc.mu.Lock()
-		sc.by[subjectKind(m.Subject)]++
+		k := subjectKind(m.Subject)
+		if strings.HasPrefix(m.Reply, "$JS.ACK.") {
+			// A consumer's delivery (to its inbox, under the subject the
+			// message was stored on), not a publish.
+			k += " (delivered)"
+		}
+		sc.by[k]++
 		sc.mu.Unlock()
 	})
 	if err != nil {
