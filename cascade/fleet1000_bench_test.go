@@ -194,6 +194,7 @@ func fleetRun(tb testing.TB, sz fleetSize) map[string]float64 {
 	out["bench-cpu-ms/module"] = 1000 * (processCPU() - pcpu0).Seconds() / built
 	ops := bus.ops(tb)
 	out["server-in-msgs/module"] = (ops.In - ops0.In) / built
+	out["server-route-in-msgs/module"] = (ops.RouteIn - ops0.RouteIn) / built
 	out["server-out-msgs/module"] = (ops.Out - ops0.Out) / built
 	out["server-js-api/module"] = (ops.API - ops0.API) / built
 	if subjects != nil {
@@ -386,6 +387,10 @@ func procStatus(pid int, field string) float64 {
 // summed over the nodes.
 type serverOps struct {
 	In, Out, API float64
+	// RouteIn is what the nodes took in from each other (routes): on a
+	// cluster, client messages forwarded to the node with interest and
+	// JetStream's replication (raft) — none of it from a client.
+	RouteIn float64
 }
 
 // ops reads the nodes' counters now.
@@ -415,8 +420,31 @@ func (p *natsProcs) ops(tb testing.TB) serverOps {
 		total.In += v.InMsgs
 		total.Out += v.OutMsgs
 		total.API += v.JetStream.Stats.API.Total
+		total.RouteIn += routeIn(tb, m)
 	}
 	return total
+}
+
+// routeIn is the messages a node took in over its routes (/routez).
+func routeIn(tb testing.TB, monitor string) float64 {
+	resp, err := http.Get(monitor + "/routez")
+	if err != nil {
+		tb.Fatalf("reading %s/routez: %v", monitor, err)
+	}
+	defer resp.Body.Close()
+	var v struct {
+		Routes []struct {
+			InMsgs float64 `json:"in_msgs"`
+		} `json:"routes"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&v); err != nil {
+		tb.Fatalf("decoding %s/routez: %v", monitor, err)
+	}
+	in := 0.0
+	for _, r := range v.Routes {
+		in += r.InMsgs
+	}
+	return in
 }
 
 // processCPU is this process's CPU time so far (user + system): the
@@ -444,7 +472,13 @@ func countSubjects(tb testing.TB, nc *nats.Conn) *subjectCounter {
 	var err error
 	sc.sub, err = nc.Subscribe(">", func(m *nats.Msg) {
 		sc.mu.Lock()
-		sc.by[subjectKind(m.Subject)]++
+		k := subjectKind(m.Subject)
+		if strings.HasPrefix(m.Reply, "$JS.ACK.") {
+			// A consumer's delivery (to its inbox, under the subject the
+			// message was stored on), not a publish.
+			k += " (delivered)"
+		}
+		sc.by[k]++
 		sc.mu.Unlock()
 	})
 	if err != nil {
@@ -474,6 +508,9 @@ func subjectKind(s string) string {
 		return "$JS.API.DIRECT.GET." + t[4]
 	case strings.HasPrefix(s, "$JS.API.") && len(t) > 4:
 		return strings.Join(t[:min(len(t), 5)], ".")
+	case len(t) > 6 && t[0] == "mesh" && t[3] == "on":
+		// A holder's event: the machine (and a log's ask) varied.
+		return strings.Join(t[:4], ".") + ".<machine>." + t[5] + "." + t[6]
 	case len(t) > 5:
 		return strings.Join(t[:5], ".") + ".*"
 	}

@@ -273,8 +273,20 @@ func fleetRows(bus string) []row {
 		return fmt.Sprintf("200 asks to idle agents, one connection each; p50 %.2f ms, max %.2f ms", m["p50-ms"], m["max-ms"])
 	}
 	throughput := func(m metrics) string {
-		return fmt.Sprintf("median of %s; slowest %.0f/s · per module: server CPU %.3f ms, this process's CPU (controller and every agent) %.3f ms, %.1f messages into the server (%.2f JetStream API requests) · server peak RSS %.0f MiB",
-			map[string]string{"single": "3 plans", "cluster3": "1 plan"}[bus], m["slowest-modules/s"], m["server-cpu-ms/module"], m["bench-cpu-ms/module"], m["server-in-msgs/module"], m["server-js-api/module"], m["server-rss-MiB"])
+		// Between the nodes: forwarded client messages and JetStream's
+		// replication (runs saved before it was measured have none).
+		routes := ""
+		if r, ok := m["server-route-in-msgs/module"]; ok && bus == "cluster3" {
+			routes = fmt.Sprintf("%.1f of them between the nodes; ", r)
+		}
+		return fmt.Sprintf("median of %s; slowest %.0f/s · per module: server CPU %.3f ms, this process's CPU (controller and every agent) %.3f ms, %.1f messages into the server (%s%.2f JetStream API requests) · server peak RSS %.0f MiB",
+			map[string]string{"single": "3 plans", "cluster3": "1 plan"}[bus], m["slowest-modules/s"], m["server-cpu-ms/module"], m["bench-cpu-ms/module"], m["server-in-msgs/module"], routes, m["server-js-api/module"], m["server-rss-MiB"])
+	}
+	// The cluster's targets are issue 23's for R3 with sync: always on
+	// this machine (every write replicated and synced on three nodes).
+	p99, rate := 5.0, 2000.0
+	if bus == "cluster3" {
+		p99, rate = 10, 1500
 	}
 	sizes := []int{50, 1000}
 	if bus == "single" {
@@ -283,11 +295,11 @@ func fleetRows(bus string) []row {
 	var out []row
 	for _, agents := range sizes {
 		out = append(out, row{figure: fmt.Sprintf("dispatch p99, ask published → started, %d machines on one seat, %s", agents, on), suite: thousand,
-			bench: name(agents), metric: "p99-ms", format: "%.2f", beside: dispatch, atMost: 5})
+			bench: name(agents), metric: "p99-ms", format: "%.2f", beside: dispatch, atMost: p99})
 	}
 	for _, agents := range sizes {
 		out = append(out, row{figure: fmt.Sprintf("controller throughput, 10,000 modules, zero-length builds, %d machines, %s", agents, on), suite: thousand,
-			bench: name(agents), metric: "modules/s", format: "%.0f", beside: throughput, atLeast: 2000})
+			bench: name(agents), metric: "modules/s", format: "%.0f", beside: throughput, atLeast: rate})
 	}
 	out = append(out,
 		row{figure: "makespan ÷ bound, 10,000 modules (lognormal, durations learned), 1,000 machines, " + on, suite: thousand,
