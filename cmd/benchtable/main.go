@@ -399,7 +399,7 @@ var rows = []row{
 		beside: func(m metrics) string {
 			return fmt.Sprintf("p90 %.0f ms; medians of %.0f builds on %.0f machines: events %.1f ms, checkout %.1f ms, ping %.1f ms, solve %.1f ms (cache import %.1f ms, export and push of the image and its attestations %.1f ms, cache export %.1f ms — exported by %.0f of the builds, the others found their input key's cache in the registry — the rest %.1f ms), verify %.1f ms",
 				m["fleet-p90-ms"], m["fleet-builds"], m["fleet-machines"], m["fleet-events-ms"], m["fleet-checkout-ms"], m["fleet-ping-ms"], m["fleet-solve-ms"],
-				m["fleet-cache-import-ms"], m["fleet-export-ms"], m["fleet-cache-export-ms"], m["fleet-cache-exports"], m["fleet-solve-other-ms"], m["fleet-verify-ms"])
+				m["fleet-cache-import-ms"], m["fleet-export-ms"], m["fleet-cache-export-ms"], m["fleet-cache-exports"], m["fleet-solve-other-ms"], m["fleet-verify-ms"]) + fleetCPU(m)
 		},
 		atMost: 100},
 	{figure: "a rebuild with nothing changed, examples/fleet on 3 machines (own buildkitds, one slot each): the farm (`builds rebuild` of every module: all unchanged, nothing dispatched) ÷ `buildx bake` of the same targets on one buildkitd, every step cached there", suite: rebld,
@@ -803,4 +803,17 @@ func machine(ctx context.Context, root string) string {
 		parts = append(parts, runtime.GOOS+" "+strings.TrimSpace(string(data)))
 	}
 	return "Measured on " + strings.Join(parts, ", ")
+}
+
+// fleetCPU is what a fleet build costs the machine's cores, where the run
+// measured it: the CPU of the buildkitds and of the benchmark's process per
+// build, and the p50 that CPU alone allows with every machine building at
+// once on those cores.
+func fleetCPU(m metrics) string {
+	daemons, self, cores := m["fleet-buildkitd-cpu-ms"], m["fleet-process-cpu-ms"], m["fleet-cores"]
+	if cores == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" · CPU per build: buildkitd %.0f ms, the agents, registry and bus %.0f ms; %.0f builds at once on %.0f cores take at least %.0f ms each from CPU alone",
+		daemons, self, m["fleet-machines"], cores, (daemons+self)*m["fleet-machines"]/cores)
 }
