@@ -362,6 +362,12 @@ func (b *BuildKit) solveOpt(req BuildRequest) (client.SolveOpt, error) {
 		Session:       []session.Attachable{b.auth},
 		// Not recorded in buildkitd's build history (BuildKitOptions.History).
 		Internal: !b.opts.History,
+		// The daemon sends the context as a change against the last one it
+		// was sent under the same key, as buildx keys a context by its
+		// directory: keyed by module, a module's next build sends what its
+		// sources changed, not the whole context again (with one key for
+		// every build, the daemon compared each with another module's).
+		SharedKey: "meshbuild-module:" + req.Module,
 	}
 	if req.Cache != "" {
 		opt.CacheImports, opt.CacheExports = b.cacheOptions(req.Cache)

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/meshbuild/meshbuild/internal/gitcache"
 	"github.com/meshbuild/meshbuild/mesh"
@@ -18,9 +19,10 @@ import (
 // repository under Dir/repos (a gitcache.Cache: named by a hash of the
 // repository's URL as the ask spells it), fetches into it only when the
 // commit is not there
-// yet, and writes each checkout to its own directory under Dir/work, so
-// that slots building the same repository at once share the clone and
-// never a work tree. Fetches into one clone are serialised; checkouts read
+// yet, and writes each tree it checks out once, to its own directory under
+// Dir/work (trees.go): slots building the same repository at once share
+// the clone, and the builds of one tree its checkout, which they only
+// read. Fetches into one clone are serialised; checkouts read
 // it concurrently. The git command line does the work.
 //
 // Set Dir; the rest of the zero value is ready to use. A Sources is safe
@@ -34,9 +36,15 @@ type Sources struct {
 	// from the value followed by the rest (the longest key wins). The demo
 	// maps https://git.example/fleet.git to a local repository.
 	InsteadOf map[string]string
+	// KeepTrees is how many released checkouts are kept on disk for the
+	// next build of the same tree (trees.go): 0 is DefaultKeepTrees, a
+	// negative number none (each removed when its build releases it).
+	KeepTrees int
 
-	once  sync.Once
-	cache *gitcache.Cache
+	trees    trees
+	resolved sync.Map // resolution by repository, commit, path and Dockerfile
+	once     sync.Once
+	cache    *gitcache.Cache
 }
 
 // clones is the cache of bare clones under Dir/repos, made on first use.
@@ -69,65 +77,105 @@ func (s *Sources) CheckoutCommit(ctx context.Context, src mesh.Source) (dir, com
 	if err != nil {
 		return "", "", err
 	}
-	cache, commit, err := s.fetch(ctx, root, src)
+	cache, commit, id, err := s.resolve(ctx, root, src, sub, dockerfile)
 	if err != nil {
 		return "", "", err
 	}
-
-	// The path and the Dockerfile, checked in the clone before anything is
-	// written.
 	treeish := gitcache.TreeName(commit, sub)
-	dfPath := path.Join(sub, dockerfile)
-	objs, err := gitcache.Objects(ctx, cache, treeish, commit+":"+dfPath)
-	if err != nil {
-		if cerr := ctx.Err(); cerr != nil {
-			return "", "", cerr
-		}
-		return "", "", classified(ErrInfra, "reading the clone of "+src.Repo, err)
-	}
-	if objs[0].Type != "tree" {
-		return "", "", classified(ErrSource, fmt.Sprintf("path %q is not a directory in %s at %s", src.Path, src.Repo, short(commit)), nil)
-	}
-	if objs[1].Type != "blob" {
-		return "", "", classified(ErrSource, fmt.Sprintf("Dockerfile %q not found in %s at %s", dfPath, src.Repo, short(commit)), nil)
-	}
 
-	workRoot := filepath.Join(root, "work")
-	if err := os.MkdirAll(workRoot, 0o755); err != nil {
-		return "", "", classified(ErrInfra, "workspace", err)
-	}
-	work, err := os.MkdirTemp(workRoot, "ask-")
-	if err != nil {
-		return "", "", classified(ErrInfra, "workspace", err)
-	}
-	tree := filepath.Join(work, "context")
-	if err := os.Mkdir(tree, 0o755); err != nil {
-		os.RemoveAll(work)
-		return "", "", classified(ErrInfra, "workspace", err)
-	}
-	// The tree is written from `git archive` in one git process; the
-	// clone's index and work tree (it has none) are never touched.
-	if err := gitcache.Archive(ctx, cache, treeish, tree); err != nil {
-		os.RemoveAll(work)
-		if cerr := ctx.Err(); cerr != nil {
-			return "", "", cerr
+	// The tree is written from `git archive` in one git process (the
+	// clone's index and work tree, it has none, are never touched), once
+	// for every build of the same tree (trees.go).
+	t, err := s.trees.take(ctx, filepath.Join(root, "work"), id, func(dir string) error {
+		err := gitcache.Archive(ctx, cache, treeish, dir)
+		switch {
+		case err == nil:
+			return nil
+		case ctx.Err() != nil:
+			return ctx.Err()
 		}
-		return "", "", classified(ErrInfra, "checking out "+short(commit), err)
+		return classified(ErrInfra, "checking out "+short(commit), err)
+	})
+	if err != nil {
+		// What the clone was found to hold is looked at again next time.
+		s.resolved.Delete(resolveKey(src, sub, dockerfile))
+		return "", "", err
 	}
-	return tree, commit, nil
+	return t.dir, commit, nil
 }
 
-// Release removes a directory Checkout returned.
-func (s *Sources) Release(dir string) error {
-	root, err := s.root()
+// resolve makes sure the clone holds src's commit and finds the tree of
+// its context path, checking that the path is a directory and the
+// Dockerfile a file in it before anything is written. A full commit hash
+// and what it holds never change, so what was found for one is used again
+// for a while (resolvedFor) without asking git.
+func (s *Sources) resolve(ctx context.Context, root string, src mesh.Source, sub, dockerfile string) (clone, commit, tree string, err error) {
+	dfPath := path.Join(sub, dockerfile)
+	key := resolveKey(src, sub, dockerfile)
+	if r, ok := s.resolved.Load(key); ok && time.Since(r.(resolution).at) < resolvedFor {
+		r := r.(resolution)
+		return r.clone, r.commit, r.tree, nil
+	}
+	clone, commit, err = s.fetch(ctx, root, src)
 	if err != nil {
-		return err
+		return "", "", "", err
 	}
-	work := filepath.Dir(filepath.Clean(dir))
-	if filepath.Base(dir) != "context" || filepath.Dir(work) != filepath.Join(root, "work") {
-		return fmt.Errorf("sources: %s is not a checkout of %s", dir, s.Dir)
+	objs, err := gitcache.Objects(ctx, clone, gitcache.TreeName(commit, sub), commit+":"+dfPath)
+	if err != nil {
+		if cerr := ctx.Err(); cerr != nil {
+			return "", "", "", cerr
+		}
+		return "", "", "", classified(ErrInfra, "reading the clone of "+src.Repo, err)
 	}
-	return os.RemoveAll(work)
+	if objs[0].Type != "tree" {
+		return "", "", "", classified(ErrSource, fmt.Sprintf("path %q is not a directory in %s at %s", src.Path, src.Repo, short(commit)), nil)
+	}
+	if objs[1].Type != "blob" {
+		return "", "", "", classified(ErrSource, fmt.Sprintf("Dockerfile %q not found in %s at %s", dfPath, src.Repo, short(commit)), nil)
+	}
+	if src.Commit == commit { // a full hash, not a ref that may move
+		s.resolved.Store(key, resolution{clone: clone, commit: commit, tree: objs[0].ID, at: time.Now()})
+	}
+	return clone, commit, objs[0].ID, nil
+}
+
+// resolveKey is what a resolution is kept under.
+func resolveKey(src mesh.Source, sub, dockerfile string) string {
+	return src.Repo + "\x00" + src.Commit + "\x00" + sub + "\x00" + dockerfile
+}
+
+// resolution is what resolve found for a full commit hash, and when.
+type resolution struct {
+	clone, commit, tree string
+	at                  time.Time
+}
+
+// resolvedFor is how long a resolution is used again: a commit fetched by
+// its hash and reachable from no ref may be pruned from the clone by
+// git's own garbage collection, weeks later; what was found is asked of
+// git again well before.
+const resolvedFor = 10 * time.Minute
+
+// Release ends the build's use of a directory Checkout returned: the
+// checkout is kept for the next build of the same tree, the KeepTrees most
+// recently released ones, and the others removed.
+func (s *Sources) Release(dir string) error {
+	t, ok := s.trees.byDir(filepath.Clean(dir))
+	if !ok {
+		return fmt.Errorf("sources: %s is not a checkout of %s in use", dir, s.Dir)
+	}
+	return s.trees.give(t, s.keep())
+}
+
+// keep is how many released checkouts are kept (KeepTrees, its default).
+func (s *Sources) keep() int {
+	switch {
+	case s.KeepTrees == 0:
+		return DefaultKeepTrees
+	case s.KeepTrees < 0:
+		return 0
+	}
+	return s.KeepTrees
 }
 
 func (s *Sources) root() (string, error) {

@@ -69,6 +69,7 @@ func TestCheckout(t *testing.T) {
 		t.Errorf("root checkout: main.txt = %q", got)
 	}
 
+	s.KeepTrees = -1 // each removed as it is released
 	for _, d := range []string{dir1, dir2, root} {
 		if err := s.Release(d); err != nil {
 			t.Errorf("Release(%s): %v", d, err)
@@ -83,6 +84,90 @@ func TestCheckout(t *testing.T) {
 	entries, _ := os.ReadDir(filepath.Join(s.Dir, "repos"))
 	if len(entries) != 1 {
 		t.Errorf("%d clones for one repository", len(entries))
+	}
+}
+
+// A tree is written once for every build of it: a second checkout of the
+// same tree (another commit that left the path alone, or a build of it at
+// once with the first) gets the same directory, which stays until the
+// last build releases it; a released tree is kept for the next build of
+// it, the KeepTrees most recently released, and the rest removed.
+func TestACheckoutIsKeptForTheNextBuildOfItsTree(t *testing.T) {
+	ctx := context.Background()
+	repo, c1 := testenv.GitRepo(t, map[string]string{"a/Dockerfile": "FROM base\n", "b/Dockerfile": "FROM x\n", "c/Dockerfile": "FROM y\n"})
+	c2 := testenv.Commit(t, repo, map[string]string{"b/Dockerfile": "FROM z\n"})
+	s := &Sources{Dir: t.TempDir(), KeepTrees: 1}
+	checkout := func(commit, path string) string {
+		t.Helper()
+		dir, err := s.Checkout(ctx, mesh.Source{Repo: repo, Commit: commit, Path: path})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return dir
+	}
+	release := func(dir string) {
+		t.Helper()
+		if err := s.Release(dir); err != nil {
+			t.Fatal(err)
+		}
+	}
+	exists := func(dir string) bool { _, err := os.Stat(dir); return err == nil }
+
+	a1, a2 := checkout(c1, "a"), checkout(c2, "a") // c2 left a/ alone
+	if a1 != a2 {
+		t.Fatalf("one tree checked out twice: %s and %s", a1, a2)
+	}
+	b1, b2 := checkout(c1, "b"), checkout(c2, "b")
+	if b1 == b2 {
+		t.Fatal("two trees share a directory")
+	}
+	if got := readFile(t, filepath.Join(b2, "Dockerfile")); got != "FROM z\n" {
+		t.Errorf("b at c2: Dockerfile = %q", got)
+	}
+	release(a1)
+	if !exists(a2) {
+		t.Fatal("a tree a build still uses was removed")
+	}
+	release(a2)
+	release(b1)
+	release(b2) // the most recent: kept; a and b at c1 are removed
+	if exists(a1) || exists(b1) || !exists(b2) {
+		t.Errorf("after the releases: a kept %v, b@c1 kept %v, b@c2 kept %v; want only b@c2 (KeepTrees 1)", exists(a1), exists(b1), exists(b2))
+	}
+	if again := checkout(c2, "b"); again != b2 || readFile(t, filepath.Join(again, "Dockerfile")) != "FROM z\n" {
+		t.Errorf("the kept tree checked out again at %s, want %s", again, b2)
+	}
+	if err := s.Release(a1); err == nil {
+		t.Error("Release of a checkout already removed: no error")
+	}
+}
+
+// A checkout an earlier process left half written under a tree's name is
+// written again, not used as it is.
+func TestACheckoutLeftByAnEarlierProcessIsWrittenAgain(t *testing.T) {
+	ctx := context.Background()
+	repo, c := testenv.GitRepo(t, map[string]string{"Dockerfile": "FROM base\n", "app/main.txt": "v1"})
+	dir := t.TempDir()
+	first := &Sources{Dir: dir}
+	d, err := first.Checkout(ctx, mesh.Source{Repo: repo, Commit: c})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The process stops half way: a file gone, a stray one written.
+	os.Remove(filepath.Join(d, "app", "main.txt"))
+	os.WriteFile(filepath.Join(d, "stray"), []byte("x"), 0o644)
+
+	again := &Sources{Dir: dir}
+	d2, err := again.Checkout(ctx, mesh.Source{Repo: repo, Commit: c})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer again.Release(d2)
+	if got := readFile(t, filepath.Join(d2, "app", "main.txt")); got != "v1" {
+		t.Errorf("main.txt = %q", got)
+	}
+	if _, err := os.Stat(filepath.Join(d2, "stray")); !os.IsNotExist(err) {
+		t.Errorf("the earlier process's stray file is in the checkout: %v", err)
 	}
 }
 
