@@ -305,6 +305,27 @@ func FleetSettingsOf(f Fleet) FleetSettings {
 	}
 }
 
+// ConnectionsFor is how many client connections a server whose open files
+// limit is nofile is given (its max_connections): what the limit leaves
+// beside ServerFiles, or half of a limit too small for that. A server
+// that runs out of descriptors stops JetStream's streams (SCALE.md); one
+// that caps its connections refuses the connection beyond the cap with
+// "maximum connections exceeded", which the machine that asked logs, and
+// every stream goes on.
+func ConnectionsFor(nofile uint64) int {
+	if nofile > 2*ServerFiles {
+		return int(min(nofile-ServerFiles, 1<<30))
+	}
+	return int(nofile / 2)
+}
+
+// MachinesFor is how many machines a server whose open files limit is
+// nofile has room for: its ConnectionsFor less FleetOtherConnections (0
+// when there is none).
+func MachinesFor(nofile uint64) int {
+	return max(ConnectionsFor(nofile)-FleetOtherConnections, 0)
+}
+
 // SeatConsumerSpec derives the one durable pull consumer every holder of
 // seat s shares. A holder bounds its own retries by time and settles with
 // Term; HolderMaxDeliver bounds an ask no holder ever settles.

@@ -35,3 +35,29 @@ func TestFleetSettingsOf(t *testing.T) {
 		}
 	}
 }
+
+// A server given the open files limit a fleet needs has room for the
+// fleet's machines; one below it caps its connections below the limit,
+// leaving its own files the descriptors they need.
+func TestConnectionsFor(t *testing.T) {
+	for _, m := range []int{0, 1, 3, 767, 768, 769, 1000, 1100, 10_000, 100_000} {
+		need := mesh.FleetSettingsOf(mesh.Fleet{Machines: m, Slots: 1}).NoFile
+		if got := mesh.MachinesFor(need); got < m {
+			t.Errorf("MachinesFor(%d), the limit %d machines need = %d: fewer than the %d", need, m, got, m)
+		}
+		if c := mesh.ConnectionsFor(need); uint64(c) >= need {
+			t.Errorf("ConnectionsFor(%d) = %d: no descriptor left for the server's own files", need, c)
+		}
+	}
+	for _, c := range []struct {
+		nofile uint64
+		conns  int
+	}{{1024, 512}, {2048, 1024}, {2049, 1025}, {11_280, 10_256}, {40, 20}, {0, 0}} {
+		if got := mesh.ConnectionsFor(c.nofile); got != c.conns {
+			t.Errorf("ConnectionsFor(%d) = %d, want %d", c.nofile, got, c.conns)
+		}
+	}
+	if got := mesh.MachinesFor(1024); got != 256 {
+		t.Errorf("MachinesFor(1024) = %d, want 256", got)
+	}
+}

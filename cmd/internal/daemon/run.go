@@ -19,6 +19,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -58,6 +59,13 @@ func Connect(urls, creds, principal, name string, opts ...nats.Option) (*nats.Co
 			return nil, nil, fmt.Errorf("NATS at %s wants credentials: %w (set --creds or MESHBUILD_CREDS; `builds up` prints the operator's)", urls, err)
 		}
 		return nil, nil, fmt.Errorf("NATS at %s refused the credentials in %s: %w (were they issued from the keys this server trusts?)", urls, creds, err)
+	case errors.Is(err, nats.ErrMaxConnectionsExceeded):
+		return nil, nil, fmt.Errorf("NATS at %s has no room for another connection: %w (%s)", urls, err, roomHint())
+	case errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET):
+		// A server with no room answers "maximum connections exceeded"
+		// and closes at once: a client still writing its CONNECT hears
+		// only the close.
+		return nil, nil, fmt.Errorf("NATS at %s closed the connection as it was made: %w (a server with no room for another connection does so; %s; its log says \"maximum connections exceeded\" if that is why)", urls, err, roomHint())
 	case err != nil:
 		return nil, nil, fmt.Errorf("connecting to NATS at %s: %w (is the server running? set --nats or MESHBUILD_NATS)", urls, err)
 	}
@@ -67,6 +75,13 @@ func Connect(urls, creds, principal, name string, opts ...nats.Option) (*nats.Co
 		return nil, nil, err
 	}
 	return nc, js, nil
+}
+
+// roomHint says what a server needs for a fleet's connections
+// (mesh.FleetSettingsOf).
+func roomHint() string {
+	return fmt.Sprintf("its max_connections, or the open files limit it is derived from, is below the fleet's: a server needs ulimit -n of at least machines + %d, %d for %d machines; raise it and restart the server",
+		mesh.FleetOtherConnections+mesh.ServerFiles, mesh.FleetSettingsOf(mesh.DefaultFleet).NoFile, mesh.DefaultFleet.Machines)
 }
 
 // TLS names the files of a TLS connection to NATS: the CA that signed the

@@ -82,6 +82,7 @@ func startNATSCluster(addr string, n int, dir string, keys *creds.Keys, log *slo
 		opts.Cluster = server.ClusterOpts{Name: "meshbuild", Host: host, Port: routes[i]}
 		opts.Routes = server.RoutesFromStr(strings.Join(rs, ","))
 		opts.NoSigs = true
+		capConnections(opts, openFiles(), n, log.With("server", name))
 		s, err := server.NewServer(opts)
 		if err != nil {
 			stop()

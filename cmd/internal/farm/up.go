@@ -325,7 +325,7 @@ func (f *Farm) start(ctx context.Context) error {
 		}
 		f.cluster, f.natsURL = servers, urls
 	} else {
-		ns, err := startNATS(o.ListenNATS, filepath.Join(f.stateDir, "nats"), keys, log.With("component", "nats"))
+		ns, err := startNATS(o.ListenNATS, filepath.Join(f.stateDir, "nats"), keys, openFiles(), log.With("component", "nats"))
 		if err != nil {
 			return err
 		}
@@ -422,7 +422,7 @@ func (f *Farm) start(ctx context.Context) error {
 // dir, with authorization on: it trusts keys' operator and admits the
 // credentials issued from its account, each to its derived set — the same
 // server.conf an operator includes in a server of their own.
-func startNATS(addr, dir string, keys *creds.Keys, log *slog.Logger) (*server.Server, error) {
+func startNATS(addr, dir string, keys *creds.Keys, nofile uint64, log *slog.Logger) (*server.Server, error) {
 	host, port, err := splitAddr(addr)
 	if err != nil {
 		return nil, err
@@ -449,6 +449,7 @@ func startNATS(addr, dir string, keys *creds.Keys, log *slog.Logger) (*server.Se
 	}
 	opts.ServerName, opts.Host, opts.Port = "meshbuild", host, port
 	opts.JetStream, opts.StoreDir, opts.NoSigs = true, dir, true
+	capConnections(opts, nofile, 1, log)
 	ns, err := server.NewServer(opts)
 	if err != nil {
 		return nil, fmt.Errorf("NATS: %w", err)
