@@ -130,6 +130,8 @@ type BuildKit struct {
 	// (~/.docker/config.json), as buildctl does; with none, registries are
 	// spoken to anonymously.
 	auth session.Attachable
+	// sizes are the sizes of the images verified before (verify.go).
+	sizes imageSizes
 }
 
 // NewBuildKit returns a builder for the daemon at addr
