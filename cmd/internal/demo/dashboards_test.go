@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -15,6 +14,7 @@ import (
 	"time"
 
 	"github.com/meshbuild/meshbuild/cmd/internal/farm"
+	"github.com/meshbuild/meshbuild/cmd/internal/farm/farmtest"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/metrics"
 )
@@ -51,24 +51,11 @@ func TestDashboardsOnBuildsUp(t *testing.T) {
 	prom := testenv.Prometheus(t, targets)
 
 	state := t.TempDir()
-	logs := &testenv.Buffer{}
-	f, err := farm.Up(context.Background(), farm.UpOptions{
+	f, _, stop := farmtest.Up(t, farm.UpOptions{
 		Catalogue: catalogue, Agents: 2, StateDir: state,
-		ListenNATS: "127.0.0.1:0", ListenRegistry: "127.0.0.1:0",
-		MetricsBase:  metricsBase,
-		BuildkitdBin: testenv.BuildkitdBin(t),
-		InsteadOf:    InsteadOf(state),
-		Log:          slog.New(slog.NewTextHandler(logs, nil)),
+		MetricsBase: metricsBase, InsteadOf: InsteadOf(state),
 	})
-	if err != nil {
-		t.Fatalf("Up: %v", err)
-	}
-	defer func() {
-		f.Stop()
-		if t.Failed() {
-			t.Logf("farm log:\n%s", logs.String())
-		}
-	}()
+	defer stop()
 	var served []string
 	for _, u := range f.MetricsURLs() {
 		served = append(served, strings.TrimSuffix(strings.TrimPrefix(u, "http://"), "/metrics"))
