@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -47,17 +46,6 @@ func realWorker(t testing.TB, bk, gitDir string) agent.Worker {
 func realAsk(id, commit, path, image string, bases ...mesh.Base) mesh.Ask {
 	return mesh.Ask{Version: mesh.AskVersion, ID: id, Plan: "p1", Module: path,
 		Source: mesh.Source{Repo: realRepo, Commit: commit, Path: path}, Image: image, Bases: bases}
-}
-
-// freeAddr reserves a loopback port and releases it for a server to take.
-func freeAddr(t testing.TB) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	return addr
 }
 
 func TestRealBuildsReportTheRegistrysDigestAndTheirFailures(t *testing.T) {
@@ -115,7 +103,7 @@ func TestARegistryOutageIsRetriedThenReported(t *testing.T) {
 	testenv.RequireBuildkit(t)
 	reg := registrytest.Registry(t)
 	// The base's registry holds busybox, and is stopped.
-	baseAddr, baseDir := freeAddr(t), t.TempDir()
+	baseAddr, baseDir := testenv.FreeAddr(t), t.TempDir()
 	srv, err := registry.Serve(context.Background(), baseAddr, baseDir)
 	if err != nil {
 		t.Fatal(err)

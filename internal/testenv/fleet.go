@@ -3,6 +3,7 @@ package testenv
 import (
 	"bytes"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -68,6 +69,19 @@ func BuildkitdBin(t testing.TB) string {
 func FreePorts(t testing.TB, n int) string {
 	t.Helper()
 	return "127.0.0.1:" + strconv.Itoa(natstest.FreePortRun(t, n))
+}
+
+// FreeAddr reserves a loopback port and releases it: an address nothing
+// listens on, for a server to take, or for a dial that must be refused.
+func FreeAddr(t testing.TB) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return addr
 }
 
 // Scrape GETs url (a /metrics) and returns the body.
