@@ -1,12 +1,10 @@
 package deploy_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,23 +18,6 @@ import (
 	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/mesh/meshtest"
 )
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // The fleet controller starts while the bus does not answer (a server
 // restarting, a cluster regaining quorum) with a node whose consumer it
@@ -82,7 +63,7 @@ func TestTheFleetControllerRetriesItsAssertionsWhileTheBusIsAway(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var log syncBuffer
+	var log testenv.Buffer
 	c, err := deploy.NewController(deploy.DefaultControllerConfig(), js, cat, slog.New(slog.NewTextHandler(&log, nil)), nil)
 	if err != nil {
 		t.Fatal(err)

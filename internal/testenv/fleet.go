@@ -111,7 +111,8 @@ func GrepLines(s, substr string) string {
 	return strings.Join(out, "\n")
 }
 
-// Buffer is a bytes.Buffer safe for a farm's goroutines and the test.
+// Buffer is a bytes.Buffer safe for the goroutines that write it (a farm's,
+// a daemon's, exec's copying a child's output) and the test reading it.
 type Buffer struct {
 	mu  sync.Mutex
 	buf bytes.Buffer

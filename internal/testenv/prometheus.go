@@ -1,13 +1,11 @@
 package testenv
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"math"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -15,7 +13,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 )
@@ -108,8 +105,8 @@ scrape_configs:
 	if err := os.WriteFile(config, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	addr := freeLoopback(t)
-	out := &lockedBuffer{}
+	addr := FreeAddr(t)
+	out := &Buffer{}
 	cmd := exec.Command(bin,
 		"--config.file="+config,
 		"--storage.tsdb.path="+filepath.Join(dir, "data"),
@@ -255,34 +252,4 @@ func (p *Prom) Scalar(ctx context.Context, expr string) (float64, error) {
 	}
 	v, _ := res[0].Number()
 	return v, nil
-}
-
-// freeLoopback returns a loopback address with a port free just now.
-func freeLoopback(t testing.TB) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
-// lockedBuffer is a child's output, written by exec's copying goroutine
-// while the test may read it.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
