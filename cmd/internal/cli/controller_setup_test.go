@@ -13,6 +13,7 @@ import (
 	"github.com/meshbuild/meshbuild/cmd/internal/daemon"
 	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/internal/testenv"
+	"github.com/meshbuild/meshbuild/registry"
 )
 
 // startController runs build-controller (daemon.RunController) with opts
@@ -56,6 +57,15 @@ func runFleetController(t *testing.T) (s *server.Server, ctx context.Context, st
 func fleetController(t *testing.T, s *server.Server) daemon.ControllerOptions {
 	return daemon.ControllerOptions{NATS: s.ClientURL(), Catalogue: fleet(t),
 		Controller: cascade.Config{Registry: "127.0.0.1:1", Images: testenv.AnyImage{}}}
+}
+
+// registryController is build-controller as it runs by default (its
+// defaults, the idle window among them) on s, for catalogue catDir,
+// pushing to the real registry reg over plain HTTP.
+func registryController(s *server.Server, catDir, reg string) daemon.ControllerOptions {
+	cfg := cascade.DefaultConfig()
+	cfg.Registry, cfg.RegistryClient = reg, registry.NewClient(registry.WithInsecure(true))
+	return daemon.ControllerOptions{NATS: s.ClientURL(), Catalogue: catDir, Controller: cfg}
 }
 
 // meshCatalogue is a new catalogue directory holding the mesh's own modules

@@ -111,10 +111,7 @@ func TestACascadeBuiltByRealAgents(t *testing.T) {
 	errs := make(chan error, 3)
 	// The controller as build-controller runs it: its defaults (the idle
 	// window), the registry given.
-	ccfg := cascade.DefaultConfig()
-	ccfg.Registry, ccfg.RegistryClient = reg, registry.NewClient(registry.WithInsecure(true))
-	startController(t, ctx, daemon.ControllerOptions{NATS: s.ClientURL(), Catalogue: catDir,
-		Controller: ccfg}, errs)
+	startController(t, ctx, registryController(s, catDir, reg), errs)
 	for _, m := range []string{"e2e-a", "e2e-b"} {
 		cfg := agent.DefaultConfig()
 		cfg.Machine = m

@@ -56,9 +56,7 @@ func TestAModuleOfTwoPlatformsIsBuiltOnAMachineOfEach(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	errs := make(chan error, 3)
-	ccfg := cascade.DefaultConfig()
-	ccfg.Registry, ccfg.RegistryClient = reg, registry.NewClient(registry.WithInsecure(true))
-	startController(t, ctx, daemon.ControllerOptions{NATS: s.ClientURL(), Catalogue: catDir, Controller: ccfg}, errs)
+	startController(t, ctx, registryController(s, catDir, reg), errs)
 	for m, p := range map[string]string{"amd": "linux/amd64", "arm": "linux/arm64"} {
 		cfg := agent.DefaultConfig()
 		cfg.Machine, cfg.Platforms = m, []string{p}

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/meshbuild/meshbuild/agent"
-	"github.com/meshbuild/meshbuild/cascade"
 	"github.com/meshbuild/meshbuild/cmd/internal/cli"
 	"github.com/meshbuild/meshbuild/cmd/internal/daemon"
 	"github.com/meshbuild/meshbuild/internal/buildkitd"
@@ -56,10 +55,10 @@ func TestAnAskForAPlatformNoMachineBuildsWaitsVisibly(t *testing.T) {
 		t.Fatal(err)
 	}
 	errs := make(chan error, 3)
-	ccfg := cascade.DefaultConfig()
-	ccfg.Registry, ccfg.RegistryClient = reg, registry.NewClient(registry.WithInsecure(true))
-	ccfg.ObserveEvery = 500 * time.Millisecond
-	startController(t, ctx, daemon.ControllerOptions{NATS: s.ClientURL(), Catalogue: catDir, Controller: ccfg, Observer: obs}, errs)
+	copts := registryController(s, catDir, reg)
+	copts.Controller.ObserveEvery = 500 * time.Millisecond
+	copts.Observer = obs
+	startController(t, ctx, copts, errs)
 	startAgent := func(machine string, platforms ...string) {
 		cfg := agent.DefaultConfig()
 		cfg.Machine, cfg.Platforms = machine, platforms
