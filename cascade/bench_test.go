@@ -193,15 +193,7 @@ func (f *benchFarm) startAgents(connect func() (*nats.Conn, jetstream.JetStream)
 }
 
 func (f *benchFarm) connect() (*nats.Conn, jetstream.JetStream) {
-	nc, err := nats.Connect(f.s.ClientURL())
-	if err != nil {
-		f.tb.Fatal(err)
-	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		f.tb.Fatal(err)
-	}
-	return nc, js
+	return natstest.Dial(f.tb, f.s.ClientURL())
 }
 
 // waitIdle waits until every slot has a pull waiting on the seat's queue.

@@ -152,18 +152,7 @@ func benchFairShare(b *testing.B, unit time.Duration) {
 		pb, _ := f.pushPlan(rb, "c1", nil)
 		f.awaitRecord(pa, time.Minute, settled)
 		f.awaitRecord(pb, time.Minute, settled)
-		st, err := cascade.OpenStore(context.Background(), f.js, "build-controller")
-		if err != nil {
-			b.Fatal(err)
-		}
-		ma, err := st.Modules(context.Background(), pa)
-		if err != nil {
-			b.Fatal(err)
-		}
-		mb, err := st.Modules(context.Background(), pb)
-		if err != nil {
-			b.Fatal(err)
-		}
+		ma, mb := f.modules(b, pa), f.modules(b, pb)
 		until := lastStart(ma)
 		if lb := lastStart(mb); lb.Before(until) {
 			until = lb

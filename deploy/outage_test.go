@@ -10,7 +10,6 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/meshbuild/meshbuild/deploy"
 	"github.com/meshbuild/meshbuild/internal/natstest"
@@ -53,16 +52,8 @@ func TestTheFleetControllerRetriesItsAssertionsWhileTheBusIsAway(t *testing.T) {
 	}
 
 	// The next controller is connected, and the server goes away.
-	nc, err := nats.Connect(s.ClientURL(), nats.UserInfo("controller", "pw"), nats.CustomInboxPrefix(mesh.InboxPrefix("controller")),
+	_, js := natstest.Connect(t, s, nats.UserInfo("controller", "pw"), nats.CustomInboxPrefix(mesh.InboxPrefix("controller")),
 		nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var log testenv.Buffer
 	c, err := deploy.NewController(deploy.DefaultControllerConfig(), js, cat, slog.New(slog.NewTextHandler(&log, nil)), nil)
 	if err != nil {
