@@ -129,18 +129,7 @@ func checkPanels(t *testing.T, prom *testenv.Prom) {
 	}
 	vars := strings.NewReplacer("$__rate_interval", "30s", "$__range", "1m")
 	for _, p := range panels {
-		expr := vars.Replace(p.Expr)
-		res, err := prom.Query(context.Background(), expr)
-		switch {
-		case err != nil:
-			t.Errorf("%s %q: %v", p.Dashboard, p.Title, err)
-		case len(res) == 0:
-			t.Errorf("%s %q: %s: no series", p.Dashboard, p.Title, expr)
-		case !testenv.AnyNumber(res):
-			t.Errorf("%s %q: %s: only NaN: %v", p.Dashboard, p.Title, expr, res)
-		default:
-			t.Logf("%s %q: %v", p.Dashboard, p.Title, res)
-		}
+		prom.WantNumber(t, context.Background(), fmt.Sprintf("%s %q", p.Dashboard, p.Title), vars.Replace(p.Expr))
 	}
 	t.Logf("%d panel queries checked", len(panels))
 }

@@ -240,6 +240,23 @@ func (p *Prom) Query(ctx context.Context, expr string) ([]Sample, error) {
 	return r.Data.Result, nil
 }
 
+// WantNumber runs an instant query and fails t unless it answers a series
+// with a number, what naming the query; the answer is logged.
+func (p *Prom) WantNumber(t testing.TB, ctx context.Context, what, expr string) {
+	t.Helper()
+	res, err := p.Query(ctx, expr)
+	switch {
+	case err != nil:
+		t.Errorf("%s: %v", what, err)
+	case len(res) == 0:
+		t.Errorf("%s: %s: no series", what, expr)
+	case !AnyNumber(res):
+		t.Errorf("%s: %s: only NaN: %v", what, expr, res)
+	default:
+		t.Logf("%s: %v", what, res)
+	}
+}
+
 // Scalar runs an instant query that must answer one series, and returns
 // its value.
 func (p *Prom) Scalar(ctx context.Context, expr string) (float64, error) {

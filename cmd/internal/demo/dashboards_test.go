@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -101,18 +102,7 @@ func TestDashboardsOnBuildsUp(t *testing.T) {
 	}
 	vars := strings.NewReplacer("$__rate_interval", "30s", "$__range", "1m")
 	for _, p := range panels {
-		expr := vars.Replace(p.Expr)
-		res, err := prom.Query(ctx, expr)
-		switch {
-		case err != nil:
-			t.Errorf("%s %q: %v", p.Dashboard, p.Title, err)
-		case len(res) == 0:
-			t.Errorf("%s %q: %s: no series", p.Dashboard, p.Title, expr)
-		case !testenv.AnyNumber(res):
-			t.Errorf("%s %q: %s: only NaN: %v", p.Dashboard, p.Title, expr, res)
-		default:
-			t.Logf("%s %q: %v", p.Dashboard, p.Title, res)
-		}
+		prom.WantNumber(t, ctx, fmt.Sprintf("%s %q", p.Dashboard, p.Title), vars.Replace(p.Expr))
 	}
 	t.Logf("%d panel queries checked %s after the start", len(panels), since())
 }
