@@ -22,6 +22,7 @@ import (
 	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/mesh/meshtest"
 	"github.com/meshbuild/meshbuild/metrics"
+	"github.com/meshbuild/meshbuild/metrics/metricstest"
 	"github.com/meshbuild/meshbuild/planner"
 )
 
@@ -50,12 +51,12 @@ func TestDashboardsAgainstARealPrometheus(t *testing.T) {
 	creg.MustRegister(metrics.NewQueueCollector(js, []string{mesh.BuildSeat}))
 	startController(t, s, cat, cobs)
 	startFleet(t, s, cat, deploy.NewMetrics(creg, ""))
-	targets := map[string]string{"controller": serveRegistry(t, creg)}
+	targets := map[string]string{"controller": metricstest.Serve(t, creg)}
 
 	// A node's process (mesh-node), its own registry: it applies web.
 	nreg := prometheus.NewRegistry()
 	startNode(t, s, "n1", deploy.NewMetrics(nreg, "n1"))
-	targets["n1"] = serveRegistry(t, nreg)
+	targets["n1"] = metricstest.Serve(t, nreg)
 	if _, err := deploy.Call(context.Background(), js.Conn(), mesh.AssignTool, deploy.Request{Module: "web", Nodes: []string{"n1"}}); err != nil {
 		t.Fatal(err)
 	}
@@ -64,7 +65,7 @@ func TestDashboardsAgainstARealPrometheus(t *testing.T) {
 	for _, m := range []string{"m1", "m2"} {
 		reg := prometheus.NewRegistry()
 		startAgent(t, s, m, w, metrics.NewAgent(reg, m))
-		targets[m] = serveRegistry(t, reg)
+		targets[m] = metricstest.Serve(t, reg)
 	}
 
 	t.Logf("farm up in %s", time.Since(began).Round(time.Millisecond))
@@ -209,15 +210,8 @@ func startNode(t *testing.T, s *server.Server, name string, obs deploy.Observer)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if err := n.Run(ctx); err != nil {
-			t.Errorf("node %s: %v", name, err)
-		}
-	}()
-	t.Cleanup(func() { cancel(); <-done; js.Conn().Close() })
+	stop := cascadetest.Background(t, "node "+name, n.Run)
+	t.Cleanup(func() { stop(); js.Conn().Close() })
 	testenv.WaitFor(t, 10*time.Second, "node "+name+" to enrol", func() bool {
 		r, err := deploy.Call(context.Background(), js.Conn(), mesh.NodesTool, deploy.Request{})
 		return err == nil && len(r.Nodes) == 1
@@ -238,18 +232,6 @@ func startAgent(t *testing.T, s *server.Server, machine string, w agent.Worker, 
 	done := make(chan struct{})
 	go func() { defer close(done); _ = a.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done; js.Conn().Close() })
-}
-
-// serveRegistry serves reg on a free loopback port for the test's life.
-func serveRegistry(t *testing.T, reg *prometheus.Registry) string {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	addr, err := metrics.Serve(ctx, "127.0.0.1:0", reg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return addr.String()
 }
 
 func push(t *testing.T, js jetstream.JetStream, commit string) string {
