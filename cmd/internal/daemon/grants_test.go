@@ -99,13 +99,8 @@ func TestAnAgentBindsOnlyTheQueuesItsCredentialsGrant(t *testing.T) {
 	var logs testenv.Buffer
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	cfg := agent.DefaultConfig()
-	cfg.Machine = "m1"
-	done := make(chan error, 1)
-	go func() {
-		done <- RunAgent(ctx, AgentOptions{NATS: s.ClientURL(), Creds: file(mesh.KindAgent), Agent: cfg, BuildKit: bk, Workspace: t.TempDir(),
-			Log: slog.New(slog.NewTextHandler(&logs, nil))})
-	}()
+	done := startAgent(t, ctx, "m1", AgentOptions{NATS: s.ClientURL(), Creds: file(mesh.KindAgent), BuildKit: bk,
+		Log: slog.New(slog.NewTextHandler(&logs, nil))})
 	awaitLog(t, "the agent to hold the build seat", &logs, done, "holding the build seat")
 	held := testenv.GrepLines(logs.String(), "holding the build seat")
 	if !strings.Contains(held, mesh.BuildConsumer(mesh.DefaultPlatform)) || strings.Contains(held, "386") || strings.Contains(held, "v2") {

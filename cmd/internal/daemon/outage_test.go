@@ -43,6 +43,19 @@ func (r *restartable) stop() { r.s.Shutdown(); r.s.WaitForShutdown() }
 
 func (r *restartable) start() { r.s = natstest.Server(r.t, &r.opts) }
 
+// startAgent runs build-agent (RunAgent) with opts as machine, with the
+// agent's default config and a workspace of its own, until ctx ends; the
+// channel says how it ended.
+func startAgent(t *testing.T, ctx context.Context, machine string, opts AgentOptions) <-chan error {
+	t.Helper()
+	opts.Agent = agent.DefaultConfig()
+	opts.Agent.Machine = machine
+	opts.Workspace = t.TempDir()
+	done := make(chan error, 1)
+	go func() { done <- RunAgent(ctx, opts) }()
+	return done
+}
+
 // awaitLog waits, 30s at most, for log to say say (the wait is what): the
 // daemon stopping first (its end said on done) fails t.
 func awaitLog(t *testing.T, what string, log *testenv.Buffer, done <-chan error, say string) {
@@ -85,13 +98,8 @@ func TestAStandaloneAgentRidesOutABusOutageLongerThanItsLease(t *testing.T) {
 	var log testenv.Buffer
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	cfg := agent.DefaultConfig()
-	cfg.Machine = "m1"
-	done := make(chan error, 1)
-	go func() {
-		done <- RunAgent(ctx, AgentOptions{NATS: srv.s.ClientURL(), Agent: cfg, BuildKit: bk, Workspace: t.TempDir(),
-			Lease: 2 * time.Second, Log: slog.New(slog.NewTextHandler(&log, nil))})
-	}()
+	done := startAgent(t, ctx, "m1", AgentOptions{NATS: srv.s.ClientURL(), BuildKit: bk,
+		Lease: 2 * time.Second, Log: slog.New(slog.NewTextHandler(&log, nil))})
 	var before claim.Record
 	testenv.WaitFor(t, 30*time.Second, "the agent to claim m1", func() bool {
 		var ok bool
@@ -187,14 +195,7 @@ func TestARestartedAgentTakesTheClaimItsKilledPredecessorLeft(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	run := func(machine string, log *testenv.Buffer) <-chan error {
-		cfg := agent.DefaultConfig()
-		cfg.Machine = machine
-		errc := make(chan error, 1)
-		go func() {
-			errc <- RunAgent(ctx, AgentOptions{NATS: s.ClientURL(), Agent: cfg, BuildKit: bk, Workspace: t.TempDir(),
-				Log: slog.New(slog.NewTextHandler(log, nil))})
-		}()
-		return errc
+		return startAgent(t, ctx, machine, AgentOptions{NATS: s.ClientURL(), BuildKit: bk, Log: slog.New(slog.NewTextHandler(log, nil))})
 	}
 	var log1, log2 testenv.Buffer
 	start := time.Now()

@@ -320,13 +320,7 @@ func TestTwoAgentsOnOneMachineAreRefused(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	run := func(machine string) <-chan error {
-		cfg := agent.DefaultConfig()
-		cfg.Machine = machine
-		errc := make(chan error, 1)
-		go func() {
-			errc <- RunAgent(ctx, AgentOptions{NATS: s.ClientURL(), Agent: cfg, BuildKit: bk, Workspace: t.TempDir(), Lease: time.Second})
-		}()
-		return errc
+		return startAgent(t, ctx, machine, AgentOptions{NATS: s.ClientURL(), BuildKit: bk, Lease: time.Second})
 	}
 	holds := func(machine string) claim.Record {
 		var rec claim.Record
