@@ -83,6 +83,13 @@ func (f *benchFarm) awaitRecord(plan string, d time.Duration, cond func(cascade.
 		f.tb.Fatal(err)
 	}
 	defer w.Stop()
+	return f.untilRecord(ctx, w, plan, d, cond)
+}
+
+// untilRecord reads plan's records from w until cond holds; ctx (of d)
+// ending first fails the benchmark.
+func (f *benchFarm) untilRecord(ctx context.Context, w jetstream.KeyWatcher, plan string, d time.Duration, cond func(cascade.PlanRecord) bool) cascade.PlanRecord {
+	f.tb.Helper()
 	var rec cascade.PlanRecord
 	for {
 		select {
