@@ -199,14 +199,7 @@ func TestACascadeBuiltByRealAgents(t *testing.T) {
 		t.Errorf("logs of d1:\n%s", out.String())
 	}
 	// machines: both agents answer, with their counts.
-	out.Reset()
-	if code := cli.Main(ctx, []string{"--nats", s.ClientURL(), "--json", "machines"}, &out, &errw); code != 0 {
-		t.Fatalf("machines: %s", errw.String())
-	}
-	var ms []cli.Machine
-	if err := json.Unmarshal(out.Bytes(), &ms); err != nil {
-		t.Fatal(err)
-	}
+	ms := machines(t, s.ClientURL())
 	built := int64(0)
 	for _, m := range ms {
 		if !m.Online || m.Slots != 1 {

@@ -173,15 +173,7 @@ func TestAModuleOfTwoPlatformsIsBuiltOnAMachineOfEach(t *testing.T) {
 	}
 
 	// machines: each agent lists the platform it builds.
-	out.Reset()
-	if code := cli.Main(ctx, []string{"--nats", s.ClientURL(), "--json", "machines"}, &out, &errw); code != 0 {
-		t.Fatalf("machines: %s", errw.String())
-	}
-	var ms []cli.Machine
-	if err := json.Unmarshal(out.Bytes(), &ms); err != nil {
-		t.Fatal(err)
-	}
-	for _, m := range ms {
+	for _, m := range machines(t, s.ClientURL()) {
 		want := map[string]string{"amd": "linux/amd64", "arm": "linux/arm64"}[m.Machine]
 		if !slices.Equal(m.Platforms, []string{want}) {
 			t.Errorf("machine %s platforms %v, want [%s]", m.Machine, m.Platforms, want)
