@@ -142,11 +142,7 @@ func startAgent(t testing.TB, s *server.Server, machine string, w agent.Worker, 
 // startObserved is startAgent with an observer.
 func startObserved(t testing.TB, s *server.Server, machine string, w agent.Worker, tweak func(*agent.Config), obs agent.Observer) *runningAgent {
 	t.Helper()
-	nc, err := nats.Connect(s.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	js, _ := jetstream.New(nc)
+	nc, js := natstest.Dial(t, s.ClientURL())
 	cfg := agent.DefaultConfig()
 	cfg.Machine = machine
 	cfg.Heartbeat = testAckWait / 4

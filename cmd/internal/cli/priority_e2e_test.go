@@ -13,9 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/meshbuild/meshbuild/agent"
 	"github.com/meshbuild/meshbuild/cascade"
 	"github.com/meshbuild/meshbuild/cmd/internal/cli"
@@ -68,11 +65,7 @@ func TestPlansOfDifferentPrioritiesShowWhatTheyWaitBehind(t *testing.T) {
 	ccfg.Images = testenv.AnyImage{} // its workers push nothing
 	startController(t, ctx, daemon.ControllerOptions{NATS: s.ClientURL(), Catalogue: catDir, Controller: ccfg}, errs)
 	for i := range 2 {
-		nc, err := nats.Connect(s.ClientURL())
-		if err != nil {
-			t.Fatal(err)
-		}
-		js, _ := jetstream.New(nc)
+		nc, js := natstest.Dial(t, s.ClientURL())
 		cfg := agent.DefaultConfig()
 		cfg.Machine = fmt.Sprintf("host-%d", i+1)
 		cfg.FetchWait = 500 * time.Millisecond
