@@ -1,7 +1,9 @@
 package cli_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"testing"
@@ -9,7 +11,9 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 
+	"github.com/meshbuild/meshbuild/agent"
 	"github.com/meshbuild/meshbuild/cascade"
+	"github.com/meshbuild/meshbuild/cmd/internal/cli"
 	"github.com/meshbuild/meshbuild/cmd/internal/daemon"
 	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/internal/testenv"
@@ -66,6 +70,30 @@ func registryController(s *server.Server, catDir, reg string) daemon.ControllerO
 	cfg := cascade.DefaultConfig()
 	cfg.Registry, cfg.RegistryClient = reg, registry.NewClient(registry.WithInsecure(true))
 	return daemon.ControllerOptions{NATS: s.ClientURL(), Catalogue: catDir, Controller: cfg}
+}
+
+// runFleetAgent runs build-agent (daemon.RunAgent) on s with cfg and the
+// buildkitd bk, the registry over plain HTTP and fleetRepo fetched from
+// gitDir, until ctx ends; its end is said on errs.
+func runFleetAgent(t *testing.T, ctx context.Context, s *server.Server, cfg agent.Config, bk, gitDir string, errs chan<- error) {
+	opts := daemon.AgentOptions{NATS: s.ClientURL(), Agent: cfg, BuildKit: bk,
+		RegistryClient: registry.NewClient(registry.WithInsecure(true)), Workspace: t.TempDir(), InsteadOf: map[string]string{fleetRepo: gitDir}}
+	go func() { errs <- daemon.RunAgent(ctx, opts) }()
+}
+
+// pushWatch runs `builds --json push --repo fleetRepo --commit commit
+// --watch` on the bus at url and decodes the plan it watched settle.
+func pushWatch(t *testing.T, ctx context.Context, url, commit string) cli.PlanView {
+	t.Helper()
+	var out, errw bytes.Buffer
+	if code := cli.Main(ctx, []string{"--nats", url, "--json", "push", "--repo", fleetRepo, "--commit", commit, "--watch"}, &out, &errw); code != 0 {
+		t.Fatalf("builds push --watch exit %d\nstdout %s\nstderr %s", code, out.String(), errw.String())
+	}
+	var view cli.PlanView
+	if err := json.Unmarshal(out.Bytes(), &view); err != nil {
+		t.Fatalf("decoding %q: %v", out.String(), err)
+	}
+	return view
 }
 
 // meshCatalogue is a new catalogue directory holding the mesh's own modules

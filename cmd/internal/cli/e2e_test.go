@@ -16,7 +16,6 @@ import (
 	"github.com/meshbuild/meshbuild/agent"
 	"github.com/meshbuild/meshbuild/cascade"
 	"github.com/meshbuild/meshbuild/cmd/internal/cli"
-	"github.com/meshbuild/meshbuild/cmd/internal/daemon"
 	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/registry"
@@ -115,21 +114,11 @@ func TestACascadeBuiltByRealAgents(t *testing.T) {
 	for _, m := range []string{"e2e-a", "e2e-b"} {
 		cfg := agent.DefaultConfig()
 		cfg.Machine = m
-		go func() {
-			errs <- daemon.RunAgent(ctx, daemon.AgentOptions{NATS: s.ClientURL(), Agent: cfg, BuildKit: bk,
-				RegistryClient: registry.NewClient(registry.WithInsecure(true)), Workspace: t.TempDir(), InsteadOf: map[string]string{fleetRepo: gitDir}})
-		}()
+		runFleetAgent(t, ctx, s, cfg, bk, gitDir, errs)
 	}
 
+	view := pushWatch(t, ctx, s.ClientURL(), commit)
 	var out, errw bytes.Buffer
-	code := cli.Main(ctx, []string{"--nats", s.ClientURL(), "--json", "push", "--repo", fleetRepo, "--commit", commit, "--watch"}, &out, &errw)
-	if code != 0 {
-		t.Fatalf("builds push --watch exit %d\nstdout %s\nstderr %s", code, out.String(), errw.String())
-	}
-	var view cli.PlanView
-	if err := json.Unmarshal(out.Bytes(), &view); err != nil {
-		t.Fatalf("decoding %q: %v", out.String(), err)
-	}
 	if view.Plan.Outcome != cascade.OutcomeBuilt || len(view.Modules) != 5 {
 		t.Fatalf("plan %+v with %d modules", view.Plan, len(view.Modules))
 	}

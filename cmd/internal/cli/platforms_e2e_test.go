@@ -1,7 +1,6 @@
 package cli_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"os"
@@ -15,8 +14,6 @@ import (
 
 	"github.com/meshbuild/meshbuild/agent"
 	"github.com/meshbuild/meshbuild/cascade"
-	"github.com/meshbuild/meshbuild/cmd/internal/cli"
-	"github.com/meshbuild/meshbuild/cmd/internal/daemon"
 	"github.com/meshbuild/meshbuild/internal/buildkitd"
 	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/internal/testenv"
@@ -60,20 +57,10 @@ func TestAModuleOfTwoPlatformsIsBuiltOnAMachineOfEach(t *testing.T) {
 	for m, p := range map[string]string{"amd": "linux/amd64", "arm": "linux/arm64"} {
 		cfg := agent.DefaultConfig()
 		cfg.Machine, cfg.Platforms = m, []string{p}
-		go func() {
-			errs <- daemon.RunAgent(ctx, daemon.AgentOptions{NATS: s.ClientURL(), Agent: cfg, BuildKit: bk,
-				RegistryClient: registry.NewClient(registry.WithInsecure(true)), Workspace: t.TempDir(), InsteadOf: map[string]string{fleetRepo: gitDir}})
-		}()
+		runFleetAgent(t, ctx, s, cfg, bk, gitDir, errs)
 	}
 
-	var out, errw bytes.Buffer
-	if code := cli.Main(ctx, []string{"--nats", s.ClientURL(), "--json", "push", "--repo", fleetRepo, "--commit", commit, "--watch"}, &out, &errw); code != 0 {
-		t.Fatalf("builds push --watch exit %d\nstdout %s\nstderr %s", code, out.String(), errw.String())
-	}
-	var view cli.PlanView
-	if err := json.Unmarshal(out.Bytes(), &view); err != nil {
-		t.Fatalf("decoding %q: %v", out.String(), err)
-	}
+	view := pushWatch(t, ctx, s.ClientURL(), commit)
 	if view.Plan.Outcome != cascade.OutcomeBuilt {
 		t.Fatalf("plan %+v: %+v", view.Plan, view.Modules)
 	}

@@ -18,7 +18,6 @@ import (
 	"github.com/meshbuild/meshbuild/internal/buildkitd"
 	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/internal/testenv"
-	"github.com/meshbuild/meshbuild/registry"
 	"github.com/meshbuild/meshbuild/registry/registrytest"
 )
 
@@ -62,10 +61,7 @@ func TestAnAskForAPlatformNoMachineBuildsWaitsVisibly(t *testing.T) {
 	startAgent := func(machine string, platforms ...string) {
 		cfg := agent.DefaultConfig()
 		cfg.Machine, cfg.Platforms = machine, platforms
-		go func() {
-			errs <- daemon.RunAgent(ctx, daemon.AgentOptions{NATS: s.ClientURL(), Agent: cfg, BuildKit: bk,
-				RegistryClient: registry.NewClient(registry.WithInsecure(true)), Workspace: t.TempDir(), InsteadOf: map[string]string{fleetRepo: gitDir}})
-		}()
+		runFleetAgent(t, ctx, s, cfg, bk, gitDir, errs)
 	}
 	startAgent("amd", "linux/amd64")
 
