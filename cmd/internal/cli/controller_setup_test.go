@@ -111,9 +111,15 @@ func meshCatalogue(t *testing.T) string {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := os.WriteFile(filepath.Join(dir, m+".yaml"), data, 0o644); err != nil {
-			t.Fatal(err)
-		}
+		addModule(t, dir, m, string(data))
 	}
 	return dir
+}
+
+// addModule writes module's manifest y into the catalogue directory catDir.
+func addModule(t *testing.T, catDir, module, y string) {
+	t.Helper()
+	if err := os.WriteFile(filepath.Join(catDir, module+".yaml"), []byte(y), 0o644); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -6,8 +6,6 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -37,23 +35,8 @@ func newBackFarm(t *testing.T, reg string, tweak func(*agent.Config), machines .
 	t.Helper()
 	bk := testenv.Buildkitd(t, reg)
 	s := natstest.Server(t, nil)
-	root, err := testenv.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	catDir := t.TempDir()
-	for _, m := range []string{"build-agent", "build-controller", "git"} {
-		data, err := os.ReadFile(filepath.Join(root, "examples/fleet/catalogue", m+".yaml"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(catDir, m+".yaml"), data, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := os.WriteFile(filepath.Join(catDir, "app.yaml"), []byte("module: app\nbuild:\n  repo: "+fleetRepo+"\n  path: app\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	catDir := meshCatalogue(t)
+	addModule(t, catDir, "app", "module: app\nbuild:\n  repo: "+fleetRepo+"\n  path: app\n")
 	gitDir, _ := testenv.GitRepo(t, map[string]string{
 		"app/Dockerfile": "FROM scratch\nCOPY hello.txt /hello.txt\n",
 		"app/hello.txt":  "hello\n",

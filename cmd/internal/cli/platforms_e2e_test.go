@@ -3,8 +3,6 @@ package cli_test
 import (
 	"context"
 	"encoding/json"
-	"os"
-	"path/filepath"
 	"slices"
 	"testing"
 
@@ -38,9 +36,7 @@ func TestAModuleOfTwoPlatformsIsBuiltOnAMachineOfEach(t *testing.T) {
 		"multi": "module: multi\nbuild:\n  repo: " + fleetRepo + "\n  path: multi\n  platforms: [linux/amd64, linux/arm64]\n",
 		"dep":   "module: dep\nbuild:\n  repo: " + fleetRepo + "\n  path: dep\n  on: [multi]\n",
 	} {
-		if err := os.WriteFile(filepath.Join(catDir, m+".yaml"), []byte(y), 0o644); err != nil {
-			t.Fatal(err)
-		}
+		addModule(t, catDir, m, y)
 	}
 	gitDir, _ := testenv.GitRepo(t, map[string]string{
 		"multi/Dockerfile": "FROM scratch\nCOPY hello.txt /hello.txt\n",

@@ -7,8 +7,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -52,9 +50,7 @@ func TestPlansOfDifferentPrioritiesShowWhatTheyWaitBehind(t *testing.T) {
 		for i := range n {
 			m := fmt.Sprintf("%s-%02d", name, i)
 			y := "module: " + m + "\nbuild:\n  repo: " + repo + "\n  path: " + m + "\n"
-			if err := os.WriteFile(filepath.Join(catDir, m+".yaml"), []byte(y), 0o644); err != nil {
-				t.Fatal(err)
-			}
+			addModule(t, catDir, m, y)
 		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())

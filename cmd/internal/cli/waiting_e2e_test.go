@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -36,10 +34,7 @@ func TestAnAskForAPlatformNoMachineBuildsWaitsVisibly(t *testing.T) {
 	s := natstest.Server(t, nil)
 
 	catDir := meshCatalogue(t)
-	y := "module: armonly\nbuild:\n  repo: " + fleetRepo + "\n  path: armonly\n  platforms: [linux/arm64]\n"
-	if err := os.WriteFile(filepath.Join(catDir, "armonly.yaml"), []byte(y), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	addModule(t, catDir, "armonly", "module: armonly\nbuild:\n  repo: "+fleetRepo+"\n  path: armonly\n  platforms: [linux/arm64]\n")
 	gitDir, _ := testenv.GitRepo(t, map[string]string{
 		"armonly/Dockerfile": "FROM scratch\nCOPY hello.txt /hello.txt\n",
 		"armonly/hello.txt":  "hello\n",
