@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"testing"
@@ -74,10 +75,11 @@ func registryController(s *server.Server, catDir, reg string) daemon.ControllerO
 
 // runFleetAgent runs build-agent (daemon.RunAgent) on s with cfg and the
 // buildkitd bk, the registry over plain HTTP and fleetRepo fetched from
-// gitDir, until ctx ends; its end is said on errs.
-func runFleetAgent(t *testing.T, ctx context.Context, s *server.Server, cfg agent.Config, bk, gitDir string, errs chan<- error) {
+// gitDir, logging to log (nil: nowhere), until ctx ends; its end is said on
+// errs.
+func runFleetAgent(t *testing.T, ctx context.Context, s *server.Server, cfg agent.Config, bk, gitDir string, log *slog.Logger, errs chan<- error) {
 	opts := daemon.AgentOptions{NATS: s.ClientURL(), Agent: cfg, BuildKit: bk,
-		RegistryClient: registry.NewClient(registry.WithInsecure(true)), Workspace: t.TempDir(), InsteadOf: map[string]string{fleetRepo: gitDir}}
+		RegistryClient: registry.NewClient(registry.WithInsecure(true)), Workspace: t.TempDir(), InsteadOf: map[string]string{fleetRepo: gitDir}, Log: log}
 	go func() { errs <- daemon.RunAgent(ctx, opts) }()
 }
 

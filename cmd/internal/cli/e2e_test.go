@@ -114,7 +114,7 @@ func TestACascadeBuiltByRealAgents(t *testing.T) {
 	for _, m := range []string{"e2e-a", "e2e-b"} {
 		cfg := agent.DefaultConfig()
 		cfg.Machine = m
-		runFleetAgent(t, ctx, s, cfg, bk, gitDir, errs)
+		runFleetAgent(t, ctx, s, cfg, bk, gitDir, nil, errs)
 	}
 
 	view := pushWatch(t, ctx, s.ClientURL(), commit)

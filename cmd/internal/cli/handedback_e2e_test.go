@@ -52,12 +52,9 @@ func newBackFarm(t *testing.T, reg string, tweak func(*agent.Config), machines .
 		}
 	})
 	ready := make(chan struct{})
-	ccfg := cascade.DefaultConfig()
-	ccfg.Registry, ccfg.RegistryClient = reg, registry.NewClient(registry.WithInsecure(true))
-	go func() {
-		errs <- daemon.RunController(ctx, daemon.ControllerOptions{NATS: s.ClientURL(), Catalogue: catDir, Controller: ccfg, Ready: ready,
-			Log: testenv.Log(t, "controller")})
-	}()
+	copts := registryController(s, catDir, reg)
+	copts.Ready, copts.Log = ready, testenv.Log(t, "controller")
+	go func() { errs <- daemon.RunController(ctx, copts) }()
 	select {
 	case <-ready:
 	case <-time.After(30 * time.Second):
@@ -67,11 +64,7 @@ func newBackFarm(t *testing.T, reg string, tweak func(*agent.Config), machines .
 		cfg := agent.DefaultConfig()
 		cfg.Machine, cfg.FetchWait = m, 500*time.Millisecond
 		tweak(&cfg)
-		go func() {
-			errs <- daemon.RunAgent(ctx, daemon.AgentOptions{NATS: s.ClientURL(), Agent: cfg, BuildKit: bk,
-				RegistryClient: registry.NewClient(registry.WithInsecure(true)), Workspace: t.TempDir(),
-				InsteadOf: map[string]string{fleetRepo: gitDir}, Log: testenv.Log(t, m)})
-		}()
+		runFleetAgent(t, ctx, s, cfg, bk, gitDir, testenv.Log(t, m), errs)
 	}
 	return &backFarm{t: t, ctx: ctx, url: s.ClientURL(), commit: commit}
 }

@@ -53,7 +53,7 @@ func TestAModuleOfTwoPlatformsIsBuiltOnAMachineOfEach(t *testing.T) {
 	for m, p := range map[string]string{"amd": "linux/amd64", "arm": "linux/arm64"} {
 		cfg := agent.DefaultConfig()
 		cfg.Machine, cfg.Platforms = m, []string{p}
-		runFleetAgent(t, ctx, s, cfg, bk, gitDir, errs)
+		runFleetAgent(t, ctx, s, cfg, bk, gitDir, nil, errs)
 	}
 
 	view := pushWatch(t, ctx, s.ClientURL(), commit)

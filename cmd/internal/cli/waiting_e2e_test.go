@@ -56,7 +56,7 @@ func TestAnAskForAPlatformNoMachineBuildsWaitsVisibly(t *testing.T) {
 	startAgent := func(machine string, platforms ...string) {
 		cfg := agent.DefaultConfig()
 		cfg.Machine, cfg.Platforms = machine, platforms
-		runFleetAgent(t, ctx, s, cfg, bk, gitDir, errs)
+		runFleetAgent(t, ctx, s, cfg, bk, gitDir, nil, errs)
 	}
 	startAgent("amd", "linux/amd64")
 
