@@ -142,11 +142,7 @@ func startAgent(t testing.TB, s *server.Server, machine string, w agent.Worker, 
 // startObserved is startAgent with an observer.
 func startObserved(t testing.TB, s *server.Server, machine string, w agent.Worker, tweak func(*agent.Config), obs agent.Observer) *runningAgent {
 	t.Helper()
-	nc, err := nats.Connect(s.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	js, _ := jetstream.New(nc)
+	nc, js := natstest.Dial(t, s.ClientURL())
 	cfg := agent.DefaultConfig()
 	cfg.Machine = machine
 	cfg.Heartbeat = testAckWait / 4
@@ -210,21 +206,13 @@ func events(t testing.TB, js jetstream.JetStream) record {
 			_, _, event, _ := mesh.SplitHolderEventSubject(m.Subject())
 			switch event {
 			case mesh.EventStarted:
-				var e mesh.Started
-				_ = json.Unmarshal(m.Data(), &e)
-				r.Started = append(r.Started, e)
+				r.Started = appendDecoded(r.Started, m.Data())
 			case mesh.EventBuilt:
-				var e mesh.Built
-				_ = json.Unmarshal(m.Data(), &e)
-				r.Built = append(r.Built, e)
+				r.Built = appendDecoded(r.Built, m.Data())
 			case mesh.EventFailed:
-				var e mesh.Failed
-				_ = json.Unmarshal(m.Data(), &e)
-				r.Failed = append(r.Failed, e)
+				r.Failed = appendDecoded(r.Failed, m.Data())
 			case mesh.EventHandedBack:
-				var e mesh.HandedBack
-				_ = json.Unmarshal(m.Data(), &e)
-				r.Back = append(r.Back, e)
+				r.Back = appendDecoded(r.Back, m.Data())
 			}
 		}
 		if got == 0 {
@@ -233,6 +221,13 @@ func events(t testing.TB, js jetstream.JetStream) record {
 		n += uint64(got)
 	}
 	return r
+}
+
+// appendDecoded appends the event data holds (what decodes of it) to s.
+func appendDecoded[E any](s []E, data []byte) []E {
+	var e E
+	_ = json.Unmarshal(data, &e)
+	return append(s, e)
 }
 
 func consumerInfo(t *testing.T, js jetstream.JetStream) *jetstream.ConsumerInfo {

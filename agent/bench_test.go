@@ -76,11 +76,7 @@ func benchAgentsEach(tb testing.TB, s *server.Server, js jetstream.JetStream, ws
 	n := len(ws)
 	var stops []func()
 	for i, w := range ws {
-		nc, err := nats.Connect(s.ClientURL())
-		if err != nil {
-			tb.Fatal(err)
-		}
-		ajs, _ := jetstream.New(nc)
+		nc, ajs := natstest.Dial(tb, s.ClientURL())
 		cfg := agent.DefaultConfig()
 		cfg.Machine = fmt.Sprintf("bench-%d", i+1)
 		a, err := agent.New(cfg, ajs, w, nil, nil)

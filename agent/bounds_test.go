@@ -262,7 +262,7 @@ func status(t *testing.T, js jetstream.JetStream, machine string) agent.Status {
 // agent while the first still builds; the second leaves it to the first,
 // whose claim is alive, and the module is built once.
 func TestAnAskIsBuiltOnceAcrossABusOutage(t *testing.T) {
-	port, err := strconv.Atoi(strings.Split(freeAddr(t), ":")[1])
+	port, err := strconv.Atoi(strings.Split(testenv.FreeAddr(t), ":")[1])
 	if err != nil {
 		t.Fatal(err)
 	}

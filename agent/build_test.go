@@ -309,7 +309,7 @@ func TestBuildPushFailures(t *testing.T) {
 	}))
 	t.Cleanup(down.Close)
 	downHost := strings.TrimPrefix(down.URL, "http://")
-	closed := closedAddr(t)
+	closed := testenv.FreeAddr(t)
 
 	bk := newBuildKit(t, testenv.Buildkitd(t, host, denyHost, downHost, closed))
 	base := testenv.Busybox(t, host)
@@ -432,7 +432,7 @@ func TestBuildDeadDaemon(t *testing.T) {
 	dir := buildContext(t, map[string]string{"Dockerfile": "FROM scratch\n"})
 	for _, addr := range []string{
 		"unix://" + filepath.Join(t.TempDir(), "buildkitd.sock"),
-		"tcp://" + closedAddr(t),
+		"tcp://" + testenv.FreeAddr(t),
 		"tcp://" + mute.Addr().String(),
 	} {
 		t.Run(addr, func(t *testing.T) {
@@ -527,17 +527,6 @@ func TestProgress(t *testing.T) {
 	if !p.failedIn(func(n string) bool { return strings.Contains(n, "RUN make") }) || !strings.HasPrefix(p.failedOutput(), strings.Repeat("y", 100)) || len(p.failedOutput()) > 100+len("…") {
 		t.Errorf("failed vertex: %+v", p.failed)
 	}
-}
-
-func closedAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	return addr
 }
 
 func writeTar(t *testing.T, buf *bytes.Buffer, name, content string) {

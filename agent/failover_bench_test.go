@@ -82,7 +82,7 @@ func killToStarted(b testing.TB, id string) (time.Duration, jetstream.JetStream)
 // returns how long after the ask's first (failing) attempt it was failed
 // {infra}, "no healthy machine".
 func registryGoneToFailed(b *testing.B, budget time.Duration) time.Duration {
-	addr := freeAddr(b)
+	addr := testenv.FreeAddr(b)
 	srv, err := registry.Serve(context.Background(), addr, b.TempDir())
 	if err != nil {
 		b.Fatal(err)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -49,30 +48,17 @@ func realAsk(id, commit, path, image string, bases ...mesh.Base) mesh.Ask {
 		Source: mesh.Source{Repo: realRepo, Commit: commit, Path: path}, Image: image, Bases: bases}
 }
 
-// freeAddr reserves a loopback port and releases it for a server to take.
-func freeAddr(t testing.TB) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	return addr
-}
-
 func TestRealBuildsReportTheRegistrysDigestAndTheirFailures(t *testing.T) {
 	testenv.RequireBuildkit(t)
 	reg := registrytest.Registry(t)
 	bk := testenv.Buildkitd(t, reg)
-	bb := testenv.Busybox(t, reg)
-	repo, _ := name2(bb)
+	base := busyboxBase(t, reg)
 	git, commit := testenv.GitRepo(t, map[string]string{
 		"app/Dockerfile":    "FROM busybox\nRUN echo hello > /hello\n",
 		"broken/Dockerfile": "FROM busybox\nRUN echo about to fail && exit 3\n",
 	})
 	s, js := bus(t)
 	startAgent(t, s, "m1", realWorker(t, bk, git), nil)
-	base := mesh.Base{Module: "busybox", Image: repo, Digest: strings.TrimPrefix(bb, repo+"@")}
 	submit(t, js, realAsk("app", commit, "app", reg+"/app", base))
 	submit(t, js, realAsk("broken", commit, "broken", reg+"/broken", base))
 	submit(t, js, realAsk("nocommit", strings.Repeat("f", 40), "app", reg+"/x", base))
@@ -115,7 +101,7 @@ func TestARegistryOutageIsRetriedThenReported(t *testing.T) {
 	testenv.RequireBuildkit(t)
 	reg := registrytest.Registry(t)
 	// The base's registry holds busybox, and is stopped.
-	baseAddr, baseDir := freeAddr(t), t.TempDir()
+	baseAddr, baseDir := testenv.FreeAddr(t), t.TempDir()
 	srv, err := registry.Serve(context.Background(), baseAddr, baseDir)
 	if err != nil {
 		t.Fatal(err)
@@ -180,15 +166,13 @@ func TestSIGTERMMidBuildHandsARealBuildToAnotherAgent(t *testing.T) {
 	reg := registrytest.Registry(t)
 	bk := testenv.Buildkitd(t, reg)
 	git, head := testenv.GitRepo(t, map[string]string{"slow/Dockerfile": "FROM busybox\nRUN echo sleeping && sleep 4 && echo done > /done\n"})
-	bb := testenv.Busybox(t, reg)
-	repo, _ := name2(bb)
+	base := busyboxBase(t, reg)
 	// A 60 s ack wait against a hand-back expected within 10 s: the ask
 	// cannot reach m2 by redelivery in that time.
 	s, js := busAckWait(t, longAckWait)
 	running := awaitOutput(t, s, "slow", " sleeping")
 	w := realWorker(t, bk, git)
 	a1 := startAgent(t, s, "m1", w, func(c *agent.Config) { c.Grace = 300 * time.Millisecond })
-	base := mesh.Base{Module: "busybox", Image: repo, Digest: strings.TrimPrefix(bb, repo+"@")}
 	submit(t, js, realAsk("slow", head, "slow", reg+"/slow", base))
 	testenv.WaitFor(t, 30*time.Second, "m1 to start", func() bool { return len(events(t, js).Started) == 1 })
 	startAgent(t, s, "m2", realWorker(t, bk, git), nil)
@@ -236,6 +220,14 @@ func buildApp(t *testing.T, b *agent.BuildKit, src *agent.Sources, s mesh.Source
 		t.Fatalf("build: %v\n%s", err, strings.Join(log, "\n"))
 	}
 	return res, log
+}
+
+// busyboxBase pushes busybox to reg (testenv.Busybox): the base of an ask
+// built FROM busybox, pinned to its digest.
+func busyboxBase(t *testing.T, reg string) mesh.Base {
+	t.Helper()
+	repo, digest := name2(testenv.Busybox(t, reg))
+	return mesh.Base{Module: "busybox", Image: repo, Digest: digest}
 }
 
 // name2 splits repo@digest.
@@ -307,13 +299,11 @@ func TestACancelledBuildStopsAndIsNeverPushedOrAnnouncedBuilt(t *testing.T) {
 	testenv.RequireBuildkit(t)
 	reg := registrytest.Registry(t)
 	bk := testenv.Buildkitd(t, reg)
-	bb := testenv.Busybox(t, reg)
-	repo, _ := name2(bb)
+	base := busyboxBase(t, reg)
 	git, head := testenv.GitRepo(t, map[string]string{"long/Dockerfile": "FROM busybox\nRUN echo sleeping && sleep 60 && echo done > /done\n"})
 	s, js := busAckWait(t, longAckWait)
 	running := awaitOutput(t, s, "cancelme", " sleeping")
 	startAgent(t, s, "m1", realWorker(t, bk, git), nil)
-	base := mesh.Base{Module: "busybox", Image: repo, Digest: strings.TrimPrefix(bb, repo+"@")}
 	submit(t, js, realAsk("cancelme", head, "long", reg+"/long", base))
 	select {
 	case <-running:
@@ -366,14 +356,12 @@ func TestTheDefaultHeartbeatKeepsABuildLongerThanTheAckWait(t *testing.T) {
 	testenv.RequireBuildkit(t)
 	reg := registrytest.Registry(t)
 	bk := testenv.Buildkitd(t, reg)
-	bb := testenv.Busybox(t, reg)
-	repo, _ := name2(bb)
+	base := busyboxBase(t, reg)
 	git, head := testenv.GitRepo(t, map[string]string{"long/Dockerfile": "FROM busybox\nRUN sleep 7 && echo done > /done\n"})
 	s, js := bus(t)
 	shipped := func(c *agent.Config) { c.Heartbeat = agent.DefaultConfig().Heartbeat }
 	startAgent(t, s, "m1", realWorker(t, bk, git), shipped)
 	startAgent(t, s, "m2", realWorker(t, bk, git), shipped)
-	base := mesh.Base{Module: "busybox", Image: repo, Digest: strings.TrimPrefix(bb, repo+"@")}
 	submit(t, js, realAsk("long", head, "long", reg+"/long", base))
 	testenv.WaitFor(t, 90*time.Second, "built", func() bool { return len(events(t, js).Built) == 1 })
 	r := events(t, js)

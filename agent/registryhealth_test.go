@@ -40,7 +40,7 @@ func (c *counted) Probe(ctx context.Context) error {
 // every ask is built once.
 func TestAMachineWhoseRegistryDoesNotAnswerStopsTakingAsks(t *testing.T) {
 	testenv.RequireBuildkit(t)
-	addr, dir := freeAddr(t), t.TempDir()
+	addr, dir := testenv.FreeAddr(t), t.TempDir()
 	srv, err := registry.Serve(context.Background(), addr, dir)
 	if err != nil {
 		t.Fatal(err)
@@ -131,7 +131,7 @@ func TestAMachineWhoseRegistryDoesNotAnswerStopsTakingAsks(t *testing.T) {
 // sick, naming the registry, the budget's start the same on both).
 func TestAnAskSettlesWhenItsBudgetIsGoneThoughEveryMachineIsSick(t *testing.T) {
 	testenv.RequireBuildkit(t)
-	addr := freeAddr(t)
+	addr := testenv.FreeAddr(t)
 	srv, err := registry.Serve(context.Background(), addr, t.TempDir())
 	if err != nil {
 		t.Fatal(err)

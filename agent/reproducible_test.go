@@ -27,9 +27,7 @@ func TestReproducibleImagesOneDigestOnTwoDaemons(t *testing.T) {
 	reg := registrytest.Registry(t)
 	bkA := testenv.Buildkitd(t, reg)
 	bkB := testenv.Buildkitd(t, reg)
-	bb := testenv.Busybox(t, reg)
-	repo, dg := name2(bb)
-	base := mesh.Base{Module: "busybox", Image: repo, Digest: dg}
+	base := busyboxBase(t, reg)
 	git, c1 := testenv.GitRepo(t, map[string]string{
 		"app/Dockerfile": "FROM busybox\nCOPY app.txt /app/app.txt\nRUN echo built > /app/stamp && mkdir -p /app/dir\n",
 		"app/app.txt":    "one\n",

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -241,12 +240,7 @@ func TestCheckoutBranch(t *testing.T) {
 func TestCheckoutErrors(t *testing.T) {
 	repo, c := testenv.GitRepo(t, map[string]string{"runtime/Dockerfile": "FROM base\n", "file": "x"})
 	notRepo := t.TempDir()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	closed := ln.Addr().String()
-	ln.Close()
+	closed := testenv.FreeAddr(t)
 	missing := strings.Repeat("0", 40)
 
 	for _, tc := range []struct {

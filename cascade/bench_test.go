@@ -193,15 +193,7 @@ func (f *benchFarm) startAgents(connect func() (*nats.Conn, jetstream.JetStream)
 }
 
 func (f *benchFarm) connect() (*nats.Conn, jetstream.JetStream) {
-	nc, err := nats.Connect(f.s.ClientURL())
-	if err != nil {
-		f.tb.Fatal(err)
-	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		f.tb.Fatal(err)
-	}
-	return nc, js
+	return natstest.Dial(f.tb, f.s.ClientURL())
 }
 
 // waitIdle waits until every slot has a pull waiting on the seat's queue.
@@ -270,20 +262,7 @@ func (f *benchFarm) run(d sim.DAG, unit, timeout time.Duration) planRun {
 	if _, err := f.js.Publish(ctx, mesh.SeatEventSubject(mesh.GitSeat, mesh.EventPushed), data, jetstream.WithMsgID("push-"+commit)); err != nil {
 		f.tb.Fatal(err)
 	}
-	var rec cascade.PlanRecord
-	for rec.Outcome == "" || rec.Outcome == cascade.OutcomeRunning {
-		select {
-		case e := <-w.Updates():
-			if e == nil {
-				continue
-			}
-			if err := json.Unmarshal(e.Value(), &rec); err != nil {
-				f.tb.Fatal(err)
-			}
-		case <-ctx.Done():
-			f.tb.Fatalf("plan %s did not settle in %s: %+v", plan, timeout, rec.Counts)
-		}
-	}
+	rec := f.untilRecord(ctx, w, plan, timeout, settled)
 	if rec.Outcome != cascade.OutcomeBuilt || rec.Counts.Built != d.Len() {
 		f.tb.Fatalf("plan %s: %s, %+v; want all %d built", plan, rec.Outcome, rec.Counts, d.Len())
 	}

@@ -132,11 +132,7 @@ func (h *poisonHarness) startKillers(n int) {
 	t := h.t
 	for i := range n {
 		machine := fmt.Sprintf("m%d", i+1)
-		nc, err := nats.Connect(h.s.ClientURL())
-		if err != nil {
-			t.Fatal(err)
-		}
-		js, _ := jetstream.New(nc)
+		nc, js := natstest.Dial(t, h.s.ClientURL())
 		cfg := agent.DefaultConfig()
 		cfg.Machine, cfg.FetchWait, cfg.ClaimLease, cfg.Heartbeat = machine, 500*time.Millisecond, time.Second, 300*time.Millisecond
 		// A killed agent's build waits for its context: no grace, or
@@ -339,11 +335,7 @@ func (w loud) Work(ctx context.Context, a mesh.Ask, log func(string)) (agent.Res
 func TestAFailureWhoseLineIsMegabytesIsStored(t *testing.T) {
 	graph := map[string][]string{"loud": nil, "quiet": nil}
 	h := newHarness(t, graph, 0)
-	nc, err := nats.Connect(h.s.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	js, _ := jetstream.New(nc)
+	nc, js := natstest.Dial(t, h.s.ClientURL())
 	cfg := agent.DefaultConfig()
 	cfg.Machine, cfg.FetchWait = "m1", 500*time.Millisecond
 	a, err := agent.New(cfg, js, loud{h.w}, nil, nil)

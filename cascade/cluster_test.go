@@ -4,13 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/google/go-containerregistry/pkg/name"
-	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -109,22 +106,7 @@ func (g *gatedBuilds) Work(ctx context.Context, a mesh.Ask, _ func(string)) (age
 	case <-ctx.Done():
 		return agent.Result{}, context.Cause(ctx)
 	}
-	img, err := chaosImage(a)
-	if err != nil {
-		return agent.Result{}, err
-	}
-	dg, err := img.Digest()
-	if err != nil {
-		return agent.Result{}, err
-	}
-	ref, err := name.NewDigest(a.Image+"@"+dg.String(), name.Insecure)
-	if err != nil {
-		return agent.Result{}, err
-	}
-	if err := remote.Write(ref, img, remote.WithContext(ctx)); err != nil {
-		return agent.Result{}, fmt.Errorf("%w: pushing %s: %v", agent.ErrPush, ref, err)
-	}
-	return agent.Result{Digest: dg.String(), Ref: ref.String()}, nil
+	return pushChaos(ctx, a)
 }
 
 // faultFarm is a controller and two agents on a bus that loses servers.

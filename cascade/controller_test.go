@@ -116,11 +116,7 @@ func (h *harness) startController() {
 // startControllerWith starts the controller with its config tweaked.
 func (h *harness) startControllerWith(tweak func(*cascade.Config)) {
 	h.t.Helper()
-	nc, err := nats.Connect(h.s.ClientURL())
-	if err != nil {
-		h.t.Fatal(err)
-	}
-	js, _ := jetstream.New(nc)
+	nc, js := natstest.Dial(h.t, h.s.ClientURL())
 	cfg := cascade.DefaultConfig()
 	cfg.Registry = "127.0.0.1:1"
 	if tweak != nil {
@@ -142,11 +138,7 @@ func (h *harness) startControllerWith(tweak func(*cascade.Config)) {
 
 func (h *harness) startAgent(machine string) {
 	h.t.Helper()
-	nc, err := nats.Connect(h.s.ClientURL())
-	if err != nil {
-		h.t.Fatal(err)
-	}
-	js, _ := jetstream.New(nc)
+	nc, js := natstest.Dial(h.t, h.s.ClientURL())
 	cfg := agent.DefaultConfig()
 	cfg.Machine = machine
 	cfg.FetchWait = 500 * time.Millisecond

@@ -510,15 +510,7 @@ func (b *chaosBuilder) Work(ctx context.Context, a mesh.Ask, log func(string)) (
 	if b.tap.killPoint("build:before-push") {
 		return agent.Result{}, fmt.Errorf("%w: killed", agent.ErrInfra)
 	}
-	img, err := chaosImage(a)
-	if err != nil {
-		return agent.Result{}, err
-	}
-	dg, err := img.Digest()
-	if err != nil {
-		return agent.Result{}, err
-	}
-	ref, err := name.NewDigest(a.Image+"@"+dg.String(), name.Insecure)
+	img, ref, err := chaosImageRef(a)
 	if err != nil {
 		return agent.Result{}, err
 	}
@@ -539,7 +531,38 @@ func (b *chaosBuilder) Work(ctx context.Context, a mesh.Ask, log func(string)) (
 	if b.tap.killPoint("build:after-push") {
 		return agent.Result{}, fmt.Errorf("%w: killed", agent.ErrInfra)
 	}
-	return agent.Result{Digest: dg.String(), Ref: ref.String()}, nil
+	return agent.Result{Digest: ref.DigestStr(), Ref: ref.String()}, nil
+}
+
+// pushChaos pushes chaosImage(a) to a.Image's repository by digest, as an
+// agent would: a push that fails is an agent.ErrPush.
+func pushChaos(ctx context.Context, a mesh.Ask) (agent.Result, error) {
+	img, ref, err := chaosImageRef(a)
+	if err != nil {
+		return agent.Result{}, err
+	}
+	if err := remote.Write(ref, img, remote.WithContext(ctx)); err != nil {
+		return agent.Result{}, fmt.Errorf("%w: pushing %s: %v", agent.ErrPush, ref, err)
+	}
+	return agent.Result{Digest: ref.DigestStr(), Ref: ref.String()}, nil
+}
+
+// chaosImageRef is chaosImage(a) and its reference by digest in a.Image's
+// repository (plain HTTP).
+func chaosImageRef(a mesh.Ask) (v1.Image, name.Digest, error) {
+	img, err := chaosImage(a)
+	if err != nil {
+		return nil, name.Digest{}, err
+	}
+	dg, err := img.Digest()
+	if err != nil {
+		return nil, name.Digest{}, err
+	}
+	ref, err := name.NewDigest(a.Image+"@"+dg.String(), name.Insecure)
+	if err != nil {
+		return nil, name.Digest{}, err
+	}
+	return img, ref, nil
 }
 
 // chaosImage is the image of an ask: a pure function of it (a rebuild

@@ -9,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/go-containerregistry/pkg/name"
-	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -169,19 +167,7 @@ func (p *pushing) Work(ctx context.Context, a mesh.Ask, _ func(string)) (agent.R
 		dg := "sha256:" + strings.Repeat("f", 64)
 		return agent.Result{Digest: dg, Ref: a.Image + "@" + dg}, nil
 	}
-	img, err := chaosImage(a)
-	if err != nil {
-		return agent.Result{}, err
-	}
-	dg, _ := img.Digest()
-	ref, err := name.NewDigest(a.Image+"@"+dg.String(), name.Insecure)
-	if err != nil {
-		return agent.Result{}, err
-	}
-	if err := remote.Write(ref, img, remote.WithContext(ctx)); err != nil {
-		return agent.Result{}, fmt.Errorf("%w: pushing %s: %v", agent.ErrPush, ref, err)
-	}
-	return agent.Result{Digest: dg.String(), Ref: ref.String()}, nil
+	return pushChaos(ctx, a)
 }
 
 // Attacks made with build machine m2's own credentials on a farm whose

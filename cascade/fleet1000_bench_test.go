@@ -566,15 +566,7 @@ type fleetFarm struct {
 }
 
 func (f *fleetFarm) connect() (*nats.Conn, jetstream.JetStream) {
-	nc, err := nats.Connect(f.urls, nats.MaxReconnects(-1))
-	if err != nil {
-		f.tb.Fatal(err)
-	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		f.tb.Fatal(err)
-	}
-	return nc, js
+	return natstest.Dial(f.tb, f.urls, nats.MaxReconnects(-1))
 }
 
 // newFleetFarm starts the controller and agents real agents of one slot

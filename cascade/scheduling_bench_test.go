@@ -83,6 +83,13 @@ func (f *benchFarm) awaitRecord(plan string, d time.Duration, cond func(cascade.
 		f.tb.Fatal(err)
 	}
 	defer w.Stop()
+	return f.untilRecord(ctx, w, plan, d, cond)
+}
+
+// untilRecord reads plan's records from w until cond holds; ctx (of d)
+// ending first fails the benchmark.
+func (f *benchFarm) untilRecord(ctx context.Context, w jetstream.KeyWatcher, plan string, d time.Duration, cond func(cascade.PlanRecord) bool) cascade.PlanRecord {
+	f.tb.Helper()
 	var rec cascade.PlanRecord
 	for {
 		select {
@@ -152,18 +159,7 @@ func benchFairShare(b *testing.B, unit time.Duration) {
 		pb, _ := f.pushPlan(rb, "c1", nil)
 		f.awaitRecord(pa, time.Minute, settled)
 		f.awaitRecord(pb, time.Minute, settled)
-		st, err := cascade.OpenStore(context.Background(), f.js, "build-controller")
-		if err != nil {
-			b.Fatal(err)
-		}
-		ma, err := st.Modules(context.Background(), pa)
-		if err != nil {
-			b.Fatal(err)
-		}
-		mb, err := st.Modules(context.Background(), pb)
-		if err != nil {
-			b.Fatal(err)
-		}
+		ma, mb := f.modules(b, pa), f.modules(b, pb)
 		until := lastStart(ma)
 		if lb := lastStart(mb); lb.Before(until) {
 			until = lb

@@ -545,14 +545,7 @@ func TestJSONRoundTripAndPending(t *testing.T) {
 	wantModules(t, subs, "a", "b")
 	s.Started(started(byModule(t, subs, "a"), "m1", 3)) // a building, b queued
 
-	data, err := json.Marshal(s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var back State
-	if err := json.Unmarshal(data, &back); err != nil {
-		t.Fatal(err)
-	}
+	data, back := reload(t, s)
 	again, _ := json.Marshal(&back)
 	if !bytes.Equal(data, again) {
 		t.Fatalf("round trip changed the bytes:\n%s\n%s", data, again)
@@ -687,14 +680,26 @@ func TestExternalBases(t *testing.T) {
 		t.Fatalf("b: bases %v, want every base pinned", b.Bases)
 	}
 	// The pins survive a reload.
-	data, _ := json.Marshal(s)
-	var back State
-	if err := json.Unmarshal(data, &back); err != nil || back.External["os"] != osDigest {
-		t.Fatalf("reload: external %v, %v", back.External, err)
+	if _, back := reload(t, s); back.External["os"] != osDigest {
+		t.Fatalf("reload: external %v", back.External)
 	}
 	if b.Source.Commit != "" || b.Source.Repo != "https://git.example/tools.git" {
 		t.Errorf("b source %+v (another repository: its current commit)", b.Source)
 	}
+}
+
+// reload is s as a restarted controller reads it back: encoded to JSON
+// (data) and decoded again (back).
+func reload(t *testing.T, s *State) (data []byte, back State) {
+	t.Helper()
+	data, err := json.Marshal(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(data, &back); err != nil {
+		t.Fatal(err)
+	}
+	return data, back
 }
 
 func TestEmptyPlan(t *testing.T) {
@@ -702,11 +707,7 @@ func TestEmptyPlan(t *testing.T) {
 	if s.Start(t0) != nil || !s.Settled() || s.Outcome() != OutcomeBuilt || s.Cancel(t0) != nil {
 		t.Fatal("empty plan")
 	}
-	data, _ := json.Marshal(s)
-	var back State
-	if err := json.Unmarshal(data, &back); err != nil {
-		t.Fatal(err)
-	}
+	reload(t, s)
 }
 
 func TestAskID(t *testing.T) {
@@ -903,10 +904,9 @@ func TestWindow(t *testing.T) {
 		t.Fatalf("counts %+v", c)
 	}
 	// The window survives a reload.
-	data, _ := json.Marshal(s)
-	var back State
-	if err := json.Unmarshal(data, &back); err != nil || back.Window != 2 {
-		t.Fatalf("reload: window %d, %v", back.Window, err)
+	_, back := reload(t, s)
+	if back.Window != 2 {
+		t.Fatalf("reload: window %d", back.Window)
 	}
 	// Cancel: held asks are cancelled, only published ones are returned.
 	asks := s.Cancel(at(5))

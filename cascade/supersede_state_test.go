@@ -1,7 +1,6 @@
 package cascade
 
 import (
-	"encoding/json"
 	"slices"
 	"testing"
 	"time"
@@ -162,14 +161,7 @@ func TestSupersededRoundTrip(t *testing.T) {
 	s.Priority, s.Owner, s.Cap = 10, "https://git.example/fleet", 4
 	s.Start(at(0))
 	s.Supersede("p-newer", all, true, at(1))
-	data, err := json.Marshal(s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var back State
-	if err := json.Unmarshal(data, &back); err != nil {
-		t.Fatal(err)
-	}
+	_, back := reload(t, s)
 	if back.Priority != 10 || back.Owner != s.Owner || back.Cap != 4 || back.Superseding != at(1) {
 		t.Fatalf("reloaded %d %q %d %s", back.Priority, back.Owner, back.Cap, back.Superseding)
 	}

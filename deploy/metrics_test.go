@@ -2,7 +2,6 @@ package deploy_test
 
 import (
 	"bufio"
-	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -18,7 +17,7 @@ import (
 	"github.com/meshbuild/meshbuild/deploy"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
-	"github.com/meshbuild/meshbuild/metrics"
+	"github.com/meshbuild/meshbuild/metrics/metricstest"
 	"github.com/meshbuild/meshbuild/registry/registrytest"
 )
 
@@ -59,13 +58,7 @@ func scrape(t *testing.T, url string) map[string]float64 {
 // as mesh-node and build-controller do (metrics.Serve), and returns its URL.
 func serve(t *testing.T, reg *prometheus.Registry) string {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	addr, err := metrics.Serve(ctx, "127.0.0.1:0", reg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return "http://" + addr.String() + "/metrics"
+	return "http://" + metricstest.Serve(t, reg) + "/metrics"
 }
 
 // TestNodeMetricsFollowEveryOutcome runs a node against an enforcing NATS

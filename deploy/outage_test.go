@@ -1,18 +1,15 @@
 package deploy_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/meshbuild/meshbuild/deploy"
 	"github.com/meshbuild/meshbuild/internal/natstest"
@@ -20,23 +17,6 @@ import (
 	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/mesh/meshtest"
 )
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // The fleet controller starts while the bus does not answer (a server
 // restarting, a cluster regaining quorum) with a node whose consumer it
@@ -72,17 +52,9 @@ func TestTheFleetControllerRetriesItsAssertionsWhileTheBusIsAway(t *testing.T) {
 	}
 
 	// The next controller is connected, and the server goes away.
-	nc, err := nats.Connect(s.ClientURL(), nats.UserInfo("controller", "pw"), nats.CustomInboxPrefix(mesh.InboxPrefix("controller")),
+	_, js := natstest.Connect(t, s, nats.UserInfo("controller", "pw"), nats.CustomInboxPrefix(mesh.InboxPrefix("controller")),
 		nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var log syncBuffer
+	var log testenv.Buffer
 	c, err := deploy.NewController(deploy.DefaultControllerConfig(), js, cat, slog.New(slog.NewTextHandler(&log, nil)), nil)
 	if err != nil {
 		t.Fatal(err)

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -23,6 +22,7 @@ import (
 	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/mesh/meshtest"
 	"github.com/meshbuild/meshbuild/metrics"
+	"github.com/meshbuild/meshbuild/metrics/metricstest"
 	"github.com/meshbuild/meshbuild/planner"
 )
 
@@ -51,12 +51,12 @@ func TestDashboardsAgainstARealPrometheus(t *testing.T) {
 	creg.MustRegister(metrics.NewQueueCollector(js, []string{mesh.BuildSeat}))
 	startController(t, s, cat, cobs)
 	startFleet(t, s, cat, deploy.NewMetrics(creg, ""))
-	targets := map[string]string{"controller": serveRegistry(t, creg)}
+	targets := map[string]string{"controller": metricstest.Serve(t, creg)}
 
 	// A node's process (mesh-node), its own registry: it applies web.
 	nreg := prometheus.NewRegistry()
 	startNode(t, s, "n1", deploy.NewMetrics(nreg, "n1"))
-	targets["n1"] = serveRegistry(t, nreg)
+	targets["n1"] = metricstest.Serve(t, nreg)
 	if _, err := deploy.Call(context.Background(), js.Conn(), mesh.AssignTool, deploy.Request{Module: "web", Nodes: []string{"n1"}}); err != nil {
 		t.Fatal(err)
 	}
@@ -65,7 +65,7 @@ func TestDashboardsAgainstARealPrometheus(t *testing.T) {
 	for _, m := range []string{"m1", "m2"} {
 		reg := prometheus.NewRegistry()
 		startAgent(t, s, m, w, metrics.NewAgent(reg, m))
-		targets[m] = serveRegistry(t, reg)
+		targets[m] = metricstest.Serve(t, reg)
 	}
 
 	t.Logf("farm up in %s", time.Since(began).Round(time.Millisecond))
@@ -130,18 +130,7 @@ func checkPanels(t *testing.T, prom *testenv.Prom) {
 	}
 	vars := strings.NewReplacer("$__rate_interval", "30s", "$__range", "1m")
 	for _, p := range panels {
-		expr := vars.Replace(p.Expr)
-		res, err := prom.Query(context.Background(), expr)
-		switch {
-		case err != nil:
-			t.Errorf("%s %q: %v", p.Dashboard, p.Title, err)
-		case len(res) == 0:
-			t.Errorf("%s %q: %s: no series", p.Dashboard, p.Title, expr)
-		case !testenv.AnyNumber(res):
-			t.Errorf("%s %q: %s: only NaN: %v", p.Dashboard, p.Title, expr, res)
-		default:
-			t.Logf("%s %q: %v", p.Dashboard, p.Title, res)
-		}
+		prom.WantNumber(t, context.Background(), fmt.Sprintf("%s %q", p.Dashboard, p.Title), vars.Replace(p.Expr))
 	}
 	t.Logf("%d panel queries checked", len(panels))
 }
@@ -173,14 +162,7 @@ func (w *sleepy) Work(ctx context.Context, a mesh.Ask, log func(string)) (agent.
 
 func dial(t *testing.T, s *server.Server) jetstream.JetStream {
 	t.Helper()
-	nc, err := nats.Connect(s.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, js := natstest.Dial(t, s.ClientURL())
 	return js
 }
 
@@ -228,15 +210,8 @@ func startNode(t *testing.T, s *server.Server, name string, obs deploy.Observer)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if err := n.Run(ctx); err != nil {
-			t.Errorf("node %s: %v", name, err)
-		}
-	}()
-	t.Cleanup(func() { cancel(); <-done; js.Conn().Close() })
+	stop := cascadetest.Background(t, "node "+name, n.Run)
+	t.Cleanup(func() { stop(); js.Conn().Close() })
 	testenv.WaitFor(t, 10*time.Second, "node "+name+" to enrol", func() bool {
 		r, err := deploy.Call(context.Background(), js.Conn(), mesh.NodesTool, deploy.Request{})
 		return err == nil && len(r.Nodes) == 1
@@ -257,18 +232,6 @@ func startAgent(t *testing.T, s *server.Server, machine string, w agent.Worker, 
 	done := make(chan struct{})
 	go func() { defer close(done); _ = a.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done; js.Conn().Close() })
-}
-
-// serveRegistry serves reg on a free loopback port for the test's life.
-func serveRegistry(t *testing.T, reg *prometheus.Registry) string {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	addr, err := metrics.Serve(ctx, "127.0.0.1:0", reg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return addr.String()
 }
 
 func push(t *testing.T, js jetstream.JetStream, commit string) string {

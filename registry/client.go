@@ -129,14 +129,28 @@ func (c *Client) options() []remote.Option {
 	}
 }
 
-func (c *Client) parse(ref string) (name.Reference, error) {
-	var opts []name.Option
+// names are the options a name is parsed with: plain HTTP for an insecure
+// client.
+func (c *Client) names() []name.Option {
 	if c.insecure {
-		opts = append(opts, name.Insecure)
+		return []name.Option{name.Insecure}
 	}
-	r, err := name.ParseReference(ref, opts...)
+	return nil
+}
+
+func (c *Client) parse(ref string) (name.Reference, error) {
+	r, err := name.ParseReference(ref, c.names()...)
 	if err != nil {
 		return nil, fmt.Errorf("parsing reference %q: %w", ref, err)
+	}
+	return r, nil
+}
+
+// repository parses repo ("127.0.0.1:5000/app") as a repository.
+func (c *Client) repository(repo string) (name.Repository, error) {
+	r, err := name.NewRepository(repo, c.names()...)
+	if err != nil {
+		return name.Repository{}, fmt.Errorf("parsing repository %q: %w", repo, err)
 	}
 	return r, nil
 }
@@ -279,11 +293,7 @@ func (c *Client) Size(ctx context.Context, ref string) (int64, error) {
 // cannot be reached or answers 5xx returns what [IsInfra] classifies.
 func (c *Client) Ping(ctx context.Context, host string) error {
 	c = c.or()
-	var opts []name.Option
-	if c.insecure {
-		opts = append(opts, name.Insecure)
-	}
-	reg, err := name.NewRegistry(host, opts...)
+	reg, err := name.NewRegistry(host, c.names()...)
 	if err != nil {
 		return fmt.Errorf("parsing registry %q: %w", host, err)
 	}

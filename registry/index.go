@@ -40,13 +40,9 @@ type IndexManifest struct {
 // identity index.
 func (c *Client) PushIndex(ctx context.Context, repo string, manifests []IndexManifest, annotations map[string]string) (string, error) {
 	c = c.or()
-	var opts []name.Option
-	if c.insecure {
-		opts = append(opts, name.Insecure)
-	}
-	r, err := name.NewRepository(repo, opts...)
+	r, err := c.repository(repo)
 	if err != nil {
-		return "", fmt.Errorf("parsing repository %q: %w", repo, err)
+		return "", err
 	}
 	ropts := c.remote(ctx)
 	var idx v1.ImageIndex = mutate.IndexMediaType(empty.Index, types.OCIImageIndex)

@@ -8,7 +8,6 @@ import (
 	"net/url"
 	"time"
 
-	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
 )
 
@@ -26,13 +25,9 @@ const probeSize = 64 << 10
 // the chunk.
 func (c *Client) ProbeUpload(ctx context.Context, repo string) error {
 	c = c.or()
-	var opts []name.Option
-	if c.insecure {
-		opts = append(opts, name.Insecure)
-	}
-	r, err := name.NewRepository(repo, opts...)
+	r, err := c.repository(repo)
 	if err != nil {
-		return fmt.Errorf("parsing repository %q: %w", repo, err)
+		return err
 	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()

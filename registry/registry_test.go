@@ -2,7 +2,6 @@ package registry_test
 
 import (
 	"context"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -16,6 +15,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 
 	"github.com/meshbuild/meshbuild/internal/busybox"
+	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/registry"
 )
 
@@ -106,7 +106,7 @@ func TestResolveErrors(t *testing.T) {
 	}{
 		{"unknown repository", host + "/nothing:latest", false, true, true},
 		{"unknown digest", host + "/nothing@sha256:" + strings.Repeat("a", 64), false, true, true},
-		{"connection refused", closedAddr(t) + "/x:latest", true, false, false},
+		{"connection refused", testenv.FreeAddr(t) + "/x:latest", true, false, false},
 		{"5xx", strings.TrimPrefix(failing.URL, "http://") + "/x:latest", true, false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -136,7 +136,7 @@ func TestPing(t *testing.T) {
 	if err := client.Ping(ctx, host); err != nil {
 		t.Errorf("Ping(live): %v", err)
 	}
-	if err := client.Ping(ctx, closedAddr(t)); !registry.IsInfra(err) {
+	if err := client.Ping(ctx, testenv.FreeAddr(t)); !registry.IsInfra(err) {
 		t.Errorf("Ping(closed) = %v, want an infra error", err)
 	}
 }
@@ -182,16 +182,4 @@ func TestServe(t *testing.T) {
 	if err := s.Close(); err != nil {
 		t.Errorf("Close: %v", err)
 	}
-}
-
-// closedAddr returns a loopback address nothing listens on.
-func closedAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	return addr
 }

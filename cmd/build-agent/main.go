@@ -36,7 +36,7 @@ func (l *listFlag) Set(v string) error { *l = append(*l, v); return nil }
 func run() int {
 	cfg := agent.DefaultConfig()
 	fs := flag.NewFlagSet("build-agent", flag.ContinueOnError)
-	natsURL := fs.String("nats", daemon.Env("MESHBUILD_NATS", "nats://127.0.0.1:4222"), "NATS server URL(s), comma separated (MESHBUILD_NATS)")
+	natsURL := daemon.NATSFlag(fs)
 	creds := fs.String("creds", daemon.Env("MESHBUILD_CREDS", ""), "NATS credentials file of this machine: builds creds issue KEYS --principal agent NAME (MESHBUILD_CREDS)")
 	tls := daemon.TLSFlags(fs)
 	machine := fs.String("machine", daemon.Env("MESHBUILD_MACHINE", cfg.Machine), "this machine's name in every outcome; default the machine its --creds were issued for, else the host name's first label (MESHBUILD_MACHINE)")

@@ -29,7 +29,7 @@ func main() { os.Exit(run()) }
 func run() int {
 	cfg := cascade.DefaultConfig()
 	fs := flag.NewFlagSet("build-controller", flag.ContinueOnError)
-	natsURL := fs.String("nats", daemon.Env("MESHBUILD_NATS", "nats://127.0.0.1:4222"), "NATS server URL(s), comma separated (MESHBUILD_NATS)")
+	natsURL := daemon.NATSFlag(fs)
 	creds := fs.String("creds", daemon.Env("MESHBUILD_CREDS", ""), "NATS credentials file: `builds creds issue --principal controller` (MESHBUILD_CREDS)")
 	tls := daemon.TLSFlags(fs)
 	catalogue := fs.String("catalogue", daemon.Env("MESHBUILD_CATALOGUE", ""), "catalogue directory, watched for changes (MESHBUILD_CATALOGUE)")

@@ -42,7 +42,7 @@ func hostName() string {
 func run() int {
 	cfg := deploy.DefaultNodeConfig()
 	fs := flag.NewFlagSet("mesh-node", flag.ContinueOnError)
-	natsURL := fs.String("nats", daemon.Env("MESHBUILD_NATS", "nats://127.0.0.1:4222"), "NATS server URL(s), comma separated (MESHBUILD_NATS)")
+	natsURL := daemon.NATSFlag(fs)
 	creds := fs.String("creds", daemon.Env("MESHBUILD_CREDS", ""), "the node's NATS credentials file: `builds creds issue --principal node --name NAME` (MESHBUILD_CREDS)")
 	tls := daemon.TLSFlags(fs)
 	fs.StringVar(&cfg.Name, "name", daemon.Env("MESHBUILD_NODE", hostName()), "this node's name: lowercase letters, digits and '-' (MESHBUILD_NODE)")

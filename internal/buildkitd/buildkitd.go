@@ -281,7 +281,13 @@ func (b *Buildkitd) waitReady(ctx context.Context, timeout time.Duration) error 
 func (b *Buildkitd) ping(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	c, err := client.New(ctx, b.addr)
+	return Ping(ctx, b.addr)
+}
+
+// Ping asks the buildkitd at addr for its workers: nil when it answers with
+// one at least.
+func Ping(ctx context.Context, addr string) error {
+	c, err := client.New(ctx, addr)
 	if err != nil {
 		return err
 	}

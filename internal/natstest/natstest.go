@@ -45,13 +45,22 @@ func Server(tb testing.TB, opts *server.Options) *server.Server {
 // in cleanup.
 func Connect(tb testing.TB, s *server.Server, opts ...nats.Option) (*nats.Conn, jetstream.JetStream) {
 	tb.Helper()
-	nc, err := nats.Connect(s.ClientURL(), opts...)
+	nc, js := Dial(tb, s.ClientURL(), opts...)
+	tb.Cleanup(nc.Close)
+	return nc, js
+}
+
+// Dial connects to url (a comma-separated list for a cluster) and returns
+// the connection and its JetStream handle; the caller closes it.
+func Dial(tb testing.TB, url string, opts ...nats.Option) (*nats.Conn, jetstream.JetStream) {
+	tb.Helper()
+	nc, err := nats.Connect(url, opts...)
 	if err != nil {
 		tb.Fatalf("connect: %v", err)
 	}
-	tb.Cleanup(nc.Close)
 	js, err := jetstream.New(nc)
 	if err != nil {
+		nc.Close()
 		tb.Fatalf("jetstream: %v", err)
 	}
 	return nc, js

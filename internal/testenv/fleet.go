@@ -3,6 +3,7 @@ package testenv
 import (
 	"bytes"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -70,6 +71,19 @@ func FreePorts(t testing.TB, n int) string {
 	return "127.0.0.1:" + strconv.Itoa(natstest.FreePortRun(t, n))
 }
 
+// FreeAddr reserves a loopback port and releases it: an address nothing
+// listens on, for a server to take, or for a dial that must be refused.
+func FreeAddr(t testing.TB) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return addr
+}
+
 // Scrape GETs url (a /metrics) and returns the body.
 func Scrape(t testing.TB, url string) string {
 	t.Helper()
@@ -97,7 +111,8 @@ func GrepLines(s, substr string) string {
 	return strings.Join(out, "\n")
 }
 
-// Buffer is a bytes.Buffer safe for a farm's goroutines and the test.
+// Buffer is a bytes.Buffer safe for the goroutines that write it (a farm's,
+// a daemon's, exec's copying a child's output) and the test reading it.
 type Buffer struct {
 	mu  sync.Mutex
 	buf bytes.Buffer

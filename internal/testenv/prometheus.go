@@ -1,13 +1,11 @@
 package testenv
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"math"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -15,7 +13,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 )
@@ -108,8 +105,8 @@ scrape_configs:
 	if err := os.WriteFile(config, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	addr := freeLoopback(t)
-	out := &lockedBuffer{}
+	addr := FreeAddr(t)
+	out := &Buffer{}
 	cmd := exec.Command(bin,
 		"--config.file="+config,
 		"--storage.tsdb.path="+filepath.Join(dir, "data"),
@@ -243,6 +240,23 @@ func (p *Prom) Query(ctx context.Context, expr string) ([]Sample, error) {
 	return r.Data.Result, nil
 }
 
+// WantNumber runs an instant query and fails t unless it answers a series
+// with a number, what naming the query; the answer is logged.
+func (p *Prom) WantNumber(t testing.TB, ctx context.Context, what, expr string) {
+	t.Helper()
+	res, err := p.Query(ctx, expr)
+	switch {
+	case err != nil:
+		t.Errorf("%s: %v", what, err)
+	case len(res) == 0:
+		t.Errorf("%s: %s: no series", what, expr)
+	case !AnyNumber(res):
+		t.Errorf("%s: %s: only NaN: %v", what, expr, res)
+	default:
+		t.Logf("%s: %v", what, res)
+	}
+}
+
 // Scalar runs an instant query that must answer one series, and returns
 // its value.
 func (p *Prom) Scalar(ctx context.Context, expr string) (float64, error) {
@@ -255,34 +269,4 @@ func (p *Prom) Scalar(ctx context.Context, expr string) (float64, error) {
 	}
 	v, _ := res[0].Number()
 	return v, nil
-}
-
-// freeLoopback returns a loopback address with a port free just now.
-func freeLoopback(t testing.TB) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
-// lockedBuffer is a child's output, written by exec's copying goroutine
-// while the test may read it.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

@@ -3,6 +3,7 @@ package cli_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -21,6 +22,21 @@ func run(t *testing.T, args ...string) (int, string, string) {
 	defer cancel()
 	code := cli.Main(ctx, args, &out, &errw)
 	return code, out.String(), errw.String()
+}
+
+// machines runs `builds --json machines` on the bus at url and decodes
+// what it answers.
+func machines(t *testing.T, url string) []cli.Machine {
+	t.Helper()
+	code, out, errw := run(t, "--nats", url, "--json", "machines")
+	if code != 0 {
+		t.Fatalf("machines: exit %d: %s", code, errw)
+	}
+	var ms []cli.Machine
+	if err := json.Unmarshal([]byte(out), &ms); err != nil {
+		t.Fatal(err)
+	}
+	return ms
 }
 
 func fleet(t *testing.T) string {

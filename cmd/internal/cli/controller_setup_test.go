@@ -1,7 +1,10 @@
 package cli_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"testing"
@@ -9,10 +12,13 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 
+	"github.com/meshbuild/meshbuild/agent"
 	"github.com/meshbuild/meshbuild/cascade"
+	"github.com/meshbuild/meshbuild/cmd/internal/cli"
 	"github.com/meshbuild/meshbuild/cmd/internal/daemon"
 	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/internal/testenv"
+	"github.com/meshbuild/meshbuild/registry"
 )
 
 // startController runs build-controller (daemon.RunController) with opts
@@ -58,6 +64,40 @@ func fleetController(t *testing.T, s *server.Server) daemon.ControllerOptions {
 		Controller: cascade.Config{Registry: "127.0.0.1:1", Images: testenv.AnyImage{}}}
 }
 
+// registryController is build-controller as it runs by default (its
+// defaults, the idle window among them) on s, for catalogue catDir,
+// pushing to the real registry reg over plain HTTP.
+func registryController(s *server.Server, catDir, reg string) daemon.ControllerOptions {
+	cfg := cascade.DefaultConfig()
+	cfg.Registry, cfg.RegistryClient = reg, registry.NewClient(registry.WithInsecure(true))
+	return daemon.ControllerOptions{NATS: s.ClientURL(), Catalogue: catDir, Controller: cfg}
+}
+
+// runFleetAgent runs build-agent (daemon.RunAgent) on s with cfg and the
+// buildkitd bk, the registry over plain HTTP and fleetRepo fetched from
+// gitDir, logging to log (nil: nowhere), until ctx ends; its end is said on
+// errs.
+func runFleetAgent(t *testing.T, ctx context.Context, s *server.Server, cfg agent.Config, bk, gitDir string, log *slog.Logger, errs chan<- error) {
+	opts := daemon.AgentOptions{NATS: s.ClientURL(), Agent: cfg, BuildKit: bk,
+		RegistryClient: registry.NewClient(registry.WithInsecure(true)), Workspace: t.TempDir(), InsteadOf: map[string]string{fleetRepo: gitDir}, Log: log}
+	go func() { errs <- daemon.RunAgent(ctx, opts) }()
+}
+
+// pushWatch runs `builds --json push --repo fleetRepo --commit commit
+// --watch` on the bus at url and decodes the plan it watched settle.
+func pushWatch(t *testing.T, ctx context.Context, url, commit string) cli.PlanView {
+	t.Helper()
+	var out, errw bytes.Buffer
+	if code := cli.Main(ctx, []string{"--nats", url, "--json", "push", "--repo", fleetRepo, "--commit", commit, "--watch"}, &out, &errw); code != 0 {
+		t.Fatalf("builds push --watch exit %d\nstdout %s\nstderr %s", code, out.String(), errw.String())
+	}
+	var view cli.PlanView
+	if err := json.Unmarshal(out.Bytes(), &view); err != nil {
+		t.Fatalf("decoding %q: %v", out.String(), err)
+	}
+	return view
+}
+
 // meshCatalogue is a new catalogue directory holding the mesh's own modules
 // from examples/fleet (build-agent, build-controller, git); a test adds the
 // modules it builds.
@@ -73,9 +113,15 @@ func meshCatalogue(t *testing.T) string {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := os.WriteFile(filepath.Join(dir, m+".yaml"), data, 0o644); err != nil {
-			t.Fatal(err)
-		}
+		addModule(t, dir, m, string(data))
 	}
 	return dir
+}
+
+// addModule writes module's manifest y into the catalogue directory catDir.
+func addModule(t *testing.T, catDir, module, y string) {
+	t.Helper()
+	if err := os.WriteFile(filepath.Join(catDir, module+".yaml"), []byte(y), 0o644); err != nil {
+		t.Fatal(err)
+	}
 }

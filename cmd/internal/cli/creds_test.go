@@ -8,8 +8,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/nats-io/jwt/v2"
-
 	"github.com/meshbuild/meshbuild/cmd/internal/creds"
 	"github.com/meshbuild/meshbuild/cmd/internal/farm"
 	"github.com/meshbuild/meshbuild/internal/natstest"
@@ -124,15 +122,7 @@ func TestCredsInitIssue(t *testing.T) {
 // credsPublish is what a credentials file's JWT allows publishing.
 func credsPublish(t *testing.T, file string) []string {
 	t.Helper()
-	b, err := os.ReadFile(file)
-	if err != nil {
-		t.Fatal(err)
-	}
-	token, err := jwt.ParseDecoratedJWT(b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	uc, err := jwt.DecodeUserClaims(token)
+	uc, err := creds.UserClaims(file)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,7 +16,6 @@ import (
 	"github.com/meshbuild/meshbuild/agent"
 	"github.com/meshbuild/meshbuild/cascade"
 	"github.com/meshbuild/meshbuild/cmd/internal/cli"
-	"github.com/meshbuild/meshbuild/cmd/internal/daemon"
 	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/registry"
@@ -111,28 +110,15 @@ func TestACascadeBuiltByRealAgents(t *testing.T) {
 	errs := make(chan error, 3)
 	// The controller as build-controller runs it: its defaults (the idle
 	// window), the registry given.
-	ccfg := cascade.DefaultConfig()
-	ccfg.Registry, ccfg.RegistryClient = reg, registry.NewClient(registry.WithInsecure(true))
-	startController(t, ctx, daemon.ControllerOptions{NATS: s.ClientURL(), Catalogue: catDir,
-		Controller: ccfg}, errs)
+	startController(t, ctx, registryController(s, catDir, reg), errs)
 	for _, m := range []string{"e2e-a", "e2e-b"} {
 		cfg := agent.DefaultConfig()
 		cfg.Machine = m
-		go func() {
-			errs <- daemon.RunAgent(ctx, daemon.AgentOptions{NATS: s.ClientURL(), Agent: cfg, BuildKit: bk,
-				RegistryClient: registry.NewClient(registry.WithInsecure(true)), Workspace: t.TempDir(), InsteadOf: map[string]string{fleetRepo: gitDir}})
-		}()
+		runFleetAgent(t, ctx, s, cfg, bk, gitDir, nil, errs)
 	}
 
+	view := pushWatch(t, ctx, s.ClientURL(), commit)
 	var out, errw bytes.Buffer
-	code := cli.Main(ctx, []string{"--nats", s.ClientURL(), "--json", "push", "--repo", fleetRepo, "--commit", commit, "--watch"}, &out, &errw)
-	if code != 0 {
-		t.Fatalf("builds push --watch exit %d\nstdout %s\nstderr %s", code, out.String(), errw.String())
-	}
-	var view cli.PlanView
-	if err := json.Unmarshal(out.Bytes(), &view); err != nil {
-		t.Fatalf("decoding %q: %v", out.String(), err)
-	}
 	if view.Plan.Outcome != cascade.OutcomeBuilt || len(view.Modules) != 5 {
 		t.Fatalf("plan %+v with %d modules", view.Plan, len(view.Modules))
 	}
@@ -202,14 +188,7 @@ func TestACascadeBuiltByRealAgents(t *testing.T) {
 		t.Errorf("logs of d1:\n%s", out.String())
 	}
 	// machines: both agents answer, with their counts.
-	out.Reset()
-	if code := cli.Main(ctx, []string{"--nats", s.ClientURL(), "--json", "machines"}, &out, &errw); code != 0 {
-		t.Fatalf("machines: %s", errw.String())
-	}
-	var ms []cli.Machine
-	if err := json.Unmarshal(out.Bytes(), &ms); err != nil {
-		t.Fatal(err)
-	}
+	ms := machines(t, s.ClientURL())
 	built := int64(0)
 	for _, m := range ms {
 		if !m.Online || m.Slots != 1 {

@@ -6,8 +6,6 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -37,23 +35,8 @@ func newBackFarm(t *testing.T, reg string, tweak func(*agent.Config), machines .
 	t.Helper()
 	bk := testenv.Buildkitd(t, reg)
 	s := natstest.Server(t, nil)
-	root, err := testenv.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	catDir := t.TempDir()
-	for _, m := range []string{"build-agent", "build-controller", "git"} {
-		data, err := os.ReadFile(filepath.Join(root, "examples/fleet/catalogue", m+".yaml"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(catDir, m+".yaml"), data, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := os.WriteFile(filepath.Join(catDir, "app.yaml"), []byte("module: app\nbuild:\n  repo: "+fleetRepo+"\n  path: app\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	catDir := meshCatalogue(t)
+	addModule(t, catDir, "app", "module: app\nbuild:\n  repo: "+fleetRepo+"\n  path: app\n")
 	gitDir, _ := testenv.GitRepo(t, map[string]string{
 		"app/Dockerfile": "FROM scratch\nCOPY hello.txt /hello.txt\n",
 		"app/hello.txt":  "hello\n",
@@ -69,12 +52,9 @@ func newBackFarm(t *testing.T, reg string, tweak func(*agent.Config), machines .
 		}
 	})
 	ready := make(chan struct{})
-	ccfg := cascade.DefaultConfig()
-	ccfg.Registry, ccfg.RegistryClient = reg, registry.NewClient(registry.WithInsecure(true))
-	go func() {
-		errs <- daemon.RunController(ctx, daemon.ControllerOptions{NATS: s.ClientURL(), Catalogue: catDir, Controller: ccfg, Ready: ready,
-			Log: testenv.Log(t, "controller")})
-	}()
+	copts := registryController(s, catDir, reg)
+	copts.Ready, copts.Log = ready, testenv.Log(t, "controller")
+	go func() { errs <- daemon.RunController(ctx, copts) }()
 	select {
 	case <-ready:
 	case <-time.After(30 * time.Second):
@@ -84,11 +64,7 @@ func newBackFarm(t *testing.T, reg string, tweak func(*agent.Config), machines .
 		cfg := agent.DefaultConfig()
 		cfg.Machine, cfg.FetchWait = m, 500*time.Millisecond
 		tweak(&cfg)
-		go func() {
-			errs <- daemon.RunAgent(ctx, daemon.AgentOptions{NATS: s.ClientURL(), Agent: cfg, BuildKit: bk,
-				RegistryClient: registry.NewClient(registry.WithInsecure(true)), Workspace: t.TempDir(),
-				InsteadOf: map[string]string{fleetRepo: gitDir}, Log: testenv.Log(t, m)})
-		}()
+		runFleetAgent(t, ctx, s, cfg, bk, gitDir, testenv.Log(t, m), errs)
 	}
 	return &backFarm{t: t, ctx: ctx, url: s.ClientURL(), commit: commit}
 }

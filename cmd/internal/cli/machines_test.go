@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -48,15 +47,7 @@ func TestMachinesKeepTheirCountsWhenAnAgentRestarts(t *testing.T) {
 	}
 	machine := func() cli.Machine {
 		t.Helper()
-		code, out, errw := run(t, "--nats", url, "--json", "machines")
-		if code != 0 {
-			t.Fatalf("machines: exit %d: %s", code, errw)
-		}
-		var ms []cli.Machine
-		if err := json.Unmarshal([]byte(out), &ms); err != nil {
-			t.Fatal(err)
-		}
-		for _, m := range ms {
+		for _, m := range machines(t, url) {
 			if m.Machine == "m1" {
 				return m
 			}

@@ -1,11 +1,8 @@
 package cli_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
-	"os"
-	"path/filepath"
 	"slices"
 	"testing"
 
@@ -15,8 +12,6 @@ import (
 
 	"github.com/meshbuild/meshbuild/agent"
 	"github.com/meshbuild/meshbuild/cascade"
-	"github.com/meshbuild/meshbuild/cmd/internal/cli"
-	"github.com/meshbuild/meshbuild/cmd/internal/daemon"
 	"github.com/meshbuild/meshbuild/internal/buildkitd"
 	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/internal/testenv"
@@ -41,9 +36,7 @@ func TestAModuleOfTwoPlatformsIsBuiltOnAMachineOfEach(t *testing.T) {
 		"multi": "module: multi\nbuild:\n  repo: " + fleetRepo + "\n  path: multi\n  platforms: [linux/amd64, linux/arm64]\n",
 		"dep":   "module: dep\nbuild:\n  repo: " + fleetRepo + "\n  path: dep\n  on: [multi]\n",
 	} {
-		if err := os.WriteFile(filepath.Join(catDir, m+".yaml"), []byte(y), 0o644); err != nil {
-			t.Fatal(err)
-		}
+		addModule(t, catDir, m, y)
 	}
 	gitDir, _ := testenv.GitRepo(t, map[string]string{
 		"multi/Dockerfile": "FROM scratch\nCOPY hello.txt /hello.txt\n",
@@ -56,26 +49,14 @@ func TestAModuleOfTwoPlatformsIsBuiltOnAMachineOfEach(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	errs := make(chan error, 3)
-	ccfg := cascade.DefaultConfig()
-	ccfg.Registry, ccfg.RegistryClient = reg, registry.NewClient(registry.WithInsecure(true))
-	startController(t, ctx, daemon.ControllerOptions{NATS: s.ClientURL(), Catalogue: catDir, Controller: ccfg}, errs)
+	startController(t, ctx, registryController(s, catDir, reg), errs)
 	for m, p := range map[string]string{"amd": "linux/amd64", "arm": "linux/arm64"} {
 		cfg := agent.DefaultConfig()
 		cfg.Machine, cfg.Platforms = m, []string{p}
-		go func() {
-			errs <- daemon.RunAgent(ctx, daemon.AgentOptions{NATS: s.ClientURL(), Agent: cfg, BuildKit: bk,
-				RegistryClient: registry.NewClient(registry.WithInsecure(true)), Workspace: t.TempDir(), InsteadOf: map[string]string{fleetRepo: gitDir}})
-		}()
+		runFleetAgent(t, ctx, s, cfg, bk, gitDir, nil, errs)
 	}
 
-	var out, errw bytes.Buffer
-	if code := cli.Main(ctx, []string{"--nats", s.ClientURL(), "--json", "push", "--repo", fleetRepo, "--commit", commit, "--watch"}, &out, &errw); code != 0 {
-		t.Fatalf("builds push --watch exit %d\nstdout %s\nstderr %s", code, out.String(), errw.String())
-	}
-	var view cli.PlanView
-	if err := json.Unmarshal(out.Bytes(), &view); err != nil {
-		t.Fatalf("decoding %q: %v", out.String(), err)
-	}
+	view := pushWatch(t, ctx, s.ClientURL(), commit)
 	if view.Plan.Outcome != cascade.OutcomeBuilt {
 		t.Fatalf("plan %+v: %+v", view.Plan, view.Modules)
 	}
@@ -175,15 +156,7 @@ func TestAModuleOfTwoPlatformsIsBuiltOnAMachineOfEach(t *testing.T) {
 	}
 
 	// machines: each agent lists the platform it builds.
-	out.Reset()
-	if code := cli.Main(ctx, []string{"--nats", s.ClientURL(), "--json", "machines"}, &out, &errw); code != 0 {
-		t.Fatalf("machines: %s", errw.String())
-	}
-	var ms []cli.Machine
-	if err := json.Unmarshal(out.Bytes(), &ms); err != nil {
-		t.Fatal(err)
-	}
-	for _, m := range ms {
+	for _, m := range machines(t, s.ClientURL()) {
 		want := map[string]string{"amd": "linux/amd64", "arm": "linux/arm64"}[m.Machine]
 		if !slices.Equal(m.Platforms, []string{want}) {
 			t.Errorf("machine %s platforms %v, want [%s]", m.Machine, m.Platforms, want)

@@ -7,14 +7,9 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/meshbuild/meshbuild/agent"
 	"github.com/meshbuild/meshbuild/cascade"
@@ -55,9 +50,7 @@ func TestPlansOfDifferentPrioritiesShowWhatTheyWaitBehind(t *testing.T) {
 		for i := range n {
 			m := fmt.Sprintf("%s-%02d", name, i)
 			y := "module: " + m + "\nbuild:\n  repo: " + repo + "\n  path: " + m + "\n"
-			if err := os.WriteFile(filepath.Join(catDir, m+".yaml"), []byte(y), 0o644); err != nil {
-				t.Fatal(err)
-			}
+			addModule(t, catDir, m, y)
 		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -68,11 +61,7 @@ func TestPlansOfDifferentPrioritiesShowWhatTheyWaitBehind(t *testing.T) {
 	ccfg.Images = testenv.AnyImage{} // its workers push nothing
 	startController(t, ctx, daemon.ControllerOptions{NATS: s.ClientURL(), Catalogue: catDir, Controller: ccfg}, errs)
 	for i := range 2 {
-		nc, err := nats.Connect(s.ClientURL())
-		if err != nil {
-			t.Fatal(err)
-		}
-		js, _ := jetstream.New(nc)
+		nc, js := natstest.Dial(t, s.ClientURL())
 		cfg := agent.DefaultConfig()
 		cfg.Machine = fmt.Sprintf("host-%d", i+1)
 		cfg.FetchWait = 500 * time.Millisecond

@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -13,13 +11,11 @@ import (
 	"time"
 
 	"github.com/meshbuild/meshbuild/agent"
-	"github.com/meshbuild/meshbuild/cascade"
 	"github.com/meshbuild/meshbuild/cmd/internal/cli"
 	"github.com/meshbuild/meshbuild/cmd/internal/daemon"
 	"github.com/meshbuild/meshbuild/internal/buildkitd"
 	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/internal/testenv"
-	"github.com/meshbuild/meshbuild/registry"
 	"github.com/meshbuild/meshbuild/registry/registrytest"
 )
 
@@ -38,10 +34,7 @@ func TestAnAskForAPlatformNoMachineBuildsWaitsVisibly(t *testing.T) {
 	s := natstest.Server(t, nil)
 
 	catDir := meshCatalogue(t)
-	y := "module: armonly\nbuild:\n  repo: " + fleetRepo + "\n  path: armonly\n  platforms: [linux/arm64]\n"
-	if err := os.WriteFile(filepath.Join(catDir, "armonly.yaml"), []byte(y), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	addModule(t, catDir, "armonly", "module: armonly\nbuild:\n  repo: "+fleetRepo+"\n  path: armonly\n  platforms: [linux/arm64]\n")
 	gitDir, _ := testenv.GitRepo(t, map[string]string{
 		"armonly/Dockerfile": "FROM scratch\nCOPY hello.txt /hello.txt\n",
 		"armonly/hello.txt":  "hello\n",
@@ -56,17 +49,14 @@ func TestAnAskForAPlatformNoMachineBuildsWaitsVisibly(t *testing.T) {
 		t.Fatal(err)
 	}
 	errs := make(chan error, 3)
-	ccfg := cascade.DefaultConfig()
-	ccfg.Registry, ccfg.RegistryClient = reg, registry.NewClient(registry.WithInsecure(true))
-	ccfg.ObserveEvery = 500 * time.Millisecond
-	startController(t, ctx, daemon.ControllerOptions{NATS: s.ClientURL(), Catalogue: catDir, Controller: ccfg, Observer: obs}, errs)
+	copts := registryController(s, catDir, reg)
+	copts.Controller.ObserveEvery = 500 * time.Millisecond
+	copts.Observer = obs
+	startController(t, ctx, copts, errs)
 	startAgent := func(machine string, platforms ...string) {
 		cfg := agent.DefaultConfig()
 		cfg.Machine, cfg.Platforms = machine, platforms
-		go func() {
-			errs <- daemon.RunAgent(ctx, daemon.AgentOptions{NATS: s.ClientURL(), Agent: cfg, BuildKit: bk,
-				RegistryClient: registry.NewClient(registry.WithInsecure(true)), Workspace: t.TempDir(), InsteadOf: map[string]string{fleetRepo: gitDir}})
-		}()
+		runFleetAgent(t, ctx, s, cfg, bk, gitDir, nil, errs)
 	}
 	startAgent("amd", "linux/amd64")
 

@@ -280,17 +280,27 @@ func writeSecret(path string, b []byte) error {
 // PrincipalOf reads the principal a .creds file speaks for: the id its JWT
 // was issued under (mesh.PrincipalID), e.g. "agent_m1".
 func PrincipalOf(path string) (string, error) {
+	uc, err := UserClaims(path)
+	if err != nil {
+		return "", err
+	}
+	return uc.Name, nil
+}
+
+// UserClaims reads the user's claims in a .creds file's JWT: its name, what
+// it may publish and subscribe to, who issued it.
+func UserClaims(path string) (*jwt.UserClaims, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return "", fmt.Errorf("credentials %s: %w", path, err)
+		return nil, fmt.Errorf("credentials %s: %w", path, err)
 	}
 	token, err := jwt.ParseDecoratedJWT(b)
 	if err != nil {
-		return "", fmt.Errorf("credentials %s: %w", path, err)
+		return nil, fmt.Errorf("credentials %s: %w", path, err)
 	}
 	uc, err := jwt.DecodeUserClaims(token)
 	if err != nil {
-		return "", fmt.Errorf("credentials %s: %w", path, err)
+		return nil, fmt.Errorf("credentials %s: %w", path, err)
 	}
-	return uc.Name, nil
+	return uc, nil
 }

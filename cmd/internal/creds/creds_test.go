@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
@@ -101,12 +100,7 @@ func TestIssuedCredentialsAreEnforced(t *testing.T) {
 
 	// The JWT's permissions are the derived set, nothing added.
 	nodeCreds, nodePerms := issue(mesh.KindNode, "m1")
-	b, _ := os.ReadFile(nodeCreds)
-	token, err := jwt.ParseDecoratedJWT(b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	uc, err := jwt.DecodeUserClaims(token)
+	uc, err := creds.UserClaims(nodeCreds)
 	if err != nil {
 		t.Fatal(err)
 	}

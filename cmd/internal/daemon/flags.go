@@ -67,6 +67,12 @@ func ParseOwnerValues[V any](flag string, vals []string, parse func(string) (V, 
 	return out, nil
 }
 
+// NATSFlag adds --nats (MESHBUILD_NATS) to fs: the NATS server's URL, or
+// a cluster's, comma separated.
+func NATSFlag(fs *flag.FlagSet) *string {
+	return fs.String("nats", Env("MESHBUILD_NATS", "nats://127.0.0.1:4222"), "NATS server URL(s), comma separated (MESHBUILD_NATS)")
+}
+
 // TLSFlags adds --tls-ca, --tls-cert and --tls-key (MESHBUILD_TLS_CA,
 // MESHBUILD_TLS_CERT, MESHBUILD_TLS_KEY) to fs: how to reach a NATS server
 // that speaks TLS.

@@ -99,21 +99,9 @@ func TestAnAgentBindsOnlyTheQueuesItsCredentialsGrant(t *testing.T) {
 	var logs testenv.Buffer
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	cfg := agent.DefaultConfig()
-	cfg.Machine = "m1"
-	done := make(chan error, 1)
-	go func() {
-		done <- RunAgent(ctx, AgentOptions{NATS: s.ClientURL(), Creds: file(mesh.KindAgent), Agent: cfg, BuildKit: bk, Workspace: t.TempDir(),
-			Log: slog.New(slog.NewTextHandler(&logs, nil))})
-	}()
-	testenv.WaitFor(t, 30*time.Second, "the agent to hold the build seat", func() bool {
-		select {
-		case err := <-done:
-			t.Fatalf("the agent stopped: %v\n%s", err, logs.String())
-		default:
-		}
-		return strings.Contains(logs.String(), "holding the build seat")
-	})
+	done := startAgent(t, ctx, "m1", AgentOptions{NATS: s.ClientURL(), Creds: file(mesh.KindAgent), BuildKit: bk,
+		Log: slog.New(slog.NewTextHandler(&logs, nil))})
+	awaitLog(t, "the agent to hold the build seat", &logs, done, "holding the build seat")
 	held := testenv.GrepLines(logs.String(), "holding the build seat")
 	if !strings.Contains(held, mesh.BuildConsumer(mesh.DefaultPlatform)) || strings.Contains(held, "386") || strings.Contains(held, "v2") {
 		t.Fatalf("the agent binds %s, want only %s", held, mesh.BuildConsumer(mesh.DefaultPlatform))

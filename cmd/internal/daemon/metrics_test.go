@@ -3,7 +3,6 @@ package daemon_test
 import (
 	"context"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -14,6 +13,7 @@ import (
 	"github.com/meshbuild/meshbuild/cmd/internal/daemon"
 	"github.com/meshbuild/meshbuild/deploy"
 	"github.com/meshbuild/meshbuild/internal/natstest"
+	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
 )
 
@@ -54,7 +54,7 @@ func TestAgentAndControllerMetrics(t *testing.T) {
 	if obs, err := daemon.AgentMetrics(ctx, "", "m1", nil); obs != nil || err != nil {
 		t.Fatalf("agent without an address: %v, %v; want no observer", obs, err)
 	}
-	agentAddr := freeAddr(t)
+	agentAddr := testenv.FreeAddr(t)
 	obs, err := daemon.AgentMetrics(ctx, agentAddr, "m1", nil)
 	if err != nil || obs == nil {
 		t.Fatalf("agent metrics: %v, %v", obs, err)
@@ -75,7 +75,7 @@ func TestAgentAndControllerMetrics(t *testing.T) {
 	if cobs, err := daemon.ControllerMetrics(ctx, "", s.ClientURL(), "", nil); cobs != nil || err != nil {
 		t.Fatalf("controller without an address: %v, %v; want no observer", cobs, err)
 	}
-	addr := freeAddr(t)
+	addr := testenv.FreeAddr(t)
 	cobs, err := daemon.ControllerMetrics(ctx, addr, s.ClientURL(), "", nil)
 	if err != nil {
 		t.Fatal(err)
@@ -110,7 +110,7 @@ func TestNodeMetrics(t *testing.T) {
 	if aobs, nobs, err := daemon.NodeMetrics(ctx, "", "n1", nil); aobs != nil || nobs != nil || err != nil {
 		t.Fatalf("node without an address: %v, %v, %v; want no observers", aobs, nobs, err)
 	}
-	addr := freeAddr(t)
+	addr := testenv.FreeAddr(t)
 	aobs, nobs, err := daemon.NodeMetrics(ctx, addr, "n1", nil)
 	if err != nil || aobs == nil || nobs == nil {
 		t.Fatalf("node metrics: %v, %v, %v", aobs, nobs, err)
@@ -128,14 +128,4 @@ func TestNodeMetrics(t *testing.T) {
 			t.Errorf("node /metrics lacks %s", want)
 		}
 	}
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
 }

@@ -43,6 +43,33 @@ func (r *restartable) stop() { r.s.Shutdown(); r.s.WaitForShutdown() }
 
 func (r *restartable) start() { r.s = natstest.Server(r.t, &r.opts) }
 
+// startAgent runs build-agent (RunAgent) with opts as machine, with the
+// agent's default config and a workspace of its own, until ctx ends; the
+// channel says how it ended.
+func startAgent(t *testing.T, ctx context.Context, machine string, opts AgentOptions) <-chan error {
+	t.Helper()
+	opts.Agent = agent.DefaultConfig()
+	opts.Agent.Machine = machine
+	opts.Workspace = t.TempDir()
+	done := make(chan error, 1)
+	go func() { done <- RunAgent(ctx, opts) }()
+	return done
+}
+
+// awaitLog waits, 30s at most, for log to say say (the wait is what): the
+// daemon stopping first (its end said on done) fails t.
+func awaitLog(t *testing.T, what string, log *testenv.Buffer, done <-chan error, say string) {
+	t.Helper()
+	testenv.WaitFor(t, 30*time.Second, what, func() bool {
+		select {
+		case err := <-done:
+			t.Fatalf("waiting for %s, it stopped: %v\n%s", what, err, log.String())
+		default:
+		}
+		return strings.Contains(log.String(), say)
+	})
+}
+
 // holder reads who holds seat at scope, on a connection of the test's own.
 func holder(t *testing.T, r *restartable, seat string, scope claim.Scope) (claim.Record, bool) {
 	t.Helper()
@@ -68,16 +95,11 @@ func TestAStandaloneAgentRidesOutABusOutageLongerThanItsLease(t *testing.T) {
 	if _, err := mesh.Raise(context.Background(), js, meshtest.Catalogue(t, nil), 1); err != nil {
 		t.Fatal(err)
 	}
-	var log logBuffer
+	var log testenv.Buffer
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	cfg := agent.DefaultConfig()
-	cfg.Machine = "m1"
-	done := make(chan error, 1)
-	go func() {
-		done <- RunAgent(ctx, AgentOptions{NATS: srv.s.ClientURL(), Agent: cfg, BuildKit: bk, Workspace: t.TempDir(),
-			Lease: 2 * time.Second, Log: slog.New(slog.NewTextHandler(&log, nil))})
-	}()
+	done := startAgent(t, ctx, "m1", AgentOptions{NATS: srv.s.ClientURL(), BuildKit: bk,
+		Lease: 2 * time.Second, Log: slog.New(slog.NewTextHandler(&log, nil))})
 	var before claim.Record
 	testenv.WaitFor(t, 30*time.Second, "the agent to claim m1", func() bool {
 		var ok bool
@@ -86,14 +108,7 @@ func TestAStandaloneAgentRidesOutABusOutageLongerThanItsLease(t *testing.T) {
 	})
 
 	srv.stop()
-	testenv.WaitFor(t, 30*time.Second, "the agent to say it lost its claim and stands by", func() bool {
-		select {
-		case err := <-done:
-			t.Fatalf("the agent stopped on losing its claim: %v\n%s", err, log.String())
-		default:
-		}
-		return strings.Contains(log.String(), "standing by to take it back")
-	})
+	awaitLog(t, "the agent to say it lost its claim and stands by", &log, done, "standing by to take it back")
 	// Out for longer than the lease, twice over.
 	select {
 	case err := <-done:
@@ -179,17 +194,10 @@ func TestARestartedAgentTakesTheClaimItsKilledPredecessorLeft(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	run := func(machine string, log *logBuffer) <-chan error {
-		cfg := agent.DefaultConfig()
-		cfg.Machine = machine
-		errc := make(chan error, 1)
-		go func() {
-			errc <- RunAgent(ctx, AgentOptions{NATS: s.ClientURL(), Agent: cfg, BuildKit: bk, Workspace: t.TempDir(),
-				Log: slog.New(slog.NewTextHandler(log, nil))})
-		}()
-		return errc
+	run := func(machine string, log *testenv.Buffer) <-chan error {
+		return startAgent(t, ctx, machine, AgentOptions{NATS: s.ClientURL(), BuildKit: bk, Log: slog.New(slog.NewTextHandler(log, nil))})
 	}
-	var log1, log2 logBuffer
+	var log1, log2 testenv.Buffer
 	start := time.Now()
 	m1 := run("m1", &log1)
 	testenv.WaitFor(t, 30*time.Second, "the agent to take m1", func() bool {
@@ -228,7 +236,7 @@ func TestARestartedAgentTakesTheClaimItsKilledPredecessorLeft(t *testing.T) {
 func TestTheControllerTakesItsSeatBackAtOnceAfterAnOutage(t *testing.T) {
 	srv := newRestartable(t)
 	dir := chainCatalogue(t)
-	var log logBuffer
+	var log testenv.Buffer
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	ready := make(chan struct{})

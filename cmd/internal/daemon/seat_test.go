@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -28,24 +27,6 @@ import (
 	"github.com/meshbuild/meshbuild/mesh/meshtest"
 	"github.com/meshbuild/meshbuild/planner"
 )
-
-// logBuffer is a log a test reads while the process writes it.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // proxy stands between one process and the bus; cut partitions it: every
 // connection through it drops and no new one gets through.
@@ -197,10 +178,10 @@ func TestAStandbyControllerTakesOverMidPlan(t *testing.T) {
 	px := newProxy(t, strings.TrimPrefix(s.ClientURL(), "nats://"))
 	ctxA, stopA := context.WithCancel(context.Background())
 	defer stopA()
-	var logA, logB logBuffer
+	var logA, logB testenv.Buffer
 	readyA, readyB := make(chan struct{}), make(chan struct{})
 	doneA, doneB := make(chan error, 1), make(chan error, 1)
-	opts := func(url string, log *logBuffer, ready chan struct{}) ControllerOptions {
+	opts := func(url string, log *testenv.Buffer, ready chan struct{}) ControllerOptions {
 		return ControllerOptions{NATS: url, Catalogue: dir, Poll: time.Hour, Lease: lease,
 			Controller: cascade.Config{Registry: "127.0.0.1:1", Images: testenv.AnyImage{}}, Ready: ready,
 			Log: slog.New(slog.NewTextHandler(log, nil))}
@@ -339,13 +320,7 @@ func TestTwoAgentsOnOneMachineAreRefused(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	run := func(machine string) <-chan error {
-		cfg := agent.DefaultConfig()
-		cfg.Machine = machine
-		errc := make(chan error, 1)
-		go func() {
-			errc <- RunAgent(ctx, AgentOptions{NATS: s.ClientURL(), Agent: cfg, BuildKit: bk, Workspace: t.TempDir(), Lease: time.Second})
-		}()
-		return errc
+		return startAgent(t, ctx, machine, AgentOptions{NATS: s.ClientURL(), BuildKit: bk, Lease: time.Second})
 	}
 	holds := func(machine string) claim.Record {
 		var rec claim.Record

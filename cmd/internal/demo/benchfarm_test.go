@@ -2,13 +2,12 @@ package demo
 
 import (
 	"context"
-	"log/slog"
 	"testing"
 
 	"github.com/meshbuild/meshbuild/cascade"
 	"github.com/meshbuild/meshbuild/cmd/internal/daemon"
 	"github.com/meshbuild/meshbuild/cmd/internal/farm"
-	"github.com/meshbuild/meshbuild/internal/testenv"
+	"github.com/meshbuild/meshbuild/cmd/internal/farm/farmtest"
 	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -22,24 +21,16 @@ import (
 func upBenchFarm(b *testing.B, catalogue string, agents, maxParallelism int) (f *farm.Farm, state string, stop func()) {
 	b.Helper()
 	state = b.TempDir()
-	logs := &testenv.Buffer{}
-	f, err := farm.Up(context.Background(), farm.UpOptions{
+	f, _, stopFarm := farmtest.Up(b, farm.UpOptions{
 		Catalogue: catalogue, Agents: agents, StateDir: state,
-		ListenNATS: "127.0.0.1:0", ListenRegistry: "127.0.0.1:0",
-		BuildkitdBin: testenv.BuildkitdBin(b), BuildkitdPerAgent: true, MaxParallelism: maxParallelism,
+		BuildkitdPerAgent: true, MaxParallelism: maxParallelism,
 		InsteadOf: InsteadOf(state),
-		Log:       slog.New(slog.NewTextHandler(logs, nil)),
 	})
-	if err != nil {
-		b.Fatalf("Up: %v", err)
-	}
 	return f, state, func() {
 		if err := f.Stop(); err != nil {
 			b.Errorf("Stop: %v", err)
 		}
-		if b.Failed() {
-			b.Logf("farm log:\n%s", logs.String())
-		}
+		stopFarm()
 	}
 }
 

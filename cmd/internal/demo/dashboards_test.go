@@ -4,7 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"log/slog"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/meshbuild/meshbuild/cmd/internal/farm"
+	"github.com/meshbuild/meshbuild/cmd/internal/farm/farmtest"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/metrics"
 )
@@ -51,24 +52,11 @@ func TestDashboardsOnBuildsUp(t *testing.T) {
 	prom := testenv.Prometheus(t, targets)
 
 	state := t.TempDir()
-	logs := &testenv.Buffer{}
-	f, err := farm.Up(context.Background(), farm.UpOptions{
+	f, _, stop := farmtest.Up(t, farm.UpOptions{
 		Catalogue: catalogue, Agents: 2, StateDir: state,
-		ListenNATS: "127.0.0.1:0", ListenRegistry: "127.0.0.1:0",
-		MetricsBase:  metricsBase,
-		BuildkitdBin: testenv.BuildkitdBin(t),
-		InsteadOf:    InsteadOf(state),
-		Log:          slog.New(slog.NewTextHandler(logs, nil)),
+		MetricsBase: metricsBase, InsteadOf: InsteadOf(state),
 	})
-	if err != nil {
-		t.Fatalf("Up: %v", err)
-	}
-	defer func() {
-		f.Stop()
-		if t.Failed() {
-			t.Logf("farm log:\n%s", logs.String())
-		}
-	}()
+	defer stop()
 	var served []string
 	for _, u := range f.MetricsURLs() {
 		served = append(served, strings.TrimSuffix(strings.TrimPrefix(u, "http://"), "/metrics"))
@@ -114,18 +102,7 @@ func TestDashboardsOnBuildsUp(t *testing.T) {
 	}
 	vars := strings.NewReplacer("$__rate_interval", "30s", "$__range", "1m")
 	for _, p := range panels {
-		expr := vars.Replace(p.Expr)
-		res, err := prom.Query(ctx, expr)
-		switch {
-		case err != nil:
-			t.Errorf("%s %q: %v", p.Dashboard, p.Title, err)
-		case len(res) == 0:
-			t.Errorf("%s %q: %s: no series", p.Dashboard, p.Title, expr)
-		case !testenv.AnyNumber(res):
-			t.Errorf("%s %q: %s: only NaN: %v", p.Dashboard, p.Title, expr, res)
-		default:
-			t.Logf("%s %q: %v", p.Dashboard, p.Title, res)
-		}
+		prom.WantNumber(t, ctx, fmt.Sprintf("%s %q", p.Dashboard, p.Title), vars.Replace(p.Expr))
 	}
 	t.Logf("%d panel queries checked %s after the start", len(panels), since())
 }

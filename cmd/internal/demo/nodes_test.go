@@ -3,12 +3,12 @@ package demo
 import (
 	"bytes"
 	"context"
-	"log/slog"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/meshbuild/meshbuild/cmd/internal/farm"
+	"github.com/meshbuild/meshbuild/cmd/internal/farm/farmtest"
 	"github.com/meshbuild/meshbuild/deploy"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
@@ -22,22 +22,11 @@ func TestUpRunsBuildMachinesAsNodes(t *testing.T) {
 	testenv.RequireBuildkit(t)
 	catalogue, src := testenv.SmallFleet(t, "base", "static", "static-web")
 	state := t.TempDir()
-	logs := &testenv.Buffer{}
-	f, err := farm.Up(context.Background(), farm.UpOptions{
+	f, logs, stop := farmtest.Up(t, farm.UpOptions{
 		Catalogue: catalogue, Agents: 2, StateDir: state,
-		ListenNATS: "127.0.0.1:0", ListenRegistry: "127.0.0.1:0",
-		BuildkitdBin: testenv.BuildkitdBin(t), InsteadOf: InsteadOf(state),
-		Log: slog.New(slog.NewTextHandler(logs, nil)), Out: &bytes.Buffer{},
+		InsteadOf: InsteadOf(state), Out: &bytes.Buffer{},
 	})
-	if err != nil {
-		t.Fatalf("Up: %v", err)
-	}
-	defer func() {
-		f.Stop()
-		if t.Failed() {
-			t.Logf("farm log:\n%s", logs.String())
-		}
-	}()
+	defer stop()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	var out bytes.Buffer

@@ -3,7 +3,6 @@ package farm_test
 import (
 	"bytes"
 	"context"
-	"log/slog"
 	"net"
 	"strings"
 	"testing"
@@ -13,6 +12,7 @@ import (
 	"github.com/meshbuild/meshbuild/cmd/internal/daemon"
 	"github.com/meshbuild/meshbuild/cmd/internal/demo"
 	"github.com/meshbuild/meshbuild/cmd/internal/farm"
+	"github.com/meshbuild/meshbuild/cmd/internal/farm/farmtest"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
 )
@@ -25,23 +25,12 @@ func TestUpCluster(t *testing.T) {
 	testenv.RequireBuildkit(t)
 	catalogue, src := testenv.SmallFleet(t, "base", "runtime")
 	state := t.TempDir()
-	logs := &testenv.Buffer{}
 	var banner bytes.Buffer
-	f, err := farm.Up(context.Background(), farm.UpOptions{
+	f, _, stop := farmtest.Up(t, farm.UpOptions{
 		Catalogue: catalogue, Agents: 1, StateDir: state, Cluster: 3,
-		ListenNATS: "127.0.0.1:0", ListenRegistry: "127.0.0.1:0",
-		BuildkitdBin: testenv.BuildkitdBin(t), InsteadOf: demo.InsteadOf(state),
-		Log: slog.New(slog.NewTextHandler(logs, nil)), Out: &banner,
+		InsteadOf: demo.InsteadOf(state), Out: &banner,
 	})
-	if err != nil {
-		t.Fatalf("Up: %v", err)
-	}
-	defer func() {
-		f.Stop()
-		if t.Failed() {
-			t.Logf("farm log:\n%s", logs.String())
-		}
-	}()
+	defer stop()
 	urls := strings.Split(f.NATSURL(), ",")
 	if len(urls) != 3 {
 		t.Fatalf("NATSURL = %s, want three URLs", f.NATSURL())

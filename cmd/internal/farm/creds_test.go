@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"log/slog"
 	"os"
 	"strings"
 	"testing"
@@ -17,6 +16,7 @@ import (
 	"github.com/meshbuild/meshbuild/cascade"
 	"github.com/meshbuild/meshbuild/cmd/internal/demo"
 	"github.com/meshbuild/meshbuild/cmd/internal/farm"
+	"github.com/meshbuild/meshbuild/cmd/internal/farm/farmtest"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
 	mstate "github.com/meshbuild/meshbuild/state"
@@ -32,23 +32,12 @@ func TestUpEnforcesEachComponentsCredentials(t *testing.T) {
 	testenv.RequireBuildkit(t)
 	catalogue, _ := testenv.SmallFleet(t, "base")
 	state := t.TempDir()
-	logs := &testenv.Buffer{}
 	var banner bytes.Buffer
-	f, err := farm.Up(context.Background(), farm.UpOptions{
+	f, logs, stop := farmtest.Up(t, farm.UpOptions{
 		Catalogue: catalogue, Agents: 2, StateDir: state,
-		ListenNATS: "127.0.0.1:0", ListenRegistry: "127.0.0.1:0",
-		BuildkitdBin: testenv.BuildkitdBin(t), InsteadOf: demo.InsteadOf(state),
-		Log: slog.New(slog.NewTextHandler(logs, nil)), Out: &banner,
+		InsteadOf: demo.InsteadOf(state), Out: &banner,
 	})
-	if err != nil {
-		t.Fatalf("Up: %v", err)
-	}
-	defer func() {
-		f.Stop()
-		if t.Failed() {
-			t.Logf("farm log:\n%s", logs.String())
-		}
-	}()
+	defer stop()
 	if want := "MESHBUILD_CREDS=" + f.OperatorCreds(); !strings.Contains(banner.String(), want) {
 		t.Errorf("the banner lacks %s:\n%s", want, banner.String())
 	}

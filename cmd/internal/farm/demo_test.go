@@ -10,7 +10,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -24,6 +23,7 @@ import (
 	"github.com/meshbuild/meshbuild/cmd/internal/daemon"
 	"github.com/meshbuild/meshbuild/cmd/internal/demo"
 	"github.com/meshbuild/meshbuild/cmd/internal/farm"
+	"github.com/meshbuild/meshbuild/cmd/internal/farm/farmtest"
 	"github.com/meshbuild/meshbuild/cmd/internal/planview"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
@@ -37,30 +37,13 @@ func TestUpDemo(t *testing.T) {
 	testenv.RequireBuildkit(t)
 	catalogue, src := testenv.SmallFleet(t, "base", "runtime", "tool-01", "tool-02")
 	state := t.TempDir()
-	logs := &testenv.Buffer{}
 	var banner bytes.Buffer
 	metricsBase := testenv.FreePorts(t, 3)
-	f, err := farm.Up(context.Background(), farm.UpOptions{
+	f, logs, stop := farmtest.Up(t, farm.UpOptions{
 		Catalogue: catalogue, Agents: 2, StateDir: state,
-		ListenNATS: "127.0.0.1:0", ListenRegistry: "127.0.0.1:0",
-		MetricsBase:  metricsBase,
-		BuildkitdBin: testenv.BuildkitdBin(t),
-		InsteadOf:    demo.InsteadOf(state),
-		Log:          slog.New(slog.NewTextHandler(logs, nil)),
-		Out:          &banner,
+		MetricsBase: metricsBase, InsteadOf: demo.InsteadOf(state), Out: &banner,
 	})
-	if err != nil {
-		t.Fatalf("Up: %v", err)
-	}
-	stopped := false
-	defer func() {
-		if !stopped {
-			f.Stop()
-		}
-		if t.Failed() {
-			t.Logf("farm log:\n%s", logs.String())
-		}
-	}()
+	defer stop()
 
 	for what, addr := range map[string]string{"NATS": f.NATSURL(), "registry": f.RegistryAddr()} {
 		if strings.HasSuffix(addr, ":0") || !strings.Contains(banner.String(), addr) {
@@ -182,7 +165,6 @@ func TestUpDemo(t *testing.T) {
 		}
 	}
 
-	stopped = true
 	if err := f.Stop(); err != nil {
 		t.Errorf("Stop: %v", err)
 	}
@@ -211,26 +193,13 @@ func TestUpBuildkitdPerAgent(t *testing.T) {
 	testenv.RequireBuildkit(t)
 	catalogue, src := testenv.SmallFleet(t, "base", "runtime", "tool-01", "tool-02")
 	state := t.TempDir()
-	logs := &testenv.Buffer{}
 	var banner bytes.Buffer
-	f, err := farm.Up(context.Background(), farm.UpOptions{
+	f, _, stop := farmtest.Up(t, farm.UpOptions{
 		Catalogue: catalogue, Agents: 2, StateDir: state,
-		ListenNATS: "127.0.0.1:0", ListenRegistry: "127.0.0.1:0",
-		BuildkitdBin:      testenv.BuildkitdBin(t),
 		BuildkitdPerAgent: true, MaxParallelism: 1,
-		InsteadOf: demo.InsteadOf(state),
-		Log:       slog.New(slog.NewTextHandler(logs, nil)),
-		Out:       &banner,
+		InsteadOf: demo.InsteadOf(state), Out: &banner,
 	})
-	if err != nil {
-		t.Fatalf("Up: %v", err)
-	}
-	defer func() {
-		f.Stop()
-		if t.Failed() {
-			t.Logf("farm log:\n%s", logs.String())
-		}
-	}()
+	defer stop()
 
 	machines, addrs := f.Machines(), f.BuildKitAddrs()
 	if len(addrs) != 2 || addrs[0] == addrs[1] || f.BuildKitAddr() != addrs[0] {
