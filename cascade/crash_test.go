@@ -397,9 +397,19 @@ func (f *chaosFarm) runController(ctx context.Context, nc *nats.Conn, _ *tap, re
 			break
 		}
 	}
-	if ctx.Err() == nil {
-		if err := f.shortenAckWaits(); err != nil {
+	// Tried again while the bus is away (a round may take it just now),
+	// as every process of the farm rides out an outage.
+	for ctx.Err() == nil {
+		err := f.shortenAckWaits(ctx)
+		if err == nil {
+			break
+		}
+		f.t.Logf("shortening the ack waits (trying again): %v", err)
+		select {
+		case err := <-errc:
 			return err
+		case <-ctx.Done():
+		case <-time.After(100 * time.Millisecond):
 		}
 	}
 	ready()
@@ -422,8 +432,9 @@ func (l testLog) Write(b []byte) (int, error) {
 
 // shortenAckWaits sets the controller's and the holders' consumers' ack
 // wait to chaosAckWait: a killed process's messages come back that soon.
-func (f *chaosFarm) shortenAckWaits() error {
-	ctx := context.Background()
+func (f *chaosFarm) shortenAckWaits(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
 	for _, c := range [][2]string{
 		{mesh.EventsStream, mesh.ModuleConsumer("build-controller")},
 		{mesh.SeatStream(mesh.BuildSeat), mesh.BuildConsumer(mesh.DefaultPlatform)},
