@@ -170,6 +170,35 @@ func TestACheckoutLeftByAnEarlierProcessIsWrittenAgain(t *testing.T) {
 	}
 }
 
+// The checkouts an earlier process left (of trees not asked for again, in
+// the layout of any version) are removed before the first checkout.
+func TestCheckoutsAnEarlierProcessLeftAreRemoved(t *testing.T) {
+	ctx := context.Background()
+	repo, c := testenv.GitRepo(t, map[string]string{"Dockerfile": "FROM base\n"})
+	dir := t.TempDir()
+	left := []string{filepath.Join(dir, "work", "tree-0123", "context"), filepath.Join(dir, "work", "ask-123", "context")}
+	for _, l := range left {
+		if err := os.MkdirAll(l, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := &Sources{Dir: dir}
+	d, err := s.Checkout(ctx, mesh.Source{Repo: repo, Commit: c})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Release(d)
+	for _, l := range left {
+		if _, err := os.Stat(filepath.Dir(l)); !os.IsNotExist(err) {
+			t.Errorf("%s left by an earlier process is still there (%v)", filepath.Dir(l), err)
+		}
+	}
+	entries, _ := os.ReadDir(filepath.Join(dir, "work"))
+	if len(entries) != 1 {
+		t.Errorf("work/ holds %d entries, want the one checkout", len(entries))
+	}
+}
+
 // A commit the clone has is not fetched again: it checks out with the
 // repository gone. A commit it lacks is.
 func TestCheckoutFetchesOnlyWhenMissing(t *testing.T) {

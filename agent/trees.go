@@ -19,7 +19,8 @@ import (
 // hands the same directory to every build of that tree: builds only read
 // their context (BuildKit copies it into the daemon), so slots building
 // one tree at once share it. Released trees no build uses are kept, the
-// KeepTrees most recently used, and the rest removed.
+// KeepTrees most recently used, and the rest removed; what an earlier
+// process left there is removed before the first checkout.
 
 // DefaultKeepTrees is how many released checkouts Sources keeps for the
 // next build of the same tree when Sources.KeepTrees is 0.
@@ -50,6 +51,9 @@ func (ts *trees) take(ctx context.Context, workRoot, id string, write func(dir s
 	ts.mu.Lock()
 	if ts.byID == nil {
 		ts.byID = map[string]*tree{}
+		// What an earlier process left in the workspace (one process
+		// uses it at a time) is removed before the first checkout.
+		sweep(workRoot)
 	}
 	t, ok := ts.byID[id]
 	if ok {
@@ -102,6 +106,14 @@ func rewrite(dir string, write func(dir string) error) error {
 		return err
 	}
 	return nil
+}
+
+// sweep removes every entry of workRoot, best effort.
+func sweep(workRoot string) {
+	entries, _ := os.ReadDir(workRoot)
+	for _, e := range entries {
+		os.RemoveAll(filepath.Join(workRoot, e.Name()))
+	}
 }
 
 // byDir is the checkout whose directory is dir.
