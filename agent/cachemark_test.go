@@ -73,7 +73,11 @@ func TestBuildCacheExportedOncePerKey(t *testing.T) {
 	if held(reqOf(one, "k1")) {
 		t.Error("k1's cache still marked held after k2's build exported over it")
 	}
-	build(a, reqOf(one, "k1"), true)
+	// The same image built again on a: its size is the one read the
+	// first time (not read again), and the one b read.
+	if last := build(a, reqOf(one, "k1"), true); last.Digest != first.Digest || last.Bytes != first.Bytes || again.Bytes != first.Bytes || first.Bytes <= 0 {
+		t.Errorf("k1 on a again: %s of %d bytes; first %s of %d bytes, on b %d bytes", last.Digest, last.Bytes, first.Digest, first.Bytes, again.Bytes)
+	}
 	// The SOURCE_DATE_EPOCH and the daemon's version are part of the
 	// mark: another epoch (the RUN steps see it) or another BuildKit is
 	// another cache.

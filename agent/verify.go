@@ -71,24 +71,10 @@ func (b *BuildKit) verifyIndex(ctx context.Context, req BuildRequest, desc *remo
 	g, gctx := errgroup.WithContext(ctx)
 	imageRead := make(chan struct{})
 	g.Go(func() error {
-		// An image verified before is the same bytes (a digest names its
-		// content): a rebuild whose image came out as it was (every step
-		// cached) does not read it again. The index just pushed that
-		// names it is read above, and the controller's fence resolves the
-		// image's digest in the registry before the built counts.
-		if size, ok := b.sizes.get(imageRef); ok {
-			out.size = size
-			close(imageRead)
-			return nil
+		var err error
+		if out.size, err = b.sizeOf(ctx, gctx, imageRef); err != nil {
+			return err
 		}
-		m, err := b.opts.Registry.Get(gctx, imageRef)
-		if err != nil {
-			return registryError(ctx, "reading "+imageRef, err)
-		}
-		if out.size, err = imageSize(m.Manifest, m.Size); err != nil {
-			return classified(ErrPush, "reading "+imageRef+": "+err.Error(), err)
-		}
-		b.sizes.put(imageRef, out.size)
 		close(imageRead)
 		return nil
 	})
@@ -136,6 +122,29 @@ func (b *BuildKit) verifyIndex(ctx context.Context, req BuildRequest, desc *remo
 		return pushed{}, err
 	}
 	return out, nil
+}
+
+// sizeOf is the bytes of the image imageRef (by digest) in the registry.
+// An image verified before is the same bytes (a digest names its
+// content): a rebuild whose image came out as it was (every step cached)
+// does not read it again. The index just pushed that names it is read
+// before, and the controller's fence resolves the image's digest in the
+// registry before the built counts. Errors are classified against ctx,
+// the build's (gctx is the verification's).
+func (b *BuildKit) sizeOf(ctx, gctx context.Context, imageRef string) (int64, error) {
+	if size, ok := b.sizes.get(imageRef); ok {
+		return size, nil
+	}
+	m, err := b.opts.Registry.Get(gctx, imageRef)
+	if err != nil {
+		return 0, registryError(ctx, "reading "+imageRef, err)
+	}
+	size, err := imageSize(m.Manifest, m.Size)
+	if err != nil {
+		return 0, classified(ErrPush, "reading "+imageRef+": "+err.Error(), err)
+	}
+	b.sizes.put(imageRef, size)
+	return size, nil
 }
 
 // imageSize is the bytes of the image whose manifest is raw (size bytes
