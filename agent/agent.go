@@ -342,8 +342,10 @@ func (a *Agent) slot(ctx, work context.Context, b *bound, slot int) {
 		all := b.all()
 		cons := all[turn%len(all)]
 		wait := max(a.cfg.FetchWait/time.Duration(len(all)), minFetchWait)
-		batch, err := cons.Fetch(1, jetstream.FetchMaxWait(wait))
+		opts, done := pullOpts(ctx, wait)
+		batch, err := cons.Fetch(1, opts...)
 		if err != nil {
+			done()
 			a.troubled()
 			a.log.Warn("fetch failed", "slot", slot, "err", err)
 			_ = backoff.Wait(ctx, time.Second)
@@ -360,7 +362,8 @@ func (a *Agent) slot(ctx, work context.Context, b *bound, slot int) {
 			idle = time.Now()
 			turn-- // the same platform again: it may have more
 		}
-		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, context.DeadlineExceeded) {
+		done()
+		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
 			a.troubled()
 			if exceededMaxWaiting(err) {
 				a.log.Error("fetch refused: the seat's consumer's MaxWaiting is below the fleet's machines × slots × 1.25 (mesh.FleetSettingsOf); machines sit idle",
@@ -395,6 +398,36 @@ func roomFor(info *jetstream.ConsumerInfo, slots int) error {
 // MaxWaiting" to a pull (nats.go has no error value for it).
 func exceededMaxWaiting(err error) bool {
 	return err != nil && strings.Contains(err.Error(), "Exceeded MaxWaiting")
+}
+
+// pullOpts are the options of a pull that waits wait, and what ends it.
+// A pull of 10 s or more is also heard from (PullHeartbeat), where nats.go
+// would have the server send a heartbeat every 5 s whatever the wait — at
+// 10,000 machines 2,000 a second, each a walk of every waiting pull
+// (mesh.FleetSettingsOf) — and it ends when ctx does: a stopping agent
+// does not wait out a long pull (the server delivers nothing to a pull
+// whose inbox is gone). A shorter one ends by itself soon enough.
+func pullOpts(ctx context.Context, wait time.Duration) ([]jetstream.FetchOpt, context.CancelFunc) {
+	hb := PullHeartbeat(wait)
+	if hb == 0 {
+		return []jetstream.FetchOpt{jetstream.FetchMaxWait(wait)}, func() {}
+	}
+	// nats.go asks the server for the context's time less a second.
+	fctx, cancel := context.WithTimeout(ctx, wait)
+	return []jetstream.FetchOpt{jetstream.FetchContext(fctx), jetstream.FetchHeartbeat(hb)}, cancel
+}
+
+// PullHeartbeat is how often the server tells a pull that waits wait that
+// it still holds it: from 10 s on, a second less than half the wait (nats.go
+// asks the server for the wait less up to a second, and refuses a
+// heartbeat of more than half of that), so that a pull is heard from about
+// half way and one lost to a reconnect is noticed within the wait; none
+// for a shorter one (it is renewed soon enough).
+func PullHeartbeat(wait time.Duration) time.Duration {
+	if wait < 10*time.Second {
+		return 0
+	}
+	return wait/2 - time.Second
 }
 
 // minFetchWait is the shortest pull a slot waits on one platform.

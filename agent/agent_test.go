@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -665,5 +666,62 @@ func TestABuildCancelledAsItFinishesIsNotAnnouncedBuilt(t *testing.T) {
 	}
 	if ra.a.Cancel("late") {
 		t.Fatal("Cancel claimed an ask already settled")
+	}
+}
+
+// A pull of 10 s or more is heard from about every half of its wait (not
+// every 5 s, nats.go's default, which at 10,000 machines is 2,000
+// heartbeats a second), and it still takes an ask at once: the heartbeat
+// keeps it, it is not renewed. A stopping agent does not wait it out.
+func TestALongPullIsHeardFromEveryHalfOfItsWait(t *testing.T) {
+	const wait = 16 * time.Second
+	if got := agent.PullHeartbeat(wait); got != wait/2-time.Second {
+		t.Fatalf("PullHeartbeat(%s) = %s, want %s", wait, got, wait/2-time.Second)
+	}
+	if got := agent.PullHeartbeat(5 * time.Second); got != 0 {
+		t.Errorf("PullHeartbeat(5s) = %s, want none (renewed soon enough)", got)
+	}
+	s, js := bus(t)
+	watch, _ := natstest.Dial(t, s.ClientURL())
+	beats := make(chan time.Time, 16)
+	var pulls atomic.Int32
+	if _, err := watch.Subscribe(">", func(m *nats.Msg) {
+		switch {
+		case m.Header.Get("Status") == "100":
+			beats <- time.Now()
+		case strings.HasPrefix(m.Subject, "$JS.API.CONSUMER.MSG.NEXT."):
+			pulls.Add(1)
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := watch.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	g := newGate()
+	began := time.Now()
+	ra := startAgent(t, s, "m1", g.on("m1"), func(c *agent.Config) { c.FetchWait = wait })
+	var beat time.Time
+	select {
+	case beat = <-beats:
+	case <-time.After(wait):
+		t.Fatalf("no heartbeat within the pull's wait of %s", wait)
+	}
+	if since := beat.Sub(began); since < wait/2-2*time.Second {
+		t.Fatalf("the first heartbeat came %s after the agent started, want about %s", since.Round(time.Millisecond), wait/2)
+	}
+	submit(t, js, ask("after-a-beat"))
+	recv(t, g.began, 2*time.Second)
+	if n := pulls.Load(); n != 1 {
+		t.Errorf("%d pulls before the ask was taken, want the one (heard from, not renewed)", n)
+	}
+	g.ch("after-a-beat") <- nil
+	testenv.WaitFor(t, 5*time.Second, "built", func() bool { return len(events(t, js).Built) == 1 })
+	// Stopping does not wait out the next pull's 16 s.
+	t0 := time.Now()
+	ra.cancel()
+	<-ra.done
+	if took := time.Since(t0); took > 3*time.Second {
+		t.Errorf("stopping took %s: the long pull was waited out", took)
 	}
 }

@@ -68,7 +68,11 @@ type Config struct {
 	// probes with backoff (1s doubling to 30s, and at most RetryFor/20
 	// apart, 250ms at the least) until it answers.
 	ProbeEvery time.Duration
-	// FetchWait is how long one idle pull waits before it is renewed.
+	// FetchWait is how long one idle pull waits before it is renewed;
+	// from 10 s on the server also says every half of it that it still
+	// holds the pull (PullHeartbeat). Default 5 s; a large fleet wants
+	// mesh.FleetSettingsOf's (100 s at 10,000 machines of one slot), as
+	// the server walks every waiting pull at each expiry and heartbeat.
 	FetchWait time.Duration
 	// LogFlush and LogBatchLines bound how long and how many lines build
 	// output is held before it is published on log.<ask>.

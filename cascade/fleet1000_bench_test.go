@@ -61,8 +61,8 @@ import (
 //
 // single/agents=10000 is issue #23's 10,000 machines on one server: the
 // dispatch and throughput figures and the server's memory, no makespan
-// (the consumer's MaxWaiting and the open files limit come from
-// mesh.FleetSettingsOf).
+// (the consumer's MaxWaiting, the open files limit and the agents' pull
+// wait come from mesh.FleetSettingsOf).
 //
 // TestFleet1000Tiny runs the same at 20 agents under `make test`.
 
@@ -584,8 +584,12 @@ func newFleetFarm(tb testing.TB, bus *natsProcs, cat *mesh.Catalogue, cfg cascad
 	f.startController(nc, cjs, cat, cfg, 60*time.Second, 20*time.Millisecond)
 	warns := &fetchWarnings{}
 	began := time.Now()
+	// Each machine's pulls wait what the fleet's size wants (the server
+	// walks every waiting pull at each expiry and heartbeat).
+	wait := mesh.FleetSettingsOf(mesh.Fleet{Machines: agents, Slots: 1}).FetchWait
 	f.startAgents(f.connect, agents, slog.New(warns), func(i int, acfg *agent.Config) {
 		acfg.Machine = fmt.Sprintf("sim-%04d", i+1)
+		acfg.FetchWait = wait
 	})
 	f.ready = f.waitFleetIdle(30*time.Second+time.Duration(agents)*10*time.Millisecond, warns).Sub(began)
 	return f, warns

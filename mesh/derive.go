@@ -272,7 +272,24 @@ type FleetSettings struct {
 	// LimitNOFILE) the server needs: a descriptor per connection and its
 	// own files.
 	NoFile uint64
+	// FetchWait is how long an idle slot's pull waits before it is
+	// renewed (the agent's Config.FetchWait, build-agent --fetch-wait):
+	// the server walks every waiting pull each time one of them expires
+	// or is due a heartbeat, so the fleet's expiries and heartbeats are
+	// held to about FleetPullEvents a second.
+	FetchWait time.Duration
 }
+
+// FleetPullEvents is how many pull expiries and heartbeats a second an
+// idle fleet may cost its server (FleetSettingsOf's FetchWait): at 10,000
+// machines renewing every 5 s, 2,000 a second each walked all 10,000
+// waiting pulls (a look-up of each one's interest), and the consumer's
+// goroutine did little else.
+const FleetPullEvents = 200
+
+// MinFetchWait is the FetchWait of a fleet small enough for pulls of 5
+// s, the agent's default.
+const MinFetchWait = 5 * time.Second
 
 // Margins FleetSettingsOf adds to what a fleet needs.
 const (
@@ -295,13 +312,20 @@ const (
 //     and 1,100 machines the server accepted 1,010 connections and
 //     JetStream could no longer open its files; the stream stopped
 //     (SCALE.md).
+//   - FetchWait = max(MinFetchWait, 2 × machines × slots ÷
+//     FleetPullEvents seconds): a pull of 10 s or more is also heard from
+//     half way (agent.PullHeartbeat), two events a pull, so the fleet's
+//     come to FleetPullEvents a second. A pull lost to a
+//     reconnect is noticed within the wait (the heartbeat's double): a
+//     fleet that large always has another machine idle.
 //
-// At DefaultFleet: MaxWaiting 12,500, NoFile 11,280.
+// At DefaultFleet: MaxWaiting 12,500, NoFile 11,280, FetchWait 100 s.
 func FleetSettingsOf(f Fleet) FleetSettings {
 	machines, slots := max(f.Machines, 1), max(f.Slots, 1)
 	return FleetSettings{
 		MaxWaiting: (5*machines*slots + 3) / 4,
 		NoFile:     uint64(machines + FleetOtherConnections + ServerFiles),
+		FetchWait:  max(MinFetchWait, time.Duration(2*machines*slots)*time.Second/FleetPullEvents),
 	}
 }
 

@@ -2,6 +2,7 @@ package mesh_test
 
 import (
 	"testing"
+	"time"
 
 	"github.com/meshbuild/meshbuild/mesh"
 )
@@ -15,16 +16,28 @@ func TestFleetSettingsOf(t *testing.T) {
 		f          mesh.Fleet
 		maxWaiting int
 		noFile     uint64
+		fetchWait  time.Duration
 	}{
-		{mesh.Fleet{Machines: 1000, Slots: 1}, 1250, 2280},
-		{mesh.Fleet{Machines: 1000, Slots: 4}, 5000, 2280},
-		{mesh.Fleet{Machines: 10_000, Slots: 1}, 12_500, 11_280},
-		{mesh.Fleet{Machines: 3, Slots: 1}, 4, 1283}, // rounded up
-		{mesh.Fleet{}, 2, 1281},                      // at least one machine of one slot
+		{mesh.Fleet{Machines: 1000, Slots: 1}, 1250, 2280, 10 * time.Second},
+		{mesh.Fleet{Machines: 1000, Slots: 4}, 5000, 2280, 40 * time.Second},
+		{mesh.Fleet{Machines: 10_000, Slots: 1}, 12_500, 11_280, 100 * time.Second},
+		{mesh.Fleet{Machines: 500, Slots: 1}, 625, 1780, 5 * time.Second},
+		{mesh.Fleet{Machines: 3, Slots: 1}, 4, 1283, 5 * time.Second}, // rounded up
+		{mesh.Fleet{}, 2, 1281, 5 * time.Second},                      // at least one machine of one slot
 	} {
 		got := mesh.FleetSettingsOf(c.f)
-		if got.MaxWaiting != c.maxWaiting || got.NoFile != c.noFile {
-			t.Errorf("FleetSettingsOf(%+v) = %+v, want MaxWaiting %d, NoFile %d", c.f, got, c.maxWaiting, c.noFile)
+		if got.MaxWaiting != c.maxWaiting || got.NoFile != c.noFile || got.FetchWait != c.fetchWait {
+			t.Errorf("FleetSettingsOf(%+v) = %+v, want MaxWaiting %d, NoFile %d, FetchWait %s", c.f, got, c.maxWaiting, c.noFile, c.fetchWait)
+		}
+		// Each pull waiting costs the server two events (its heartbeat
+		// and its expiry) a FetchWait once it is 10 s or more, one below:
+		// the fleet's stay near FleetPullEvents a second.
+		events := 1.0
+		if got.FetchWait >= 10*time.Second {
+			events = 2
+		}
+		if rate := events * float64(max(c.f.Machines, 1)*max(c.f.Slots, 1)) / got.FetchWait.Seconds(); rate > mesh.FleetPullEvents {
+			t.Errorf("FleetSettingsOf(%+v): %.0f pull events a second, more than %d", c.f, rate, mesh.FleetPullEvents)
 		}
 	}
 	want := mesh.FleetSettingsOf(mesh.DefaultFleet).MaxWaiting

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -228,6 +229,9 @@ func BenchmarkFleetBake(b *testing.B) {
 				b.Fatalf("a forced rebuild: %+v; want all %d modules built", rec.Counts, len(modules))
 			}
 			farmForced = append(farmForced, at.Sub(t0))
+			if os.Getenv("MESHBUILD_BAKE_TIMELINE") != "" {
+				logTimeline(b, ctx, store, r.Plan, t0)
+			}
 
 			// Nothing changed: every module rebuilt, none dispatched.
 			farmNothing = append(farmNothing, rebuildNothing(b, ctx, conn, store, modules, n))
@@ -323,3 +327,24 @@ func BenchmarkFleetBake(b *testing.B) {
 		b.Logf("farm cold %v, forced %v, nothing %v; bake cold %v, warm %v", farmCold, farmForced, farmNothing, bakeCold, bakeWarm)
 	}
 }
+
+// logTimeline logs when each module of plan was queued, started and
+// finished, from t0, by start: a diagnostic of where a plan's time goes
+// (MESHBUILD_BAKE_TIMELINE=1).
+func logTimeline(b *testing.B, ctx context.Context, store *cascade.Store, plan string, t0 time.Time) {
+	mods, err := store.Modules(ctx, plan)
+	if err != nil {
+		b.Fatal(err)
+	}
+	names := slices.Sorted(maps.Keys(mods))
+	slices.SortFunc(names, func(x, y string) int { return mods[x].Started.Compare(mods[y].Started) })
+	var sb strings.Builder
+	for _, n := range names {
+		m := mods[n]
+		fmt.Fprintf(&sb, "\n  %-10s tier %d  queued %5.0f  started %5.0f  finished %5.0f ms  (%4.0f ms on %s)", n, m.Tier,
+			ms(m.Queued.Sub(t0)), ms(m.Started.Sub(t0)), ms(m.Finished.Sub(t0)), ms(m.Duration), m.On)
+	}
+	b.Logf("plan %s:%s", plan, sb.String())
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
