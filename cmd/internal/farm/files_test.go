@@ -1,7 +1,6 @@
 package farm
 
 import (
-	"bytes"
 	"errors"
 	"log/slog"
 	"path/filepath"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/meshbuild/meshbuild/cmd/internal/creds"
 	"github.com/meshbuild/meshbuild/cmd/internal/daemon"
+	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/mesh/meshtest"
 )
@@ -28,7 +28,7 @@ func TestAnEmbeddedServerCapsItsConnectionsByItsOpenFiles(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var logs bytes.Buffer
+	var logs testenv.Buffer // the server logs from its own goroutines
 	const nofile = 40
 	ns, err := startNATS("127.0.0.1:0", filepath.Join(t.TempDir(), "nats"), keys, nofile, slog.New(slog.NewTextHandler(&logs, nil)))
 	if err != nil {
