@@ -81,7 +81,10 @@ func (s *Sources) CheckoutCommit(ctx context.Context, src mesh.Source) (dir, com
 	if err != nil {
 		return "", "", err
 	}
-	treeish := gitcache.TreeName(commit, sub)
+	// The tree by its name: the commit's objects need not be in the clone
+	// (heldTree). Its files' times are then the checkout's, which neither
+	// BuildKit's cache keys nor the image (its times rewritten) record.
+	treeish := id
 
 	// The tree is written from `git archive` in one git process (the
 	// clone's index and work tree, it has none, are never touched), once
@@ -116,6 +119,10 @@ func (s *Sources) resolve(ctx context.Context, root string, src mesh.Source, sub
 		r := r.(resolution)
 		return r.clone, r.commit, r.tree, nil
 	}
+	if clone, ok := s.heldTree(ctx, root, src, dockerfile); ok {
+		s.resolved.Store(key, resolution{clone: clone, commit: src.Commit, tree: src.Tree, at: time.Now()})
+		return clone, src.Commit, src.Tree, nil
+	}
 	clone, commit, err = s.fetch(ctx, root, src)
 	if err != nil {
 		return "", "", "", err
@@ -133,10 +140,39 @@ func (s *Sources) resolve(ctx context.Context, root string, src mesh.Source, sub
 	if objs[1].Type != "blob" {
 		return "", "", "", classified(ErrSource, fmt.Sprintf("Dockerfile %q not found in %s at %s", dfPath, src.Repo, short(commit)), nil)
 	}
+	if src.Tree != "" && objs[0].ID != src.Tree {
+		return "", "", "", classified(ErrSource, fmt.Sprintf("path %q in %s at %s is tree %s, and the ask names tree %s", src.Path, src.Repo, short(commit), objs[0].ID, src.Tree), nil)
+	}
 	if src.Commit == commit { // a full hash, not a ref that may move
 		s.resolved.Store(key, resolution{clone: clone, commit: commit, tree: objs[0].ID, at: time.Now()})
 	}
 	return clone, commit, objs[0].ID, nil
+}
+
+// heldTree reports whether the clone of src's repository holds the tree
+// the ask names for its context (src.Tree, read by the controller at
+// src.Commit) with the Dockerfile in it: then the build needs nothing
+// from the commit, and the commit is not fetched. A new commit that left
+// the module's own sources as they were (a change to its base, a forced
+// rebuild) is built from what the clone holds. Git names a tree by its
+// content, and a fetch stores whole packs, so a tree the clone holds is
+// the tree the ask names, all of it.
+func (s *Sources) heldTree(ctx context.Context, root string, src mesh.Source, dockerfile string) (string, bool) {
+	if src.Tree == "" || !gitcache.FullHash(src.Commit) || !gitcache.FullHash(src.Tree) {
+		return "", false
+	}
+	clone, err := s.clones(root).Clone(src.Repo)
+	if err != nil {
+		return "", false
+	}
+	if _, err := os.Stat(filepath.Join(clone, "HEAD")); err != nil {
+		return "", false
+	}
+	objs, err := gitcache.Objects(ctx, clone, src.Tree, src.Tree+":"+dockerfile)
+	if err != nil || objs[0].Type != "tree" || objs[0].ID != src.Tree || objs[1].Type != "blob" {
+		return "", false
+	}
+	return clone, true
 }
 
 // resolveKey is what a resolution is kept under.

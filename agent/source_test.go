@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -230,6 +231,60 @@ func TestCheckoutFetchesOnlyWhenMissing(t *testing.T) {
 	}
 	if got := readFile(t, filepath.Join(dir, "Dockerfile")); got != "FROM other\n" {
 		t.Errorf("Dockerfile = %q", got)
+	}
+}
+
+// An ask that names its context's tree is built from a clone that holds
+// that tree without fetching the commit: a new commit that left the
+// module's sources alone builds with the repository out of reach. A tree
+// the clone does not hold is fetched and checked against the commit.
+func TestCheckoutOfAHeldTreeFetchesNothing(t *testing.T) {
+	ctx := context.Background()
+	repo, c1 := testenv.GitRepo(t, map[string]string{"a/Dockerfile": "FROM base\n", "b/Dockerfile": "FROM x\n"})
+	c2 := testenv.Commit(t, repo, map[string]string{"b/Dockerfile": "FROM z\n"}) // a/ as it was
+	treeOf := func(commit, path string) string {
+		t.Helper()
+		out, err := exec.Command("git", "-C", repo, "rev-parse", commit+":"+path).Output()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	a, b2 := treeOf(c2, "a"), treeOf(c2, "b")
+	s := &Sources{Dir: t.TempDir(), KeepTrees: -1} // nothing kept: every checkout written again
+	d1, err := s.Checkout(ctx, mesh.Source{Repo: repo, Commit: c1, Path: "a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Release(d1); err != nil {
+		t.Fatal(err)
+	}
+	moved := repo + ".away"
+	if err := os.Rename(repo, moved); err != nil {
+		t.Fatal(err)
+	}
+	dir, commit, err := s.CheckoutCommit(ctx, mesh.Source{Repo: repo, Commit: c2, Path: "a", Tree: a})
+	if err != nil {
+		t.Fatalf("a new commit whose tree the clone holds, the repository gone: %v", err)
+	}
+	if got := readFile(t, filepath.Join(dir, "Dockerfile")); got != "FROM base\n" || commit != c2 {
+		t.Errorf("checked out %q at %s, want FROM base at %s", got, commit, c2)
+	}
+	if _, err := s.Checkout(ctx, mesh.Source{Repo: repo, Commit: c2, Path: "b", Tree: b2}); !errors.Is(err, ErrSource) {
+		t.Fatalf("a tree the clone does not hold, the repository gone: %v, want ErrSource (the fetch failed)", err)
+	}
+	if err := os.Rename(moved, repo); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Checkout(ctx, mesh.Source{Repo: repo, Commit: c2, Path: "b", Tree: strings.Repeat("ab", 20)}); !errors.Is(err, ErrSource) || !strings.Contains(err.Error(), "names tree") {
+		t.Fatalf("an ask naming another tree than its commit's: %v, want ErrSource naming the trees", err)
+	}
+	dir, err = s.Checkout(ctx, mesh.Source{Repo: repo, Commit: c2, Path: "b", Tree: b2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := readFile(t, filepath.Join(dir, "Dockerfile")); got != "FROM z\n" {
+		t.Errorf("b at c2: Dockerfile = %q", got)
 	}
 }
 

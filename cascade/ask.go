@@ -39,6 +39,8 @@ func Asks(registry string, s Submit) []mesh.Ask {
 	}
 	if a.Source.Commit == "" {
 		a.Source.Commit = "HEAD"
+	} else {
+		a.Source.Tree = s.Tree // read at this commit
 	}
 	for _, b := range slices.Sorted(maps.Keys(s.Bases)) {
 		a.Bases = append(a.Bases, mesh.Base{Module: b, Image: Image(registry, b), Digest: s.Bases[b]})

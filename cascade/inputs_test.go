@@ -47,8 +47,11 @@ func TestInputKeysSettleUnchangedAndCutTheCascadeOff(t *testing.T) {
 	s1 := addressed(t, "p1", trees, known, false)
 	b := s1.Start(at(0))
 	wantModules(t, b, "base")
-	if b[0].Key == "" || b[0].Source.Commit != "c0ffeep1" {
-		t.Fatalf("base's ask %+v: want a key and the resolved commit", b[0])
+	if b[0].Key == "" || b[0].Source.Commit != "c0ffeep1" || b[0].Tree != "tree-base-1" {
+		t.Fatalf("base's ask %+v: want a key, the resolved commit and its tree", b[0])
+	}
+	if a := Asks("reg:5000", b[0]); a[0].Source.Tree != "tree-base-1" || a[0].Source.Commit != "c0ffeep1" {
+		t.Fatalf("base's ask on the bus %+v: want the tree read at its commit", a[0].Source)
 	}
 	app := s1.Built(built(b[0], 1), at(1))
 	wantModules(t, app, "app")
@@ -136,7 +139,7 @@ func TestInputKeysSettleUnchangedAndCutTheCascadeOff(t *testing.T) {
 	s6 := addressed(t, "p6", map[string]string{"base": trees["base"], "app": trees["app"]}, known, false)
 	tool = s6.Start(at(50))
 	wantModules(t, tool, "tool")
-	if tool[0].Key != "" || tool[0].Source.Commit != "c0ffee" {
+	if tool[0].Key != "" || tool[0].Source.Commit != "c0ffee" || tool[0].Tree != "" {
 		t.Fatalf("unaddressed tool %+v: want no key, the plan's commit", tool[0])
 	}
 	wantStates(t, s6, map[string]ModuleState{"base": Unchanged, "app": Unchanged, "tool": Queued})

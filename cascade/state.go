@@ -224,6 +224,9 @@ type Submit struct {
 	// Key is the ask's input key (InputKey); empty when the module's
 	// build context is not addressed.
 	Key string `json:"key,omitempty"`
+	// Tree is the git tree of the module's build context at the commit
+	// (State.Address); empty when it is not addressed.
+	Tree string `json:"tree,omitempty"`
 	// Bases are the digests of every base, by module: the in-plan bases
 	// at the digests this plan built them at, the others at the digests
 	// resolved when the plan was made (State.External).
@@ -607,7 +610,7 @@ func (s *State) submit(ready []int, now time.Time) []Submit {
 
 func (s *State) submitOf(i int) Submit {
 	m := s.Modules[i]
-	sub := Submit{Plan: s.Plan, Module: m.Module, AskID: m.Ask, Attempt: m.Attempt, Source: m.Source, Key: m.Key}
+	sub := Submit{Plan: s.Plan, Module: m.Module, AskID: m.Ask, Attempt: m.Attempt, Source: m.Source, Key: m.Key, Tree: m.Tree}
 	sub.Source.Platforms = slices.Clone(m.Source.Platforms)
 	if n := len(s.ix.bases[i]) + len(m.External); n > 0 {
 		sub.Bases = make(map[string]string, n)

@@ -49,6 +49,11 @@ type Source struct {
 	Commit     string `json:"commit"`
 	Path       string `json:"path,omitempty"`
 	Dockerfile string `json:"dockerfile,omitempty"`
+	// Tree is the git tree of Path at Commit (its object name), when the
+	// controller read it: an agent whose clone holds that tree builds it
+	// without fetching the commit (a new commit that left the module's
+	// own sources as they were). Empty: the agent finds it at the commit.
+	Tree string `json:"tree,omitempty"`
 	// NoProvenance and NoSBOM turn the image's provenance attestation and
 	// its SBOM off for this module (build.provenance: false, build.sbom:
 	// false); an agent attaches each otherwise, as it is configured to.
@@ -119,6 +124,7 @@ var (
 
 	digestRE = regexp.MustCompile(`^sha256:[a-f0-9]{64}$`)
 	idRE     = regexp.MustCompile(`^[A-Za-z0-9_-]{1,128}$`)
+	objectRE = regexp.MustCompile(`^([0-9a-f]{40}|[0-9a-f]{64})$`)
 )
 
 // ValidAskID reports whether id can be an ask's id (and a claim's key).
@@ -151,6 +157,8 @@ func (a Ask) Validate() error {
 		return bad("source.repo", "empty")
 	case a.Source.Commit == "":
 		return bad("source.commit", "empty")
+	case a.Source.Tree != "" && !objectRE.MatchString(a.Source.Tree):
+		return bad("source.tree", fmt.Sprintf("%q is not a git object name (40 or 64 hex digits)", a.Source.Tree))
 	case a.Image == "":
 		return bad("image", "empty")
 	}

@@ -65,6 +65,15 @@ var (
 	fullHashRE = regexp.MustCompile(`^([0-9a-f]{40}|[0-9a-f]{64})$`)
 )
 
+// FetchedRef is the clone's ref to the last commit fetched by its hash: it
+// keeps that commit's objects reachable and is offered to the server as
+// held on the next fetch, which is then sent only the objects new since.
+const FetchedRef = "refs/meshbuild/fetched"
+
+// FullHash reports whether commit is a full object name (SHA-1 or
+// SHA-256), which names the same commit for ever.
+func FullHash(commit string) bool { return fullHashRE.MatchString(commit) }
+
 // ValidRepo reports whether repo may be handed to git as a repository.
 func ValidRepo(repo string) bool { return repo != "" && !strings.HasPrefix(repo, "-") }
 
@@ -131,12 +140,15 @@ func (c *Cache) prepare(ctx context.Context, clone, url string) error {
 
 // fetch makes sure the clone holds commit and returns its full hash.
 func fetch(ctx context.Context, clone, commit string) (string, error) {
-	if fullHashRE.MatchString(commit) {
+	if FullHash(commit) {
 		if h, err := revParse(ctx, clone, commit); err == nil {
 			return h, nil
 		}
-		// Most servers hand out a reachable commit by its hash.
-		if _, err := Git(ctx, clone, "fetch", "--quiet", "--no-tags", "origin", commit); err == nil {
+		// Most servers hand out a reachable commit by its hash. It is
+		// fetched into FetchedRef, so that the next fetch tells the
+		// server what the clone holds and is sent only what is new:
+		// without a ref, every new commit fetched its whole history.
+		if _, err := Git(ctx, clone, "fetch", "--quiet", "--no-tags", "origin", "+"+commit+":"+FetchedRef); err == nil {
 			if h, err := revParse(ctx, clone, commit); err == nil {
 				return h, nil
 			}

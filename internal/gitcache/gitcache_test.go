@@ -3,6 +3,9 @@ package gitcache_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/meshbuild/meshbuild/internal/gitcache"
@@ -83,4 +86,52 @@ func TestFetchFailuresAndChangedPaths(t *testing.T) {
 	if _, err := c.Changed(ctx, remote, "HEAD", r2.Trees[""]); err == nil {
 		t.Error("a ref was taken as a tree id")
 	}
+}
+
+// A commit fetched by its hash is kept under FetchedRef, so that the next
+// fetch offers it as held and is sent only what is new: a second commit
+// that changes one file of many adds a few objects to the clone, not the
+// whole history again.
+func TestAFetchByHashIsSentOnlyWhatIsNew(t *testing.T) {
+	files := map[string]string{}
+	for i := range 300 {
+		files[fmt.Sprintf("m%d/f", i)] = fmt.Sprintf("file %d\n", i)
+	}
+	dir, c1 := testenv.GitRepo(t, files)
+	c := &gitcache.Cache{Dir: t.TempDir()}
+	ctx := context.Background()
+	clone, _, err := c.Fetch(ctx, dir, c1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := objectsIn(t, clone)
+	c2 := testenv.Commit(t, dir, map[string]string{"m1/f": "changed\n"})
+	if _, full, err := c.Fetch(ctx, dir, c2); err != nil || full != c2 {
+		t.Fatalf("fetch %s: %s, %v", c2, full, err)
+	}
+	if ref, err := gitcache.Git(ctx, clone, "rev-parse", gitcache.FetchedRef); err != nil || ref != c2 {
+		t.Fatalf("%s = %q (%v), want %s", gitcache.FetchedRef, ref, err, c2)
+	}
+	if added := objectsIn(t, clone) - before; added > 10 {
+		t.Errorf("a one-file commit added %d objects to a clone of %d: the whole history was sent again", added, before)
+	}
+}
+
+// objectsIn is how many objects the clone stores, loose and packed
+// (duplicates in several packs counted each time).
+func objectsIn(t *testing.T, clone string) int {
+	t.Helper()
+	out, err := gitcache.Git(context.Background(), clone, "count-objects", "-v")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, l := range strings.Split(out, "\n") {
+		k, v, _ := strings.Cut(l, ": ")
+		if k == "count" || k == "in-pack" {
+			x, _ := strconv.Atoi(v)
+			n += x
+		}
+	}
+	return n
 }

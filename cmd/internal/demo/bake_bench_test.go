@@ -3,6 +3,7 @@ package demo
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"maps"
 	"os"
@@ -11,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/meshbuild/meshbuild/cascade"
 	"github.com/meshbuild/meshbuild/cascade/sim"
@@ -214,6 +217,9 @@ func BenchmarkFleetBake(b *testing.B) {
 				}
 			}
 			farmCold = append(farmCold, rec.Finished.Sub(rec.Created))
+			if os.Getenv("MESHBUILD_BAKE_TIMELINE") != "" {
+				logTimeline(b, ctx, js, store, id, rec.Created)
+			}
 			coldRuns = append(coldRuns, fleetRun{makespan: rec.Finished.Sub(rec.Created), mods: mods})
 		}
 		for range runs {
@@ -230,7 +236,7 @@ func BenchmarkFleetBake(b *testing.B) {
 			}
 			farmForced = append(farmForced, at.Sub(t0))
 			if os.Getenv("MESHBUILD_BAKE_TIMELINE") != "" {
-				logTimeline(b, ctx, store, r.Plan, t0)
+				logTimeline(b, ctx, js, store, r.Plan, t0)
 			}
 
 			// Nothing changed: every module rebuilt, none dispatched.
@@ -331,7 +337,7 @@ func BenchmarkFleetBake(b *testing.B) {
 // logTimeline logs when each module of plan was queued, started and
 // finished, from t0, by start: a diagnostic of where a plan's time goes
 // (MESHBUILD_BAKE_TIMELINE=1).
-func logTimeline(b *testing.B, ctx context.Context, store *cascade.Store, plan string, t0 time.Time) {
+func logTimeline(b *testing.B, ctx context.Context, js jetstream.JetStream, store *cascade.Store, plan string, t0 time.Time) {
 	mods, err := store.Modules(ctx, plan)
 	if err != nil {
 		b.Fatal(err)
@@ -341,10 +347,41 @@ func logTimeline(b *testing.B, ctx context.Context, store *cascade.Store, plan s
 	var sb strings.Builder
 	for _, n := range names {
 		m := mods[n]
-		fmt.Fprintf(&sb, "\n  %-10s tier %d  queued %5.0f  started %5.0f  finished %5.0f ms  (%4.0f ms on %s)", n, m.Tier,
-			ms(m.Queued.Sub(t0)), ms(m.Started.Sub(t0)), ms(m.Finished.Sub(t0)), ms(m.Duration), m.On)
+		fmt.Fprintf(&sb, "\n  %-10s tier %d  queued %5.0f  started %5.0f  finished %5.0f ms  (%4.0f ms on %s)  %s", n, m.Tier,
+			ms(m.Queued.Sub(t0)), ms(m.Started.Sub(t0)), ms(m.Finished.Sub(t0)), ms(m.Duration), m.On, tookLine(ctx, js, m.Ask))
 	}
 	b.Logf("plan %s:%s", plan, sb.String())
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// tookLine is the "took: …" line of ask's build output (its spans), or "".
+func tookLine(ctx context.Context, js jetstream.JetStream, ask string) string {
+	if ask == "" {
+		return ""
+	}
+	subj := mesh.HolderEventSubject(mesh.BuildSeat, mesh.AnyHolder, mesh.LogEvent(ask))
+	cons, err := js.OrderedConsumer(ctx, mesh.LogsStream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subj}})
+	if err != nil {
+		return ""
+	}
+	took := ""
+	for {
+		msg, err := cons.Next(jetstream.FetchMaxWait(300 * time.Millisecond))
+		if err != nil {
+			return took
+		}
+		var batch mesh.LogBatch
+		if json.Unmarshal(msg.Data(), &batch) != nil {
+			continue
+		}
+		for _, l := range batch.Lines {
+			if strings.HasPrefix(l, "took: ") {
+				took = l
+			}
+		}
+		if batch.Final {
+			return took
+		}
+	}
+}
