@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -197,6 +198,7 @@ func fleetRun(tb testing.TB, sz fleetSize) map[string]float64 {
 	out["server-route-in-msgs/module"] = (ops.RouteIn - ops0.RouteIn) / built
 	out["server-out-msgs/module"] = (ops.Out - ops0.Out) / built
 	out["server-js-api/module"] = (ops.API - ops0.API) / built
+	out["cores"] = float64(runtime.NumCPU())
 	if subjects != nil {
 		subjects.report(tb, int(built))
 	}

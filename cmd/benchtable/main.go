@@ -279,8 +279,8 @@ func fleetRows(bus string) []row {
 		if r, ok := m["server-route-in-msgs/module"]; ok && bus == "cluster3" {
 			routes = fmt.Sprintf("%.1f of them between the nodes; ", r)
 		}
-		return fmt.Sprintf("median of %s; slowest %.0f/s · per module: server CPU %.3f ms, this process's CPU (controller and every agent) %.3f ms, %.1f messages into the server (%s%.2f JetStream API requests) · server peak RSS %.0f MiB",
-			map[string]string{"single": "3 plans", "cluster3": "1 plan"}[bus], m["slowest-modules/s"], m["server-cpu-ms/module"], m["bench-cpu-ms/module"], m["server-in-msgs/module"], routes, m["server-js-api/module"], m["server-rss-MiB"])
+		return fmt.Sprintf("median of %s; slowest %.0f/s · per module: server CPU %.3f ms, this process's CPU (controller and every agent) %.3f ms, %.1f messages into the server (%s%.2f JetStream API requests)%s · server peak RSS %.0f MiB",
+			map[string]string{"single": "3 plans", "cluster3": "1 plan"}[bus], m["slowest-modules/s"], m["server-cpu-ms/module"], m["bench-cpu-ms/module"], m["server-in-msgs/module"], routes, m["server-js-api/module"], cpuCeiling(m), m["server-rss-MiB"])
 	}
 	// The cluster's targets are issue 23's for R3 with sync: always on
 	// this machine (every write replicated and synced on three nodes).
@@ -816,4 +816,16 @@ func fleetCPU(m metrics) string {
 	}
 	return fmt.Sprintf(" · CPU per build: buildkitd %.0f ms, the agents, registry and bus %.0f ms; %.0f builds at once on %.0f cores take at least %.0f ms each from CPU alone",
 		daemons, self, m["fleet-machines"], cores, (daemons+self)*m["fleet-machines"]/cores)
+}
+
+// cpuCeiling is the most modules a second the machine's cores allow with
+// the CPU a module took (the servers' and this process's, all of it on the
+// one machine): a throughput row's ceiling from CPU alone; "" for runs saved
+// without the cores.
+func cpuCeiling(m metrics) string {
+	per, cores := m["server-cpu-ms/module"]+m["bench-cpu-ms/module"], m["cores"]
+	if per <= 0 || cores == 0 {
+		return ""
+	}
+	return fmt.Sprintf("; %.0f cores allow at most %.0f modules/s from that CPU alone", cores, 1000*cores/per)
 }

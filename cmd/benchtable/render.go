@@ -40,6 +40,13 @@ func Render(rep *Report) (string, error) {
 		},
 		// val is a figure of the run, for arithmetic.
 		"val": val,
+		// valOr is a figure of the run, or def for a run saved without it.
+		"valOr": func(bench, metric string, def float64) float64 {
+			if v, err := val(bench, metric); err == nil {
+				return v
+			}
+			return def
+		},
 		"sub": func(a, b float64) float64 { return a - b },
 		"mul": func(a, b float64) float64 { return a * b },
 		"div": func(a, b float64) float64 { return a / b },
