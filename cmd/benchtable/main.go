@@ -511,6 +511,9 @@ type Report struct {
 	Load    [2]string `json:"load"`
 	// Suites is each go test run's wall time, by benchmark.
 	Suites map[string]string `json:"suites"`
+	// Settled is how the machine was found before each benchmark began
+	// (settle): quiet after how long, or how busy it still was.
+	Settled map[string]string `json:"settled,omitempty"`
 	// Failed is each benchmark that could not run, and why.
 	Failed map[string]string `json:"failed,omitempty"`
 	// Results are the metrics each benchmark reported, by full name.
@@ -539,7 +542,7 @@ func run(ctx context.Context, o options, stdout, stderr io.Writer) int {
 		}
 	}
 
-	rep := &Report{Suites: map[string]string{}, Failed: map[string]string{}, Results: results{}}
+	rep := &Report{Suites: map[string]string{}, Settled: map[string]string{}, Failed: map[string]string{}, Results: results{}}
 	rep.Load[0] = loadavg()
 	began := time.Now()
 	n := 0
@@ -549,6 +552,9 @@ func run(ctx context.Context, o options, stdout, stderr io.Writer) int {
 		}
 		n++
 		args := command(s, s.pattern())
+		settled := settle(ctx)
+		rep.Settled[s.bench] = settled
+		fmt.Fprintf(stderr, "benchtable: [%d/%d] the machine %s\n", n, len(want), settled)
 		fmt.Fprintf(stderr, "benchtable: [%d/%d] %s\n", n, len(want), shell(args))
 		t0 := time.Now()
 		out, err := goTest(ctx, root, args, o.verbose, stderr)

@@ -113,3 +113,30 @@ func TestTemplateRenders(t *testing.T) {
 		t.Errorf("the document:\n%s", doc)
 	}
 }
+
+// The machine counts as quiet only once it has been under the busy share
+// for the whole quiet span, never from one sample.
+func TestQuietNeedsTheWholeSpan(t *testing.T) {
+	n := int(settleQuiet / settleTick)
+	idle := func(k int) []cpuTimes { // k ticks of 100 jiffies, all idle
+		out := make([]cpuTimes, k)
+		for i := range out {
+			out[i] = cpuTimes{total: uint64(100 * i), idle: uint64(100 * i)}
+		}
+		return out
+	}
+	if ok, _ := quiet(idle(n)); ok {
+		t.Errorf("quiet after %d samples, want %d spanning %s", n, n+1, settleQuiet)
+	}
+	if ok, b := quiet(idle(n + 1)); !ok || b != 0 {
+		t.Errorf("an idle machine: quiet %v, busy %.2f", ok, b)
+	}
+	s := idle(n + 1)
+	s[len(s)-1].idle -= 50 // half of the last tick busy
+	if ok, b := quiet(s); ok || b < settleBusy {
+		t.Errorf("a machine busy %.2f of the span: quiet %v", b, ok)
+	}
+	if _, ok := readCPUTimes(); !ok {
+		t.Skip("no /proc/stat here")
+	}
+}
