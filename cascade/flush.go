@@ -77,16 +77,21 @@ func (c *Controller) flush(ctx context.Context) error {
 func (c *Controller) unflushed() bool { return len(c.dirty)+len(c.submits) > 0 }
 
 func (c *Controller) flushOnce(ctx context.Context) error {
-	perr := c.persist(ctx)
+	finished, released, waiting, records := c.phases()
+	perr := c.persist(ctx, finished, released)
 	// A plan with a write still refused keeps its asks, unpublished, and
 	// is not settled: an ask goes out only once the state that says it is
-	// queued is stored.
-	held := map[string]bool{}
-	for k := range c.dirty {
-		if p, ok := PlanOfKey(k); ok {
-			held[p] = true
+	// queued is stored. The modules still waiting and the plans' records
+	// are stored after the asks go out: a new plan's first asks do not
+	// wait for every module of it to be written (a restart takes a module
+	// not stored as waiting, which it is).
+	held := heldPlans(c.dirty, func(v any) bool {
+		_, later := v.(PlanRecord)
+		if m, ok := v.(ModuleStatus); ok && m.State == Waiting {
+			later = true
 		}
-	}
+		return !later
+	})
 	var asks []mesh.Ask
 	var keep []Submit
 	seen := map[string]bool{}
@@ -103,6 +108,10 @@ func (c *Controller) flushOnce(ctx context.Context) error {
 		return err
 	}
 	c.submits = keep
+	if perr == nil {
+		perr = c.persist(ctx, waiting, records)
+	}
+	held = heldPlans(c.dirty, func(any) bool { return true })
 	settled := c.settle(ctx, held)
 	for id := range c.dirtyRun {
 		if !held[id] {
@@ -126,37 +135,16 @@ func (c *Controller) flushOnce(ctx context.Context) error {
 // cancelled), with the current images and estimates; then what the
 // finished ones released (queued, building, …): a dependent is never
 // stored queued, its ask pinned to a base's digest, before that base is
-// stored built. Last the plan records: a record that says the plan settled
+// stored built. Then, once the asks are out (flushOnce), the modules
+// still waiting: a module not stored is loaded as waiting. Last the plan
+// records: a record that says the plan settled
 // is stored only after everything it settled, so a crash before it leaves
 // the plan running, to be resumed, and its events (unacknowledged)
 // delivered again
 // What a phase stored leaves c.dirty; what the store refused stays, for
 // the next try, and the later phases wait for it.
-func (c *Controller) persist(ctx context.Context) error {
-	if c.dirty == nil {
-		c.dirty = map[string]any{}
-	}
-	for id := range c.dirtyRun {
-		if st := c.plans[id]; st != nil {
-			c.dirty[PlanKey(id)] = c.record(st)
-		}
-	}
-	finished, released, records := map[string]any{}, map[string]any{}, map[string]any{}
-	for k, v := range c.dirty {
-		switch v := v.(type) {
-		case PlanRecord:
-			records[k] = v
-		case ModuleStatus:
-			if !v.State.Finished() {
-				released[k] = v
-				continue
-			}
-			finished[k] = v
-		default:
-			finished[k] = v
-		}
-	}
-	for _, phase := range []map[string]any{finished, released, records} {
+func (c *Controller) persist(ctx context.Context, phases ...map[string]any) error {
+	for _, phase := range phases {
 		if len(phase) == 0 {
 			continue
 		}
@@ -179,6 +167,50 @@ func (c *Controller) persist(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// phases sorts what changed into the order it is stored in (persist): what
+// finished, with the current images and estimates; what it released; the
+// modules still waiting; the plans' records.
+func (c *Controller) phases() (finished, released, waiting, records map[string]any) {
+	if c.dirty == nil {
+		c.dirty = map[string]any{}
+	}
+	for id := range c.dirtyRun {
+		if st := c.plans[id]; st != nil {
+			c.dirty[PlanKey(id)] = c.record(st)
+		}
+	}
+	finished, released, waiting, records = map[string]any{}, map[string]any{}, map[string]any{}, map[string]any{}
+	for k, v := range c.dirty {
+		switch v := v.(type) {
+		case PlanRecord:
+			records[k] = v
+		case ModuleStatus:
+			switch {
+			case v.State == Waiting:
+				waiting[k] = v
+			case !v.State.Finished():
+				released[k] = v
+			default:
+				finished[k] = v
+			}
+		default:
+			finished[k] = v
+		}
+	}
+	return finished, released, waiting, records
+}
+
+// heldPlans are the plans with a write in dirty that counts (counts).
+func heldPlans(dirty map[string]any, counts func(v any) bool) map[string]bool {
+	held := map[string]bool{}
+	for k, v := range dirty {
+		if p, ok := PlanOfKey(k); ok && counts(v) {
+			held[p] = true
+		}
+	}
+	return held
 }
 
 // record is a plan's record with, while it runs, its forecast: from the

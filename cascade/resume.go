@@ -162,6 +162,15 @@ func (c *Controller) load(ctx context.Context, r PlanRecord) (*State, error) {
 		return nil, err
 	}
 	st.SetKnown(c.known)
+	for _, m := range st.Modules {
+		if m.State == Waiting && m.Tree == "" {
+			// A module still waiting is stored after its plan's first asks
+			// go out (flushOnce): one a stop left unstored has its build
+			// context read again, as when the plan was made.
+			c.address(ctx, st)
+			break
+		}
+	}
 	if len(p.External) > 0 && len(st.External) == 0 {
 		if err := c.pin(ctx, st, p); err != nil {
 			return nil, err
