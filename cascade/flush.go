@@ -85,13 +85,7 @@ func (c *Controller) flushOnce(ctx context.Context) error {
 	// are stored after the asks go out: a new plan's first asks do not
 	// wait for every module of it to be written (a restart takes a module
 	// not stored as waiting, which it is).
-	held := heldPlans(c.dirty, func(v any) bool {
-		_, later := v.(PlanRecord)
-		if m, ok := v.(ModuleStatus); ok && m.State == Waiting {
-			later = true
-		}
-		return !later
-	})
+	held := heldPlans(c.dirty, finished, released)
 	var asks []mesh.Ask
 	var keep []Submit
 	seen := map[string]bool{}
@@ -111,7 +105,7 @@ func (c *Controller) flushOnce(ctx context.Context) error {
 	if perr == nil {
 		perr = c.persist(ctx, waiting, records)
 	}
-	held = heldPlans(c.dirty, func(any) bool { return true })
+	held = heldPlans(c.dirty, finished, released, waiting, records)
 	settled := c.settle(ctx, held)
 	for id := range c.dirtyRun {
 		if !held[id] {
@@ -202,12 +196,18 @@ func (c *Controller) phases() (finished, released, waiting, records map[string]a
 	return finished, released, waiting, records
 }
 
-// heldPlans are the plans with a write in dirty that counts (counts).
-func heldPlans(dirty map[string]any, counts func(v any) bool) map[string]bool {
+// heldPlans are the plans with a key of phases that dirty still holds:
+// a write the store refused.
+func heldPlans(dirty map[string]any, phases ...map[string]any) map[string]bool {
 	held := map[string]bool{}
-	for k, v := range dirty {
-		if p, ok := PlanOfKey(k); ok && counts(v) {
-			held[p] = true
+	for _, phase := range phases {
+		for k := range phase {
+			if _, left := dirty[k]; !left {
+				continue
+			}
+			if p, ok := PlanOfKey(k); ok {
+				held[p] = true
+			}
 		}
 	}
 	return held
