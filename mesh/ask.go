@@ -127,6 +127,10 @@ var (
 	objectRE = regexp.MustCompile(`^([0-9a-f]{40}|[0-9a-f]{64})$`)
 )
 
+// GitObjectName reports whether s is a full git object name (SHA-1 or
+// SHA-256): a commit or tree named so names the same content for ever.
+func GitObjectName(s string) bool { return objectRE.MatchString(s) }
+
 // ValidAskID reports whether id can be an ask's id (and a claim's key).
 func ValidAskID(id string) bool { return idRE.MatchString(id) }
 
@@ -157,7 +161,7 @@ func (a Ask) Validate() error {
 		return bad("source.repo", "empty")
 	case a.Source.Commit == "":
 		return bad("source.commit", "empty")
-	case a.Source.Tree != "" && !objectRE.MatchString(a.Source.Tree):
+	case a.Source.Tree != "" && !GitObjectName(a.Source.Tree):
 		return bad("source.tree", fmt.Sprintf("%q is not a git object name (40 or 64 hex digits)", a.Source.Tree))
 	case a.Image == "":
 		return bad("image", "empty")

@@ -30,6 +30,8 @@ import (
 	"sort"
 	"strings"
 	"sync"
+
+	"github.com/meshbuild/meshbuild/mesh"
 )
 
 var (
@@ -61,8 +63,6 @@ type Cache struct {
 var (
 	// A commit is a hash or a ref name; never an option.
 	commitRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._/-]*$`)
-	// A full object name is immutable, so a clone that has it need not fetch.
-	fullHashRE = regexp.MustCompile(`^([0-9a-f]{40}|[0-9a-f]{64})$`)
 )
 
 // FetchedRef is the clone's ref to the last commit fetched by its hash: it
@@ -71,8 +71,9 @@ var (
 const FetchedRef = "refs/meshbuild/fetched"
 
 // FullHash reports whether commit is a full object name (SHA-1 or
-// SHA-256), which names the same commit for ever.
-func FullHash(commit string) bool { return fullHashRE.MatchString(commit) }
+// SHA-256), which names the same commit for ever: a clone that has it
+// need not fetch.
+func FullHash(commit string) bool { return mesh.GitObjectName(commit) }
 
 // ValidRepo reports whether repo may be handed to git as a repository.
 func ValidRepo(repo string) bool { return repo != "" && !strings.HasPrefix(repo, "-") }
