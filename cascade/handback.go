@@ -1,6 +1,7 @@
 package cascade
 
 import (
+	"slices"
 	"time"
 
 	"github.com/meshbuild/meshbuild/mesh"
@@ -62,4 +63,34 @@ func (s *State) HandedBack(ev mesh.HandedBack) bool {
 	}
 	s.touch(ev.At)
 	return true
+}
+
+// Lost is a machine that started a module's ask and then went silent —
+// killed, or cut off from the bus — so that its claim of the ask lapsed and
+// another machine started it (no hand-back said why: a machine that gives
+// an ask back is a HandedBack). Kept with the module after it finishes, so
+// that `builds show` says why its build ran twice and on which machines.
+type Lost struct {
+	// On is the machine that went silent; Platform the platform it was
+	// building, for a module built for several.
+	On       string `json:"on"`
+	Platform string `json:"platform,omitempty"`
+	// Started is when it started the ask; Taken when the next machine,
+	// TakenBy, did (each by the machine's own clock, as its started event
+	// says).
+	Started time.Time `json:"started,omitzero"`
+	Taken   time.Time `json:"taken"`
+	TakenBy string    `json:"taken_by"`
+}
+
+// maxLost is how many lost holders a module keeps: the latest.
+const maxLost = 4
+
+// lost notes that machine on, which started the module at started, went
+// silent and ev's machine started it.
+func (m *ModuleStatus) lost(on, platform string, started time.Time, ev mesh.Started) {
+	m.Lost = append(m.Lost, Lost{On: on, Platform: platform, Started: started, Taken: ev.At, TakenBy: ev.On})
+	if len(m.Lost) > maxLost {
+		m.Lost = slices.Delete(m.Lost, 0, len(m.Lost)-maxLost)
+	}
 }

@@ -97,6 +97,10 @@ func (s *State) platformStarted(i, k int, ev mesh.Started) bool {
 		if p.State != Queued && (p.State != Building || ev.On == p.On) {
 			return false
 		}
+		if p.State == Building && p.On != "" {
+			// The platform's machine went silent (see Started).
+			m.lost(p.On, p.Platform, time.Time{}, ev)
+		}
 		p.State, p.On = Building, ev.On
 		if m.State == Queued {
 			s.set(m, Building)

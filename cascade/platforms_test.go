@@ -2,6 +2,7 @@ package cascade
 
 import (
 	"encoding/json"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -219,5 +220,65 @@ func TestAHandedBackIsANoteUntilTheNextStart(t *testing.T) {
 	}
 	if !p.Started(mesh.Started{Ask: arm, Plan: base.Plan, Module: "base", On: "pi2", At: at(41)}) || stateOf(t, p, "base").HandedBack != nil {
 		t.Fatalf("arm64's next start: %+v", stateOf(t, p, "base"))
+	}
+}
+
+// A machine that starts an ask and goes silent (kill -9: no hand-back)
+// loses its claim, and the next machine's start is noted on the module as
+// a lost holder, kept after the module is built; a machine that gave the
+// ask back is not lost, nor is the same machine starting again.
+func TestAMachineThatWentSilentIsNotedLost(t *testing.T) {
+	s := NewState(plan(t, "a:", "b: a"), t0)
+	a := s.Start(t0)[0]
+	s.Started(started(a, "m1", 1))
+	if !s.Started(started(a, "m2", 8)) {
+		t.Fatal("the next machine's start changed nothing")
+	}
+	want := []Lost{{On: "m1", Started: at(1), Taken: at(8), TakenBy: "m2"}}
+	if got := stateOf(t, s, "a").Lost; !slices.Equal(got, want) {
+		t.Fatalf("lost %+v, want %+v", got, want)
+	}
+	// m2 gives it back (a hand-back says why): m3 taking it is no loss.
+	s.HandedBack(mesh.HandedBack{Version: 1, Ask: a.AskID, Plan: a.Plan, Module: "a", On: "m2", Attempt: 2, Why: "stopping", At: at(9)})
+	s.Started(started(a, "m3", 10))
+	// The same machine's start again is no loss either.
+	s.Started(started(a, "m3", 11))
+	if got := stateOf(t, s, "a").Lost; !slices.Equal(got, want) {
+		t.Fatalf("after a hand-back and a restart: lost %+v, want %+v", got, want)
+	}
+	s.Built(built(a, 12), at(12))
+	raw, err := json.Marshal(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back State
+	if err := json.Unmarshal(raw, &back); err != nil {
+		t.Fatal(err)
+	}
+	if got := stateOf(t, &back, "a"); got.State != Built || !slices.Equal(got.Lost, want) {
+		t.Fatalf("a built and stored: %+v, want the loss kept", got)
+	}
+	checkInvariants(t, s)
+
+	// Only the latest few are kept.
+	s2 := NewState(plan(t, "a:"), t0)
+	a2 := s2.Start(t0)[0]
+	for k := range maxLost + 3 {
+		s2.Started(started(a2, fmt.Sprintf("m%d", k), k+1))
+	}
+	got := stateOf(t, s2, "a").Lost
+	if len(got) != maxLost || got[len(got)-1].On != fmt.Sprintf("m%d", maxLost+1) || got[len(got)-1].TakenBy != fmt.Sprintf("m%d", maxLost+2) {
+		t.Fatalf("lost %+v: want the last %d", got, maxLost)
+	}
+
+	// A platform's machine goes silent.
+	p := twoPlatforms(t)
+	base := byModule(t, p.Start(at(0)), "base")
+	arm := platformEvent(base, "linux/arm64")
+	p.Started(mesh.Started{Ask: arm, Plan: base.Plan, Module: "base", On: "pi", At: at(1)})
+	p.Started(mesh.Started{Ask: arm, Plan: base.Plan, Module: "base", On: "pi2", At: at(9)})
+	wantP := []Lost{{On: "pi", Platform: "linux/arm64", Taken: at(9), TakenBy: "pi2"}}
+	if got := stateOf(t, p, "base").Lost; !slices.Equal(got, wantP) {
+		t.Fatalf("base lost %+v, want %+v", got, wantP)
 	}
 }

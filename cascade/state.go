@@ -210,6 +210,9 @@ type ModuleStatus struct {
 	// state: the module stays queued or building, and the note goes with
 	// its next started or outcome.
 	HandedBack *HandedBack `json:"handed_back,omitempty"`
+	// Lost are the machines that started the module's ask and went
+	// silent, another machine taking it (the latest few).
+	Lost []Lost `json:"lost,omitempty"`
 }
 
 // Submit is an ask the caller must publish (with Nats-Msg-Id = AskID).
@@ -372,6 +375,11 @@ func (s *State) Started(ev mesh.Started) bool {
 		s.set(m, Building)
 		s.dispatched = append(s.dispatched, m.Module)
 	case m.State == Building && ev.At.After(m.Started) && ev.On != m.On:
+		// Its claim moved: the machine that had it went silent (one that
+		// gave the ask back is no longer the module's, On is empty).
+		if m.On != "" {
+			m.lost(m.On, "", m.Started, ev)
+		}
 	case m.State == Cancelling && m.Started.IsZero():
 		// Taken by a holder just as the plan was cancelled: it stays
 		// cancelling, and the machine is known.

@@ -223,8 +223,16 @@ func TestARetryIsShownRetryingThenBuilds(t *testing.T) {
 		t.Errorf("app's line %q: want queued on no machine, retrying (attempt 1: <the registry's 503>; next in …)", line)
 	}
 	poll(t, 120*time.Second, "app built", func() bool { return f.app(plan).State == cascade.Built })
-	if m := f.app(plan); m.On != "m1" || m.HandedBack != nil {
-		t.Errorf("app %+v: want built on m1, no note", m)
+	if m := f.app(plan); m.On != "m1" || m.HandedBack != nil || len(m.Lost) != 0 {
+		t.Errorf("app %+v: want built on m1, no note, nothing lost", m)
+	}
+	// builds logs has both attempts: the first's output to its end, a line,
+	// the second's (each ends with a final batch: the first is not all).
+	code, logs := f.builds("logs", plan, "app")
+	again := strings.Index(logs, "── m1 started the ask again; its output follows ──")
+	if code != 0 || again < 0 || !strings.Contains(logs[:again], "503") || !strings.Contains(logs[again:], "exporting to image") ||
+		strings.Count(logs, "checking out ") != 2 {
+		t.Errorf("builds logs exit %d, want the failed attempt, a line, the attempt that built:\n%s", code, logs)
 	}
 	select {
 	case code := <-watchDone:

@@ -17,6 +17,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 
@@ -48,17 +49,32 @@ func watchCmd(g *globals) *cobra.Command {
 func Watch(ctx context.Context, st *cascade.Store, plan string, w io.Writer, tty bool) (planview.Plan, error) {
 	last := ""
 	notes := map[string]cascade.HandedBack{} // the last hand-back said of each module
+	lost := map[string]cascade.Lost{}        // the last lost holder said of each module
 	p, err := planview.Watch(ctx, st, plan, planview.Options{
 		Changed: func(p planview.Plan, m *cascade.ModuleStatus, _ cascade.ModuleState) {
 			if m != nil {
 				// The record's counts say the rest; a module whose ask
 				// went back to the queue says why, once per hand-back.
+				var says []string
 				if h := m.HandedBack; h != nil && notes[m.Module] != *h {
 					notes[m.Module] = *h
+					says = append(says, planview.HandedBackNote(*h, time.Now()))
+				}
+				// A machine gone silent, its ask taken by another, once
+				// each (a module keeps the latest few).
+				from := 0
+				if said, ok := lost[m.Module]; ok {
+					from = slices.Index(m.Lost, said) + 1
+				}
+				for _, l := range m.Lost[from:] {
+					says = append(says, planview.LostNote(l))
+					lost[m.Module] = l
+				}
+				for _, say := range says {
 					if tty && last != "" {
 						fmt.Fprint(w, "\r\x1b[K")
 					}
-					fmt.Fprintf(w, "%s: %s\n", m.Module, planview.HandedBackNote(*h, time.Now()))
+					fmt.Fprintf(w, "%s: %s\n", m.Module, say)
 					if tty && last != "" {
 						fmt.Fprint(w, last)
 					}
@@ -127,30 +143,60 @@ func logsCmd(g *globals) *cobra.Command {
 			if m.Ask == "" {
 				return fmt.Errorf("%s has not been asked for yet in plan %s (it is %s)", args[1], args[0], m.State)
 			}
-			return printLogs(ctx, b.js, m, follow, g)
+			return printLogs(ctx, b.js, m, follow, g, func(ctx context.Context) (cascade.ModuleStatus, error) {
+				mods, err := b.store.Modules(ctx, args[0])
+				if err != nil {
+					return cascade.ModuleStatus{}, fmt.Errorf("reading plan %s: %w", args[0], err)
+				}
+				return mods[args[1]], nil
+			})
 		}),
 	}
 	c.Flags().BoolVarP(&follow, "follow", "f", true, "keep following until the build's output ends")
 	return c
 }
 
-func printLogs(ctx context.Context, js jetstream.JetStream, m cascade.ModuleStatus, follow bool, g *globals) error {
+// printLogs prints the build output of module m's ask, every attempt of
+// it: an ask given back or retried, or taken by another machine when its
+// machine went silent, has the output of each attempt, one after the
+// other, each after the first under a line naming its machine. Each
+// attempt's output ends with a final batch. Following, it stops once the
+// module is no longer queued or building (as now reads it, at each final
+// batch and when no output came for a while) and the stream holds no more;
+// not following, or for a module already finished, when the stream holds
+// no more. The machine of a batch is the one its subject
+// names (the server lets a machine publish only its own), not the one it
+// says.
+func printLogs(ctx context.Context, js jetstream.JetStream, m cascade.ModuleStatus, follow bool, g *globals, now func(context.Context) (cascade.ModuleStatus, error)) error {
 	subj := mesh.HolderEventSubject(mesh.BuildSeat, mesh.AnyHolder, mesh.LogEvent(m.Ask))
 	cons, err := js.OrderedConsumer(ctx, mesh.LogsStream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subj}})
 	if err != nil {
 		return fmt.Errorf("reading %s: %w", subj, err)
 	}
-	finished := m.State != cascade.Building && m.State != cascade.Queued
+	inFlight := func(m cascade.ModuleStatus) bool { return m.State == cascade.Building || m.State == cascade.Queued }
+	finished := !inFlight(m)
+	var from string // the machine of the last batch printed
+	ended := false  // whether its attempt's output ended (a final batch)
 	for {
 		wait := 2 * time.Second
 		if !follow || finished {
 			wait = 500 * time.Millisecond
 		}
 		msg, err := cons.Next(jetstream.FetchMaxWait(wait))
-		if errors.Is(err, jetstream.ErrNoMessages) || errors.Is(err, context.DeadlineExceeded) {
+		// Nothing came within the wait (an ordered consumer's Next says
+		// nats.ErrTimeout).
+		if errors.Is(err, nats.ErrTimeout) || errors.Is(err, jetstream.ErrNoMessages) || errors.Is(err, context.DeadlineExceeded) {
 			if !follow || finished {
 				return nil
 			}
+			// Quiet: the module may have finished with no output to end
+			// (a cancel, a machine gone for good); then what is left is
+			// read and it ends.
+			cur, err := now(ctx)
+			if err != nil {
+				return err
+			}
+			finished = !inFlight(cur)
 			continue
 		}
 		if err != nil {
@@ -160,19 +206,45 @@ func printLogs(ctx context.Context, js jetstream.JetStream, m cascade.ModuleStat
 		if err := json.Unmarshal(msg.Data(), &batch); err != nil {
 			continue
 		}
+		if _, machine, _, ok := mesh.SplitHolderEventSubject(msg.Subject()); ok {
+			batch.On = machine
+		}
 		if g.json {
 			if err := writeJSON(g.out, batch); err != nil {
 				return err
 			}
 		} else {
+			if from != "" && (batch.On != from || batch.Seq <= 1) {
+				fmt.Fprintln(g.out, attemptLine(from, batch.On, ended))
+			}
 			for _, l := range batch.Lines {
 				fmt.Fprintln(g.out, l)
 			}
 		}
-		if batch.Final {
-			return nil
+		from, ended = batch.On, batch.Final
+		if batch.Final && follow && !finished {
+			// The end of an attempt: of the module's last one once it is
+			// no longer in flight (a later attempt's output follows).
+			cur, err := now(ctx)
+			if err != nil {
+				return err
+			}
+			finished = !inFlight(cur)
 		}
 	}
+}
+
+// attemptLine heads the output of an ask's next attempt, on machine on,
+// after the output of one on machine from, which ended (a final batch: it
+// was given back or retried) or stopped short (its machine went silent).
+func attemptLine(from, on string, ended bool) string {
+	switch {
+	case !ended:
+		return fmt.Sprintf("── %s's output stops here: it went silent, and %s took the ask; its output follows ──", from, on)
+	case on == from:
+		return fmt.Sprintf("── %s started the ask again; its output follows ──", on)
+	}
+	return fmt.Sprintf("── %s took the ask %s gave back; its output follows ──", on, from)
 }
 
 // Machine is one row of `builds machines`.
@@ -245,6 +317,18 @@ func machinesCmd(g *globals) *cobra.Command {
 					}
 					if seen.After(row.LastSeen) {
 						row.LastSeen = seen
+					}
+				}
+				// A machine that went silent building a module was seen
+				// when it started it.
+				for _, l := range m.Lost {
+					row := rows[l.On]
+					if row == nil {
+						row = &Machine{Machine: l.On}
+						rows[l.On] = row
+					}
+					if !row.Online && l.Started.After(row.LastSeen) {
+						row.LastSeen = l.Started
 					}
 				}
 			})

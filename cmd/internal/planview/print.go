@@ -32,6 +32,11 @@ import (
 // queued, on no machine, with why: "retrying (attempt 3: …; next in 40s)"
 // or "waiting: no healthy machine (… since 14:02:11)" (HandedBackNote).
 //
+// A machine that went silent while it built a module, its ask then
+// started by another (cascade.Lost), is said after the modules:
+// "app: vm-x went silent building it (started 01:39:21); vm-a1 took the
+// ask at 01:39:29, 8s later" (LostNote).
+//
 // A module held by the controller for an idle holder (cascade.Ready) is
 // shown, and counted, as waiting: what it waits for is a holder, and when
 // the scheduler gave the machines to other plans, what it waits behind
@@ -76,6 +81,11 @@ func PrintPlan(w io.Writer, rec cascade.PlanRecord, mods map[string]cascade.Modu
 			for _, l := range m.Log {
 				fmt.Fprintf(w, "  | %s\n", l)
 			}
+		}
+	}
+	for _, m := range ordered {
+		for _, l := range m.Lost {
+			fmt.Fprintf(w, "%s: %s\n", m.Module, LostNote(l))
 		}
 	}
 	sums := machineSums(mods)
@@ -139,6 +149,26 @@ func HandedBackNote(h cascade.HandedBack, now time.Time) string {
 		next = "next in " + d.Round(time.Second).String()
 	}
 	return fmt.Sprintf("retrying (attempt %d: %s; %s)", h.Attempt, why, next)
+}
+
+// LostNote says that a machine went silent while it built a module and
+// another took its ask: "vm-x went silent building it (started 01:39:21);
+// vm-a1 took the ask at 01:39:29, 8s later", the platform first for a
+// module built for several.
+func LostNote(l cascade.Lost) string {
+	var b strings.Builder
+	if l.Platform != "" {
+		b.WriteString(l.Platform + ": ")
+	}
+	b.WriteString(l.On + " went silent building it")
+	if !l.Started.IsZero() {
+		fmt.Fprintf(&b, " (started %s)", l.Started.UTC().Format(time.TimeOnly))
+	}
+	fmt.Fprintf(&b, "; %s took the ask at %s", l.TakenBy, l.Taken.UTC().Format(time.TimeOnly))
+	if !l.Started.IsZero() && l.Taken.After(l.Started) {
+		fmt.Fprintf(&b, ", %s later", duration(l.Taken.Sub(l.Started)))
+	}
+	return b.String()
 }
 
 // cutNote shortens a cause for a line.

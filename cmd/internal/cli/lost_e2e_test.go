@@ -1,0 +1,170 @@
+package cli_test
+
+import (
+	"bytes"
+	"context"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/meshbuild/meshbuild/agent"
+	"github.com/meshbuild/meshbuild/cascade"
+	"github.com/meshbuild/meshbuild/cmd/internal/cli"
+	"github.com/meshbuild/meshbuild/cmd/internal/daemon"
+	"github.com/meshbuild/meshbuild/internal/natstest"
+	"github.com/meshbuild/meshbuild/internal/testenv"
+	"github.com/meshbuild/meshbuild/registry/registrytest"
+)
+
+// agentBinary builds cmd/build-agent into a temporary directory: a build
+// agent to run as a process of its own and kill.
+func agentBinary(t *testing.T) string {
+	t.Helper()
+	root, err := testenv.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(t.TempDir(), "build-agent")
+	cmd := exec.Command("go", "build", "-o", bin, "./cmd/build-agent")
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build ./cmd/build-agent: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// A build agent killed with SIGKILL in the middle of a build (its own
+// process: no hand-back, no goodbye) loses its claim of the ask, and the
+// machine idle beside it builds it. What an operator reads says so:
+// `builds watch` as it happens, `builds show` names the silent machine and
+// the one that took the ask, `builds logs` has the killed machine's output, a line saying where
+// it stops and why, and the next machine's output to its end, and `builds
+// machines` shows the killed machine offline, last seen when it started
+// the build.
+func TestAMachineKilledMidBuildIsShownLostInShowLogsAndMachines(t *testing.T) {
+	testenv.RequireBuildkit(t)
+	bin := agentBinary(t)
+	reg := registrytest.Registry(t)
+	bk := testenv.Buildkitd(t, reg)
+	busybox := testenv.Busybox(t, reg)
+	s := natstest.Server(t, nil)
+	catDir := meshCatalogue(t)
+	addModule(t, catDir, "app", "module: app\nbuild:\n  repo: "+fleetRepo+"\n  path: app\n")
+	gitDir, _ := testenv.GitRepo(t, map[string]string{
+		"app/Dockerfile": "FROM " + busybox + "\nCOPY hello.txt /hello.txt\nRUN echo step one && sleep 6 && echo step two\n",
+		"app/hello.txt":  "hello\n",
+	})
+	commit := testenv.Commit(t, gitDir, map[string]string{"app/VERSION": "2\n"})
+
+	ctx, cancel := context.WithCancel(context.Background())
+	errs := make(chan error, 2)
+	t.Cleanup(func() {
+		cancel()
+		for range 2 {
+			<-errs
+		}
+	})
+	ready := make(chan struct{})
+	copts := registryController(s, catDir, reg)
+	copts.Ready, copts.Log = ready, testenv.Log(t, "controller")
+	go func() { errs <- daemon.RunController(ctx, copts) }()
+	select {
+	case <-ready:
+	case <-time.After(30 * time.Second):
+		t.Fatal("controller not ready in 30s")
+	}
+	f := &backFarm{t: t, ctx: ctx, url: s.ClientURL(), commit: commit}
+
+	// m1: build-agent, a process of its own.
+	var m1log testenv.Buffer
+	m1 := exec.Command(bin, "--nats", s.ClientURL(), "--machine", "m1", "--buildkit", bk, "--workspace", t.TempDir(),
+		"--git-instead-of", fleetRepo+"="+gitDir, "--registry-insecure", "--fetch-wait", "500ms", "--grace", "0s")
+	m1.Stdout, m1.Stderr = &m1log, &m1log
+	if err := m1.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m1.Process.Kill(); _ = m1.Wait() })
+	testenv.WaitFor(t, 30*time.Second, "m1 online", func() bool {
+		for _, m := range machines(t, f.url) {
+			if m.Machine == "m1" && m.Online {
+				return true
+			}
+		}
+		return false
+	})
+
+	plan := f.push()
+	var watched bytes.Buffer
+	watchDone := make(chan int, 1)
+	go func() {
+		var errw bytes.Buffer
+		watchDone <- cli.Main(ctx, []string{"--nats", f.url, "watch", plan}, &watched, &errw)
+	}()
+	poll(t, 60*time.Second, "m1 running app's RUN step", func() bool {
+		code, out := f.builds("logs", "--follow=false", plan, "app")
+		if code != 0 {
+			t.Fatalf("builds logs --follow=false of a build in flight: exit %d", code)
+		}
+		return f.app(plan).On == "m1" && strings.Contains(out, "step one")
+	})
+	// m2 (idle all along from here) beside it; then m1 is killed.
+	cfg := agent.DefaultConfig()
+	cfg.Machine, cfg.FetchWait = "m2", 500*time.Millisecond
+	runFleetAgent(t, ctx, s, cfg, bk, gitDir, testenv.Log(t, "m2"), errs)
+	if err := m1.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = m1.Wait()
+	killed := time.Now()
+
+	poll(t, 90*time.Second, "app built", func() bool { return f.app(plan).State == cascade.Built })
+	m := f.app(plan)
+	t.Logf("built on %s %s after the kill", m.On, time.Since(killed).Round(time.Millisecond))
+	if m.On != "m2" || len(m.Lost) != 1 {
+		t.Fatalf("app %+v: want built on m2, m1 noted lost", m)
+	}
+	if l := m.Lost[0]; l.On != "m1" || l.TakenBy != "m2" || l.Started.IsZero() || !l.Taken.After(l.Started) {
+		t.Errorf("lost %+v: want m1, started, then taken by m2", l)
+	}
+
+	code, shown := f.builds("show", plan)
+	if code != 0 {
+		t.Fatalf("builds show: exit %d", code)
+	}
+	if !strings.Contains(shown, "app: m1 went silent building it (started ") || !strings.Contains(shown, "; m2 took the ask at ") {
+		t.Errorf("builds show does not say m1 went silent and m2 took the ask:\n%s", shown)
+	}
+
+	code, logs := f.builds("logs", plan, "app")
+	if code != 0 {
+		t.Fatalf("builds logs: exit %d", code)
+	}
+	cut := strings.Index(logs, "── m1's output stops here: it went silent, and m2 took the ask")
+	if cut < 0 {
+		t.Fatalf("builds logs does not say where m1's output stops:\n%s", logs)
+	}
+	before, after := logs[:cut], logs[cut:]
+	if !strings.Contains(before, "step one") || strings.Contains(before, "exporting to image") {
+		t.Errorf("the output before the line is not m1's cut short:\n%s", before)
+	}
+	if !strings.Contains(after, "step two") || !strings.Contains(after, "exporting to image") {
+		t.Errorf("the output after the line is not m2's build to its end:\n%s", after)
+	}
+
+	for _, mc := range machines(t, f.url) {
+		if mc.Machine == "m1" && (mc.Online || mc.LastSeen.Before(m.Lost[0].Started)) {
+			t.Errorf("m1 %+v: want offline, last seen when it started app (%s)", mc, m.Lost[0].Started)
+		}
+	}
+	select {
+	case code := <-watchDone:
+		if code != 0 || !strings.Contains(watched.String(), "app: m1 went silent building it") {
+			t.Errorf("builds watch exit %d printed:\n%s\nwant m1's loss said", code, watched.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Error("builds watch did not end once the plan settled")
+	}
+}
