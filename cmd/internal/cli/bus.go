@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -12,6 +13,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/meshbuild/meshbuild/cascade"
+	"github.com/meshbuild/meshbuild/cmd/internal/creds"
 	"github.com/meshbuild/meshbuild/cmd/internal/daemon"
 	"github.com/meshbuild/meshbuild/mesh"
 )
@@ -28,11 +30,7 @@ type bus struct {
 }
 
 func (g *globals) connect(ctx context.Context) (*bus, error) {
-	topts, err := g.tls.Options()
-	if err != nil {
-		return nil, err
-	}
-	nc, js, err := daemon.Connect(g.nats, g.creds, mesh.OperatorPrincipal, "builds", topts...)
+	nc, js, err := g.dial()
 	if err != nil {
 		return nil, err
 	}
@@ -45,6 +43,42 @@ func (g *globals) connect(ctx context.Context) (*bus, error) {
 }
 
 func (b *bus) close() { b.nc.Close() }
+
+// dial connects to the farm's NATS as the operator, with --tls-* and opts.
+// Credentials issued to another of the mesh's principals are refused
+// first, by name: under them every request would be refused, or time out
+// on an inbox the operator's prefix does not reach.
+func (g *globals) dial(opts ...nats.Option) (*nats.Conn, jetstream.JetStream, error) {
+	if err := operatorCreds(g.creds); err != nil {
+		return nil, nil, err
+	}
+	topts, err := g.tls.Options()
+	if err != nil {
+		return nil, nil, err
+	}
+	return daemon.Connect(g.nats, g.creds, mesh.OperatorPrincipal, "builds", append(topts, opts...)...)
+}
+
+// operatorCreds refuses a credentials file issued to one of the mesh's
+// principals other than the operator (the controller, an agent, a node, a
+// module), naming whose it is and where the operator's are. A file it
+// cannot read, or of a principal the mesh did not issue, is left to the
+// server.
+func operatorCreds(path string) error {
+	if path == "" {
+		return nil
+	}
+	id, err := creds.PrincipalOf(path)
+	if err != nil || id == mesh.OperatorPrincipal {
+		return nil
+	}
+	for _, kind := range mesh.PrincipalKinds {
+		if id == kind || strings.HasPrefix(id, mesh.PrincipalID(kind, "")) {
+			return fmt.Errorf("the credentials in %s are %s's, and builds speaks as the operator: use the operator's (builds up keeps them in STATE/creds/operator.creds; else builds creds issue KEYS --principal operator --out FILE), with --creds or MESHBUILD_CREDS", path, id)
+		}
+	}
+	return nil
+}
 
 // plan reads one plan, with an error that says what to do.
 func (b *bus) plan(ctx context.Context, id string) (cascade.PlanRecord, map[string]cascade.ModuleStatus, error) {

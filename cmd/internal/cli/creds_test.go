@@ -117,6 +117,17 @@ func TestCredsInitIssue(t *testing.T) {
 	if code, _, errw := run(t, "--nats", s.ClientURL(), "--tls-cert", filepath.Join(dir, "m1.creds"), "plans"); code != 1 || !strings.Contains(errw, "--tls-key") {
 		t.Errorf("--tls-cert without --tls-key: exit %d, %q", code, errw)
 	}
+	// Another principal's credentials, on the server that issued them:
+	// refused by name before anything is asked (the server would refuse
+	// each request, or leave it to time out, and say only that).
+	for file, whose := range map[string]string{"agent.creds": "agent_m1", "m1.creds": "node_m1", "controller.creds": "controller", "git.creds": "module_git"} {
+		for _, args := range [][]string{{"plans"}, {"state", "keys", "build-agent.builds"}} {
+			args = append([]string{"--nats", s.ClientURL(), "--creds", filepath.Join(dir, file)}, args...)
+			if code, _, errw := run(t, args...); code != 1 || !strings.Contains(errw, "are "+whose+"'s, and builds speaks as the operator") || !strings.Contains(errw, "operator.creds") {
+				t.Errorf("builds %v: exit %d, %q; want refused, naming %s and the operator's", args, code, errw, whose)
+			}
+		}
+	}
 }
 
 // credsPublish is what a credentials file's JWT allows publishing.

@@ -12,7 +12,6 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/meshbuild/meshbuild/cmd/internal/daemon"
 	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/state"
 )
@@ -177,13 +176,13 @@ func (g *globals) withState(fn func(cmd *cobra.Command, st *state.Store, bucket 
 				cancel(fmt.Errorf("%s is read-only to the operator (%w): it is the farm's own record; change it through the controller's tools (builds retry, rebuild, cancel, priority, assign)", b.Name, err))
 			}
 		})
-		nc, js, err := daemon.Connect(g.nats, g.creds, "operator", "builds", refused)
+		nc, js, err := g.dial(refused)
 		if err != nil {
 			return err
 		}
 		defer nc.Close()
 		cmd.SetContext(ctx)
-		st := state.New(js, "operator", []mesh.IssuedBucket{b})
+		st := state.New(js, mesh.OperatorPrincipal, []mesh.IssuedBucket{b})
 		err = fn(cmd, st, b.Name, args)
 		if cause := context.Cause(ctx); err != nil && cause != nil && cmd.Context().Err() != nil {
 			return cause
@@ -213,7 +212,7 @@ func writeJSONLine(w io.Writer, v any) error {
 // liveOrphans asks the bus what it keeps that cat no longer declares
 // (`catalogue show --live`), as the operator.
 func liveOrphans(ctx context.Context, g *globals, cat *mesh.Catalogue) ([]string, error) {
-	nc, js, err := daemon.Connect(g.nats, g.creds, "operator", "builds")
+	nc, js, err := g.dial()
 	if err != nil {
 		return nil, err
 	}
