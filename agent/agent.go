@@ -98,7 +98,13 @@ func New(cfg Config, js jetstream.JetStream, worker Worker, log *slog.Logger, ob
 
 // Run works asks until ctx is done. Then it stops fetching, lets the builds
 // in hand finish within the grace period, and hands back (Nak) any ask still
-// unfinished so another machine takes it at once.
+// unfinished so another machine takes it at once. A ctx ended by its seat's
+// claim lapsing (a bus outage longer than the seat's lease) with
+// Config.Stopping set is not a stop: the builds in hand go on to their end,
+// however long, and Run returns when they have (the seat is taken back
+// after); the grace counts from Stopping if the process stops meanwhile.
+// A build that outlives its ask's claim is announced only if nobody took
+// the ask since (see work).
 func (a *Agent) Run(ctx context.Context) error {
 	cons, err := a.bind(ctx)
 	if err != nil {
@@ -131,6 +137,15 @@ func (a *Agent) Run(ctx context.Context) error {
 	work, cancelWork := context.WithCancelCause(context.WithoutCancel(ctx))
 	defer cancelWork(nil)
 	stopGrace := context.AfterFunc(ctx, func() {
+		if stop := a.cfg.Stopping; stop != nil && errors.Is(context.Cause(ctx), claim.ErrLapsed) {
+			a.log.Warn("the seat's claim lapsed (the bus did not answer): no new asks; the builds in hand go on to their end, then the seat is taken back",
+				"in_hand", a.inFlight.Load())
+			select {
+			case <-stop.Done():
+			case <-work.Done():
+				return
+			}
+		}
 		a.log.Info("stopping: no new asks; builds in hand may finish", "grace", a.cfg.Grace)
 		t := time.NewTimer(a.cfg.Grace)
 		defer t.Stop()

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -33,6 +34,14 @@ type Config struct {
 	// Grace is how long a stopping agent lets the builds in hand finish
 	// before it gives their asks back.
 	Grace time.Duration
+	// Stopping, when set, is done when the process stops (its signal).
+	// Run's context ending with its seat's claim lapsed (claim.ErrLapsed:
+	// the bus did not answer for the seat's lease) is then no stop: no new
+	// ask is taken, but the builds in hand go on to their end, each
+	// announced if its ask is still its own (see Run), and the grace
+	// counts only from Stopping. Unset, every end of Run's context is a
+	// stop.
+	Stopping context.Context
 	// RetryFor bounds infrastructure retries by time: an ask whose first
 	// infrastructure failure (on any machine, kept in its claim) is longer
 	// ago than RetryFor is failed{infra} and settled at its next failure.

@@ -22,6 +22,8 @@ import (
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/mesh/meshtest"
+	"github.com/meshbuild/meshbuild/registry"
+	"github.com/meshbuild/meshbuild/registry/registrytest"
 )
 
 // restartable is a real server the test stops and starts again on the same
@@ -280,5 +282,112 @@ func TestTheControllerTakesItsSeatBackAtOnceAfterAnOutage(t *testing.T) {
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatalf("RunController: %v", err)
+	}
+}
+
+// A build in hand goes on through a bus outage longer than the seat's
+// lease: the agent loses its seat's claim, takes no new ask, but lets the
+// build run to its end however long (not its stopping grace), announces it
+// built once the bus is back (its ask's claim taken again: nobody took the
+// ask meanwhile), and takes its seat back. Before, the lost seat stopped
+// the agent as a SIGTERM does: after its grace the build was cut short,
+// given back and built again from the start.
+func TestABuildInHandGoesOnThroughABusOutageLongerThanTheSeatsLease(t *testing.T) {
+	reg := registrytest.Registry(t)
+	bk := testenv.Buildkitd(t, reg)
+	busybox := testenv.Busybox(t, reg)
+	const repo = "https://git.example/outage.git"
+	gitDir, commit := testenv.GitRepo(t, map[string]string{
+		"app/Dockerfile": "FROM " + busybox + "\nRUN echo begun && sleep 9 && echo ended\n",
+	})
+	srv := newRestartable(t)
+	_, js := natstest.Connect(t, srv.s)
+	if _, err := mesh.Raise(context.Background(), js, meshtest.Catalogue(t, nil), 1); err != nil {
+		t.Fatal(err)
+	}
+	var log testenv.Buffer
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	opts := AgentOptions{NATS: srv.s.ClientURL(), BuildKit: bk, RegistryClient: registry.NewClient(registry.WithInsecure(true)),
+		InsteadOf: map[string]string{repo: gitDir}, Lease: 2 * time.Second, Log: slog.New(slog.NewTextHandler(&log, nil)),
+		Workspace: t.TempDir()}
+	opts.Agent = agent.DefaultConfig()
+	// A grace far shorter than the outage and the build: the build may not
+	// be stopped by it.
+	opts.Agent.Machine, opts.Agent.Grace = "m1", time.Second
+	done := make(chan error, 1)
+	go func() { done <- RunAgent(ctx, opts) }()
+	testenv.WaitFor(t, 30*time.Second, "the agent to claim m1", func() bool {
+		_, ok := holder(t, srv, mesh.BuildSeat, claim.Node("m1"))
+		return ok
+	})
+
+	a := mesh.Ask{Version: mesh.AskVersion, ID: "outage-1", Plan: "p-outage", Module: "app",
+		Source: mesh.Source{Repo: repo, Commit: commit, Path: "app"}, Image: reg + "/app"}
+	nc := js.Conn()
+	logs, err := nc.SubscribeSync(mesh.HolderEventSubject(mesh.BuildSeat, "m1", mesh.LogEvent(a.ID)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, _ := json.Marshal(a)
+	if _, err := js.Publish(context.Background(), mesh.BuildSubject(mesh.DefaultPlatform), data, jetstream.WithMsgID(a.ID)); err != nil {
+		t.Fatal(err)
+	}
+	for begun := false; !begun; { // the RUN step running
+		msg, err := logs.NextMsg(60 * time.Second)
+		if err != nil {
+			t.Fatalf("waiting for the build's RUN step: %v\n%s", err, log.String())
+		}
+		begun = strings.Contains(string(msg.Data), "begun")
+	}
+
+	srv.stop()
+	testenv.WaitFor(t, 30*time.Second, "the agent to lose its seat's claim", func() bool {
+		l := log.String()
+		return strings.Contains(l, "the builds in hand go on to their end") || strings.Contains(l, "stopping: no new asks")
+	})
+	time.Sleep(4 * time.Second) // twice the seat's lease, four times the grace
+	srv.start()
+
+	_, js = natstest.Connect(t, srv.s)
+	events := func() (started, built, other []string) {
+		cons, err := js.OrderedConsumer(context.Background(), mesh.EventsStream, jetstream.OrderedConsumerConfig{})
+		if err != nil {
+			return nil, nil, nil
+		}
+		for {
+			msg, err := cons.Next(jetstream.FetchMaxWait(300 * time.Millisecond))
+			if err != nil {
+				return started, built, other
+			}
+			_, _, event, _ := mesh.SplitHolderEventSubject(msg.Subject())
+			switch event {
+			case mesh.EventStarted:
+				started = append(started, string(msg.Data()))
+			case mesh.EventBuilt:
+				built = append(built, string(msg.Data()))
+			default:
+				other = append(other, event+" "+string(msg.Data()))
+			}
+		}
+	}
+	testenv.WaitFor(t, 60*time.Second, "outage-1 built", func() bool {
+		_, built, _ := events()
+		return len(built) > 0
+	})
+	started, built, other := events()
+	if len(started) != 1 || len(built) != 1 || len(other) != 0 || !strings.Contains(built[0], `"attempt":1`) {
+		t.Fatalf("events: started %v, built %v, others %v: want one start and its built, attempt 1, nothing else\n%s", started, built, other, log.String())
+	}
+	if l := log.String(); strings.Contains(l, "stopping: no new asks") {
+		t.Errorf("the lost seat stopped the agent as a stop does:\n%s", l)
+	}
+	testenv.WaitFor(t, 30*time.Second, "the agent to take m1 back", func() bool {
+		_, ok := holder(t, srv, mesh.BuildSeat, claim.Node("m1"))
+		return ok
+	})
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("RunAgent: %v", err)
 	}
 }

@@ -282,8 +282,12 @@ func RunAgent(ctx context.Context, o AgentOptions) error {
 	}
 	st := seat{js: js, seat: mesh.BuildSeat, scope: claim.Node(o.Agent.Machine), holder: claim.Process("build-agent"),
 		opts: []claim.Option{claim.WithLease(o.Lease)}, log: o.Log, refuse: true}
+	stopping := ctx
 	err = st.hold(ctx, func(ctx context.Context, lease *claim.Lease) error {
 		cfg := o.Agent
+		// A seat lost to a bus outage does not cut the builds in hand
+		// short; the process stopping does, after its grace.
+		cfg.Stopping = stopping
 		// The machine's ask claims are bound to its seat claim: when it
 		// lapses they are void, and another machine takes its asks at once.
 		cfg.SeatToken = lease.Token()
