@@ -3,6 +3,7 @@ package agent
 import (
 	"bytes"
 	"os"
+	"slices"
 	"strings"
 
 	"github.com/distribution/reference"
@@ -61,54 +62,84 @@ func indexAnnotations(req BuildRequest, manifest map[string]string) map[string]s
 // none of them (scratch, an image outside the mesh, a name an unset ARG
 // makes) or the Dockerfile does not parse (the build says why).
 func finalBase(dockerfile []byte, bases []mesh.Base) (mesh.Base, bool) {
-	res, err := parser.Parse(bytes.NewReader(dockerfile))
-	if err != nil {
+	df, ok := parseDockerfile(dockerfile)
+	if !ok {
 		return mesh.Base{}, false
-	}
-	stages, metaArgs, err := instructions.Parse(res.AST, nil)
-	if err != nil || len(stages) == 0 {
-		return mesh.Base{}, false
-	}
-	defaults := map[string]string{}
-	for _, a := range metaArgs {
-		for _, kv := range a.Args {
-			if kv.Value != nil {
-				defaults[kv.Key] = *kv.Value
-			}
-		}
-	}
-	byName := map[string]int{}
-	for i, s := range stages {
-		if s.Name != "" {
-			byName[strings.ToLower(s.Name)] = i
-		}
 	}
 	name := ""
-	for i, seen := len(stages)-1, 0; seen <= len(stages); seen++ {
-		name = os.Expand(stages[i].BaseName, func(k string) string { return defaults[k] })
-		j, ok := byName[strings.ToLower(name)]
+	for i, seen := len(df.stages)-1, 0; seen <= len(df.stages); seen++ {
+		name = df.expand(df.stages[i].BaseName)
+		j, ok := df.byName[strings.ToLower(name)]
 		if !ok || j >= i {
 			break
 		}
 		i = j
 	}
-	// A base stands for the names contextNames supplies it under; the
-	// frontend looks a FROM name up normalised, ":latest" dropped.
-	want := name
-	if named, err := reference.ParseNormalizedNamed(name); err == nil {
-		if t, ok := named.(reference.Tagged); !ok || t.Tag() == "latest" {
-			want = reference.FamiliarName(named)
+	return baseNamed(bases, lookupName(name))
+}
+
+// parsedDockerfile is a Dockerfile's stages as BuildKit parses them, the
+// defaults of its ARGs before the first FROM, and its stages' names
+// (lower case) with their index.
+type parsedDockerfile struct {
+	stages   []instructions.Stage
+	defaults map[string]string
+	byName   map[string]int
+}
+
+// parseDockerfile parses a Dockerfile; false when it does not parse, or
+// has no stage (the build says why).
+func parseDockerfile(data []byte) (parsedDockerfile, bool) {
+	res, err := parser.Parse(bytes.NewReader(data))
+	if err != nil {
+		return parsedDockerfile{}, false
+	}
+	stages, metaArgs, err := instructions.Parse(res.AST, nil)
+	if err != nil || len(stages) == 0 {
+		return parsedDockerfile{}, false
+	}
+	df := parsedDockerfile{stages: stages, defaults: map[string]string{}, byName: map[string]int{}}
+	for _, a := range metaArgs {
+		for _, kv := range a.Args {
+			if kv.Value != nil {
+				df.defaults[kv.Key] = *kv.Value
+			}
 		}
 	}
+	for i, s := range stages {
+		if s.Name != "" {
+			df.byName[strings.ToLower(s.Name)] = i
+		}
+	}
+	return df, true
+}
+
+// expand is name with the Dockerfile's ARG defaults in it.
+func (df parsedDockerfile) expand(name string) string {
+	return os.Expand(name, func(k string) string { return df.defaults[k] })
+}
+
+// lookupName is a FROM name as the frontend looks it up among the named
+// contexts: normalised, ":latest" dropped.
+func lookupName(name string) string {
+	if named, err := reference.ParseNormalizedNamed(name); err == nil {
+		if t, ok := named.(reference.Tagged); !ok || t.Tag() == "latest" {
+			return reference.FamiliarName(named)
+		}
+	}
+	return name
+}
+
+// baseNamed is the base among bases supplied under name (a lookupName):
+// a base stands for the names contextNames supplies it under.
+func baseNamed(bases []mesh.Base, name string) (mesh.Base, bool) {
 	for _, b := range bases {
 		names, err := contextNames(b)
 		if err != nil {
 			continue
 		}
-		for _, n := range names {
-			if n == want {
-				return b, true
-			}
+		if slices.Contains(names, name) {
+			return b, true
 		}
 	}
 	return mesh.Base{}, false

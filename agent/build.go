@@ -212,6 +212,10 @@ type BuildRequest struct {
 	Tag string
 	// Log receives the build's output line by line; nil discards it.
 	Log func(line string)
+	// Modules, when set, says whether a name is a module the catalogue
+	// builds: a Dockerfile that builds on one the ask does not supply as a
+	// base is refused as a source error, naming the fix (undeclaredBase).
+	Modules func(module string) bool
 }
 
 // Build builds req's Dockerfile, pushes the image by digest (and under
@@ -350,6 +354,9 @@ func (b *BuildKit) solveOpt(req BuildRequest) (client.SolveOpt, error) {
 	}
 	df, err := dockerfileOf(req)
 	if err != nil {
+		return client.SolveOpt{}, err
+	}
+	if err := undeclaredBase(df.data, req, req.Modules); err != nil {
 		return client.SolveOpt{}, err
 	}
 	attrs, err := b.frontendAttrs(req, df.path)

@@ -56,6 +56,9 @@ type BuildWorker struct {
 	// probe asks whether it answers (see Probe). Empty: the registry of
 	// the last ask's image, once there was one.
 	Registry string
+	// Modules, when set, says whether a name is a module the catalogue
+	// builds (BuildRequest.Modules).
+	Modules func(module string) bool
 
 	lastRegistry lastRegistry
 }
@@ -78,7 +81,7 @@ func (w *BuildWorker) Work(ctx context.Context, ask mesh.Ask, log func(string)) 
 	if commit != "" {
 		ask.Source.Commit = commit // the provenance names the commit built
 	}
-	res, err := w.Builder.Build(ctx, BuildRequest{Ask: ask, ContextDir: dir, Tag: tag, Log: log})
+	res, err := w.Builder.Build(ctx, BuildRequest{Ask: ask, ContextDir: dir, Tag: tag, Log: log, Modules: w.Modules})
 	if err != nil {
 		return Result{}, err
 	}

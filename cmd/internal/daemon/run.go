@@ -270,15 +270,20 @@ func RunAgent(ctx context.Context, o AgentOptions) error {
 	// One build agent per machine: it claims node-build-agent at its
 	// machine before it pulls. A second agent on the machine is refused;
 	// the claim a killed predecessor on this host left is taken at once. A
-	// claim lost to a bus outage stops the work and is taken back when
-	// the bus returns: the agent never exits for an outage.
+	// claim lost to a bus outage stops the pulling (the builds in hand go
+	// on) and is taken back when the bus returns: the agent never exits
+	// for an outage.
+	var modules func(string) bool
 	if cat != nil {
-		o.Agent.Known = knownModules(o.Catalogue, cat, o.Log)
+		o.Agent.Known, modules = knownModules(o.Catalogue, cat, o.Log)
 	}
 	w := &agent.BuildWorker{
 		Sources:  &agent.Sources{Dir: o.Workspace, InsteadOf: o.InsteadOf},
 		Builder:  bk,
 		Registry: o.Registry,
+		// A Dockerfile building on a module its build.on does not list
+		// is a source error, said at once.
+		Modules: modules,
 	}
 	st := seat{js: js, seat: mesh.BuildSeat, scope: claim.Node(o.Agent.Machine), holder: claim.Process("build-agent"),
 		opts: []claim.Option{claim.WithLease(o.Lease)}, log: o.Log, refuse: true}
@@ -510,14 +515,16 @@ func Workspace(base, machine string) string { return filepath.Join(base, "agents
 // knownModules says whether the catalogue in dir, cat when the agent
 // started, builds a module. The directory is read again before a module is
 // refused, so a module added since is accepted; while the directory has
-// problems the last good catalogue is kept.
-func knownModules(dir string, cat *mesh.Catalogue, log *slog.Logger) func(string) bool {
+// problems the last good catalogue is kept. has says the same of the
+// catalogue last read, without reading it again (for names that are
+// mostly not modules: the images a Dockerfile builds FROM).
+func knownModules(dir string, cat *mesh.Catalogue, log *slog.Logger) (known, has func(string) bool) {
 	var mu sync.Mutex
 	builds := func(c *mesh.Catalogue, m string) bool {
 		man, ok := c.Module(m)
 		return ok && man.Build != nil
 	}
-	return func(m string) bool {
+	known = func(m string) bool {
 		mu.Lock()
 		defer mu.Unlock()
 		if builds(cat, m) {
@@ -531,6 +538,12 @@ func knownModules(dir string, cat *mesh.Catalogue, log *slog.Logger) func(string
 		}
 		return builds(cat, m)
 	}
+	has = func(m string) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return builds(cat, m)
+	}
+	return known, has
 }
 
 // catalogueRetry is how often an agent tries a catalogue that could not be

@@ -209,7 +209,7 @@ func TestTheAgentsCatalogueKeepsTheLastGoodOne(t *testing.T) {
 		t.Fatal(err)
 	}
 	var logs testenv.Buffer
-	known := knownModules(dir, cat, slog.New(slog.NewTextHandler(&logs, nil)))
+	known, _ := knownModules(dir, cat, slog.New(slog.NewTextHandler(&logs, nil)))
 	if known("anything") || !known("app") {
 		t.Fatal("want app accepted and anything refused")
 	}

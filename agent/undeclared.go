@@ -1,0 +1,115 @@
+package agent
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/distribution/reference"
+	"github.com/moby/buildkit/frontend/dockerfile/instructions"
+	"github.com/moby/buildkit/frontend/dockerfile/parser"
+)
+
+// undeclaredBase refuses, as a source error, a Dockerfile that builds on a
+// module of the catalogue (isModule) the ask does not supply as a base: a
+// FROM or COPY --from naming it by module name, or by its repository in
+// the ask's registry, bare or tagged latest, that is no stage of the
+// Dockerfile. The farm supplies, pinned to its digest, only the bases the
+// module's build.on lists; any other name BuildKit resolves itself — a
+// module's name on Docker Hub — and its failure would be retried as the
+// registry's for the whole --retry-for, when the fix is the manifest's.
+// A name an ARG makes without a default, a digest or another tag, or a
+// Dockerfile that does not parse (the build says why), is left alone.
+func undeclaredBase(data []byte, req BuildRequest, isModule func(string) bool) error {
+	if isModule == nil {
+		return nil
+	}
+	df, ok := parseDockerfile(data)
+	if !ok {
+		return nil
+	}
+	var registry string
+	if named, err := reference.ParseNormalizedNamed(req.Image); err == nil {
+		registry = reference.Domain(named)
+	}
+	check := func(i int, what, name string, at []parser.Range) error {
+		name = df.expand(name)
+		what += name
+		if name == "" || strings.Contains(name, "$") || strings.EqualFold(name, "scratch") {
+			return nil
+		}
+		if j, ok := df.byName[strings.ToLower(name)]; ok && j < i {
+			return nil // an earlier stage
+		}
+		if named, err := reference.ParseNormalizedNamed(name); err == nil {
+			if _, pinned := named.(reference.Digested); pinned {
+				return nil // pinned by the Dockerfile itself
+			}
+		}
+		look := lookupName(name)
+		if _, ok := baseNamed(req.Bases, look); ok {
+			return nil
+		}
+		module, ok := moduleNamed(look, registry)
+		if !ok || !isModule(module) {
+			return nil
+		}
+		var declared []string
+		for _, b := range req.Bases {
+			declared = append(declared, b.Module)
+		}
+		on := "none"
+		if len(declared) > 0 {
+			on = strings.Join(declared, ", ")
+		}
+		line := ""
+		if len(at) > 0 {
+			line = ":" + strconv.Itoa(at[0].Start.Line)
+		}
+		return classified(ErrSource, fmt.Sprintf("%s%s: %s names module %s of the catalogue, which is not among this module's bases (its build.on: %s): add %s to the build.on of %s, so that the farm builds it first and supplies it pinned to its digest",
+			dockerfileName(req), line, what, module, on, module, req.Module), nil)
+	}
+	for i, st := range df.stages {
+		if err := check(i, "FROM ", st.BaseName, st.Location); err != nil {
+			return err
+		}
+		for _, c := range st.Commands {
+			cp, ok := c.(*instructions.CopyCommand)
+			if !ok || cp.From == "" {
+				continue
+			}
+			if _, err := strconv.Atoi(cp.From); err == nil {
+				continue // a stage by its index
+			}
+			if err := check(i, "COPY --from=", cp.From, cp.Location()); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// moduleNamed is the module a FROM name (a lookupName) would be: the name
+// itself when it is one word, or the repository's when it names one of
+// the registry's top-level repositories.
+func moduleNamed(name, registry string) (string, bool) {
+	if strings.ContainsAny(name, ":@") && !strings.Contains(name, "/") {
+		return "", false // a tag other than latest, or a digest: an image
+	}
+	if !strings.Contains(name, "/") {
+		return name, name != ""
+	}
+	host, path, _ := strings.Cut(name, "/")
+	if registry == "" || host != registry || strings.ContainsAny(path, "/:@") {
+		return "", false
+	}
+	return path, true
+}
+
+// dockerfileName is req's Dockerfile as its error messages name it.
+func dockerfileName(req BuildRequest) string {
+	if req.Source.Dockerfile != "" {
+		return req.Source.Dockerfile
+	}
+	return "Dockerfile"
+}
