@@ -241,6 +241,9 @@ func (b *BuildKit) Build(ctx context.Context, req BuildRequest) (Result, error) 
 	if cacheHeld {
 		opt.CacheExports = nil
 	}
+	if mh.absent {
+		opt.CacheImports = nil // nothing there yet: the build exports the first
+	}
 
 	if req.Log != nil {
 		_, notes := b.attestAttrs(req)
@@ -297,6 +300,8 @@ type markHeld struct {
 	mark  cacheMark
 	marks bool
 	held  bool
+	// absent: the registry has no cache at the ask's Cache at all.
+	absent bool
 }
 
 // pingMark pings the daemon and, at once with the ping when the build
@@ -308,7 +313,7 @@ func (b *BuildKit) pingMark(ctx context.Context, req BuildRequest, exports bool)
 		go func() {
 			var m markHeld
 			if m.mark, m.marks = b.cacheMarkOf(ctx, req); m.marks {
-				m.held = b.cacheHeld(ctx, req, m.mark)
+				m.held, m.absent = b.cacheHeld(ctx, req, m.mark)
 			}
 			held <- m
 		}()

@@ -10,6 +10,8 @@ import (
 
 	"github.com/distribution/reference"
 	ocispecs "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/meshbuild/meshbuild/registry"
 )
 
 // # A build cache exported once per input key
@@ -100,7 +102,12 @@ func (b *BuildKit) cacheMarkOf(ctx context.Context, req BuildRequest) (cacheMark
 // manifest the cache's tag names. Any error — no cache or no note yet, a
 // registry that does not answer — is false: the cache is exported as
 // before.
-func (b *BuildKit) cacheHeld(ctx context.Context, req BuildRequest, mark cacheMark) bool {
+//
+// absent is the registry's answer that there is no cache at all (404): the
+// module's first build, or one on a new registry. There is nothing to
+// import then, and the import is left out: BuildKit would ask for it, and
+// print its "not found" among the build's output as an ERROR.
+func (b *BuildKit) cacheHeld(ctx context.Context, req BuildRequest, mark cacheMark) (held, absent bool) {
 	var note map[string]string
 	done := make(chan struct{})
 	go func() {
@@ -109,7 +116,10 @@ func (b *BuildKit) cacheHeld(ctx context.Context, req BuildRequest, mark cacheMa
 	}()
 	cache, err := b.opts.Registry.Head(ctx, req.Cache)
 	<-done
-	return err == nil && note[annotationCacheKey] == mark.key && note[annotationCacheManifest] == cache.Digest.String()
+	if err != nil {
+		return false, registry.IsNotFound(err)
+	}
+	return note[annotationCacheKey] == mark.key && note[annotationCacheManifest] == cache.Digest.String(), false
 }
 
 // markCache leaves the note on the cache manifest a solve exported (its

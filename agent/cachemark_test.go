@@ -46,7 +46,7 @@ func TestBuildCacheExportedOncePerKey(t *testing.T) {
 		}
 		return res
 	}
-	held := func(req BuildRequest) bool {
+	held := func(req BuildRequest) (held, absent bool) {
 		t.Helper()
 		mark, ok := a.cacheMarkOf(ctx, req)
 		if !ok || mark.note != host+"/keyed:buildcache-mark" || len(mark.key) != 64 {
@@ -55,12 +55,23 @@ func TestBuildCacheExportedOncePerKey(t *testing.T) {
 		return a.cacheHeld(ctx, req, mark)
 	}
 
-	if held(reqOf(one, "k1")) {
-		t.Fatal("the registry holds k1's cache before any build")
+	if h, absent := held(reqOf(one, "k1")); h || !absent {
+		t.Fatalf("before any build: held %t, absent %t; want no cache at all", h, absent)
 	}
-	first := build(a, reqOf(one, "k1"), true)
-	if !held(reqOf(one, "k1")) {
-		t.Fatal("after k1's build its cache is not marked as k1's")
+	// The first build imports nothing (there is nothing: BuildKit would
+	// print its not found as an ERROR) and exports the first cache.
+	var firstLog lines
+	firstReq := reqOf(one, "k1")
+	firstReq.Log = firstLog.add
+	first, err := a.Build(ctx, firstReq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l := firstLog.String(); strings.Contains(l, "importing cache manifest") || strings.Contains(l, "ERROR") || first.Spans.Took(SpanCacheExport) == 0 {
+		t.Errorf("the first build of a cache that is not there: want no import, no ERROR, an export\n%s", l)
+	}
+	if h, absent := held(reqOf(one, "k1")); !h || absent {
+		t.Fatalf("after k1's build: held %t, absent %t; want its cache marked as k1's", h, absent)
 	}
 	// Another daemon, the same key: every step from the imported cache,
 	// nothing to export.
@@ -70,7 +81,7 @@ func TestBuildCacheExportedOncePerKey(t *testing.T) {
 	}
 	// Another key's build exports over it; k1 then exports again.
 	build(b, reqOf(two, "k2"), true)
-	if held(reqOf(one, "k1")) {
+	if h, _ := held(reqOf(one, "k1")); h {
 		t.Error("k1's cache still marked held after k2's build exported over it")
 	}
 	// The same image built again on a: its size is the one read the
