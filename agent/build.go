@@ -415,10 +415,7 @@ type buildFiles struct {
 // dockerfileOf finds req's Dockerfile (default "Dockerfile") in its
 // context: a Dockerfile outside the context or missing is ErrSource.
 func dockerfileOf(req BuildRequest) (buildFiles, error) {
-	df := req.Source.Dockerfile
-	if df == "" {
-		df = "Dockerfile"
-	}
+	df := dockerfileName(req)
 	rel, ok := relPath(filepath.ToSlash(df))
 	if !ok || rel == "" {
 		return buildFiles{}, classified(ErrSource, fmt.Sprintf("Dockerfile %q is not a file in the build context", df), nil)

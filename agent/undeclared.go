@@ -106,7 +106,8 @@ func moduleNamed(name, registry string) (string, bool) {
 	return path, true
 }
 
-// dockerfileName is req's Dockerfile as its error messages name it.
+// dockerfileName is req's Dockerfile, relative to its build context:
+// "Dockerfile" unless the ask names another.
 func dockerfileName(req BuildRequest) string {
 	if req.Source.Dockerfile != "" {
 		return req.Source.Dockerfile

@@ -43,6 +43,26 @@ func startController(t *testing.T, ctx context.Context, opts daemon.ControllerOp
 	}
 }
 
+// registryFarm starts the controller of the catalogue in catDir on s,
+// pushing to the registry reg, and returns once it is ready, with the
+// context it and daemons more (the test's agents, each its end said on
+// errs) run under; cleanup cancels it and waits for all of them.
+func registryFarm(t *testing.T, s *server.Server, catDir, reg string, daemons int) (context.Context, chan<- error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	errs := make(chan error, 1+daemons)
+	t.Cleanup(func() {
+		cancel()
+		for range 1 + daemons {
+			<-errs
+		}
+	})
+	copts := registryController(s, catDir, reg)
+	copts.Log = testenv.Log(t, "controller")
+	startController(t, ctx, copts, errs)
+	return ctx, errs
+}
+
 // runFleetController starts a server and the example fleet's controller on
 // it (fleetController) with a context that ends with the test; stop ends
 // it before and returns what its run returned.

@@ -14,7 +14,6 @@ import (
 	"github.com/meshbuild/meshbuild/agent"
 	"github.com/meshbuild/meshbuild/cascade"
 	"github.com/meshbuild/meshbuild/cmd/internal/cli"
-	"github.com/meshbuild/meshbuild/cmd/internal/daemon"
 	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/registry"
@@ -43,23 +42,7 @@ func newBackFarm(t *testing.T, reg string, tweak func(*agent.Config), machines .
 	})
 	commit := testenv.Commit(t, gitDir, map[string]string{"app/VERSION": "2\n"})
 
-	ctx, cancel := context.WithCancel(context.Background())
-	errs := make(chan error, 1+len(machines))
-	t.Cleanup(func() {
-		cancel()
-		for range 1 + len(machines) {
-			<-errs
-		}
-	})
-	ready := make(chan struct{})
-	copts := registryController(s, catDir, reg)
-	copts.Ready, copts.Log = ready, testenv.Log(t, "controller")
-	go func() { errs <- daemon.RunController(ctx, copts) }()
-	select {
-	case <-ready:
-	case <-time.After(30 * time.Second):
-		t.Fatal("controller not ready in 30s")
-	}
+	ctx, errs := registryFarm(t, s, catDir, reg, len(machines))
 	for _, m := range machines {
 		cfg := agent.DefaultConfig()
 		cfg.Machine, cfg.FetchWait = m, 500*time.Millisecond

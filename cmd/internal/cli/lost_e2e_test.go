@@ -2,7 +2,6 @@ package cli_test
 
 import (
 	"bytes"
-	"context"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -13,7 +12,6 @@ import (
 	"github.com/meshbuild/meshbuild/agent"
 	"github.com/meshbuild/meshbuild/cascade"
 	"github.com/meshbuild/meshbuild/cmd/internal/cli"
-	"github.com/meshbuild/meshbuild/cmd/internal/daemon"
 	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/registry/registrytest"
@@ -59,23 +57,7 @@ func TestAMachineKilledMidBuildIsShownLostInShowLogsAndMachines(t *testing.T) {
 	})
 	commit := testenv.Commit(t, gitDir, map[string]string{"app/VERSION": "2\n"})
 
-	ctx, cancel := context.WithCancel(context.Background())
-	errs := make(chan error, 2)
-	t.Cleanup(func() {
-		cancel()
-		for range 2 {
-			<-errs
-		}
-	})
-	ready := make(chan struct{})
-	copts := registryController(s, catDir, reg)
-	copts.Ready, copts.Log = ready, testenv.Log(t, "controller")
-	go func() { errs <- daemon.RunController(ctx, copts) }()
-	select {
-	case <-ready:
-	case <-time.After(30 * time.Second):
-		t.Fatal("controller not ready in 30s")
-	}
+	ctx, errs := registryFarm(t, s, catDir, reg, 1)
 	f := &backFarm{t: t, ctx: ctx, url: s.ClientURL(), commit: commit}
 
 	// m1: build-agent, a process of its own.

@@ -1,7 +1,6 @@
 package cli_test
 
 import (
-	"context"
 	"strings"
 	"testing"
 	"time"
@@ -36,23 +35,7 @@ func TestAFromOfAModuleNotInBuildOnFailsAtOnceAsASourceError(t *testing.T) {
 	})
 	commit := testenv.Commit(t, gitDir, map[string]string{"app/VERSION": "2\n", "lib/VERSION": "2\n"})
 
-	ctx, cancel := context.WithCancel(context.Background())
-	errs := make(chan error, 2)
-	t.Cleanup(func() {
-		cancel()
-		for range 2 {
-			<-errs
-		}
-	})
-	ready := make(chan struct{})
-	copts := registryController(s, catDir, reg)
-	copts.Ready, copts.Log = ready, testenv.Log(t, "controller")
-	go func() { errs <- daemon.RunController(ctx, copts) }()
-	select {
-	case <-ready:
-	case <-time.After(30 * time.Second):
-		t.Fatal("controller not ready in 30s")
-	}
+	ctx, errs := registryFarm(t, s, catDir, reg, 1)
 	cfg := agent.DefaultConfig()
 	cfg.Machine, cfg.FetchWait = "m1", 500*time.Millisecond
 	opts := daemon.AgentOptions{NATS: s.ClientURL(), Agent: cfg, BuildKit: bk, Catalogue: catDir,

@@ -175,6 +175,11 @@ func printLogs(ctx context.Context, js jetstream.JetStream, m cascade.ModuleStat
 	}
 	inFlight := func(m cascade.ModuleStatus) bool { return m.State == cascade.Building || m.State == cascade.Queued }
 	finished := !inFlight(m)
+	recheck := func() error { // whether the module is still in flight, now
+		cur, err := now(ctx)
+		finished = err == nil && !inFlight(cur)
+		return err
+	}
 	var from string // the machine of the last batch printed
 	ended := false  // whether its attempt's output ended (a final batch)
 	for {
@@ -192,11 +197,9 @@ func printLogs(ctx context.Context, js jetstream.JetStream, m cascade.ModuleStat
 			// Quiet: the module may have finished with no output to end
 			// (a cancel, a machine gone for good); then what is left is
 			// read and it ends.
-			cur, err := now(ctx)
-			if err != nil {
+			if err := recheck(); err != nil {
 				return err
 			}
-			finished = !inFlight(cur)
 			continue
 		}
 		if err != nil {
@@ -225,11 +228,9 @@ func printLogs(ctx context.Context, js jetstream.JetStream, m cascade.ModuleStat
 		if batch.Final && follow && !finished {
 			// The end of an attempt: of the module's last one once it is
 			// no longer in flight (a later attempt's output follows).
-			cur, err := now(ctx)
-			if err != nil {
+			if err := recheck(); err != nil {
 				return err
 			}
-			finished = !inFlight(cur)
 		}
 	}
 }

@@ -45,13 +45,28 @@ func (r *restartable) stop() { r.s.Shutdown(); r.s.WaitForShutdown() }
 
 func (r *restartable) start() { r.s = natstest.Server(r.t, &r.opts) }
 
+// raisedRestartable is a restartable server with the mesh's own catalogue
+// raised on it, and a connection to it.
+func raisedRestartable(t *testing.T) (*restartable, jetstream.JetStream) {
+	t.Helper()
+	srv := newRestartable(t)
+	_, js := natstest.Connect(t, srv.s)
+	if _, err := mesh.Raise(context.Background(), js, meshtest.Catalogue(t, nil), 1); err != nil {
+		t.Fatal(err)
+	}
+	return srv, js
+}
+
 // startAgent runs build-agent (RunAgent) with opts as machine, with the
-// agent's default config and a workspace of its own, until ctx ends; the
-// channel says how it ended.
-func startAgent(t *testing.T, ctx context.Context, machine string, opts AgentOptions) <-chan error {
+// agent's default config (changed by tweaks) and a workspace of its own,
+// until ctx ends; the channel says how it ended.
+func startAgent(t *testing.T, ctx context.Context, machine string, opts AgentOptions, tweaks ...func(*agent.Config)) <-chan error {
 	t.Helper()
 	opts.Agent = agent.DefaultConfig()
 	opts.Agent.Machine = machine
+	for _, tweak := range tweaks {
+		tweak(&opts.Agent)
+	}
 	opts.Workspace = t.TempDir()
 	done := make(chan error, 1)
 	go func() { done <- RunAgent(ctx, opts) }()
@@ -92,11 +107,7 @@ func holder(t *testing.T, r *restartable, seat string, scope claim.Scope) (claim
 // error, and build-agent exited 1.
 func TestAStandaloneAgentRidesOutABusOutageLongerThanItsLease(t *testing.T) {
 	bk := testenv.Buildkitd(t)
-	srv := newRestartable(t)
-	_, js := natstest.Connect(t, srv.s)
-	if _, err := mesh.Raise(context.Background(), js, meshtest.Catalogue(t, nil), 1); err != nil {
-		t.Fatal(err)
-	}
+	srv, _ := raisedRestartable(t)
 	var log testenv.Buffer
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -122,7 +133,7 @@ func TestAStandaloneAgentRidesOutABusOutageLongerThanItsLease(t *testing.T) {
 		rec, ok := holder(t, srv, mesh.BuildSeat, claim.Node("m1"))
 		return ok && rec.Token != before.Token && rec.Holder == before.Holder
 	})
-	_, js = natstest.Connect(t, srv.s)
+	_, js := natstest.Connect(t, srv.s)
 	testenv.WaitFor(t, 30*time.Second, "the agent to pull again", func() bool {
 		c, err := js.Consumer(context.Background(), mesh.SeatStream(mesh.BuildSeat), mesh.BuildConsumer(mesh.DefaultPlatform))
 		if err != nil {
@@ -300,23 +311,15 @@ func TestABuildInHandGoesOnThroughABusOutageLongerThanTheSeatsLease(t *testing.T
 	gitDir, commit := testenv.GitRepo(t, map[string]string{
 		"app/Dockerfile": "FROM " + busybox + "\nRUN echo begun && sleep 9 && echo ended\n",
 	})
-	srv := newRestartable(t)
-	_, js := natstest.Connect(t, srv.s)
-	if _, err := mesh.Raise(context.Background(), js, meshtest.Catalogue(t, nil), 1); err != nil {
-		t.Fatal(err)
-	}
+	srv, js := raisedRestartable(t)
 	var log testenv.Buffer
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	opts := AgentOptions{NATS: srv.s.ClientURL(), BuildKit: bk, RegistryClient: registry.NewClient(registry.WithInsecure(true)),
-		InsteadOf: map[string]string{repo: gitDir}, Lease: 2 * time.Second, Log: slog.New(slog.NewTextHandler(&log, nil)),
-		Workspace: t.TempDir()}
-	opts.Agent = agent.DefaultConfig()
-	// A grace far shorter than the outage and the build: the build may not
-	// be stopped by it.
-	opts.Agent.Machine, opts.Agent.Grace = "m1", time.Second
-	done := make(chan error, 1)
-	go func() { done <- RunAgent(ctx, opts) }()
+	done := startAgent(t, ctx, "m1", AgentOptions{NATS: srv.s.ClientURL(), BuildKit: bk, RegistryClient: registry.NewClient(registry.WithInsecure(true)),
+		InsteadOf: map[string]string{repo: gitDir}, Lease: 2 * time.Second, Log: slog.New(slog.NewTextHandler(&log, nil))},
+		// A grace far shorter than the outage and the build: the build
+		// may not be stopped by it.
+		func(c *agent.Config) { c.Grace = time.Second })
 	testenv.WaitFor(t, 30*time.Second, "the agent to claim m1", func() bool {
 		_, ok := holder(t, srv, mesh.BuildSeat, claim.Node("m1"))
 		return ok
