@@ -99,6 +99,9 @@ type Controller struct {
 	// asks is the build seat's ask claims bucket the fence reads; nil
 	// until Run opens it.
 	asks jetstream.KeyValue
+	// seatClaims is the mesh's bucket of seat claims, which an ask claim
+	// is bound to (claim.Bound); nil when it cannot be opened.
+	seatClaims jetstream.KeyValue
 	// attempts is the latest attempt of each ask whose start was applied:
 	// an outcome of an older one is refused (the fence).
 	attempts map[string]int
@@ -300,6 +303,10 @@ func (c *Controller) start(ctx context.Context) (*runInputs, error) {
 		// seat has no outcomes to fence.
 		c.log.Warn("no ask claims bucket: every outcome of the build seat is refused", "err", err)
 		c.asks = nil
+	}
+	if c.seatClaims, err = c.js.KeyValue(ctx, mesh.ClaimsBucket()); err != nil {
+		c.log.Warn("no seat claims bucket: an ask claim is judged on its own lease", "err", err)
+		c.seatClaims = nil
 	}
 	if err := c.resume(ctx); err != nil {
 		return nil, err

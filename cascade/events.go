@@ -75,6 +75,9 @@ func (c *Controller) event(ctx context.Context, m jetstream.Msg, verdicts map[je
 	if !checked {
 		v = c.check(ctx, m)
 	}
+	if v == nil {
+		v = c.taken(ctx, m, event)
+	}
 	switch {
 	case v != nil && v.retry:
 		c.log.Warn("cannot check an event yet; looking again shortly", "subject", m.Subject(), "err", v.err)

@@ -32,7 +32,13 @@ import (
 //   - for the ask's current attempt: none older than an attempt whose start
 //     the controller has seen;
 //   - and, for built, once its digest resolves in the registry, in the
-//     module's own repository, as an image manifest or index.
+//     module's own repository, as an image manifest or index;
+//   - and, for an ask the controller saw start on another machine, once
+//     that machine has let the ask go (taken): its claim lapsed, was
+//     handed back, or is void because its seat claim lapsed. A claim of
+//     the machine's own is not enough: every machine may write its own
+//     claim of any ask, and one that did so while another built the ask
+//     would otherwise take it over in flight, with a digest of its choice.
 //
 // Anything else is refused: counted by reason, logged with the machine and
 // the reason, and it changes nothing — no plan, input key, current image
@@ -51,11 +57,12 @@ const (
 	RefusedUnresolved = "unresolved" // a built digest the registry does not hold
 	RefusedNotImage   = "not-image"  // a built digest that is not an image manifest or index
 	RefusedMalformed  = "malformed"  // an event that cannot be read
+	RefusedHeld       = "held"       // an ask another machine still holds: the one the controller saw start it
 )
 
 // RefusedReasons are every reason, for metrics to pre-initialise.
 var RefusedReasons = []string{RefusedSubject, RefusedSpeaker, RefusedUnclaimed, RefusedAttempt, RefusedStale,
-	RefusedOutcome, RefusedUnresolved, RefusedNotImage, RefusedMalformed}
+	RefusedOutcome, RefusedUnresolved, RefusedNotImage, RefusedMalformed, RefusedHeld}
 
 // RefusedObserver is told of every event the controller refuses, by
 // reason. An Observer that implements it is told.
@@ -118,8 +125,8 @@ const fenceParallel = 32
 // the machine it claims to be on, its attempt, and for built its module
 // and digest.
 type outcomeOf struct {
-	event, ask, on, module, digest string
-	attempt                        int
+	event, plan, ask, on, module, digest string
+	attempt                              int
 }
 
 // fence checks the outcomes in a batch at once (in parallel: each takes a
@@ -202,24 +209,79 @@ func (c *Controller) check(ctx context.Context, m jetstream.Msg) *verdict {
 	return nil
 }
 
+// taken is the fence's look at an outcome of an ask the plan saw start on
+// another machine (State.HolderOf), made in order as the batch is applied,
+// with the plan as its earlier events left it. It counts only once that
+// machine has let the ask go: its claim lapsed (the server removed it),
+// was released (handed back), or is void (its seat claim lapsed: it is no
+// longer bound). A claim that machine settled counts against every other
+// outcome but one: the same outcome (for built, the same digest) announced
+// again by the machine that adopted it (the agent's adopt: the holder died
+// between recording its outcome and announcing it). While the other
+// machine holds the ask the event is looked at again on its next
+// deliveries (a replica may lag the lapse a moment), then refused.
+func (c *Controller) taken(ctx context.Context, m jetstream.Msg, event string) *verdict {
+	o, err := readOutcome(event, m.Data())
+	if err != nil || c.asks == nil {
+		return nil // the fence has looked already
+	}
+	st := c.plans[o.plan]
+	if st == nil {
+		return nil
+	}
+	holder := st.HolderOf(o.plan, o.module, o.ask)
+	if holder == "" || holder == o.on {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, fenceTimeout)
+	defer cancel()
+	rec, ok, err := claim.ReadAsk(ctx, c.js, c.asks, o.ask, holder)
+	switch {
+	case err != nil:
+		return &verdict{retry: true, err: fmt.Errorf("reading the claim of ask %s on %s: %w", o.ask, holder, err)}
+	case !ok || rec.Released != "":
+		return nil // it lapsed, or was handed back
+	case rec.Outcome != "":
+		if rec.Outcome == event && (event != mesh.EventBuilt || recordedDigest(rec) == o.digest) {
+			return nil // its own outcome, adopted
+		}
+		return &verdict{reason: RefusedHeld, err: fmt.Errorf("ask %s was started on %s, which settled it as %s; %s says %s", o.ask, holder, rec.Outcome, o.on, event)}
+	case !claim.Bound(ctx, c.seatClaims, mesh.BuildSeat, rec):
+		return nil // its machine's seat lapsed: the claim is void
+	}
+	if md, err := m.Metadata(); err == nil && md.NumDelivered < fenceLooks {
+		return &verdict{retry: true, err: fmt.Errorf("ask %s was started on %s, which still holds it; %s says %s", o.ask, holder, o.on, event)}
+	}
+	return &verdict{reason: RefusedHeld, err: fmt.Errorf("ask %s was started on %s, which still holds it; %s says %s", o.ask, holder, o.on, event)}
+}
+
+// recordedDigest is the digest of the built event a settled claim records.
+func recordedDigest(rec claim.AskRecord) string {
+	ev, err := mesh.DecodeEvent[mesh.Built](rec.Event)
+	if err != nil {
+		return ""
+	}
+	return ev.Digest
+}
+
 // readOutcome reads what the fence checks of an outcome event.
 func readOutcome(event string, data []byte) (outcomeOf, error) {
 	switch event {
 	case mesh.EventStarted:
 		ev, err := mesh.DecodeEvent[mesh.Started](data)
-		return outcomeOf{event: event, ask: ev.Ask, on: ev.On, module: ev.Module, attempt: ev.Attempt}, err
+		return outcomeOf{event: event, plan: ev.Plan, ask: ev.Ask, on: ev.On, module: ev.Module, attempt: ev.Attempt}, err
 	case mesh.EventBuilt:
 		ev, err := mesh.DecodeEvent[mesh.Built](data)
 		if err == nil && !strings.HasPrefix(ev.Digest, "sha256:") {
 			err = fmt.Errorf("%w: built digest %q", mesh.ErrMalformedEvent, ev.Digest)
 		}
-		return outcomeOf{event: event, ask: ev.Ask, on: ev.On, module: ev.Module, digest: ev.Digest, attempt: ev.Attempt}, err
+		return outcomeOf{event: event, plan: ev.Plan, ask: ev.Ask, on: ev.On, module: ev.Module, digest: ev.Digest, attempt: ev.Attempt}, err
 	case mesh.EventFailed:
 		ev, err := mesh.DecodeEvent[mesh.Failed](data)
-		return outcomeOf{event: event, ask: ev.Ask, on: ev.On, module: ev.Module, attempt: ev.Attempt}, err
+		return outcomeOf{event: event, plan: ev.Plan, ask: ev.Ask, on: ev.On, module: ev.Module, attempt: ev.Attempt}, err
 	case mesh.EventHandedBack:
 		ev, err := mesh.DecodeEvent[mesh.HandedBack](data)
-		return outcomeOf{event: event, ask: ev.Ask, on: ev.On, module: ev.Module, attempt: ev.Attempt}, err
+		return outcomeOf{event: event, plan: ev.Plan, ask: ev.Ask, on: ev.On, module: ev.Module, attempt: ev.Attempt}, err
 	}
 	return outcomeOf{}, fmt.Errorf("%w: the build seat has no event %q", mesh.ErrMalformedEvent, event)
 }

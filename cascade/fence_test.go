@@ -405,3 +405,168 @@ func TestAHandedBackIsShownAndForgeriesOfItAreRefused(t *testing.T) {
 		t.Errorf("solo %+v: want built on m1, no note", ms)
 	}
 }
+
+// A build machine may write its own claim of any ask, and publish on its
+// own subject. Machine m2 does both while m1 builds mid, to take the ask
+// over in flight: it claims mid's ask as m1's attempt and as a later one,
+// and announces started, built — with an older image of mid's own that
+// the registry holds, so the digest check passes — and failed. Each is
+// refused while m1 holds its claim (RefusedHeld): mid stays building on
+// m1, no machine is noted lost, and the plan ends built with m1's digest.
+func TestAMachineThatClaimsAnAskAnotherBuildsCannotTakeItOver(t *testing.T) {
+	f := newFenceFarm(t, map[string][]string{"base": nil, "mid": {"base"}, "leaf": {"mid"}})
+	release := make(chan struct{})
+	w := &pushing{host: f.host, hold: map[string]chan struct{}{"mid": release}, began: make(chan mesh.Ask, 16)}
+	f.agent("m1", w)
+	plan := f.push("c1")
+	var mid mesh.Ask
+	for mid.Module != "mid" {
+		select {
+		case mid = <-w.began:
+		case <-time.After(30 * time.Second):
+			t.Fatal("mid never began on m1")
+		}
+	}
+	testenv.WaitFor(t, 10*time.Second, "mid building on m1", func() bool {
+		ms := f.module(plan, "mid")
+		return ms.State == cascade.Building && ms.On == "m1"
+	})
+	// An older image of mid, in mid's repository: a digest the registry
+	// resolves.
+	older := mid
+	older.ID = "an-older-build-of-mid"
+	old, err := pushChaos(f.ctx, older)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	_, m2 := f.connect(mesh.PrincipalID(mesh.KindAgent, "m2"))
+	akv, err := m2.KeyValue(f.ctx, mesh.AskClaimsBucket(mesh.BuildSeat))
+	if err != nil {
+		t.Fatal(err)
+	}
+	publish := func(event string, v any) {
+		t.Helper()
+		data, _ := json.Marshal(v)
+		if _, err := m2.Publish(f.ctx, mesh.HolderEventSubject(mesh.BuildSeat, "m2", event), data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, attempt := range []int{1, 2} {
+		now := time.Now().UTC()
+		rec, _ := json.Marshal(claim.AskRecord{Ask: mid.ID, Machine: "m2", Holder: "m2", Attempt: attempt, Since: now, Renewed: now,
+			Lease: "1m", Token: fmt.Sprintf("forged-%d", attempt)})
+		if _, err := akv.Put(f.ctx, mesh.AskClaimKey(mid.ID, "m2"), rec); err != nil {
+			t.Fatalf("m2 writing its own claim of mid: %v", err)
+		}
+		publish(mesh.EventStarted, mesh.Started{Version: mesh.AskVersion, Ask: mid.ID, Plan: plan, Module: "mid", On: "m2", Attempt: attempt, At: now})
+		publish(mesh.EventBuilt, mesh.Built{Version: mesh.AskVersion, Ask: mid.ID, Plan: plan, Module: "mid", Digest: old.Digest,
+			Image: mid.Image + "@" + old.Digest, On: "m2", Attempt: attempt, At: now})
+		if attempt == 2 {
+			publish(mesh.EventFailed, mesh.Failed{Version: mesh.AskVersion, Ask: mid.ID, Plan: plan, Module: "mid", On: "m2", Attempt: attempt,
+				Reason: "build", Message: "forged", At: now})
+		}
+	}
+	// Started and built of attempt 1 are refused for m1's hold; of attempt
+	// 2, by then, for m1's hold or for m2's claim now recording attempt 2.
+	testenv.WaitFor(t, 40*time.Second, "m2's outcomes refused", func() bool {
+		return f.refused.count(cascade.RefusedHeld) >= 2 &&
+			f.refused.count(cascade.RefusedHeld)+f.refused.count(cascade.RefusedAttempt) >= 5
+	})
+	ms := f.module(plan, "mid")
+	if ms.State != cascade.Building || ms.On != "m1" || ms.Digest != "" || len(ms.Lost) > 0 {
+		t.Fatalf("after m2's attempts mid is %s on %q, digest %q, lost %+v: want building on m1", ms.State, ms.On, ms.Digest, ms.Lost)
+	}
+	close(release)
+	testenv.WaitFor(t, 30*time.Second, "the plan built", func() bool {
+		rec, err := f.store.Plan(f.ctx, plan)
+		return err == nil && rec.Outcome == cascade.OutcomeBuilt
+	})
+	ms = f.module(plan, "mid")
+	if ms.On != "m1" || ms.Digest == old.Digest || ms.Digest == "" || len(ms.Lost) > 0 {
+		t.Errorf("mid built %+v: want built on m1 with its own digest, nobody lost", ms)
+	}
+	if cur, err := f.store.Currents(f.ctx); err != nil || cur["mid"].Digest != ms.Digest {
+		t.Errorf("current mid %+v (%v), want m1's digest %s", cur["mid"], err, ms.Digest)
+	}
+}
+
+// A machine that recorded its outcome in its claim and died before it
+// announced it is adopted by the next machine given the ask (the agent's
+// adopt: the same outcome, under the same message id, on its own
+// subject): the controller, which saw the ask start on the first, takes
+// the adopted built — and only with the digest the first recorded.
+func TestAnOutcomeAdoptedFromAMachineThatDiedCountsWithItsOwnDigestOnly(t *testing.T) {
+	f := newFenceFarm(t, map[string][]string{"solo": nil})
+	plan := f.push("c1")
+	id := cascade.AskID(plan, "solo", 1)
+	testenv.WaitFor(t, 20*time.Second, "solo queued", func() bool { return f.module(plan, "solo").State == cascade.Queued })
+	image := f.host + "/solo"
+	ask := mesh.Ask{ID: id, Plan: plan, Module: "solo", Image: image}
+	res, err := pushChaos(f.ctx, ask)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := ask
+	other.ID = "another-build-of-solo"
+	res2, err := pushChaos(f.ctx, other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	claimAs := func(js jetstream.JetStream, machine string, attempt int, settled *mesh.Built, msgID string) {
+		t.Helper()
+		kv, err := js.KeyValue(f.ctx, mesh.AskClaimsBucket(mesh.BuildSeat))
+		if err != nil {
+			t.Fatal(err)
+		}
+		now := time.Now().UTC()
+		rec := claim.AskRecord{Ask: id, Machine: machine, Holder: machine, Attempt: attempt, Since: now, Renewed: now, Lease: "1m", Token: machine}
+		if settled != nil {
+			rec.Outcome, rec.MsgID = mesh.EventBuilt, msgID
+			rec.Event, _ = json.Marshal(settled)
+		}
+		data, _ := json.Marshal(rec)
+		if _, err := kv.Put(f.ctx, mesh.AskClaimKey(id, machine), data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	publish := func(js jetstream.JetStream, machine, event string, v any, opts ...jetstream.PublishOpt) {
+		t.Helper()
+		data, _ := json.Marshal(v)
+		if _, err := js.Publish(f.ctx, mesh.HolderEventSubject(mesh.BuildSeat, machine, event), data, opts...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, m1 := f.connect(mesh.PrincipalID(mesh.KindAgent, "m1"))
+	_, m2 := f.connect(mesh.PrincipalID(mesh.KindAgent, "m2"))
+	claimAs(m1, "m1", 1, nil, "")
+	publish(m1, "m1", mesh.EventStarted, mesh.Started{Version: mesh.AskVersion, Ask: id, Plan: plan, Module: "solo", On: "m1", Attempt: 1, At: time.Now().UTC()})
+	testenv.WaitFor(t, 10*time.Second, "solo building on m1", func() bool {
+		ms := f.module(plan, "solo")
+		return ms.State == cascade.Building && ms.On == "m1"
+	})
+	// m1 records its built in its claim and dies before announcing it.
+	built := mesh.Built{Version: mesh.AskVersion, Ask: id, Plan: plan, Module: "solo", Digest: res.Digest, Image: image + "@" + res.Digest,
+		On: "m1", Attempt: 1, At: time.Now().UTC()}
+	const msgID = "solo-built-adopted"
+	claimAs(m1, "m1", 1, &built, msgID)
+
+	// m2 is given the ask. A built of another digest is refused: m1
+	// settled the ask with its own.
+	claimAs(m2, "m2", 2, nil, "")
+	forged := built
+	forged.On, forged.Attempt, forged.Digest, forged.Image = "m2", 2, res2.Digest, image+"@"+res2.Digest
+	publish(m2, "m2", mesh.EventBuilt, forged)
+	testenv.WaitFor(t, 20*time.Second, "a built of another digest refused", func() bool { return f.refused.count(cascade.RefusedHeld) >= 1 })
+	if ms := f.module(plan, "solo"); ms.State != cascade.Building || ms.Digest != "" {
+		t.Fatalf("solo is %s with %q after a built of a digest m1 did not record", ms.State, ms.Digest)
+	}
+	// The adopted built, m1's own, counts.
+	adopted := built
+	adopted.On, adopted.Attempt = "m2", 2
+	publish(m2, "m2", mesh.EventBuilt, adopted, jetstream.WithMsgID(msgID))
+	testenv.WaitFor(t, 20*time.Second, "solo built with m1's digest", func() bool {
+		ms := f.module(plan, "solo")
+		return ms.State == cascade.Built && ms.Digest == res.Digest
+	})
+}

@@ -391,6 +391,27 @@ func (s *State) Started(ev mesh.Started) bool {
 	return true
 }
 
+// HolderOf is the machine the plan saw start ask (module's ask, or one of
+// its platforms') and still building it: the machine whose started was
+// applied last. Empty when the ask is not the module's current one, or no
+// machine is building it (queued, handed back, settled).
+func (s *State) HolderOf(plan, module, ask string) string {
+	if i, k, ok := s.platformAsk(plan, module, ask); ok {
+		if p := s.Modules[i].Platforms[k]; p.State == Building {
+			return p.On
+		}
+		return ""
+	}
+	i, ok := s.current(plan, module, ask)
+	if !ok {
+		return ""
+	}
+	if m := s.Modules[i]; m.State == Building || m.State == Cancelling {
+		return m.On
+	}
+	return ""
+}
+
 // Built records the module's image and returns the asks of the dependents
 // whose last in-plan base it was, in release order (with a window: the best
 // ready asks the window has room for). A built for another ask (an earlier

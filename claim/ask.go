@@ -200,10 +200,20 @@ func (a *Asks) Look(ctx context.Context, ask string, mine func(AskRecord) bool) 
 // bound reports whether a held claim's machine still holds the seat claim
 // it is bound to. A claim bound to nothing is judged on its own lease.
 func (a *Asks) bound(ctx context.Context, rec AskRecord) bool {
-	if rec.Seat == "" || a.claims == nil {
+	return Bound(ctx, a.claims, a.seat, rec)
+}
+
+// Bound reports whether rec, a machine's claim of an ask of seat, is bound
+// to the seat claim its machine holds now in claims (the mesh's bucket of
+// seat claims, ClaimsBucket): false once that seat claim lapsed, was
+// released or is another's — the ask claim is then void, even inside its
+// own lease. A claim bound to nothing (or claims nil) is judged on its own
+// lease, and so is one whose seat claim cannot be read.
+func Bound(ctx context.Context, claims jetstream.KeyValue, seat string, rec AskRecord) bool {
+	if rec.Seat == "" || claims == nil {
 		return true
 	}
-	cur, err := read(ctx, a.claims, mesh.ClaimKey(a.seat, rec.Machine))
+	cur, err := read(ctx, claims, mesh.ClaimKey(seat, rec.Machine))
 	switch {
 	case errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted):
 		return false // the machine's seat lapsed or was released
