@@ -87,7 +87,9 @@ func (a *Agent) adopt(ctx context.Context, ask mesh.Ask, attempt int, c *hold) (
 		return outcome{}, false
 	}
 	if rec.Machine != a.cfg.Machine {
-		body["on"], body["attempt"] = a.cfg.Machine, attempt
+		// Announced by this machine, with its own proof of delivery
+		// (the recorded one is the first holder's).
+		body["on"], body["attempt"], body["proof"] = a.cfg.Machine, attempt, a.proof(ask)
 		l, err := a.claims.Claim(ctx, ask.ID, attempt, rec.InfraSince)
 		if err != nil {
 			return handedBack(0, a.cfg.RetryDelay, err), true
@@ -106,6 +108,10 @@ func (a *Agent) adopt(ctx context.Context, ask mesh.Ask, attempt int, c *hold) (
 	}
 	return out, true
 }
+
+// proof is what this machine's outcomes of ask carry to show it was
+// delivered the ask (mesh.AskProof).
+func (a *Agent) proof(ask mesh.Ask) string { return mesh.AskProof(ask.Secret, ask.ID, a.cfg.Machine) }
 
 // attemptOf is the ask's delivery count: 1 the first time.
 func attemptOf(msg jetstream.Msg) int {
@@ -145,7 +151,7 @@ func (a *Agent) work(ctx context.Context, msg jetstream.Msg, ask mesh.Ask, attem
 	begun := time.Now()
 	_ = a.report(ctx, mesh.EventStarted, fmt.Sprintf("%s-started-%d", ask.ID, attempt), mesh.Started{
 		Version: mesh.AskVersion, Ask: ask.ID, Plan: ask.Plan, Module: ask.Module,
-		On: a.cfg.Machine, Attempt: attempt, At: begun.UTC(),
+		On: a.cfg.Machine, Attempt: attempt, At: begun.UTC(), Proof: a.proof(ask),
 	})
 
 	held, release := c.context(ctx)
@@ -239,7 +245,7 @@ func (a *Agent) pass(ask mesh.Ask, attempt int, c *hold, why string, took time.D
 // due again at next (zero: at once).
 func (a *Agent) handedBackNote(ask mesh.Ask, attempt int, why string, infraSince, next time.Time, sick bool) *mesh.HandedBack {
 	hb := &mesh.HandedBack{Version: mesh.AskVersion, Ask: ask.ID, Plan: ask.Plan, Module: ask.Module, On: a.cfg.Machine,
-		Attempt: attempt, Why: why, Sick: sick, At: time.Now().UTC()}
+		Attempt: attempt, Why: why, Sick: sick, At: time.Now().UTC(), Proof: a.proof(ask)}
 	if !infraSince.IsZero() {
 		hb.InfraSince = infraSince.UTC()
 	}

@@ -127,7 +127,7 @@ func (a *Agent) built(ask mesh.Ask, attempt int, res Result, took time.Duration)
 			Version: mesh.AskVersion, Ask: ask.ID, Plan: ask.Plan, Module: ask.Module,
 			Commit: commit, Digest: res.Digest, Image: res.Ref, On: a.cfg.Machine, Attempt: attempt,
 			Duration: took, Bytes: res.Bytes, CacheHits: res.CacheHits, Steps: res.Steps, At: at,
-			Attestations: res.Attestations,
+			Attestations: res.Attestations, Proof: a.proof(ask),
 		},
 		how: ack, record: rec,
 	}
@@ -147,7 +147,7 @@ func (a *Agent) failed(ask mesh.Ask, attempt int, reason, dedupe string, took ti
 		event: mesh.EventFailed, id: dedupe,
 		body: mesh.Failed{
 			Version: mesh.AskVersion, Ask: ask.ID, Plan: ask.Plan, Module: ask.Module, On: a.cfg.Machine,
-			Reason: reason, Message: oneLine(err), Log: log, Attempt: attempt, At: at,
+			Reason: reason, Message: oneLine(err), Log: log, Attempt: attempt, At: at, Proof: a.proof(ask),
 		},
 		how: term, err: err, record: rec,
 	}

@@ -102,6 +102,8 @@ type Controller struct {
 	// seatClaims is the mesh's bucket of seat claims, which an ask claim
 	// is bound to (claim.Bound); nil when it cannot be opened.
 	seatClaims jetstream.KeyValue
+	// askKey derives every ask's secret (askSecret); set by Run.
+	askKey []byte
 	// attempts is the latest attempt of each ask whose start was applied:
 	// an outcome of an older one is refused (the fence).
 	attempts map[string]int
@@ -296,6 +298,9 @@ func (c *Controller) start(ctx context.Context) (*runInputs, error) {
 	}
 	c.logRaise(r)
 	if c.store, err = OpenStore(ctx, c.js, c.module); err != nil {
+		return nil, err
+	}
+	if c.askKey, err = c.store.AskKey(ctx); err != nil {
 		return nil, err
 	}
 	if c.asks, err = c.js.KeyValue(ctx, mesh.AskClaimsBucket(mesh.BuildSeat)); err != nil {

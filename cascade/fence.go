@@ -2,6 +2,9 @@ package cascade
 
 import (
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/http"
@@ -22,6 +25,11 @@ import (
 // of the build seat (started, built, failed), and its note handed-back,
 // counts only
 //
+//   - from a machine the ask was delivered to: it carries the proof
+//     (mesh.AskProof) only the ask's secret makes, which the controller
+//     derives (askSecret) and only the ask's deliveries carry — a machine
+//     that predicts an ask's id (they are derived from the plan) and
+//     claims it under its own key is refused;
 //   - from the machine its subject names (the server pins that token to the
 //     machine's own credentials: mesh.HolderEventSubject), speaking of
 //     itself (the event's "on" is that machine);
@@ -58,11 +66,12 @@ const (
 	RefusedNotImage   = "not-image"  // a built digest that is not an image manifest or index
 	RefusedMalformed  = "malformed"  // an event that cannot be read
 	RefusedHeld       = "held"       // an ask another machine still holds: the one the controller saw start it
+	RefusedProof      = "proof"      // no proof the machine was delivered the ask (mesh.AskProof)
 )
 
 // RefusedReasons are every reason, for metrics to pre-initialise.
 var RefusedReasons = []string{RefusedSubject, RefusedSpeaker, RefusedUnclaimed, RefusedAttempt, RefusedStale,
-	RefusedOutcome, RefusedUnresolved, RefusedNotImage, RefusedMalformed, RefusedHeld}
+	RefusedOutcome, RefusedUnresolved, RefusedNotImage, RefusedMalformed, RefusedHeld, RefusedProof}
 
 // RefusedObserver is told of every event the controller refuses, by
 // reason. An Observer that implements it is told.
@@ -125,8 +134,8 @@ const fenceParallel = 32
 // the machine it claims to be on, its attempt, and for built its module
 // and digest.
 type outcomeOf struct {
-	event, plan, ask, on, module, digest string
-	attempt                              int
+	event, plan, ask, on, module, digest, proof string
+	attempt                                     int
 }
 
 // fence checks the outcomes in a batch at once (in parallel: each takes a
@@ -196,6 +205,9 @@ func (c *Controller) check(ctx context.Context, m jetstream.Msg) *verdict {
 	case event == mesh.EventHandedBack && rec.Released == "":
 		return &verdict{reason: RefusedOutcome, err: fmt.Errorf("machine %s says it handed ask %s back, and its claim is not released", machine, o.ask)}
 	}
+	if !mesh.ValidAskProof(o.proof, c.askSecret(o.ask), o.ask, machine) {
+		return &verdict{reason: RefusedProof, err: fmt.Errorf("machine %s shows no proof it was delivered ask %s", machine, o.ask)}
+	}
 	if event != mesh.EventBuilt {
 		return nil
 	}
@@ -264,24 +276,33 @@ func recordedDigest(rec claim.AskRecord) string {
 	return ev.Digest
 }
 
+// askSecret is ask id's secret (mesh.Ask.Secret), derived from the
+// controller's key: an HMAC-SHA256 of the id, in hex.
+func (c *Controller) askSecret(id string) string {
+	h := hmac.New(sha256.New, c.askKey)
+	h.Write([]byte("ask\x00"))
+	h.Write([]byte(id))
+	return hex.EncodeToString(h.Sum(nil))
+}
+
 // readOutcome reads what the fence checks of an outcome event.
 func readOutcome(event string, data []byte) (outcomeOf, error) {
 	switch event {
 	case mesh.EventStarted:
 		ev, err := mesh.DecodeEvent[mesh.Started](data)
-		return outcomeOf{event: event, plan: ev.Plan, ask: ev.Ask, on: ev.On, module: ev.Module, attempt: ev.Attempt}, err
+		return outcomeOf{event: event, plan: ev.Plan, ask: ev.Ask, on: ev.On, module: ev.Module, attempt: ev.Attempt, proof: ev.Proof}, err
 	case mesh.EventBuilt:
 		ev, err := mesh.DecodeEvent[mesh.Built](data)
 		if err == nil && !strings.HasPrefix(ev.Digest, "sha256:") {
 			err = fmt.Errorf("%w: built digest %q", mesh.ErrMalformedEvent, ev.Digest)
 		}
-		return outcomeOf{event: event, plan: ev.Plan, ask: ev.Ask, on: ev.On, module: ev.Module, digest: ev.Digest, attempt: ev.Attempt}, err
+		return outcomeOf{event: event, plan: ev.Plan, ask: ev.Ask, on: ev.On, module: ev.Module, digest: ev.Digest, attempt: ev.Attempt, proof: ev.Proof}, err
 	case mesh.EventFailed:
 		ev, err := mesh.DecodeEvent[mesh.Failed](data)
-		return outcomeOf{event: event, plan: ev.Plan, ask: ev.Ask, on: ev.On, module: ev.Module, attempt: ev.Attempt}, err
+		return outcomeOf{event: event, plan: ev.Plan, ask: ev.Ask, on: ev.On, module: ev.Module, attempt: ev.Attempt, proof: ev.Proof}, err
 	case mesh.EventHandedBack:
 		ev, err := mesh.DecodeEvent[mesh.HandedBack](data)
-		return outcomeOf{event: event, plan: ev.Plan, ask: ev.Ask, on: ev.On, module: ev.Module, attempt: ev.Attempt}, err
+		return outcomeOf{event: event, plan: ev.Plan, ask: ev.Ask, on: ev.On, module: ev.Module, attempt: ev.Attempt, proof: ev.Proof}, err
 	}
 	return outcomeOf{}, fmt.Errorf("%w: the build seat has no event %q", mesh.ErrMalformedEvent, event)
 }

@@ -135,6 +135,31 @@ func (f *fenceFarm) push(commit string) string {
 	return plan
 }
 
+// take pulls the next ask from the build queue as the machine js speaks
+// for, and acknowledges its delivery as in progress.
+func (f *fenceFarm) take(js jetstream.JetStream) mesh.Ask {
+	f.t.Helper()
+	seat, _, _ := f.cat.Seat(mesh.BuildSeat)
+	cons, err := js.Consumer(f.ctx, mesh.SeatStream(mesh.BuildSeat), f.cat.HolderConsumers(seat)[0])
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	msgs, err := cons.Fetch(1, jetstream.FetchMaxWait(10*time.Second))
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	for m := range msgs.Messages() {
+		_ = m.InProgress()
+		a, err := mesh.DecodeAsk(m.Data())
+		if err != nil {
+			f.t.Fatal(err)
+		}
+		return a
+	}
+	f.t.Fatalf("no ask delivered: %v", msgs.Error())
+	return mesh.Ask{}
+}
+
 func (f *fenceFarm) module(plan, m string) cascade.ModuleStatus {
 	mods, _ := f.store.Modules(f.ctx, plan)
 	return mods[m]
@@ -445,6 +470,13 @@ func TestAMachineThatClaimsAnAskAnotherBuildsCannotTakeItOver(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// m2 knows the ask's secret: the ask was delivered to it once (it
+	// comes again to another machine while its holder builds it, and is
+	// left to the holder), so its proofs are good.
+	proof := mesh.AskProof(mid.Secret, mid.ID, "m2")
+	if mid.Secret == "" || proof == "" {
+		t.Fatal("the ask came with no secret")
+	}
 	publish := func(event string, v any) {
 		t.Helper()
 		data, _ := json.Marshal(v)
@@ -459,12 +491,12 @@ func TestAMachineThatClaimsAnAskAnotherBuildsCannotTakeItOver(t *testing.T) {
 		if _, err := akv.Put(f.ctx, mesh.AskClaimKey(mid.ID, "m2"), rec); err != nil {
 			t.Fatalf("m2 writing its own claim of mid: %v", err)
 		}
-		publish(mesh.EventStarted, mesh.Started{Version: mesh.AskVersion, Ask: mid.ID, Plan: plan, Module: "mid", On: "m2", Attempt: attempt, At: now})
+		publish(mesh.EventStarted, mesh.Started{Version: mesh.AskVersion, Ask: mid.ID, Plan: plan, Module: "mid", On: "m2", Attempt: attempt, At: now, Proof: proof})
 		publish(mesh.EventBuilt, mesh.Built{Version: mesh.AskVersion, Ask: mid.ID, Plan: plan, Module: "mid", Digest: old.Digest,
-			Image: mid.Image + "@" + old.Digest, On: "m2", Attempt: attempt, At: now})
+			Image: mid.Image + "@" + old.Digest, On: "m2", Attempt: attempt, At: now, Proof: proof})
 		if attempt == 2 {
 			publish(mesh.EventFailed, mesh.Failed{Version: mesh.AskVersion, Ask: mid.ID, Plan: plan, Module: "mid", On: "m2", Attempt: attempt,
-				Reason: "build", Message: "forged", At: now})
+				Reason: "build", Message: "forged", At: now, Proof: proof})
 		}
 	}
 	// Started and built of attempt 1 are refused for m1's hold; of attempt
@@ -501,8 +533,14 @@ func TestAnOutcomeAdoptedFromAMachineThatDiedCountsWithItsOwnDigestOnly(t *testi
 	plan := f.push("c1")
 	id := cascade.AskID(plan, "solo", 1)
 	testenv.WaitFor(t, 20*time.Second, "solo queued", func() bool { return f.module(plan, "solo").State == cascade.Queued })
-	image := f.host + "/solo"
-	ask := mesh.Ask{ID: id, Plan: plan, Module: "solo", Image: image}
+	_, m1 := f.connect(mesh.PrincipalID(mesh.KindAgent, "m1"))
+	_, m2 := f.connect(mesh.PrincipalID(mesh.KindAgent, "m2"))
+	// The ask is delivered to m1 (its secret with it), and later to m2.
+	ask := f.take(m1)
+	if ask.ID != id || ask.Secret == "" {
+		t.Fatalf("m1 was delivered %+v, want %s with its secret", ask, id)
+	}
+	image := ask.Image
 	res, err := pushChaos(f.ctx, ask)
 	if err != nil {
 		t.Fatal(err)
@@ -537,17 +575,16 @@ func TestAnOutcomeAdoptedFromAMachineThatDiedCountsWithItsOwnDigestOnly(t *testi
 			t.Fatal(err)
 		}
 	}
-	_, m1 := f.connect(mesh.PrincipalID(mesh.KindAgent, "m1"))
-	_, m2 := f.connect(mesh.PrincipalID(mesh.KindAgent, "m2"))
 	claimAs(m1, "m1", 1, nil, "")
-	publish(m1, "m1", mesh.EventStarted, mesh.Started{Version: mesh.AskVersion, Ask: id, Plan: plan, Module: "solo", On: "m1", Attempt: 1, At: time.Now().UTC()})
+	publish(m1, "m1", mesh.EventStarted, mesh.Started{Version: mesh.AskVersion, Ask: id, Plan: plan, Module: "solo", On: "m1", Attempt: 1,
+		At: time.Now().UTC(), Proof: mesh.AskProof(ask.Secret, id, "m1")})
 	testenv.WaitFor(t, 10*time.Second, "solo building on m1", func() bool {
 		ms := f.module(plan, "solo")
 		return ms.State == cascade.Building && ms.On == "m1"
 	})
 	// m1 records its built in its claim and dies before announcing it.
 	built := mesh.Built{Version: mesh.AskVersion, Ask: id, Plan: plan, Module: "solo", Digest: res.Digest, Image: image + "@" + res.Digest,
-		On: "m1", Attempt: 1, At: time.Now().UTC()}
+		On: "m1", Attempt: 1, At: time.Now().UTC(), Proof: mesh.AskProof(ask.Secret, id, "m1")}
 	const msgID = "solo-built-adopted"
 	claimAs(m1, "m1", 1, &built, msgID)
 
@@ -556,6 +593,7 @@ func TestAnOutcomeAdoptedFromAMachineThatDiedCountsWithItsOwnDigestOnly(t *testi
 	claimAs(m2, "m2", 2, nil, "")
 	forged := built
 	forged.On, forged.Attempt, forged.Digest, forged.Image = "m2", 2, res2.Digest, image+"@"+res2.Digest
+	forged.Proof = mesh.AskProof(ask.Secret, id, "m2")
 	publish(m2, "m2", mesh.EventBuilt, forged)
 	testenv.WaitFor(t, 20*time.Second, "a built of another digest refused", func() bool { return f.refused.count(cascade.RefusedHeld) >= 1 })
 	if ms := f.module(plan, "solo"); ms.State != cascade.Building || ms.Digest != "" {
@@ -564,9 +602,66 @@ func TestAnOutcomeAdoptedFromAMachineThatDiedCountsWithItsOwnDigestOnly(t *testi
 	// The adopted built, m1's own, counts.
 	adopted := built
 	adopted.On, adopted.Attempt = "m2", 2
+	// m1's proof says nothing for m2: refused.
+	publish(m2, "m2", mesh.EventBuilt, adopted)
+	testenv.WaitFor(t, 20*time.Second, "a built with another machine's proof refused", func() bool { return f.refused.count(cascade.RefusedProof) >= 1 })
+	adopted.Proof = mesh.AskProof(ask.Secret, id, "m2")
 	publish(m2, "m2", mesh.EventBuilt, adopted, jetstream.WithMsgID(msgID))
 	testenv.WaitFor(t, 20*time.Second, "solo built with m1's digest", func() bool {
 		ms := f.module(plan, "solo")
 		return ms.State == cascade.Built && ms.Digest == res.Digest
 	})
+}
+
+// Ask ids are derived from the plan, so a machine can predict one before
+// the ask is delivered to anybody. Machine m2 does, claims it under its
+// own key and announces started and built — an older image of the module
+// that the registry holds — with no proof and with a made-up one: the
+// controller refuses them all (RefusedProof), the module stays queued,
+// and the machine it is delivered to builds it.
+func TestAMachineThatPredictsAnAsksIdCannotAnnounceIt(t *testing.T) {
+	f := newFenceFarm(t, map[string][]string{"solo": nil})
+	plan := f.push("c1")
+	id := cascade.AskID(plan, "solo", 1)
+	testenv.WaitFor(t, 20*time.Second, "solo queued", func() bool { return f.module(plan, "solo").State == cascade.Queued })
+	image := f.host + "/solo"
+	old, err := pushChaos(f.ctx, mesh.Ask{ID: "an-older-build-of-solo", Plan: plan, Module: "solo", Image: image})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, m2 := f.connect(mesh.PrincipalID(mesh.KindAgent, "m2"))
+	akv, err := m2.KeyValue(f.ctx, mesh.AskClaimsBucket(mesh.BuildSeat))
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now().UTC()
+	rec, _ := json.Marshal(claim.AskRecord{Ask: id, Machine: "m2", Holder: "m2", Attempt: 1, Since: now, Renewed: now, Lease: "1m", Token: "forged"})
+	if _, err := akv.Put(f.ctx, mesh.AskClaimKey(id, "m2"), rec); err != nil {
+		t.Fatal(err)
+	}
+	for _, proof := range []string{"", mesh.AskProof("a guess", id, "m2")} {
+		for event, v := range map[string]any{
+			mesh.EventStarted: mesh.Started{Version: mesh.AskVersion, Ask: id, Plan: plan, Module: "solo", On: "m2", Attempt: 1, At: now, Proof: proof},
+			mesh.EventBuilt: mesh.Built{Version: mesh.AskVersion, Ask: id, Plan: plan, Module: "solo", Digest: old.Digest, Image: image + "@" + old.Digest,
+				On: "m2", Attempt: 1, At: now, Proof: proof},
+		} {
+			data, _ := json.Marshal(v)
+			if _, err := m2.Publish(f.ctx, mesh.HolderEventSubject(mesh.BuildSeat, "m2", event), data); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	testenv.WaitFor(t, 20*time.Second, "m2's announcements refused", func() bool { return f.refused.count(cascade.RefusedProof) >= 4 })
+	if ms := f.module(plan, "solo"); ms.State != cascade.Queued || ms.On != "" || ms.Digest != "" {
+		t.Fatalf("after m2's announcements solo is %s on %q with %q, want queued", ms.State, ms.On, ms.Digest)
+	}
+	w := &pushing{host: f.host, began: make(chan mesh.Ask, 16)}
+	f.agent("m1", w)
+	testenv.WaitFor(t, 30*time.Second, "the plan built", func() bool {
+		rec, err := f.store.Plan(f.ctx, plan)
+		return err == nil && rec.Outcome == cascade.OutcomeBuilt
+	})
+	if ms := f.module(plan, "solo"); ms.On != "m1" || ms.Digest == old.Digest || ms.Digest == "" {
+		t.Errorf("solo %+v: want built on m1 with its own digest", ms)
+	}
 }

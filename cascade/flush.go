@@ -293,6 +293,7 @@ func (c *Controller) publish(ctx context.Context, asks []mesh.Ask) error {
 	}
 	futures := make([]jetstream.PubAckFuture, 0, len(asks))
 	for _, a := range asks {
+		a.Secret = c.askSecret(a.ID)
 		data, _ := json.Marshal(a)
 		f, err := c.js.PublishAsync(mesh.BuildSubject(a.Platform), data, jetstream.WithMsgID(a.ID))
 		if err != nil {

@@ -2,6 +2,8 @@ package cascade
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -39,7 +41,38 @@ const (
 	keyCurrent  = "current."
 	keyEstimate = "estimate."
 	keyInput    = "key."
+	keySecret   = "secret.asks"
 )
+
+// AskKey is the key the controller derives every ask's secret from
+// (mesh.Ask.Secret): made once, at random, and kept in the bucket
+// (secret.asks), so that a restarted or standby controller derives the
+// same secrets for the asks it publishes again and checks the proofs of
+// the asks in flight. Build machines cannot read the bucket.
+func (s *Store) AskKey(ctx context.Context) ([]byte, error) {
+	for range 3 {
+		e, err := s.kv.Get(ctx, keySecret)
+		if err == nil {
+			k, derr := hex.DecodeString(string(e.Value()))
+			if derr != nil || len(k) < 16 {
+				return nil, fmt.Errorf("%s in the plans bucket is not a key (delete it to make a new one; the asks in flight are then refused and retried): %v", keySecret, derr)
+			}
+			return k, nil
+		}
+		if !errors.Is(err, jetstream.ErrKeyNotFound) {
+			return nil, fmt.Errorf("reading %s: %w", keySecret, err)
+		}
+		k := make([]byte, 32)
+		_, _ = rand.Read(k)
+		if _, err := s.kv.Create(ctx, keySecret, []byte(hex.EncodeToString(k))); err == nil {
+			return k, nil
+		} else if !errors.Is(err, jetstream.ErrKeyExists) {
+			return nil, fmt.Errorf("writing %s: %w", keySecret, err)
+		}
+		// Another controller made it first: read it.
+	}
+	return nil, fmt.Errorf("%s kept changing while it was read", keySecret)
+}
 
 // InputKeyKey is the key an input key's KeyRecord is kept under.
 func InputKeyKey(key string) string { return keyInput + key }

@@ -1,6 +1,9 @@
 package mesh
 
 import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -114,6 +117,37 @@ type Ask struct {
 	// digest (cascade.InputKey). The controller keeps the digest each key
 	// was built to; empty when the build context is not addressed.
 	Key string `json:"key,omitempty"`
+	// Secret is known only to the controller and to the machines the ask
+	// is delivered to (the queue is read through each machine's own
+	// consumer; no other principal may read the ask stream). Every outcome
+	// of the ask carries AskProof(Secret, ID, machine): the controller
+	// applies outcomes only from a machine that was delivered the ask, so
+	// a machine that merely predicts an ask's id (they are derived from
+	// the plan) cannot announce it started or built.
+	Secret string `json:"secret,omitempty"`
+}
+
+// AskProof is what an outcome of ask id announced by machine carries to
+// show the machine was delivered the ask: an HMAC-SHA256 of the id and the
+// machine under the ask's secret, in hex. Another machine's proof (events
+// are read by every machine) proves nothing for it. Empty for an ask with
+// no secret.
+func AskProof(secret, id, machine string) string {
+	if secret == "" {
+		return ""
+	}
+	h := hmac.New(sha256.New, []byte(secret))
+	h.Write([]byte(id))
+	h.Write([]byte{0})
+	h.Write([]byte(machine))
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// ValidAskProof reports whether proof is AskProof(secret, id, machine),
+// in constant time.
+func ValidAskProof(proof, secret, id, machine string) bool {
+	want := AskProof(secret, id, machine)
+	return want != "" && hmac.Equal([]byte(proof), []byte(want))
 }
 
 var (
@@ -183,6 +217,8 @@ type Started struct {
 	On      string    `json:"on"`
 	Attempt int       `json:"attempt"`
 	At      time.Time `json:"at"`
+	// Proof shows On was delivered the ask (AskProof).
+	Proof string `json:"proof,omitempty"`
 }
 
 // Built is announced when an image is pushed and resolvable by digest.
@@ -207,6 +243,8 @@ type Built struct {
 	// Attestations are the provenance and SBOM pushed with the image, if
 	// any.
 	Attestations *Attestations `json:"attestations,omitempty"`
+	// Proof shows On was delivered the ask (AskProof).
+	Proof string `json:"proof,omitempty"`
 }
 
 // Failed is announced once when an ask is settled without an image.
@@ -221,6 +259,8 @@ type Failed struct {
 	Log     []string  `json:"log,omitempty"`
 	Attempt int       `json:"attempt"`
 	At      time.Time `json:"at"`
+	// Proof shows On was delivered the ask (AskProof).
+	Proof string `json:"proof,omitempty"`
 }
 
 // HandedBack is announced when a holder gives an ask back to the queue
@@ -245,6 +285,8 @@ type HandedBack struct {
 	Next       time.Time `json:"next,omitzero"`
 	Sick       bool      `json:"sick,omitempty"`
 	At         time.Time `json:"at"`
+	// Proof shows On was delivered the ask (AskProof).
+	Proof string `json:"proof,omitempty"`
 }
 
 // LogBatch is a batch of a build's output, published on log.<ask>.

@@ -33,3 +33,24 @@ func TestAnAsksTreeIsAnObjectName(t *testing.T) {
 		}
 	}
 }
+
+// An ask's proof of delivery holds for the machine, the ask and the secret
+// it was made with, and for no other; an ask with no secret has none.
+func TestAnAskProofHoldsForItsMachineAndAskOnly(t *testing.T) {
+	p := AskProof("s3cret", "p-1-base-1", "m1")
+	if !ValidAskProof(p, "s3cret", "p-1-base-1", "m1") {
+		t.Fatal("a proof does not hold for what it was made for")
+	}
+	for _, c := range []struct{ secret, id, machine string }{
+		{"s3cret", "p-1-base-1", "m2"}, {"s3cret", "p-1-base-2", "m1"}, {"other", "p-1-base-1", "m1"},
+		// the id and the machine are kept apart
+		{"s3cret", "p-1-base-1m", "1"},
+	} {
+		if ValidAskProof(p, c.secret, c.id, c.machine) {
+			t.Errorf("m1's proof of p-1-base-1 holds for %+v", c)
+		}
+	}
+	if AskProof("", "p-1-base-1", "m1") != "" || ValidAskProof("", "", "p-1-base-1", "m1") {
+		t.Error("an ask with no secret has a proof")
+	}
+}
