@@ -494,11 +494,30 @@ func (a *Agent) Status() Status {
 // on it is answered by every agent online (scatter-gather).
 const StatusTool = mesh.StatusTool
 
+// statusAsk is a request on the status tool: its nonce tells the answers
+// to it from those to other requests.
+type statusAsk struct {
+	Nonce string `json:"nonce"`
+}
+
+// statusAnswer is a holder's answer, published on its own
+// mesh.HolderStatusSubject: the subject names the machine.
+type statusAnswer struct {
+	Nonce  string `json:"nonce"`
+	Status Status `json:"status"`
+}
+
 func (a *Agent) serveStatus() (*nats.Subscription, error) {
 	subj := mesh.SeatToolSubject(mesh.BuildSeat, StatusTool)
+	answer := mesh.HolderStatusSubject(mesh.BuildSeat, a.cfg.Machine)
 	sub, err := a.nc.Subscribe(subj, func(m *nats.Msg) {
-		data, _ := json.Marshal(a.Status())
-		_ = m.Respond(data)
+		var req statusAsk
+		if json.Unmarshal(m.Data, &req) != nil || req.Nonce == "" {
+			a.log.Debug("ignoring a status request with no nonce")
+			return
+		}
+		data, _ := json.Marshal(statusAnswer{Nonce: req.Nonce, Status: a.Status()})
+		_ = a.nc.Publish(answer, data)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("serving %s: %w", subj, err)
@@ -564,33 +583,50 @@ func oneLine(err error) string {
 }
 
 // AskStatus asks every agent online for its status and collects the answers
-// that arrive within wait.
+// that arrive within wait. Each answer is taken from its machine's own
+// subject (mesh.HolderStatusSubject), so one machine cannot answer for
+// another: an answer naming another machine than its subject is dropped.
 func AskStatus(ctx context.Context, nc *nats.Conn, wait time.Duration) ([]Status, error) {
-	inbox := nc.NewInbox()
-	sub, err := nc.SubscribeSync(inbox)
+	var out []Status
+	err := gatherStatus(ctx, nc, wait, func(st Status) bool {
+		out = append(out, st)
+		return false
+	})
+	slices.SortFunc(out, func(a, b Status) int { return strings.Compare(a.Machine, b.Machine) })
+	return out, err
+}
+
+// gatherStatus asks every holder of the build seat for its status and
+// gives each answer that arrives within wait to seen, until seen returns
+// true.
+func gatherStatus(ctx context.Context, nc *nats.Conn, wait time.Duration, seen func(Status) bool) error {
+	sub, err := nc.SubscribeSync(mesh.HolderStatusSubject(mesh.BuildSeat, mesh.AnyHolder))
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer sub.Unsubscribe()
-	if err := nc.PublishRequest(mesh.SeatToolSubject(mesh.BuildSeat, StatusTool), inbox, nil); err != nil {
-		return nil, err
+	nonce := rand.Text()
+	req, _ := json.Marshal(statusAsk{Nonce: nonce})
+	if err := nc.Publish(mesh.SeatToolSubject(mesh.BuildSeat, StatusTool), req); err != nil {
+		return err
 	}
-	var out []Status
 	deadline := time.Now().Add(wait)
 	for {
 		left := time.Until(deadline)
 		if left <= 0 || ctx.Err() != nil {
-			break
+			return nil
 		}
 		m, err := sub.NextMsg(left)
 		if err != nil {
-			break
+			return nil
 		}
-		var st Status
-		if json.Unmarshal(m.Data, &st) == nil {
-			out = append(out, st)
+		machine, ok := mesh.HolderOfStatusSubject(mesh.BuildSeat, m.Subject)
+		var ans statusAnswer
+		if !ok || json.Unmarshal(m.Data, &ans) != nil || ans.Nonce != nonce || ans.Status.Machine != machine {
+			continue
+		}
+		if seen(ans.Status) {
+			return nil
 		}
 	}
-	slices.SortFunc(out, func(a, b Status) int { return strings.Compare(a.Machine, b.Machine) })
-	return out, nil
 }

@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"slices"
 	"sync"
@@ -11,7 +10,6 @@ import (
 	"github.com/distribution/reference"
 
 	"github.com/meshbuild/meshbuild/internal/backoff"
-	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/registry"
 )
 
@@ -259,31 +257,12 @@ func (a *Agent) passOne(ctx, work context.Context, turn int) {
 // healthyElsewhere reports whether another machine that holds platform's
 // queue answers the seat's status tool healthy within healthyWait.
 func (a *Agent) healthyElsewhere(ctx context.Context, platform string) bool {
-	inbox := a.nc.NewInbox()
-	sub, err := a.nc.SubscribeSync(inbox)
-	if err != nil {
-		return false
-	}
-	defer sub.Unsubscribe()
-	if err := a.nc.PublishRequest(mesh.SeatToolSubject(mesh.BuildSeat, StatusTool), inbox, nil); err != nil {
-		return false
-	}
-	deadline := time.Now().Add(healthyWait)
-	for ctx.Err() == nil {
-		left := time.Until(deadline)
-		if left <= 0 {
-			return false
-		}
-		m, err := sub.NextMsg(left)
-		if err != nil {
-			return false
-		}
-		var st Status
-		if json.Unmarshal(m.Data, &st) == nil && st.Machine != a.cfg.Machine && st.Health == HealthHealthy && slices.Contains(st.Platforms, platform) {
-			return true
-		}
-	}
-	return false
+	found := false
+	_ = gatherStatus(ctx, a.nc, healthyWait, func(st Status) bool {
+		found = st.Machine != a.cfg.Machine && st.Health == HealthHealthy && slices.Contains(st.Platforms, platform)
+		return found
+	})
+	return found
 }
 
 // healthyWait is how long a sick machine waits for a healthy one to answer

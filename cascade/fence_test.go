@@ -665,3 +665,72 @@ func TestAMachineThatPredictsAnAsksIdCannotAnnounceIt(t *testing.T) {
 		t.Errorf("solo %+v: want built on m1 with its own digest", ms)
 	}
 }
+
+// Every holder answers the build seat's status tool, so every machine
+// hears its requests. Machine m2, with its own credentials, answers each
+// for m1 (unhealthy, with a build in flight) and for a machine that does
+// not exist: on its own subject (dropped: the subject names m2), on m1's
+// (refused by the server) and on the requester's inbox (nobody listens
+// there). `builds machines` (agent.AskStatus, as the operator) shows m1 as
+// m1 says, and no ghost.
+func TestAMachineCannotAnswerTheStatusToolForAnother(t *testing.T) {
+	f := newFenceFarm(t, map[string][]string{"solo": nil})
+	f.agent("m1", &pushing{host: f.host, began: make(chan mesh.Ask, 16)})
+	m2nc, _ := f.connect(mesh.PrincipalID(mesh.KindAgent, "m2"))
+	lies := func(nonce string) [][]byte {
+		var out [][]byte
+		for _, machine := range []string{"m1", "ghost"} {
+			st := agent.Status{Machine: machine, Slots: 9, InFlight: 9, Health: agent.HealthUnhealthy, Why: "forged", Platforms: []string{mesh.DefaultPlatform}}
+			data, _ := json.Marshal(map[string]any{"nonce": nonce, "status": st})
+			out = append(out, data)
+		}
+		return out
+	}
+	var answered sync.WaitGroup
+	answered.Add(1)
+	var once sync.Once
+	if _, err := m2nc.Subscribe(mesh.SeatToolSubject(mesh.BuildSeat, mesh.StatusTool), func(m *nats.Msg) {
+		var req struct {
+			Nonce string `json:"nonce"`
+		}
+		_ = json.Unmarshal(m.Data, &req)
+		for _, lie := range lies(req.Nonce) {
+			_ = m2nc.Publish(mesh.HolderStatusSubject(mesh.BuildSeat, "m2"), lie)
+			_ = m2nc.Publish(mesh.HolderStatusSubject(mesh.BuildSeat, "m1"), lie)
+			if m.Reply != "" {
+				_ = m2nc.Publish(m.Reply, lie)
+			}
+		}
+		_ = m2nc.Flush()
+		once.Do(answered.Done)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	_ = m2nc.Flush()
+	onc, _ := f.connect(mesh.OperatorPrincipal)
+	var got []agent.Status
+	testenv.WaitFor(t, 20*time.Second, "m1 to answer", func() bool {
+		var err error
+		got, err = agent.AskStatus(f.ctx, onc, 500*time.Millisecond)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(got) > 0
+	})
+	answered.Wait()
+	if len(got) != 1 || got[0].Machine != "m1" || got[0].Health != agent.HealthHealthy || got[0].Slots != 1 || got[0].Why != "" {
+		t.Fatalf("the status tool answered %+v: want m1 alone, healthy, one slot, as it says", got)
+	}
+	testenv.WaitFor(t, 5*time.Second, "the server to refuse m2's answer on m1's subject", func() bool {
+		for {
+			select {
+			case v := <-f.violations:
+				if strings.Contains(v, mesh.HolderStatusSubject(mesh.BuildSeat, "m1")) {
+					return true
+				}
+			default:
+				return false
+			}
+		}
+	})
+}

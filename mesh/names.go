@@ -84,6 +84,26 @@ func HolderEventSubject(seat, machine, event string) string {
 // holder.
 const AnyHolder = "*"
 
+// HolderStatusSubject is where the holder on machine of node-scoped seat s
+// answers the seat's status tool: "mesh.seat.<s>.on.<machine>.status". A
+// request on the tool's subject is answered here, not on the requester's
+// inbox: the machine token is pinned by the machine's credentials, so an
+// answer names who gave it, and no machine can answer for another.
+// AnyHolder as machine is every holder's, what a requester subscribes to.
+func HolderStatusSubject(seat, machine string) string {
+	return Root + "." + tokSeat + "." + seat + "." + tokOn + "." + machine + "." + WireName(StatusTool)
+}
+
+// HolderOfStatusSubject is the machine a HolderStatusSubject names; ok is
+// false for any other subject.
+func HolderOfStatusSubject(seat, subject string) (machine string, ok bool) {
+	t := strings.Split(subject, ".")
+	if len(t) != 6 || t[0] != Root || t[1] != tokSeat || t[2] != seat || t[3] != tokOn || t[5] != WireName(StatusTool) {
+		return "", false
+	}
+	return t[4], true
+}
+
 // SeatEventSubjectOf is where seat s's event e is published by whoever holds
 // it: every holder's HolderEventSubject for a node-scoped seat (machines
 // speak for themselves), SeatEventSubject for a mesh-scoped one (one holder).

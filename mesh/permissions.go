@@ -149,6 +149,10 @@ func (c *Catalogue) heldSeatPermissions(p permSet, s Seat, machine string) {
 		// one online?) before it fails an ask "no healthy machine";
 		// their other tools (cancel) stay the controller's.
 		p.pub[SeatToolSubject(s.Seat, StatusTool)] = true
+		// It answers on its own subject, and hears every holder's
+		// answers there.
+		p.pub[HolderStatusSubject(s.Seat, machine)] = true
+		p.sub[HolderStatusSubject(s.Seat, AnyHolder)] = true
 	}
 	if len(s.Accepts) > 0 && (!node || machine != "") {
 		for _, cons := range c.HolderConsumers(s) {
@@ -256,6 +260,8 @@ func (c *Catalogue) OperatorPermissions(principal string) Permissions {
 	}
 	for _, s := range ControllerUses {
 		p.pub[SeatToolSubject(s, "*")] = true
+		// The holders answer its status requests on their own subjects.
+		p.sub[HolderStatusSubject(s, AnyHolder)] = true
 	}
 	// The mesh's own seats' tools: the fleet's view and its assignments.
 	for _, s := range MeshSeats {
