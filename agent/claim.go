@@ -76,7 +76,8 @@ func (a *Agent) askClaims(ctx context.Context) *claim.Asks {
 // (and bound to a machine that still holds its seat) leaves it to its
 // holder, and the earliest infrastructure failure in any is the ask's
 // budget so far.
-func (a *Agent) claim(ctx context.Context, id string, attempt int) (*hold, claimVerdict, error) {
+func (a *Agent) claim(ctx context.Context, ask mesh.Ask, attempt int) (*hold, claimVerdict, error) {
+	id := ask.ID
 	h := &hold{}
 	if a.claims == nil {
 		return h, claimed, nil
@@ -84,7 +85,7 @@ func (a *Agent) claim(ctx context.Context, id string, attempt int) (*hold, claim
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	if attempt > 1 {
-		f, err := a.claims.Look(ctx, id, func(r claim.AskRecord) bool { return a.running.has(r.Ask) })
+		f, err := a.claims.Look(ctx, id, ask.Secret, func(r claim.AskRecord) bool { return a.running.has(r.Ask) })
 		if err != nil {
 			a.troubled()
 			return h, claimFailed, err
@@ -104,7 +105,7 @@ func (a *Agent) claim(ctx context.Context, id string, attempt int) (*hold, claim
 			return h, claimHeld, nil
 		}
 	}
-	l, err := a.claims.Claim(ctx, id, attempt, h.infraSince)
+	l, err := a.claims.Claim(ctx, id, ask.Secret, attempt, h.infraSince)
 	if err != nil {
 		a.troubled()
 		return h, claimFailed, err
@@ -164,7 +165,8 @@ func (h *hold) lost() error {
 // unless another holder has claimed or settled it since: then the error
 // says so, and the work is not announced. It waits for a bus that does
 // not answer, for at most retakeFor.
-func (a *Agent) retake(ctx context.Context, id string, attempt int, h *hold) error {
+func (a *Agent) retake(ctx context.Context, ask mesh.Ask, attempt int, h *hold) error {
+	id := ask.ID
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), retakeFor)
 	defer cancel()
 	for try := 1; ; try++ {
@@ -172,7 +174,7 @@ func (a *Agent) retake(ctx context.Context, id string, attempt int, h *hold) err
 		// comes back (a leader being elected) must not hold the machine
 		// past the moment another holder is handed the ask.
 		tctx, tcancel := context.WithTimeout(ctx, retakeTry)
-		f, err := a.claims.Look(tctx, id, func(claim.AskRecord) bool { return false })
+		f, err := a.claims.Look(tctx, id, ask.Secret, func(claim.AskRecord) bool { return false })
 		if err == nil {
 			switch {
 			case f.Done != nil:
@@ -183,7 +185,7 @@ func (a *Agent) retake(ctx context.Context, id string, attempt int, h *hold) err
 				return fmt.Errorf("its claim lapsed, and %s holds it now", f.Held.Machine)
 			}
 			var l *claim.AskLease
-			if l, err = a.claims.Claim(tctx, id, attempt, h.infraSince); err == nil {
+			if l, err = a.claims.Claim(tctx, id, ask.Secret, attempt, h.infraSince); err == nil {
 				tcancel()
 				a.log.Info("the ask's claim lapsed while the bus was away; nobody took it since: claimed again", "ask", id)
 				h.lease = l

@@ -29,14 +29,14 @@ func (a *Agent) handle(work context.Context, msg jetstream.Msg) {
 		if mesh.ValidAskID(ask.ID) && ask.Plan != "" {
 			// Refused by its holder: claimed first, so that the
 			// controller takes the refusal as this machine's word.
-			if c, verdict, _ := a.claim(work, ask.ID, attempt); verdict == claimed {
+			if c, verdict, _ := a.claim(work, ask, attempt); verdict == claimed {
 				a.settle(work, msg, log, out, c)
 				return
 			}
 		}
 	default:
 		log = log.With("ask", ask.ID, "module", ask.Module, "plan", ask.Plan)
-		c, verdict, err := a.claim(work, ask.ID, attempt)
+		c, verdict, err := a.claim(work, ask, attempt)
 		switch verdict {
 		case claimDone:
 			// Its outcome was recorded (its holder lost the ack, or died
@@ -90,7 +90,7 @@ func (a *Agent) adopt(ctx context.Context, ask mesh.Ask, attempt int, c *hold) (
 		// Announced by this machine, with its own proof of delivery
 		// (the recorded one is the first holder's).
 		body["on"], body["attempt"], body["proof"] = a.cfg.Machine, attempt, a.proof(ask)
-		l, err := a.claims.Claim(ctx, ask.ID, attempt, rec.InfraSince)
+		l, err := a.claims.Claim(ctx, ask.ID, ask.Secret, attempt, rec.InfraSince)
 		if err != nil {
 			return handedBack(0, a.cfg.RetryDelay, err), true
 		}
@@ -169,7 +169,7 @@ func (a *Agent) work(ctx context.Context, msg jetstream.Msg, ask mesh.Ask, attem
 		// Cut off or stalled for a lease: claimed again if nobody took
 		// the ask since, else it is another machine's now, and nothing is
 		// announced (the controller would refuse it).
-		if !errors.Is(lerr, claim.ErrLapsed) || a.retake(ctx, ask.ID, attempt, c) != nil {
+		if !errors.Is(lerr, claim.ErrLapsed) || a.retake(ctx, ask, attempt, c) != nil {
 			return outcome{End: End{Outcome: OutcomeHandedBack, Took: took}, how: nak, err: fmt.Errorf("not announced: %w", lerr), lost: true}
 		}
 	}

@@ -734,3 +734,39 @@ func TestAMachineCannotAnswerTheStatusToolForAnother(t *testing.T) {
 		}
 	})
 }
+
+// A claim of an ask by a machine that was never delivered it does not keep
+// the ask from the machines it is delivered to. m2 claims solo's ask
+// (predicted from the plan) under its own key, held for an hour, as soon
+// as the plan is made; m1's first attempt fails on infrastructure and the
+// ask comes back to it: it looks at every claim before it builds again,
+// passes m2's over (no proof of delivery), and builds it.
+func TestAClaimWithoutAProofOfDeliveryKeepsNoAskFromItsHolders(t *testing.T) {
+	f := newFenceFarm(t, map[string][]string{"solo": nil})
+	plan := f.push("c1")
+	id := cascade.AskID(plan, "solo", 1)
+	_, m2 := f.connect(mesh.PrincipalID(mesh.KindAgent, "m2"))
+	akv, err := m2.KeyValue(f.ctx, mesh.AskClaimsBucket(mesh.BuildSeat))
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now().UTC()
+	rec, _ := json.Marshal(claim.AskRecord{Ask: id, Machine: "m2", Holder: "m2", Attempt: 1, Since: now, Renewed: now, Lease: "1h", Token: "forged"})
+	if _, err := akv.Put(f.ctx, mesh.AskClaimKey(id, "m2"), rec); err != nil {
+		t.Fatal(err)
+	}
+	w := &flakyOnce{pushing: &pushing{host: f.host, began: make(chan mesh.Ask, 16)}, tries: map[string]int{}}
+	f.agent("m1", w)
+	testenv.WaitFor(t, 40*time.Second, "the plan built", func() bool {
+		rec, err := f.store.Plan(f.ctx, plan)
+		return err == nil && rec.Outcome == cascade.OutcomeBuilt
+	})
+	if ms := f.module(plan, "solo"); ms.On != "m1" || ms.Attempt != 1 {
+		t.Errorf("solo %+v: want built on m1", ms)
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.tries["solo"] != 2 {
+		t.Errorf("solo was worked %d times, want 2 (the infrastructure failure, then the build)", w.tries["solo"])
+	}
+}

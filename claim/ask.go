@@ -60,6 +60,10 @@ type AskRecord struct {
 	// InfraSince is when the ask began failing on infrastructure, on any
 	// machine: the start of its retry budget. Zero until it has.
 	InfraSince time.Time `json:"infra_since,omitzero"`
+	// Proof is the machine's proof that it was delivered the ask
+	// (mesh.AskProof): every machine may write its own claim of any ask,
+	// so a claim without it is not a holder's, and Look passes it over.
+	Proof string `json:"proof,omitempty"`
 }
 
 // Held reports whether the record is a holder's claim still working (not
@@ -159,8 +163,14 @@ func ReadAsk(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue,
 // Look reads every machine's claim of ask. A held claim whose machine's
 // seat claim is gone (or is another's now) is void and not reported held.
 // mine reports whether a held claim of this machine is one of its own
-// slots' (that claim is then reported held too).
-func (a *Asks) Look(ctx context.Context, ask string, mine func(AskRecord) bool) (AskFound, error) {
+// slots' (that claim is then reported held too). secret is the ask's
+// (mesh.Ask.Secret, delivered with it): a claim that does not carry its
+// machine's proof of delivery is passed over — neither held, nor done, nor
+// counted in the ask's attempts and budget — so a machine that was never
+// delivered the ask cannot keep it from its holders by claiming it, nor
+// have them announce an outcome it made up. An empty secret takes every
+// claim.
+func (a *Asks) Look(ctx context.Context, ask, secret string, mine func(AskRecord) bool) (AskFound, error) {
 	var f AskFound
 	lister, err := a.kv.ListKeysFiltered(ctx, mesh.AskClaimKeys(ask))
 	if errors.Is(err, jetstream.ErrNoKeysFound) {
@@ -177,6 +187,9 @@ func (a *Asks) Look(ctx context.Context, ask string, mine func(AskRecord) bool) 
 		}
 		if !ok {
 			continue // lapsed while listing
+		}
+		if secret != "" && !mesh.ValidAskProof(rec.Proof, secret, ask, rec.Machine) {
+			continue // not delivered the ask: not a holder's claim
 		}
 		f.Attempts = max(f.Attempts, rec.Attempt)
 		if !rec.InfraSince.IsZero() && (f.InfraSince.IsZero() || rec.InfraSince.Before(f.InfraSince)) {
@@ -236,18 +249,21 @@ func cutLast(key string) (string, string, bool) {
 // Release settles.
 type AskLease struct {
 	*Lease
-	asks *Asks
-	rec  AskRecord
+	asks   *Asks
+	rec    AskRecord
+	secret string
 }
 
 // Claim claims ask for this machine at attempt, carrying infraSince (the
-// ask's budget so far, from Look). It writes the machine's own key, with
-// the lease as its TTL, and renews it until Finish or Release, or until it
-// is lost (Lost, Context).
-func (a *Asks) Claim(ctx context.Context, ask string, attempt int, infraSince time.Time) (*AskLease, error) {
+// ask's budget so far, from Look) and the machine's proof that it was
+// delivered the ask (mesh.AskProof of secret, the ask's). It writes the
+// machine's own key, with the lease as its TTL, and renews it until Finish
+// or Release, or until it is lost (Lost, Context).
+func (a *Asks) Claim(ctx context.Context, ask, secret string, attempt int, infraSince time.Time) (*AskLease, error) {
 	now := a.o.clock().UTC()
 	rec := AskRecord{Ask: ask, Machine: a.machine, Holder: a.holder, Attempt: attempt, Since: now, Renewed: now,
-		Lease: a.o.lease.String(), Token: rand.Text(), Seat: a.seatToken, InfraSince: infraSince}
+		Lease: a.o.lease.String(), Token: rand.Text(), Seat: a.seatToken, InfraSince: infraSince,
+		Proof: mesh.AskProof(secret, ask, a.machine)}
 	data, _ := json.Marshal(rec)
 	key := mesh.AskClaimKey(ask, a.machine)
 	sent := time.Now()
@@ -263,7 +279,7 @@ func (a *Asks) Claim(ctx context.Context, ask string, attempt int, infraSince ti
 			data, _ := json.Marshal(r)
 			return data
 		})
-	return &AskLease{Lease: l, asks: a, rec: rec}, nil
+	return &AskLease{Lease: l, asks: a, rec: rec, secret: secret}, nil
 }
 
 // Record is what the claim says.
@@ -392,7 +408,7 @@ func (l *AskLease) stillOurs(ctx context.Context) error {
 	data, err := readLeader(ctx, l.js, l.kv.Bucket(), l.key)
 	switch {
 	case gone(err):
-		f, lerr := l.asks.Look(ctx, l.rec.Ask, func(AskRecord) bool { return false })
+		f, lerr := l.asks.Look(ctx, l.rec.Ask, l.secret, func(AskRecord) bool { return false })
 		if lerr != nil {
 			return fmt.Errorf("settling %s: %w", l.what, lerr)
 		}

@@ -2,6 +2,7 @@ package claim_test
 
 import (
 	"context"
+	"encoding/json"
 	"testing"
 	"time"
 
@@ -45,13 +46,13 @@ func TestAskClaimsAreJudgedOnTheServersClock(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := a.Claim(ctx, "ask-1", 1, time.Time{})
+	l, err := a.Claim(ctx, "ask-1", "", 1, time.Time{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	// Held across several leases while m1 renews, as m2 sees it.
 	for range 3 {
-		f, err := b.Look(ctx, "ask-1", func(claim.AskRecord) bool { return false })
+		f, err := b.Look(ctx, "ask-1", "", func(claim.AskRecord) bool { return false })
 		if err != nil || f.Held == nil || f.Held.Machine != "m1" {
 			t.Fatalf("m2 sees %+v (%v), want held by m1", f, err)
 		}
@@ -61,7 +62,7 @@ func TestAskClaimsAreJudgedOnTheServersClock(t *testing.T) {
 	// (and a loaded machine's margin) the claim is gone on the server.
 	nc1js.Conn().Close()
 	testenv.WaitFor(t, 2*time.Second+5*time.Second, "m1's claim to lapse", func() bool {
-		f, err := b.Look(ctx, "ask-1", func(claim.AskRecord) bool { return false })
+		f, err := b.Look(ctx, "ask-1", "", func(claim.AskRecord) bool { return false })
 		return err == nil && f.Held == nil
 	})
 	select {
@@ -69,7 +70,7 @@ func TestAskClaimsAreJudgedOnTheServersClock(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("m1's lease did not say it was lost")
 	}
-	if _, err := b.Claim(ctx, "ask-1", 2, time.Time{}); err != nil {
+	if _, err := b.Claim(ctx, "ask-1", "", 2, time.Time{}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -90,7 +91,7 @@ func TestASettledClaimRemovedAfterItIsWrittenAgain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := a.Claim(ctx, "ask-1", 1, time.Time{})
+	l, err := a.Claim(ctx, "ask-1", "", 1, time.Time{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,5 +122,60 @@ func TestASettledClaimRemovedAfterItIsWrittenAgain(t *testing.T) {
 	rec, ok, err := claim.ReadAsk(ctx, js, kv, "ask-1", "m1")
 	if err != nil || !ok || rec.Outcome != mesh.EventBuilt || rec.MsgID != "ask-1-built-x" {
 		t.Fatalf("m1's claim after the settle returned: %+v found=%v (%v), want built under ask-1-built-x", rec, ok, err)
+	}
+}
+
+// Any machine may write its own claim of any ask. Claims that do not carry
+// their machine's proof of delivery — one held, one settled with a made-up
+// outcome, one with an old infrastructure budget — are passed over by a
+// machine that looks with the ask's secret: it finds m1's claim held (m1
+// was delivered the ask), no outcome, no budget spent and m1's attempt.
+// Once m1 settles, its own outcome is found.
+func TestClaimsWithoutAProofOfDeliveryArePassedOver(t *testing.T) {
+	dial := askBus(t)
+	ctx := context.Background()
+	const secret, ask = "the-asks-secret", "ask-1"
+	m1, err := claim.OpenAsks(ctx, dial(), mesh.BuildSeat, "m1", "agent", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := m1.Claim(ctx, ask, secret, 2, time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv := m1.Bucket()
+	now := time.Now().UTC()
+	for machine, rec := range map[string]claim.AskRecord{
+		"m2": {Ask: ask, Machine: "m2", Attempt: 5, Since: now, Renewed: now, Lease: "1h", Token: "x"},
+		"m3": {Ask: ask, Machine: "m3", Attempt: 1, Outcome: mesh.EventBuilt, MsgID: "forged", Event: json.RawMessage(`{"digest":"sha256:old"}`),
+			Proof: mesh.AskProof("a guess", ask, "m3")},
+		"m4": {Ask: ask, Machine: "m4", Attempt: 1, Released: "infra", InfraSince: now.Add(-time.Hour), Proof: mesh.AskProof(secret, ask, "m1")},
+	} {
+		data, _ := json.Marshal(rec)
+		if _, err := kv.Put(ctx, mesh.AskClaimKey(ask, machine), data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	other, err := claim.OpenAsks(ctx, dial(), mesh.BuildSeat, "m5", "agent", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := other.Look(ctx, ask, secret, func(claim.AskRecord) bool { return false })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.Held == nil || f.Held.Machine != "m1" || f.Done != nil || !f.InfraSince.IsZero() || f.Attempts != 2 {
+		t.Fatalf("looked with the secret: %+v, want m1's claim held, nothing done, no budget spent, attempt 2", f)
+	}
+	// Without the secret every claim counts (asks that carry none).
+	if f, _ := other.Look(ctx, ask, "", func(claim.AskRecord) bool { return false }); f.Done == nil || f.Attempts != 5 {
+		t.Fatalf("looked with no secret: %+v, want every claim counted", f)
+	}
+	if err := l.Announce(ctx, mesh.EventBuilt, "ask-1-built-m1", []byte(`{"ask":"ask-1"}`)); err != nil {
+		t.Fatal(err)
+	}
+	f, err = other.Look(ctx, ask, secret, func(claim.AskRecord) bool { return false })
+	if err != nil || f.Done == nil || f.Done.Machine != "m1" || f.Done.MsgID != "ask-1-built-m1" || f.Held != nil {
+		t.Fatalf("after m1 settled: %+v (%v), want m1's outcome", f, err)
 	}
 }
