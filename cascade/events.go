@@ -75,8 +75,8 @@ func (c *Controller) event(ctx context.Context, m jetstream.Msg, verdicts map[je
 	if !checked {
 		v = c.check(ctx, m)
 	}
-	if v == nil {
-		v = c.taken(ctx, m, event)
+	if v.through() {
+		v = c.taken(ctx, m, event, v.o)
 	}
 	switch {
 	case v != nil && v.retry:

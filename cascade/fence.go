@@ -118,7 +118,12 @@ type verdict struct {
 	reason string
 	err    error
 	retry  bool
+	// o is the outcome read, for an event let through (taken reads it).
+	o outcomeOf
 }
+
+// through reports whether the verdict lets the event through.
+func (v *verdict) through() bool { return v == nil || (!v.retry && v.reason == "") }
 
 // fenceLooks is how many deliveries of an event the fence looks for a claim
 // it does not find before it refuses the event.
@@ -162,7 +167,8 @@ func (c *Controller) fence(ctx context.Context, batch []jetstream.Msg) map[jetst
 	return out
 }
 
-// check is the fence's verdict on one holder's event.
+// check is the fence's verdict on one holder's event: refused, to be
+// looked at again (retry), or through, with the outcome it read.
 func (c *Controller) check(ctx context.Context, m jetstream.Msg) *verdict {
 	ctx, cancel := context.WithTimeout(ctx, fenceTimeout)
 	defer cancel()
@@ -209,7 +215,7 @@ func (c *Controller) check(ctx context.Context, m jetstream.Msg) *verdict {
 		return &verdict{reason: RefusedProof, err: fmt.Errorf("machine %s shows no proof it was delivered ask %s", machine, o.ask)}
 	}
 	if event != mesh.EventBuilt {
-		return nil
+		return &verdict{o: o}
 	}
 	err = c.cfg.Images.CheckImage(ctx, c.Image(o.module), o.digest)
 	switch {
@@ -218,7 +224,7 @@ func (c *Controller) check(ctx context.Context, m jetstream.Msg) *verdict {
 	case err != nil:
 		return &verdict{retry: true, err: fmt.Errorf("resolving %s@%s: %w", c.Image(o.module), o.digest, err)}
 	}
-	return nil
+	return &verdict{o: o}
 }
 
 // taken is the fence's look at an outcome of an ask the plan saw start on
@@ -232,10 +238,9 @@ func (c *Controller) check(ctx context.Context, m jetstream.Msg) *verdict {
 // between recording its outcome and announcing it). While the other
 // machine holds the ask the event is looked at again on its next
 // deliveries (a replica may lag the lapse a moment), then refused.
-func (c *Controller) taken(ctx context.Context, m jetstream.Msg, event string) *verdict {
-	o, err := readOutcome(event, m.Data())
-	if err != nil || c.asks == nil {
-		return nil // the fence has looked already
+func (c *Controller) taken(ctx context.Context, m jetstream.Msg, event string, o outcomeOf) *verdict {
+	if c.asks == nil {
+		return nil
 	}
 	st := c.plans[o.plan]
 	if st == nil {
