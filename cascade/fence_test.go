@@ -165,6 +165,61 @@ func (f *fenceFarm) module(plan, m string) cascade.ModuleStatus {
 	return mods[m]
 }
 
+// waitBuilt waits until plan ends built.
+func (f *fenceFarm) waitBuilt(plan string, within time.Duration) {
+	f.t.Helper()
+	testenv.WaitFor(f.t, within, "the plan built", func() bool {
+		rec, err := f.store.Plan(f.ctx, plan)
+		return err == nil && rec.Outcome == cascade.OutcomeBuilt
+	})
+}
+
+// writeClaim writes rec as machine's own claim of rec.Ask, as js (the
+// machine's own connection) may.
+func (f *fenceFarm) writeClaim(js jetstream.JetStream, machine string, rec claim.AskRecord) {
+	f.t.Helper()
+	kv, err := js.KeyValue(f.ctx, mesh.AskClaimsBucket(mesh.BuildSeat))
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	data, _ := json.Marshal(rec)
+	if _, err := kv.Put(f.ctx, mesh.AskClaimKey(rec.Ask, machine), data); err != nil {
+		f.t.Fatalf("%s writing its own claim of %s: %v", machine, rec.Ask, err)
+	}
+}
+
+// announce publishes event v on machine's own subject, as js.
+func (f *fenceFarm) announce(js jetstream.JetStream, machine, event string, v any, opts ...jetstream.PublishOpt) {
+	f.t.Helper()
+	data, _ := json.Marshal(v)
+	if _, err := js.Publish(f.ctx, mesh.HolderEventSubject(mesh.BuildSeat, machine, event), data, opts...); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+// newMidFarm is a fence farm of base → mid → leaf whose machine m1 holds
+// mid, building, until release is closed.
+func newMidFarm(t *testing.T) (f *fenceFarm, plan string, mid mesh.Ask, release chan struct{}) {
+	t.Helper()
+	f = newFenceFarm(t, map[string][]string{"base": nil, "mid": {"base"}, "leaf": {"mid"}})
+	release = make(chan struct{})
+	w := &pushing{host: f.host, hold: map[string]chan struct{}{"mid": release}, began: make(chan mesh.Ask, 16)}
+	f.agent("m1", w)
+	plan = f.push("c1")
+	for mid.Module != "mid" {
+		select {
+		case mid = <-w.began:
+		case <-time.After(30 * time.Second):
+			t.Fatal("mid never began on m1")
+		}
+	}
+	testenv.WaitFor(t, 10*time.Second, "mid building on m1", func() bool {
+		ms := f.module(plan, "mid")
+		return ms.State == cascade.Building && ms.On == "m1"
+	})
+	return f, plan, mid, release
+}
+
 // pushing is a worker that pushes a small real image for every ask to the
 // registry (so its digest resolves), holding the modules in hold until
 // released, and reporting a digest never pushed for the modules in lie.
@@ -201,23 +256,7 @@ func (p *pushing) Work(ctx context.Context, a mesh.Ask, _ func(string)) (agent.R
 // after a forgery is accepted, and the plan ends built with the genuine
 // digests, none of it naming m2.
 func TestAnotherMachinesForgeriesChangeNothing(t *testing.T) {
-	f := newFenceFarm(t, map[string][]string{"base": nil, "mid": {"base"}, "leaf": {"mid"}})
-	release := make(chan struct{})
-	w := &pushing{host: f.host, hold: map[string]chan struct{}{"mid": release}, began: make(chan mesh.Ask, 16)}
-	f.agent("m1", w)
-	plan := f.push("c1")
-	var mid mesh.Ask
-	for mid.Module != "mid" {
-		select {
-		case mid = <-w.began:
-		case <-time.After(30 * time.Second):
-			t.Fatal("mid never began on m1")
-		}
-	}
-	testenv.WaitFor(t, 10*time.Second, "mid building on m1", func() bool {
-		ms := f.module(plan, "mid")
-		return ms.State == cascade.Building && ms.On == "m1"
-	})
+	f, plan, mid, release := newMidFarm(t)
 	forged := "sha256:" + strings.Repeat("f", 64)
 	built := func(on string) []byte {
 		data, _ := json.Marshal(mesh.Built{Version: mesh.AskVersion, Ask: mid.ID, Plan: plan, Module: "mid", Digest: forged,
@@ -293,10 +332,7 @@ func TestAnotherMachinesForgeriesChangeNothing(t *testing.T) {
 
 	// The genuine build lands, after the forgeries, and the plan ends built.
 	close(release)
-	testenv.WaitFor(t, 30*time.Second, "the plan built", func() bool {
-		rec, err := f.store.Plan(f.ctx, plan)
-		return err == nil && rec.Outcome == cascade.OutcomeBuilt
-	})
+	f.waitBuilt(plan, 30*time.Second)
 	for _, m := range []string{"base", "mid", "leaf"} {
 		ms := f.module(plan, m)
 		if ms.On != "m1" || ms.Digest == forged || ms.Digest == "" {
@@ -422,10 +458,7 @@ func TestAHandedBackIsShownAndForgeriesOfItAreRefused(t *testing.T) {
 		t.Fatalf("after the forgeries solo is %s on %q, handed back %+v: want building on m1, no note", ms.State, ms.On, ms.HandedBack)
 	}
 	close(release)
-	testenv.WaitFor(t, 30*time.Second, "the plan built", func() bool {
-		rec, err := f.store.Plan(f.ctx, plan)
-		return err == nil && rec.Outcome == cascade.OutcomeBuilt
-	})
+	f.waitBuilt(plan, 30*time.Second)
 	if ms := f.module(plan, "solo"); ms.On != "m1" || ms.HandedBack != nil || ms.Attempt != 1 {
 		t.Errorf("solo %+v: want built on m1, no note", ms)
 	}
@@ -439,23 +472,7 @@ func TestAHandedBackIsShownAndForgeriesOfItAreRefused(t *testing.T) {
 // refused while m1 holds its claim (RefusedHeld): mid stays building on
 // m1, no machine is noted lost, and the plan ends built with m1's digest.
 func TestAMachineThatClaimsAnAskAnotherBuildsCannotTakeItOver(t *testing.T) {
-	f := newFenceFarm(t, map[string][]string{"base": nil, "mid": {"base"}, "leaf": {"mid"}})
-	release := make(chan struct{})
-	w := &pushing{host: f.host, hold: map[string]chan struct{}{"mid": release}, began: make(chan mesh.Ask, 16)}
-	f.agent("m1", w)
-	plan := f.push("c1")
-	var mid mesh.Ask
-	for mid.Module != "mid" {
-		select {
-		case mid = <-w.began:
-		case <-time.After(30 * time.Second):
-			t.Fatal("mid never began on m1")
-		}
-	}
-	testenv.WaitFor(t, 10*time.Second, "mid building on m1", func() bool {
-		ms := f.module(plan, "mid")
-		return ms.State == cascade.Building && ms.On == "m1"
-	})
+	f, plan, mid, release := newMidFarm(t)
 	// An older image of mid, in mid's repository: a digest the registry
 	// resolves.
 	older := mid
@@ -466,10 +483,6 @@ func TestAMachineThatClaimsAnAskAnotherBuildsCannotTakeItOver(t *testing.T) {
 	}
 
 	_, m2 := f.connect(mesh.PrincipalID(mesh.KindAgent, "m2"))
-	akv, err := m2.KeyValue(f.ctx, mesh.AskClaimsBucket(mesh.BuildSeat))
-	if err != nil {
-		t.Fatal(err)
-	}
 	// m2 knows the ask's secret: the ask was delivered to it once (it
 	// comes again to another machine while its holder builds it, and is
 	// left to the holder), so its proofs are good.
@@ -477,20 +490,11 @@ func TestAMachineThatClaimsAnAskAnotherBuildsCannotTakeItOver(t *testing.T) {
 	if mid.Secret == "" || proof == "" {
 		t.Fatal("the ask came with no secret")
 	}
-	publish := func(event string, v any) {
-		t.Helper()
-		data, _ := json.Marshal(v)
-		if _, err := m2.Publish(f.ctx, mesh.HolderEventSubject(mesh.BuildSeat, "m2", event), data); err != nil {
-			t.Fatal(err)
-		}
-	}
+	publish := func(event string, v any) { f.announce(m2, "m2", event, v) }
 	for _, attempt := range []int{1, 2} {
 		now := time.Now().UTC()
-		rec, _ := json.Marshal(claim.AskRecord{Ask: mid.ID, Machine: "m2", Holder: "m2", Attempt: attempt, Since: now, Renewed: now,
+		f.writeClaim(m2, "m2", claim.AskRecord{Ask: mid.ID, Machine: "m2", Holder: "m2", Attempt: attempt, Since: now, Renewed: now,
 			Lease: "1m", Token: fmt.Sprintf("forged-%d", attempt)})
-		if _, err := akv.Put(f.ctx, mesh.AskClaimKey(mid.ID, "m2"), rec); err != nil {
-			t.Fatalf("m2 writing its own claim of mid: %v", err)
-		}
 		publish(mesh.EventStarted, mesh.Started{Version: mesh.AskVersion, Ask: mid.ID, Plan: plan, Module: "mid", On: "m2", Attempt: attempt, At: now, Proof: proof})
 		publish(mesh.EventBuilt, mesh.Built{Version: mesh.AskVersion, Ask: mid.ID, Plan: plan, Module: "mid", Digest: old.Digest,
 			Image: mid.Image + "@" + old.Digest, On: "m2", Attempt: attempt, At: now, Proof: proof})
@@ -510,10 +514,7 @@ func TestAMachineThatClaimsAnAskAnotherBuildsCannotTakeItOver(t *testing.T) {
 		t.Fatalf("after m2's attempts mid is %s on %q, digest %q, lost %+v: want building on m1", ms.State, ms.On, ms.Digest, ms.Lost)
 	}
 	close(release)
-	testenv.WaitFor(t, 30*time.Second, "the plan built", func() bool {
-		rec, err := f.store.Plan(f.ctx, plan)
-		return err == nil && rec.Outcome == cascade.OutcomeBuilt
-	})
+	f.waitBuilt(plan, 30*time.Second)
 	ms = f.module(plan, "mid")
 	if ms.On != "m1" || ms.Digest == old.Digest || ms.Digest == "" || len(ms.Lost) > 0 {
 		t.Errorf("mid built %+v: want built on m1 with its own digest, nobody lost", ms)
@@ -553,28 +554,15 @@ func TestAnOutcomeAdoptedFromAMachineThatDiedCountsWithItsOwnDigestOnly(t *testi
 	}
 	claimAs := func(js jetstream.JetStream, machine string, attempt int, settled *mesh.Built, msgID string) {
 		t.Helper()
-		kv, err := js.KeyValue(f.ctx, mesh.AskClaimsBucket(mesh.BuildSeat))
-		if err != nil {
-			t.Fatal(err)
-		}
 		now := time.Now().UTC()
 		rec := claim.AskRecord{Ask: id, Machine: machine, Holder: machine, Attempt: attempt, Since: now, Renewed: now, Lease: "1m", Token: machine}
 		if settled != nil {
 			rec.Outcome, rec.MsgID = mesh.EventBuilt, msgID
 			rec.Event, _ = json.Marshal(settled)
 		}
-		data, _ := json.Marshal(rec)
-		if _, err := kv.Put(f.ctx, mesh.AskClaimKey(id, machine), data); err != nil {
-			t.Fatal(err)
-		}
+		f.writeClaim(js, machine, rec)
 	}
-	publish := func(js jetstream.JetStream, machine, event string, v any, opts ...jetstream.PublishOpt) {
-		t.Helper()
-		data, _ := json.Marshal(v)
-		if _, err := js.Publish(f.ctx, mesh.HolderEventSubject(mesh.BuildSeat, machine, event), data, opts...); err != nil {
-			t.Fatal(err)
-		}
-	}
+	publish := f.announce
 	claimAs(m1, "m1", 1, nil, "")
 	publish(m1, "m1", mesh.EventStarted, mesh.Started{Version: mesh.AskVersion, Ask: id, Plan: plan, Module: "solo", On: "m1", Attempt: 1,
 		At: time.Now().UTC(), Proof: mesh.AskProof(ask.Secret, id, "m1")})
@@ -630,25 +618,15 @@ func TestAMachineThatPredictsAnAsksIdCannotAnnounceIt(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, m2 := f.connect(mesh.PrincipalID(mesh.KindAgent, "m2"))
-	akv, err := m2.KeyValue(f.ctx, mesh.AskClaimsBucket(mesh.BuildSeat))
-	if err != nil {
-		t.Fatal(err)
-	}
 	now := time.Now().UTC()
-	rec, _ := json.Marshal(claim.AskRecord{Ask: id, Machine: "m2", Holder: "m2", Attempt: 1, Since: now, Renewed: now, Lease: "1m", Token: "forged"})
-	if _, err := akv.Put(f.ctx, mesh.AskClaimKey(id, "m2"), rec); err != nil {
-		t.Fatal(err)
-	}
+	f.writeClaim(m2, "m2", claim.AskRecord{Ask: id, Machine: "m2", Holder: "m2", Attempt: 1, Since: now, Renewed: now, Lease: "1m", Token: "forged"})
 	for _, proof := range []string{"", mesh.AskProof("a guess", id, "m2")} {
 		for event, v := range map[string]any{
 			mesh.EventStarted: mesh.Started{Version: mesh.AskVersion, Ask: id, Plan: plan, Module: "solo", On: "m2", Attempt: 1, At: now, Proof: proof},
 			mesh.EventBuilt: mesh.Built{Version: mesh.AskVersion, Ask: id, Plan: plan, Module: "solo", Digest: old.Digest, Image: image + "@" + old.Digest,
 				On: "m2", Attempt: 1, At: now, Proof: proof},
 		} {
-			data, _ := json.Marshal(v)
-			if _, err := m2.Publish(f.ctx, mesh.HolderEventSubject(mesh.BuildSeat, "m2", event), data); err != nil {
-				t.Fatal(err)
-			}
+			f.announce(m2, "m2", event, v)
 		}
 	}
 	testenv.WaitFor(t, 20*time.Second, "m2's announcements refused", func() bool { return f.refused.count(cascade.RefusedProof) >= 4 })
@@ -657,10 +635,7 @@ func TestAMachineThatPredictsAnAsksIdCannotAnnounceIt(t *testing.T) {
 	}
 	w := &pushing{host: f.host, began: make(chan mesh.Ask, 16)}
 	f.agent("m1", w)
-	testenv.WaitFor(t, 30*time.Second, "the plan built", func() bool {
-		rec, err := f.store.Plan(f.ctx, plan)
-		return err == nil && rec.Outcome == cascade.OutcomeBuilt
-	})
+	f.waitBuilt(plan, 30*time.Second)
 	if ms := f.module(plan, "solo"); ms.On != "m1" || ms.Digest == old.Digest || ms.Digest == "" {
 		t.Errorf("solo %+v: want built on m1 with its own digest", ms)
 	}
@@ -746,21 +721,11 @@ func TestAClaimWithoutAProofOfDeliveryKeepsNoAskFromItsHolders(t *testing.T) {
 	plan := f.push("c1")
 	id := cascade.AskID(plan, "solo", 1)
 	_, m2 := f.connect(mesh.PrincipalID(mesh.KindAgent, "m2"))
-	akv, err := m2.KeyValue(f.ctx, mesh.AskClaimsBucket(mesh.BuildSeat))
-	if err != nil {
-		t.Fatal(err)
-	}
 	now := time.Now().UTC()
-	rec, _ := json.Marshal(claim.AskRecord{Ask: id, Machine: "m2", Holder: "m2", Attempt: 1, Since: now, Renewed: now, Lease: "1h", Token: "forged"})
-	if _, err := akv.Put(f.ctx, mesh.AskClaimKey(id, "m2"), rec); err != nil {
-		t.Fatal(err)
-	}
+	f.writeClaim(m2, "m2", claim.AskRecord{Ask: id, Machine: "m2", Holder: "m2", Attempt: 1, Since: now, Renewed: now, Lease: "1h", Token: "forged"})
 	w := &flakyOnce{pushing: &pushing{host: f.host, began: make(chan mesh.Ask, 16)}, tries: map[string]int{}}
 	f.agent("m1", w)
-	testenv.WaitFor(t, 40*time.Second, "the plan built", func() bool {
-		rec, err := f.store.Plan(f.ctx, plan)
-		return err == nil && rec.Outcome == cascade.OutcomeBuilt
-	})
+	f.waitBuilt(plan, 40*time.Second)
 	if ms := f.module(plan, "solo"); ms.On != "m1" || ms.Attempt != 1 {
 		t.Errorf("solo %+v: want built on m1", ms)
 	}
