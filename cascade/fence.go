@@ -266,10 +266,11 @@ func (c *Controller) taken(ctx context.Context, m jetstream.Msg, event string, o
 	case !claim.Bound(ctx, c.seatClaims, mesh.BuildSeat, rec):
 		return nil // its machine's seat lapsed: the claim is void
 	}
+	v := &verdict{reason: RefusedHeld, err: fmt.Errorf("ask %s was started on %s, which still holds it; %s says %s", o.ask, holder, o.on, event)}
 	if md, err := m.Metadata(); err == nil && md.NumDelivered < fenceLooks {
-		return &verdict{retry: true, err: fmt.Errorf("ask %s was started on %s, which still holds it; %s says %s", o.ask, holder, o.on, event)}
+		v.reason, v.retry = "", true
 	}
-	return &verdict{reason: RefusedHeld, err: fmt.Errorf("ask %s was started on %s, which still holds it; %s says %s", o.ask, holder, o.on, event)}
+	return v
 }
 
 // recordedDigest is the digest of the built event a settled claim records.
