@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/meshbuild/meshbuild/claim"
 	"github.com/meshbuild/meshbuild/internal/backoff"
 	"github.com/meshbuild/meshbuild/mesh"
@@ -193,6 +195,11 @@ func (a *Agent) retake(ctx context.Context, ask mesh.Ask, attempt int, h *hold) 
 			}
 		}
 		tcancel()
+		if a.nc.IsClosed() {
+			// The connection was closed for good (the agent is being
+			// stopped, or its owner closed it): no try can answer.
+			return fmt.Errorf("its claim lapsed, and the connection to the bus is closed: %w", nats.ErrConnectionClosed)
+		}
 		a.troubled()
 		if backoff.Wait(ctx, retakeRetry.Delay(try)) != nil {
 			return fmt.Errorf("its claim lapsed, and the bus did not answer for %s to claim it again: %w", retakeFor, err)

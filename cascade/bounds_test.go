@@ -145,7 +145,19 @@ func (h *poisonHarness) startKillers(n int) {
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
 		go func() { defer close(done); _ = a.Run(ctx) }()
-		t.Cleanup(func() { cancel(); <-done; nc.Close() })
+		// A killed agent's connection is closed for good: stopped, it
+		// does not wait for a bus that cannot answer to claim its ask
+		// again (retakeFor).
+		t.Cleanup(func() {
+			cancel()
+			select {
+			case <-done:
+			case <-time.After(10 * time.Second):
+				t.Errorf("%s, its connection closed, did not stop within 10s of being told to", machine)
+				<-done
+			}
+			nc.Close()
+		})
 	}
 }
 

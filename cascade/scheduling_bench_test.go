@@ -33,7 +33,7 @@ import (
 //     modules each, in process: per dispatch and per round (p99).
 //
 // MESHBUILD_BENCH=tiny: 1 unit is 50ms, the big plan 40 modules, 100
-// machines for the cost.
+// machines across 4 plans of 100 for the cost.
 func BenchmarkScheduling(b *testing.B) {
 	unit, big := 150*time.Millisecond, 200
 	if benchTiny() {
@@ -42,11 +42,11 @@ func BenchmarkScheduling(b *testing.B) {
 	b.Run("urgent", func(b *testing.B) { benchUrgent(b, unit, big) })
 	b.Run("fair-share", func(b *testing.B) { benchFairShare(b, unit) })
 	b.Run("cost-1000", func(b *testing.B) {
-		machines := 1000
+		machines, plans, modules := 1000, 20, 1000
 		if benchTiny() {
-			machines = 100
+			machines, plans, modules = 100, 4, 100
 		}
-		benchScheduleCost(b, machines, 20)
+		benchScheduleCost(b, machines, plans, modules)
 	})
 }
 
@@ -177,10 +177,10 @@ func benchFairShare(b *testing.B, unit time.Duration) {
 // hand every machine to the plans: Allot, then each plan's Fill of what it
 // was given, on plans whose held asks are then put back (a fresh state per
 // round would time the copying).
-func benchScheduleCost(b *testing.B, machines, plans int) {
+func benchScheduleCost(b *testing.B, machines, plans, modules int) {
 	states := make([]*cascade.State, plans)
 	for i := range states {
-		ms := flat(fmt.Sprintf("https://git.example/r%d.git", i), fmt.Sprintf("r%d-", i), 1000)
+		ms := flat(fmt.Sprintf("https://git.example/r%d.git", i), fmt.Sprintf("r%d-", i), modules)
 		p, err := planner.New(mesh.NewCatalogue(ms), planner.Trigger{Kind: planner.KindPush, Repo: ms[0].Build.Repo, Commit: "c"})
 		if err != nil {
 			b.Fatal(err)
