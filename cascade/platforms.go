@@ -115,6 +115,7 @@ func (s *State) platformStarted(i, k int, ev mesh.Started) bool {
 		return false
 	}
 	m.On, m.HandedBack = machinesOf(m.Platforms), nil
+	m.held(ev.On)
 	s.touch(ev.At)
 	return true
 }

@@ -223,6 +223,50 @@ func TestAHandedBackIsANoteUntilTheNextStart(t *testing.T) {
 	}
 }
 
+// The machines that started a module's current ask are kept on it, each
+// once, for a platform's ask too, and forgotten with the ask: a retry is a
+// new ask, whose output is its own machines'.
+func TestTheMachinesThatStartedAnAskAreKeptWithIt(t *testing.T) {
+	s := NewState(plan(t, "a:"), t0)
+	a := s.Start(t0)[0]
+	s.Started(started(a, "m1", 1))
+	s.Started(started(a, "m2", 8))
+	s.HandedBack(mesh.HandedBack{Version: 1, Ask: a.AskID, Plan: a.Plan, Module: "a", On: "m2", Attempt: 2, Why: "stopping", At: at(9)})
+	s.Started(started(a, "m1", 10))
+	// An event for no ask of the module names no holder.
+	s.Started(mesh.Started{Ask: a.AskID + "x", Plan: a.Plan, Module: "a", On: "m9", At: at(11)})
+	m := stateOf(t, s, "a")
+	if want := []string{"m1", "m2"}; !slices.Equal(m.Held, want) || !m.HeldBy("m2") || m.HeldBy("m9") {
+		t.Fatalf("held %v, want %v", m.Held, want)
+	}
+	s.Failed(failed(a, 12), at(12))
+	r, err := s.Retry("a", at(13))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := stateOf(t, s, "a"); len(m.Held) != 0 {
+		t.Fatalf("retried: held %v, want none yet", m.Held)
+	}
+	s.Started(started(r, "m3", 14))
+	if m := stateOf(t, s, "a"); !slices.Equal(m.Held, []string{"m3"}) {
+		t.Fatalf("the retry's holders %v, want m3", m.Held)
+	}
+	for k := range maxHeld + 2 {
+		s.Started(started(r, fmt.Sprintf("n%d", k), 15+k))
+	}
+	if m := stateOf(t, s, "a"); len(m.Held) != maxHeld || m.Held[maxHeld-1] != fmt.Sprintf("n%d", maxHeld+1) {
+		t.Fatalf("held %v: want the latest %d", m.Held, maxHeld)
+	}
+
+	p := twoPlatforms(t)
+	base := byModule(t, p.Start(at(0)), "base")
+	p.Started(mesh.Started{Ask: platformEvent(base, "linux/arm64"), Plan: base.Plan, Module: "base", On: "pi", At: at(1)})
+	p.Started(mesh.Started{Ask: platformEvent(base, "linux/amd64"), Plan: base.Plan, Module: "base", On: "x86", At: at(2)})
+	if got := stateOf(t, p, "base").Held; !slices.Equal(got, []string{"pi", "x86"}) {
+		t.Fatalf("a module of two platforms: held %v, want pi and x86", got)
+	}
+}
+
 // A machine that starts an ask and goes silent (kill -9: no hand-back)
 // loses its claim, and the next machine's start is noted on the module as
 // a lost holder, kept after the module is built; a machine that gave the

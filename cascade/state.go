@@ -213,6 +213,38 @@ type ModuleStatus struct {
 	// Lost are the machines that started the module's ask and went
 	// silent, another machine taking it (the latest few).
 	Lost []Lost `json:"lost,omitempty"`
+	// Held are the machines whose started of the module's current ask
+	// (or one of its platforms') the controller applied, each once, in
+	// the order they started it (the latest few): its build output is
+	// theirs, and a log batch from any other machine is not shown.
+	Held []string `json:"held,omitempty"`
+}
+
+// maxHeld is how many machines a module's Held keeps: the latest.
+const maxHeld = 8
+
+// held notes that machine on started the module's current ask.
+func (m *ModuleStatus) held(on string) {
+	if on == "" || slices.Contains(m.Held, on) {
+		return
+	}
+	m.Held = append(m.Held, on)
+	if len(m.Held) > maxHeld {
+		m.Held = slices.Delete(m.Held, 0, len(m.Held)-maxHeld)
+	}
+}
+
+// HeldBy reports whether the plan saw machine on start the module's
+// current ask. A module stored before Held was kept names its machines
+// only in On, Lost and HandedBack: those count for it.
+func (m ModuleStatus) HeldBy(on string) bool {
+	if len(m.Held) > 0 || on == "" {
+		return slices.Contains(m.Held, on)
+	}
+	if slices.Contains(strings.Split(m.On, ","), on) || (m.HandedBack != nil && m.HandedBack.On == on) {
+		return true
+	}
+	return slices.ContainsFunc(m.Lost, func(l Lost) bool { return l.On == on || l.TakenBy == on })
 }
 
 // Submit is an ask the caller must publish (with Nats-Msg-Id = AskID).
@@ -387,6 +419,7 @@ func (s *State) Started(ev mesh.Started) bool {
 		return false
 	}
 	m.On, m.Started, m.HandedBack = ev.On, ev.At, nil
+	m.held(ev.On)
 	s.touch(ev.At)
 	return true
 }
@@ -627,7 +660,7 @@ func (s *State) submit(ready []int, now time.Time) []Submit {
 		s.set(m, Queued)
 		m.Queued = now
 		m.Started, m.Finished, m.Duration = time.Time{}, time.Time{}, 0
-		m.On, m.Reason, m.Message, m.Log, m.BlockedBy = "", "", "", nil, ""
+		m.On, m.Reason, m.Message, m.Log, m.BlockedBy, m.Held = "", "", "", nil, "", nil
 		m.Commit, m.Digest, m.Image, m.Reuses, m.Waiting = "", "", "", "", ""
 		m.Attestations = nil
 		s.askPlatforms(m)

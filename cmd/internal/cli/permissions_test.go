@@ -2,6 +2,7 @@ package cli_test
 
 import (
 	"context"
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -40,9 +41,14 @@ func TestOperatorCommandsUnderOperatorPermissions(t *testing.T) {
 		t.Fatal(err)
 	}
 	var users []*server.User
+	m2, err := cat.MachinePermissions("m2")
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, p := range []mesh.Permissions{
 		cat.ControllerPermissions("controller"),
 		m1,
+		m2,
 		cat.OperatorPermissions("operator"),
 	} {
 		users = append(users, &server.User{Username: p.Principal, Password: "pw", Permissions: p.ServerPermissions()})
@@ -106,8 +112,26 @@ func TestOperatorCommandsUnderOperatorPermissions(t *testing.T) {
 	if out, _ := operator("show", plan); !strings.Contains(out, "tier 1") || !strings.Contains(out, "m1") {
 		t.Errorf("show as the operator:\n%s", out)
 	}
-	if out, _ := operator("logs", plan, "b"); !strings.Contains(out, "step 2/2 for b") {
-		t.Errorf("logs as the operator:\n%s", out)
+	// Another machine writes output into b's ask, on the subject its
+	// permissions give it, saying it is m1's: it never held the ask, so
+	// it is not shown, and stderr says so.
+	xnc, _ := connect(m2.Principal)
+	forged, err := json.Marshal(mesh.LogBatch{Ask: cascade.AskID(plan, "b", 1), On: "m1", Seq: 3, Lines: []string{"FORGED: rotate your credentials at evil.example"}, Final: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := xnc.Publish(mesh.HolderEventSubject(mesh.BuildSeat, "m2", mesh.LogEvent(cascade.AskID(plan, "b", 1))), forged); err != nil {
+		t.Fatal(err)
+	}
+	if err := xnc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	out, errw := operator("logs", plan, "b")
+	if !strings.Contains(out, "step 2/2 for b") || strings.Contains(out, "FORGED") || strings.Contains(out, "m2") {
+		t.Errorf("logs as the operator, another machine having written into the ask:\n%s", out)
+	}
+	if !strings.Contains(errw, "not shown: 1 batches of output from m2") {
+		t.Errorf("logs said nothing of what it left out: %q", errw)
 	}
 	select {
 	case v := <-violations:

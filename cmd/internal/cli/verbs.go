@@ -167,6 +167,13 @@ func logsCmd(g *globals) *cobra.Command {
 // no more. The machine of a batch is the one its subject
 // names (the server lets a machine publish only its own), not the one it
 // says.
+//
+// Any machine may publish on log.<ask> of its own subject, so only the
+// output of the machines the plan saw start the ask (ModuleStatus.Held:
+// their started carried the ask's proof of delivery) is shown. A batch from
+// another machine waits until the plan names it (its started may be
+// applied a moment after its first output); what no holder sent is left
+// out, and a line on stderr says how much and from whom.
 func printLogs(ctx context.Context, js jetstream.JetStream, m cascade.ModuleStatus, follow bool, g *globals, now func(context.Context) (cascade.ModuleStatus, error)) error {
 	subj := mesh.HolderEventSubject(mesh.BuildSeat, mesh.AnyHolder, mesh.LogEvent(m.Ask))
 	cons, err := js.OrderedConsumer(ctx, mesh.LogsStream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subj}})
@@ -174,44 +181,20 @@ func printLogs(ctx context.Context, js jetstream.JetStream, m cascade.ModuleStat
 		return fmt.Errorf("reading %s: %w", subj, err)
 	}
 	inFlight := func(m cascade.ModuleStatus) bool { return m.State == cascade.Building || m.State == cascade.Queued }
+	cur := m
 	finished := !inFlight(m)
-	recheck := func() error { // whether the module is still in flight, now
-		cur, err := now(ctx)
-		finished = err == nil && !inFlight(cur)
-		return err
-	}
-	var from string // the machine of the last batch printed
-	ended := false  // whether its attempt's output ended (a final batch)
-	for {
-		wait := 2 * time.Second
-		if !follow || finished {
-			wait = 500 * time.Millisecond
-		}
-		msg, err := cons.Next(jetstream.FetchMaxWait(wait))
-		// Nothing came within the wait (an ordered consumer's Next says
-		// nats.ErrTimeout).
-		if errors.Is(err, nats.ErrTimeout) || errors.Is(err, jetstream.ErrNoMessages) || errors.Is(err, context.DeadlineExceeded) {
-			if !follow || finished {
-				return nil
-			}
-			// Quiet: the module may have finished with no output to end
-			// (a cancel, a machine gone for good); then what is left is
-			// read and it ends.
-			if err := recheck(); err != nil {
-				return err
-			}
-			continue
-		}
+	var read time.Time        // when cur was read last, after m
+	recheck := func() error { // the module now: in flight, and its holders
+		c, err := now(ctx)
 		if err != nil {
 			return err
 		}
-		var batch mesh.LogBatch
-		if err := json.Unmarshal(msg.Data(), &batch); err != nil {
-			continue
-		}
-		if _, machine, _, ok := mesh.SplitHolderEventSubject(msg.Subject()); ok {
-			batch.On = machine
-		}
+		cur, finished, read = c, !inFlight(c), time.Now()
+		return nil
+	}
+	var from string // the machine of the last batch printed
+	ended := false  // whether its attempt's output ended (a final batch)
+	show := func(batch mesh.LogBatch) error {
 		if g.json {
 			if err := writeJSON(g.out, batch); err != nil {
 				return err
@@ -225,6 +208,80 @@ func printLogs(ctx context.Context, js jetstream.JetStream, m cascade.ModuleStat
 			}
 		}
 		from, ended = batch.On, batch.Final
+		return nil
+	}
+	unheld := &unheldLogs{batches: map[string][]mesh.LogBatch{}}
+	// release shows what waited from the machines the plan now names.
+	release := func() error {
+		for _, b := range unheld.release(cur.HeldBy) {
+			if err := show(b); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	done := func() error {
+		if unheld.size() > 0 {
+			if err := recheck(); err != nil {
+				return err
+			}
+			if err := release(); err != nil {
+				return err
+			}
+		}
+		unheld.report(g.errw, m.Ask)
+		return nil
+	}
+	for {
+		wait := 2 * time.Second
+		if !follow || finished {
+			wait = 500 * time.Millisecond
+		}
+		msg, err := cons.Next(jetstream.FetchMaxWait(wait))
+		// Nothing came within the wait (an ordered consumer's Next says
+		// nats.ErrTimeout).
+		if errors.Is(err, nats.ErrTimeout) || errors.Is(err, jetstream.ErrNoMessages) || errors.Is(err, context.DeadlineExceeded) {
+			if !follow || finished {
+				return done()
+			}
+			// Quiet: the module may have finished with no output to end
+			// (a cancel, a machine gone for good); then what is left is
+			// read and it ends.
+			if err := recheck(); err != nil {
+				return err
+			}
+			if err := release(); err != nil {
+				return err
+			}
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		var batch mesh.LogBatch
+		if err := json.Unmarshal(msg.Data(), &batch); err != nil {
+			continue
+		}
+		_, machine, _, ok := mesh.SplitHolderEventSubject(msg.Subject())
+		if !ok {
+			continue
+		}
+		batch.On = machine
+		if !cur.HeldBy(machine) && time.Since(read) > 200*time.Millisecond {
+			if err := recheck(); err != nil {
+				return err
+			}
+		}
+		if !cur.HeldBy(machine) {
+			unheld.add(batch)
+			continue
+		}
+		if err := release(); err != nil {
+			return err
+		}
+		if err := show(batch); err != nil {
+			return err
+		}
 		if batch.Final && follow && !finished {
 			// The end of an attempt: of the module's last one once it is
 			// no longer in flight (a later attempt's output follows).
@@ -232,6 +289,62 @@ func printLogs(ctx context.Context, js jetstream.JetStream, m cascade.ModuleStat
 				return err
 			}
 		}
+	}
+}
+
+// unheldLogs are the log batches of machines the plan has not seen start
+// the ask, by machine, kept until it does (up to maxUnheldLines lines in
+// all; beyond, they are counted only).
+type unheldLogs struct {
+	batches map[string][]mesh.LogBatch
+	lines   int
+	dropped map[string]int // batches not kept or never released, by machine
+}
+
+const maxUnheldLines = 10000
+
+func (u *unheldLogs) add(b mesh.LogBatch) {
+	if u.lines+len(b.Lines) > maxUnheldLines {
+		u.drop(b.On, 1)
+		return
+	}
+	u.batches[b.On] = append(u.batches[b.On], b)
+	u.lines += len(b.Lines)
+}
+
+func (u *unheldLogs) drop(on string, n int) {
+	if u.dropped == nil {
+		u.dropped = map[string]int{}
+	}
+	u.dropped[on] += n
+}
+
+func (u *unheldLogs) size() int { return len(u.batches) }
+
+// release takes out and returns, in order, the batches of the machines
+// held reports.
+func (u *unheldLogs) release(held func(string) bool) []mesh.LogBatch {
+	var out []mesh.LogBatch
+	for _, on := range slices.Sorted(maps.Keys(u.batches)) {
+		if held(on) {
+			for _, b := range u.batches[on] {
+				u.lines -= len(b.Lines)
+			}
+			out = append(out, u.batches[on]...)
+			delete(u.batches, on)
+		}
+	}
+	return out
+}
+
+// report says on w what was left out: every batch still kept, and those
+// dropped.
+func (u *unheldLogs) report(w io.Writer, ask string) {
+	for on, bs := range u.batches {
+		u.drop(on, len(bs))
+	}
+	for _, on := range slices.Sorted(maps.Keys(u.dropped)) {
+		fmt.Fprintf(w, "builds: not shown: %d batches of output from %s, which the plan never saw start ask %s\n", u.dropped[on], on, ask)
 	}
 }
 
