@@ -322,6 +322,11 @@ func TestAKilledAgentsAskIsBuiltByAnother(t *testing.T) {
 	killed := time.Now()
 	a1.cancel()
 	<-a1.done
+	// Its connection closed for good, it does not wait for the bus to
+	// hand its claim back (which no try could).
+	if took := time.Since(killed); took > 5*time.Second {
+		t.Errorf("m1, its connection closed, took %s to stop", took.Round(time.Millisecond))
+	}
 	startAgent(t, s, "m2", g.on("m2"), nil)
 	// The claim lease by default is three quarters of the ack wait: within
 	// the ack wait (and room for a loaded machine) m2 has it.

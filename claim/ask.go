@@ -348,6 +348,11 @@ func (l *AskLease) settle(ctx context.Context, v AskRecord) error {
 func (l *AskLease) write(ctx context.Context, data []byte, rev uint64) error {
 	wait := 100 * time.Millisecond
 	pause := func(err error) error {
+		if errors.Is(err, nats.ErrConnectionClosed) || l.js.Conn().IsClosed() {
+			// Closed for good (the process is going, or its owner
+			// closed it): no try can answer.
+			return fmt.Errorf("settling %s: %w", l.what, nats.ErrConnectionClosed)
+		}
 		if wait == 100*time.Millisecond {
 			l.o.log.Warn("settling the claim: the bus does not answer; waiting for it", "claim", l.what, "err", err)
 		}
