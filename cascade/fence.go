@@ -146,9 +146,13 @@ type outcomeOf struct {
 // fence checks the outcomes in a batch at once (in parallel: each takes a
 // read of the claims bucket, a built a registry request too) and returns
 // their verdicts by message; messages that are not outcomes have none.
+// The events of one machine for one ask in the batch (a short build's
+// started and built) share one read of its claim: made once all of them
+// were published, it is what each would have read.
 func (c *Controller) fence(ctx context.Context, batch []jetstream.Msg) map[jetstream.Msg]*verdict {
 	out := map[jetstream.Msg]*verdict{}
 	var mu sync.Mutex
+	reads := &claimReads{m: map[string]*claimRead{}}
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(fenceParallel)
 	for _, m := range batch {
@@ -156,7 +160,7 @@ func (c *Controller) fence(ctx context.Context, batch []jetstream.Msg) map[jetst
 			continue
 		}
 		g.Go(func() error {
-			v := c.check(gctx, m)
+			v := c.checkWith(gctx, m, reads)
 			mu.Lock()
 			out[m] = v
 			mu.Unlock()
@@ -167,9 +171,45 @@ func (c *Controller) fence(ctx context.Context, batch []jetstream.Msg) map[jetst
 	return out
 }
 
+// claimReads are the claim reads of one batch's fence, by ask and machine.
+type claimReads struct {
+	mu sync.Mutex
+	m  map[string]*claimRead
+}
+
+type claimRead struct {
+	once sync.Once
+	rec  claim.AskRecord
+	ok   bool
+	err  error
+}
+
+// readClaim is claim.ReadAsk of machine's claim of ask, made once for the batch.
+func (c *Controller) readClaim(ctx context.Context, reads *claimReads, ask, machine string) (claim.AskRecord, bool, error) {
+	if reads == nil {
+		return claim.ReadAsk(ctx, c.js, c.asks, ask, machine)
+	}
+	key := mesh.AskClaimKey(ask, machine)
+	reads.mu.Lock()
+	r := reads.m[key]
+	if r == nil {
+		r = &claimRead{}
+		reads.m[key] = r
+	}
+	reads.mu.Unlock()
+	r.once.Do(func() { r.rec, r.ok, r.err = claim.ReadAsk(ctx, c.js, c.asks, ask, machine) })
+	return r.rec, r.ok, r.err
+}
+
 // check is the fence's verdict on one holder's event: refused, to be
 // looked at again (retry), or through, with the outcome it read.
 func (c *Controller) check(ctx context.Context, m jetstream.Msg) *verdict {
+	return c.checkWith(ctx, m, nil)
+}
+
+// checkWith is check, reading the claim through reads (nil: a read of its
+// own).
+func (c *Controller) checkWith(ctx context.Context, m jetstream.Msg, reads *claimReads) *verdict {
 	ctx, cancel := context.WithTimeout(ctx, fenceTimeout)
 	defer cancel()
 	seat, machine, event, _ := mesh.SplitHolderEventSubject(m.Subject())
@@ -186,7 +226,7 @@ func (c *Controller) check(ctx context.Context, m jetstream.Msg) *verdict {
 	if c.asks == nil {
 		return &verdict{reason: RefusedUnclaimed, err: errors.New("the ask claims bucket is not open")}
 	}
-	rec, ok, err := claim.ReadAsk(ctx, c.js, c.asks, o.ask, machine)
+	rec, ok, err := c.readClaim(ctx, reads, o.ask, machine)
 	// ReadAsk asks the bucket's leader for a claim a replica does not show;
 	// a claim not found (or of an older attempt) is still looked for again
 	// on the event's next deliveries before the event is refused: a claim
