@@ -73,7 +73,7 @@ func (c *Controller) event(ctx context.Context, m jetstream.Msg, verdicts map[je
 	}
 	v, checked := verdicts[m]
 	if !checked {
-		v = c.check(ctx, m)
+		v = c.check(ctx, m, nil)
 	}
 	if v.through() {
 		v = c.taken(ctx, m, event, v.o)

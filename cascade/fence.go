@@ -160,7 +160,7 @@ func (c *Controller) fence(ctx context.Context, batch []jetstream.Msg) map[jetst
 			continue
 		}
 		g.Go(func() error {
-			v := c.checkWith(gctx, m, reads)
+			v := c.check(gctx, m, reads)
 			mu.Lock()
 			out[m] = v
 			mu.Unlock()
@@ -202,14 +202,9 @@ func (c *Controller) readClaim(ctx context.Context, reads *claimReads, ask, mach
 }
 
 // check is the fence's verdict on one holder's event: refused, to be
-// looked at again (retry), or through, with the outcome it read.
-func (c *Controller) check(ctx context.Context, m jetstream.Msg) *verdict {
-	return c.checkWith(ctx, m, nil)
-}
-
-// checkWith is check, reading the claim through reads (nil: a read of its
-// own).
-func (c *Controller) checkWith(ctx context.Context, m jetstream.Msg, reads *claimReads) *verdict {
+// looked at again (retry), or through, with the outcome it read. The
+// machine's claim is read through reads (nil: a read of its own).
+func (c *Controller) check(ctx context.Context, m jetstream.Msg, reads *claimReads) *verdict {
 	ctx, cancel := context.WithTimeout(ctx, fenceTimeout)
 	defer cancel()
 	seat, machine, event, _ := mesh.SplitHolderEventSubject(m.Subject())

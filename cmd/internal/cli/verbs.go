@@ -210,7 +210,7 @@ func printLogs(ctx context.Context, js jetstream.JetStream, m cascade.ModuleStat
 		from, ended = batch.On, batch.Final
 		return nil
 	}
-	unheld := &unheldLogs{batches: map[string][]mesh.LogBatch{}}
+	unheld := &unheldLogs{batches: map[string][]mesh.LogBatch{}, dropped: map[string]int{}}
 	// release shows what waited from the machines the plan now names.
 	release := func() error {
 		for _, b := range unheld.release(cur.HeldBy) {
@@ -305,18 +305,11 @@ const maxUnheldLines = 10000
 
 func (u *unheldLogs) add(b mesh.LogBatch) {
 	if u.lines+len(b.Lines) > maxUnheldLines {
-		u.drop(b.On, 1)
+		u.dropped[b.On]++
 		return
 	}
 	u.batches[b.On] = append(u.batches[b.On], b)
 	u.lines += len(b.Lines)
-}
-
-func (u *unheldLogs) drop(on string, n int) {
-	if u.dropped == nil {
-		u.dropped = map[string]int{}
-	}
-	u.dropped[on] += n
 }
 
 func (u *unheldLogs) size() int { return len(u.batches) }
@@ -341,7 +334,7 @@ func (u *unheldLogs) release(held func(string) bool) []mesh.LogBatch {
 // dropped.
 func (u *unheldLogs) report(w io.Writer, ask string) {
 	for on, bs := range u.batches {
-		u.drop(on, len(bs))
+		u.dropped[on] += len(bs)
 	}
 	for _, on := range slices.Sorted(maps.Keys(u.dropped)) {
 		fmt.Fprintf(w, "builds: not shown: %d batches of output from %s, which the plan never saw start ask %s\n", u.dropped[on], on, ask)
