@@ -1,9 +1,11 @@
 package cli_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/google/go-containerregistry/pkg/name"
@@ -12,6 +14,7 @@ import (
 
 	"github.com/meshbuild/meshbuild/agent"
 	"github.com/meshbuild/meshbuild/cascade"
+	"github.com/meshbuild/meshbuild/cmd/internal/cli"
 	"github.com/meshbuild/meshbuild/internal/buildkitd"
 	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/internal/testenv"
@@ -153,6 +156,24 @@ func TestAModuleOfTwoPlatformsIsBuiltOnAMachineOfEach(t *testing.T) {
 	amdManifest := multi.Platforms[slices.IndexFunc(multi.Platforms, func(p cascade.PlatformStatus) bool { return p.Platform == mesh.DefaultPlatform })]
 	if l := layers(t, dep.Image); !hasPrefix(l, layers(t, reg+"/multi@"+amdManifest.Digest)) {
 		t.Errorf("dep's layers %v are not built on multi's amd64 manifest", l)
+	}
+
+	// logs: each platform's output, from the machine that built it,
+	// under a line naming the platform.
+	var out, errw bytes.Buffer
+	if code := cli.Main(ctx, []string{"--nats", s.ClientURL(), "logs", view.Plan.ID, "multi"}, &out, &errw); code != 0 {
+		t.Fatalf("logs multi: %s", errw.String())
+	}
+	// The module is over: one platform's output after the other, each
+	// whole (its build's steps and its timings).
+	amd, arm, ok := strings.Cut(out.String(), "── linux/arm64, on arm ──\n")
+	if !ok || !strings.HasPrefix(amd, "── linux/amd64, on amd ──\n") || strings.Contains(arm, "── linux/amd64") || errw.Len() > 0 {
+		t.Fatalf("logs of multi: want linux/amd64's output, then linux/arm64's, each under one line naming it, nothing on stderr:\n%s\nstderr: %s", out.String(), errw.String())
+	}
+	for p, part := range map[string]string{"linux/amd64": amd, "linux/arm64": arm} {
+		if !strings.Contains(part, "COPY hello.txt") || !strings.Contains(part, "buildcache-"+mesh.PlatformToken(p)) || !strings.Contains(part, "took: ") {
+			t.Errorf("logs of multi: %s's part is not its whole build:\n%s", p, part)
+		}
 	}
 
 	// machines: each agent lists the platform it builds.

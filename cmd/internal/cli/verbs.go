@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"crypto/rand"
@@ -175,10 +176,16 @@ func logsCmd(g *globals) *cobra.Command {
 // applied a moment after its first output); what no holder sent is left
 // out, and a line on stderr says how much and from whom.
 func printLogs(ctx context.Context, js jetstream.JetStream, m cascade.ModuleStatus, follow bool, g *globals, now func(context.Context) (cascade.ModuleStatus, error)) error {
-	subj := mesh.HolderEventSubject(mesh.BuildSeat, mesh.AnyHolder, mesh.LogEvent(m.Ask))
-	cons, err := js.OrderedConsumer(ctx, mesh.LogsStream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subj}})
+	// A module built for several platforms is built as one ask per
+	// platform, each logged under its own id.
+	asks := logAsks(m)
+	subjects := make([]string, 0, len(asks))
+	for _, id := range slices.Sorted(maps.Keys(asks)) {
+		subjects = append(subjects, mesh.HolderEventSubject(mesh.BuildSeat, mesh.AnyHolder, mesh.LogEvent(id)))
+	}
+	cons, err := js.OrderedConsumer(ctx, mesh.LogsStream, jetstream.OrderedConsumerConfig{FilterSubjects: subjects})
 	if err != nil {
-		return fmt.Errorf("reading %s: %w", subj, err)
+		return fmt.Errorf("reading %s: %w", strings.Join(subjects, ", "), err)
 	}
 	inFlight := func(m cascade.ModuleStatus) bool { return m.State == cascade.Building || m.State == cascade.Queued }
 	cur := m
@@ -192,22 +199,52 @@ func printLogs(ctx context.Context, js jetstream.JetStream, m cascade.ModuleStat
 		cur, finished, read = c, !inFlight(c), time.Now()
 		return nil
 	}
-	var from string // the machine of the last batch printed
-	ended := false  // whether its attempt's output ended (a final batch)
+	// Of each ask: the machine of its last batch printed, and whether
+	// that attempt's output ended (a final batch).
+	type printed struct {
+		from  string
+		ended bool
+	}
+	last := map[string]*printed{}
+	lastAsk := "" // the ask of the last batch printed
+	// The output of several asks that are over is shown one ask after
+	// the other (by platform); followed, as it comes, each change of ask
+	// headed by a line.
+	grouped := len(asks) > 1 && (!follow || finished) && !g.json
+	groups := map[string]*bytes.Buffer{}
 	show := func(batch mesh.LogBatch) error {
+		p := last[batch.Ask]
+		if p == nil {
+			p = &printed{}
+			last[batch.Ask] = p
+		}
 		if g.json {
 			if err := writeJSON(g.out, batch); err != nil {
 				return err
 			}
 		} else {
-			if from != "" && (batch.On != from || batch.Seq <= 1) {
-				fmt.Fprintln(g.out, attemptLine(from, batch.On, ended))
+			var w io.Writer = g.out
+			head := len(asks) > 1 && batch.Ask != lastAsk
+			if grouped {
+				buf := groups[batch.Ask]
+				head = buf == nil
+				if head {
+					buf = &bytes.Buffer{}
+					groups[batch.Ask] = buf
+				}
+				w = buf
+			}
+			if head {
+				fmt.Fprintf(w, "── %s, on %s ──\n", asks[batch.Ask], batch.On)
+			}
+			if p.from != "" && (batch.On != p.from || batch.Seq <= 1) {
+				fmt.Fprintln(w, attemptLine(p.from, batch.On, p.ended))
 			}
 			for _, l := range batch.Lines {
-				fmt.Fprintln(g.out, l)
+				fmt.Fprintln(w, l)
 			}
 		}
-		from, ended = batch.On, batch.Final
+		p.from, p.ended, lastAsk = batch.On, batch.Final, batch.Ask
 		return nil
 	}
 	unheld := &unheldLogs{batches: map[string][]mesh.LogBatch{}, dropped: map[string]int{}}
@@ -226,6 +263,13 @@ func printLogs(ctx context.Context, js jetstream.JetStream, m cascade.ModuleStat
 				return err
 			}
 			if err := release(); err != nil {
+				return err
+			}
+		}
+		// Grouped, each ask's output in the order of its name (the
+		// platform).
+		for _, id := range slices.SortedFunc(maps.Keys(groups), func(a, b string) int { return cmp.Compare(asks[a], asks[b]) }) {
+			if _, err := groups[id].WriteTo(g.out); err != nil {
 				return err
 			}
 		}
@@ -262,11 +306,13 @@ func printLogs(ctx context.Context, js jetstream.JetStream, m cascade.ModuleStat
 		if err := json.Unmarshal(msg.Data(), &batch); err != nil {
 			continue
 		}
-		_, machine, _, ok := mesh.SplitHolderEventSubject(msg.Subject())
+		_, machine, event, ok := mesh.SplitHolderEventSubject(msg.Subject())
 		if !ok {
 			continue
 		}
-		batch.On = machine
+		// The machine and the ask are the subject's (the body's are the
+		// publisher's word).
+		batch.On, batch.Ask = machine, strings.TrimPrefix(event, mesh.LogEvent(""))
 		if !cur.HeldBy(machine) && time.Since(read) > 200*time.Millisecond {
 			if err := recheck(); err != nil {
 				return err
@@ -290,6 +336,16 @@ func printLogs(ctx context.Context, js jetstream.JetStream, m cascade.ModuleStat
 			}
 		}
 	}
+}
+
+// logAsks are the asks whose output is module m's, each with what names it
+// in the output: the module's one ask, or one per platform.
+func logAsks(m cascade.ModuleStatus) map[string]string {
+	out := map[string]string{m.Ask: m.Module}
+	for _, p := range m.Platforms {
+		out[p.Ask] = p.Platform
+	}
+	return out
 }
 
 // unheldLogs are the log batches of machines the plan has not seen start
