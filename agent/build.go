@@ -15,6 +15,7 @@ import (
 	"github.com/distribution/reference"
 	dockerconfig "github.com/docker/cli/cli/config"
 	"github.com/moby/buildkit/client"
+	"github.com/moby/buildkit/frontend/dockerfile/parser"
 	gatewaypb "github.com/moby/buildkit/frontend/gateway/pb"
 	"github.com/moby/buildkit/session"
 	"github.com/moby/buildkit/session/auth/authprovider"
@@ -79,6 +80,15 @@ type BuildKitOptions struct {
 	// every build, the larger part of a fully cached one — and the farm
 	// keeps its own record of every build (its events and log.<ask>).
 	History bool
+	// FollowSyntax builds a Dockerfile whose first line is a syntax
+	// directive (# syntax=docker/dockerfile:1) with the frontend image it
+	// names, which buildkitd must then be able to pull. Off by default:
+	// every Dockerfile is built with buildkitd's own Dockerfile frontend,
+	// pinned with the daemon and needing no registry beyond the mesh's,
+	// and the build's log says the directive was not followed (a farm
+	// with no outside registry would otherwise retry such a build as
+	// infrastructure until its --retry-for, then fail it).
+	FollowSyntax bool
 }
 
 // minKeepAlive is the ping interval BuildKit's gRPC server tolerates (the
@@ -368,6 +378,9 @@ func (b *BuildKit) solveOpt(req BuildRequest) (client.SolveOpt, error) {
 	if err != nil {
 		return client.SolveOpt{}, err
 	}
+	if note := b.syntax(df.data, attrs); note != "" && req.Log != nil {
+		req.Log(note)
+	}
 	opt := client.SolveOpt{
 		Frontend:      "dockerfile.v0",
 		FrontendAttrs: attrs,
@@ -387,6 +400,21 @@ func (b *BuildKit) solveOpt(req BuildRequest) (client.SolveOpt, error) {
 		opt.CacheImports, opt.CacheExports = b.cacheOptions(req.Cache)
 	}
 	return opt, nil
+}
+
+// syntax keeps the built-in Dockerfile frontend for a Dockerfile with a
+// syntax directive, unless FollowSyntax, and says so (the note for the
+// build's log; empty when there is no directive or it is followed). The
+// frontend forwards a build to the image a directive names only when its
+// attributes carry no cmdline (the attribute a forwarded frontend is
+// invoked with): one present, empty, keeps the build in the daemon's own.
+func (b *BuildKit) syntax(dockerfile []byte, attrs map[string]string) string {
+	ref, _, _, ok := parser.DetectSyntax(dockerfile)
+	if !ok || b.opts.FollowSyntax {
+		return ""
+	}
+	attrs["cmdline"] = ""
+	return fmt.Sprintf("syntax: the directive's frontend %s is not used: built with buildkitd's own Dockerfile frontend (build-agent --follow-syntax uses it)", ref)
 }
 
 // imageTarget is the name the image is pushed under: req.Image, with

@@ -283,6 +283,54 @@ func TestBuildFailures(t *testing.T) {
 	}
 }
 
+// A Dockerfile with a syntax directive is built with the daemon's own
+// Dockerfile frontend (here a heredoc, which it knows), and its log says
+// the directive's frontend was not used; with FollowSyntax the frontend
+// image the directive names is run (here one the registry does not hold:
+// the build fails on it).
+func TestASyntaxDirectiveIsBuiltWithTheDaemonsFrontend(t *testing.T) {
+	testenv.RequireBuildkit(t)
+	ctx := context.Background()
+	host := registrytest.Registry(t)
+	addr := testenv.Buildkitd(t, host)
+	base := testenv.Busybox(t, host)
+	bases := []mesh.Base{{Module: "runtime", Image: host + "/busybox", Digest: digestOf(base)}}
+	frontend := host + "/no-such-frontend:1"
+	dir := buildContext(t, map[string]string{
+		"Dockerfile": "# syntax=" + frontend + "\nFROM runtime\nRUN <<EOT\necho from-a-heredoc > /h.txt\ncat /h.txt\nEOT\n",
+	})
+	req := BuildRequest{ContextDir: dir, Ask: mesh.Ask{Image: host + "/syntax", Bases: bases}}
+
+	var out lines
+	req.Log = out.add
+	res, err := newBuildKit(t, addr).Build(ctx, req)
+	if err != nil {
+		t.Fatalf("Build: %v\n%s", err, out.String())
+	}
+	if log := out.String(); !strings.Contains(log, "syntax: the directive's frontend "+frontend+" is not used") || !strings.Contains(log, "from-a-heredoc") {
+		t.Errorf("the log does not say the directive was not followed, or lacks the heredoc's output:\n%s", log)
+	}
+	if res.Digest == "" {
+		t.Errorf("result %+v: no digest", res)
+	}
+
+	follow, err := NewBuildKit(addr, BuildKitOptions{FollowSyntax: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer follow.Close()
+	var fout lines
+	req.Log = fout.add
+	if _, err := follow.Build(ctx, req); err == nil || !strings.Contains(err.Error(), "no-such-frontend") {
+		t.Errorf("Build with FollowSyntax = %v, want the failure to run %s\n%s", err, frontend, fout.String())
+	} else {
+		t.Logf("followed: %v", err)
+	}
+	if strings.Contains(fout.String(), "syntax: ") {
+		t.Errorf("a followed directive is noted as not followed:\n%s", fout.String())
+	}
+}
+
 // A registry that cannot be reached is infrastructure; one that refuses the
 // push, the push's failure.
 func TestBuildPushFailures(t *testing.T) {
