@@ -13,7 +13,8 @@ import (
 // ends: its remaining critical path, the chain of modules (each built on
 // the one before) with the longest sum of remaining build time. A module
 // building has its estimate less the time it has been building left; one
-// queued, ready or waiting has its whole estimate; a module built,
+// queued, ready or waiting has its whole estimate (one queued to be
+// retried after a delay, the delay too); a module built,
 // unchanged, failed, blocked or cancelled has nothing left and holds
 // nothing up. The first module of the chain is the one holding the plan
 // up now.
@@ -92,6 +93,10 @@ type PathStep struct {
 	Guessed bool `json:"guessed,omitempty"`
 	// On is the machine building it.
 	On string `json:"on,omitempty"`
+	// Delay is how long a module handed back to be retried after a delay
+	// waits still before its next attempt: part of Left, on top of its
+	// estimate.
+	Delay time.Duration `json:"delay,omitempty"`
 }
 
 // Holding is the module holding the plan up (the first of its critical
@@ -117,6 +122,9 @@ func (f Forecast) String() string {
 	}
 	if h.On != "" {
 		what += " on " + h.On
+	}
+	if h.Delay > 0 {
+		what += ", next attempt in " + roundETA(h.Delay)
 	}
 	if f.Unknown {
 		return fmt.Sprintf("waiting on %s (%s): %d of %d modules left on the critical path; no build times known yet, no finish estimate",
@@ -254,6 +262,14 @@ func stepOf(m ModuleStatus, estimate, unit time.Duration, unknown bool, spread f
 	}
 	if m.State != Building {
 		st.On = ""
+	}
+	if hb := m.HandedBack; m.State == Queued && hb != nil && hb.Next.After(now) {
+		// Given back to be retried after a delay: nothing starts it
+		// before then.
+		st.Delay = hb.Next.Sub(now)
+		if !unknown {
+			st.Left += st.Delay
+		}
 	}
 	return st
 }

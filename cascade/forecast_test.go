@@ -84,6 +84,38 @@ func TestCriticalPathByHand(t *testing.T) {
 	}
 }
 
+// A module handed back to be retried after a delay holds its chain up by
+// the delay too, and the line says when its next attempt is.
+func TestARetryDelayIsOnTheCriticalPath(t *testing.T) {
+	now := t0
+	mods := []ModuleStatus{
+		{Module: "flaky", State: Queued, Estimate: 2 * time.Second,
+			HandedBack: &HandedBack{Attempt: 3, Why: "registry unreachable", Next: now.Add(49 * time.Second), At: now.Add(-time.Second)}},
+		{Module: "after", Bases: []string{"flaky"}, State: Waiting, Estimate: time.Second},
+		{Module: "other", State: Queued, Estimate: 10 * time.Second},
+	}
+	f := CriticalPath(mods, nil, now, 0)
+	h, ok := f.Holding()
+	if !ok || h.Module != "flaky" || h.Delay != 49*time.Second || h.Left != 51*time.Second || f.PathLeft != 52*time.Second {
+		t.Fatalf("forecast %+v: want flaky holding it up, 49s before its next attempt and 51s left, 52s on the path", f)
+	}
+	if line := f.String(); !strings.HasPrefix(line, "waiting on flaky (queued, next attempt in 49s): 51s of 52s left on the critical path; finish ≈ ") {
+		t.Errorf("line %q", line)
+	}
+	// Its delay past (the next attempt due, not yet taken): its estimate alone.
+	if f := CriticalPath(mods, nil, now.Add(time.Minute), 0); f.Path[0].Module != "other" || f.Path[0].Left != 10*time.Second {
+		t.Errorf("after the delay: %+v", f)
+	}
+	// Without estimates the path is counted in modules; the delay is still said.
+	for i := range mods {
+		mods[i].Estimate = 0
+	}
+	if u := CriticalPath(mods, nil, now, 0); !u.Unknown || len(u.Path) != 2 || u.Path[0].Delay != 49*time.Second ||
+		!strings.HasPrefix(u.String(), "waiting on flaky (queued, next attempt in 49s): 2 of 3 modules left") {
+		t.Errorf("unknown: %+v %q", u, u.String())
+	}
+}
+
 func TestCriticalPathWithoutEstimatesCountsModules(t *testing.T) {
 	now := time.Now()
 	mods := []ModuleStatus{
