@@ -99,6 +99,20 @@ type options struct {
 	lease, renew time.Duration
 	log          *slog.Logger
 	clock        func() time.Time
+	resume       bool
+}
+
+// WithResume makes a lapsed claim claimed again under its own token instead
+// of lost: a holder whose renewals did not reach the server within the
+// lease (the bus away, the holder stalled) writes the claim again, the key
+// created only if it is absent, and holds on as it was, with everything
+// bound to the claim (a machine's ask claims) bound again. Only another
+// claim on the key loses it. For a seat whose scope has one contender (a
+// node's own agent), where stopping the work for a lapse buys nothing: a
+// standby elsewhere cannot take it. Not for a mesh-scoped seat: there a
+// lapse must stop the holder before a standby can take over.
+func WithResume() Option {
+	return func(o *options) error { o.resume = true; return nil }
 }
 
 // WithLease sets how long a claim outlives its holder's last renewal: the

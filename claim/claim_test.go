@@ -2,6 +2,7 @@ package claim_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -500,5 +501,90 @@ func drain(ch chan error) {
 		default:
 			return
 		}
+	}
+}
+
+// A node's claim WithResume that lapses is claimed again under its own
+// token: when its key is gone (the server expired it while the holder could
+// not renew — here purged, as the expiry leaves it), the holder's next
+// renewal finds it gone and writes it again, and it is never lost; a server
+// restarted after an outage longer than the lease finds it claimed again
+// the same way. Only another claim on the key loses it.
+func TestAClaimWithResumeIsClaimedAgainAfterItLapses(t *testing.T) {
+	ctx := context.Background()
+	opts := server.Options{Port: natstest.FreePortRun(t, 1), StoreDir: t.TempDir()}
+	s := natstest.Server(t, &opts)
+	_, js1 := natstest.Connect(t, s, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	if err := mesh.RaiseClaims(ctx, js1, 1); err != nil {
+		t.Fatal(err)
+	}
+	resume := []claim.Option{claim.WithLease(time.Second), claim.WithResume()}
+	a, err := claim.Claim(ctx, js1, mesh.BuildSeat, claim.Node("m1"), "A", resume...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	release(t, a)
+	key := mesh.ClaimKey(mesh.BuildSeat, "m1")
+	heldAgain := func(what string, js func() jetstream.JetStream) {
+		t.Helper()
+		testenv.WaitFor(t, 15*time.Second, what, func() bool {
+			cctx, cancel := context.WithTimeout(ctx, time.Second)
+			defer cancel()
+			rec, ok, err := claim.Current(cctx, js(), mesh.BuildSeat, claim.Node("m1"))
+			return err == nil && ok && rec.Token == a.Token()
+		})
+		select {
+		case <-a.Lost():
+			t.Fatalf("%s: the claim was lost: %v", what, a.Err())
+		default:
+		}
+	}
+
+	// The key gone on the server.
+	_, js2 := natstest.Connect(t, s)
+	kv, err := js2.KeyValue(ctx, mesh.ClaimsBucket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := kv.Purge(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	heldAgain("the purged claim written again", func() jetstream.JetStream { return js2 })
+
+	// An outage three leases long.
+	s.Shutdown()
+	s.WaitForShutdown()
+	time.Sleep(3 * time.Second)
+	s = natstest.Server(t, &opts)
+	var js3 jetstream.JetStream
+	heldAgain("the claim written again after the outage", func() jetstream.JetStream {
+		if js3 == nil {
+			_, js3 = natstest.Connect(t, s)
+		}
+		return js3
+	})
+	time.Sleep(2 * time.Second) // renewed, not only written once
+	heldAgain("the claim renewed after the outage", func() jetstream.JetStream { return js3 })
+
+	// Another claim on the key (one written while A's had lapsed) loses it.
+	kv, err = js3.KeyValue(ctx, mesh.ClaimsBucket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, _ := json.Marshal(claim.Record{Seat: mesh.BuildSeat, Scope: mesh.ScopeNode, Node: "m1", Holder: "B", Lease: "10s", Token: "b-token"})
+	if _, err := kv.Put(ctx, key, other); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-a.Lost():
+	case <-time.After(10 * time.Second):
+		t.Fatal("A never noticed B's claim")
+	}
+	var ce *claim.ClaimedError
+	if !errors.As(a.Err(), &ce) || ce.Record.Holder != "B" {
+		t.Fatalf("A's loss %v: want A lost to B", a.Err())
+	}
+	if rec, ok, _ := claim.Current(ctx, js3, mesh.BuildSeat, claim.Node("m1")); !ok || rec.Token != "b-token" {
+		t.Fatalf("after A lost: %+v %v, want B's claim left as it is", rec, ok)
 	}
 }

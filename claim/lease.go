@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/meshbuild/meshbuild/internal/backoff"
 	"github.com/meshbuild/meshbuild/mesh"
 )
 
@@ -170,13 +171,29 @@ func (l *Lease) renew(sent time.Time) {
 	defer deadline.Stop()
 	tick := time.NewTicker(l.o.renew)
 	defer tick.Stop()
+	// lapsed: no renewal within the lease. Lost, or, WithResume, claimed
+	// again (giveUp counted from that write).
+	lapsed := func(why error) bool {
+		if !l.o.resume {
+			l.lose(why)
+			return false
+		}
+		at, ok := l.resume(ctx, why)
+		if ok {
+			giveUp = at.Add(l.giveUp())
+			deadline.Reset(time.Until(giveUp))
+		}
+		return ok
+	}
 	for {
 		select {
 		case <-l.stop:
 			return
 		case <-deadline.C:
-			l.lapsed()
-			return
+			if !lapsed(l.lapse()) {
+				return
+			}
+			continue
 		case <-tick.C:
 		}
 		at := time.Now()
@@ -190,16 +207,65 @@ func (l *Lease) renew(sent time.Time) {
 			return
 		}
 		if !time.Now().Before(giveUp) {
-			l.lapsed()
-			return
+			if !lapsed(l.lapse()) {
+				return
+			}
+			continue
 		}
 		if !wrongLastSequence(err) {
 			l.o.log.Warn("renewing the claim failed; retrying", "claim", l.what, "err", err)
 			continue
 		}
 		if lost := l.moved(ctx, giveUp); lost != nil {
-			l.lose(lost)
-			return
+			if !errors.Is(lost, ErrLapsed) {
+				l.lose(lost)
+				return
+			}
+			if !lapsed(lost) {
+				return
+			}
+		}
+	}
+}
+
+// resumeRetry is how often a lapsed claim WithResume is written again
+// while the bus does not answer.
+var resumeRetry = backoff.Policy{First: 250 * time.Millisecond, Max: 5 * time.Second}
+
+// resume writes a lapsed claim (why) again under its own token, the key
+// created only if it is absent, until it is written (ok, at is when that
+// write was sent), another claim has the key (the claim is lost), or the
+// lease is released (ctx).
+func (l *Lease) resume(ctx context.Context, why error) (at time.Time, ok bool) {
+	l.o.log.Warn("the claim lapsed: claiming it again under its own token", "claim", l.what, "err", why)
+	for attempt := 1; ; attempt++ {
+		sent := time.Now()
+		wctx, cancel := context.WithTimeout(ctx, l.o.renew)
+		rev, err := l.kv.Create(wctx, l.key, l.value(l.o.clock().UTC()), jetstream.KeyTTL(l.o.lease))
+		if errors.Is(err, jetstream.ErrKeyExists) {
+			var cur Record
+			if cur, err = read(wctx, l.kv, l.key); err == nil && cur.Token == l.token {
+				// Our own write, its acknowledgement lost: take it up.
+				var e jetstream.KeyValueEntry
+				if e, err = l.kv.Get(wctx, l.key); err == nil {
+					rev = e.Revision()
+				}
+			} else if err == nil {
+				cancel()
+				l.lose(fmt.Errorf("%w: %w", ErrLost, &ClaimedError{Record: cur}))
+				return time.Time{}, false
+			}
+		}
+		cancel()
+		if err == nil {
+			l.mu.Lock()
+			l.rev, l.ttlAt = rev, time.Now()
+			l.mu.Unlock()
+			l.o.log.Info("claimed again under its own token after it lapsed", "claim", l.what, "attempts", attempt)
+			return sent, true
+		}
+		if backoff.Wait(ctx, resumeRetry.Delay(attempt)) != nil {
+			return time.Time{}, false
 		}
 	}
 }
@@ -256,9 +322,9 @@ func (l *Lease) moved(ctx context.Context, giveUp time.Time) error {
 	return nil
 }
 
-// lapsed ends the lease: no renewal succeeded within it.
-func (l *Lease) lapsed() {
-	l.lose(fmt.Errorf("%w: %w: %s: no renewal succeeded within the lease (%s)", ErrLost, ErrLapsed, l.what, l.o.lease))
+// lapse is the loss of a lease no renewal succeeded within.
+func (l *Lease) lapse() error {
+	return fmt.Errorf("%w: %w: %s: no renewal succeeded within the lease (%s)", ErrLost, ErrLapsed, l.what, l.o.lease)
 }
 
 // wrongLastSequence reports whether a conditional write was refused because

@@ -270,9 +270,12 @@ func RunAgent(ctx context.Context, o AgentOptions) error {
 	// One build agent per machine: it claims node-build-agent at its
 	// machine before it pulls. A second agent on the machine is refused;
 	// the claim a killed predecessor on this host left is taken at once. A
-	// claim lost to a bus outage stops the pulling (the builds in hand go
-	// on) and is taken back when the bus returns: the agent never exits
-	// for an outage.
+	// claim that lapsed in a bus outage (or while the agent was stalled)
+	// is claimed again under its own token when the bus returns
+	// (claim.WithResume): no slot stops pulling for it, the builds in hand
+	// go on, and its ask claims are bound again. Only another agent's
+	// claim on the machine stops the pulling (the builds in hand go on);
+	// the agent never exits for an outage.
 	var modules func(string) bool
 	if cat != nil {
 		o.Agent.Known, modules = knownModules(o.Catalogue, cat, o.Log)
@@ -286,7 +289,7 @@ func RunAgent(ctx context.Context, o AgentOptions) error {
 		Modules: modules,
 	}
 	st := seat{js: js, seat: mesh.BuildSeat, scope: claim.Node(o.Agent.Machine), holder: claim.Process("build-agent"),
-		opts: []claim.Option{claim.WithLease(o.Lease)}, log: o.Log, refuse: true}
+		opts: []claim.Option{claim.WithLease(o.Lease), claim.WithResume()}, log: o.Log, refuse: true}
 	stopping := ctx
 	err = st.hold(ctx, func(ctx context.Context, lease *claim.Lease) error {
 		cfg := o.Agent
