@@ -22,7 +22,10 @@
 // after its last renewal, and leaves a marker a waiting claimant sees. A
 // holder whose renewal is refused (someone else holds the key now) or that
 // has not renewed for a whole lease closes Lost and must stop working: it
-// can no longer tell that it is the only holder.
+// can no longer tell that it is the only holder. A claim made WithResume (a
+// node's build agent, the one contender for its seat) is not lost to a
+// lapse: it is written again under its own token once the bus answers,
+// the key created only if absent, and only another claim on it loses it.
 //
 // An ask claim (ask.go) is the same lease on one ask: a machine's own key
 // in its seat's ask claims bucket (mesh.AskClaimKey, "<ask>.<machine>"),

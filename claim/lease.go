@@ -154,7 +154,8 @@ func (l *Lease) Release(ctx context.Context) error {
 // revision and carrying the lease as the key's TTL. The server forgets the
 // claim one lease after it stored the last renewal, which is no earlier than
 // one lease after it was sent: the holder gives up half a renewal before
-// that (giveUp), so it has stopped before anyone else can have the key.
+// that (giveUp), so it has stopped before anyone else can have the key —
+// or, WithResume, writes the claim again once the key is free (resume).
 func (l *Lease) renew(sent time.Time) {
 	defer close(l.done)
 	ctx, cancel := context.WithCancel(context.Background())
