@@ -53,9 +53,12 @@ type Agent struct {
 	// trouble is when this agent last saw the bus fail (monotonic, from
 	// started); deferred are the asks it has left to a holder whose claim
 	// lapsed in such a time, since when (lapsedHolder).
-	trouble  atomic.Int64
-	deferMu  sync.Mutex
-	deferred map[string]time.Time
+	trouble atomic.Int64
+	// reconnects is the connection's reconnect count last looked at
+	// (noteReconnects): one more is the bus seen failing.
+	reconnects atomic.Uint64
+	deferMu    sync.Mutex
+	deferred   map[string]time.Time
 	// bound are the consumers bound, set by Run.
 	bound atomic.Pointer[bound]
 	// backPause is until when (monotonic, from started) hand-backs are
@@ -92,8 +95,10 @@ func New(cfg Config, js jetstream.JetStream, worker Worker, log *slog.Logger, ob
 	if obs == nil {
 		obs = nopObserver{}
 	}
-	return &Agent{cfg: cfg, js: js, nc: js.Conn(), worker: worker, log: log, obs: obs, started: time.Now(), nonce: rand.Text()[:16],
-		deferred: map[string]time.Time{}}, nil
+	a := &Agent{cfg: cfg, js: js, nc: js.Conn(), worker: worker, log: log, obs: obs, started: time.Now(), nonce: rand.Text()[:16],
+		deferred: map[string]time.Time{}}
+	a.reconnects.Store(a.nc.Stats().Reconnects)
+	return a, nil
 }
 
 // Run works asks until ctx is done. Then it stops fetching, lets the builds
@@ -354,6 +359,7 @@ func (a *Agent) slot(ctx, work context.Context, b *bound, slot int) {
 		if !a.awaitHealthy(ctx, work) {
 			continue // stopping
 		}
+		a.noteReconnects()
 		all := b.all()
 		cons := all[turn%len(all)]
 		wait := max(a.cfg.FetchWait/time.Duration(len(all)), minFetchWait)

@@ -310,6 +310,82 @@ func TestAnAskIsBuiltOnceAcrossABusOutage(t *testing.T) {
 	g.notBegunAgain(t)
 }
 
+// The same outage, longer than the ask claim's lease: m1's claim lapses
+// while it builds. It is claimed again as soon as the bus is back, while
+// the build goes on, so the ask redelivered to m2 is left to m1 however
+// long the build still takes (past the few leases m2 would leave a lapsed
+// holder), and the module is built once. Before, m1 claimed it again only
+// when its build ended: m2 waited three leases, then built it a second
+// time, and m1's build was thrown away.
+func TestAnAskWhoseClaimLapsedInAnOutageIsClaimedAgainAtOnce(t *testing.T) {
+	port, err := strconv.Atoi(strings.Split(testenv.FreeAddr(t), ":")[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := &server.Options{Port: port, StoreDir: t.TempDir()}
+	s := natstest.Server(t, opts)
+	_, js := natstest.Connect(t, s)
+	ctx := context.Background()
+	if _, err := mesh.Raise(ctx, js, meshtest.Catalogue(t, nil), 1); err != nil {
+		t.Fatal(err)
+	}
+	spec := mesh.BuildConsumerSpec(mesh.DefaultPlatform, 1)
+	spec.Config.AckWait = testAckWait
+	if _, err := js.UpdateConsumer(ctx, spec.Stream, spec.Config); err != nil {
+		t.Fatal(err)
+	}
+	const lease = time.Second
+	g := newGate()
+	startAgent(t, s, "m1", g.on("m1"), func(c *agent.Config) { c.Heartbeat, c.ClaimLease = time.Hour, lease })
+	a := ask("lapse")
+	a.Secret = "s3cret"
+	submit(t, js, a)
+	if first := recv(t, g.began, 5*time.Second); first != "lapse" {
+		t.Fatalf("began %s", first)
+	}
+	ended := make(ends, 50)
+	startObserved(t, s, "m2", g.on("m2"), func(c *agent.Config) { c.ClaimLease = lease }, ended)
+	testenv.WaitFor(t, 30*time.Second, "m2 holding the seat", func() bool {
+		sts, err := agent.AskStatus(context.Background(), js.Conn(), time.Second)
+		return err == nil && slices.ContainsFunc(sts, func(st agent.Status) bool { return st.Machine == "m2" })
+	})
+	kv, err := js.KeyValue(ctx, mesh.AskClaimsBucket(mesh.BuildSeat))
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, err := kv.Get(ctx, mesh.AskClaimKey(a.ID, "m1"))
+	if err != nil {
+		t.Fatalf("m1's claim before the outage: %v", err)
+	}
+	s.Shutdown()
+	s.WaitForShutdown()
+	time.Sleep(testAckWait + 500*time.Millisecond) // longer than the ack wait and the claim's lease
+	s = natstest.Server(t, opts)
+	back := time.Now()
+	_, js = natstest.Connect(t, s)
+	if kv, err = js.KeyValue(ctx, mesh.AskClaimsBucket(mesh.BuildSeat)); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 10*time.Second, "m1's claim written again while it builds", func() bool {
+		e, err := kv.Get(ctx, mesh.AskClaimKey(a.ID, "m1"))
+		return err == nil && e.Revision() > before.Revision() && !strings.Contains(string(e.Value()), `"released"`)
+	})
+	t.Logf("claimed again %s after the server returned", time.Since(back).Round(time.Millisecond))
+	// The build goes on for five leases more: m2 is handed the ask again
+	// and again, and leaves it each time.
+	time.Sleep(5 * lease)
+	if e := ended.next(t, agent.OutcomeHandedBack, time.Second); e.Took != 0 {
+		t.Fatalf("the redelivered ask was worked on (%s), want it left to its holder", e.Took)
+	}
+	g.notBegunAgain(t)
+	g.ch("lapse") <- nil
+	r := builtOnce(t, js, 30*time.Second, "built and acknowledged")
+	if len(r.Built) != 1 || len(r.Started) != 1 {
+		t.Fatalf("started %+v built %+v: want the ask started and built once", r.Started, r.Built)
+	}
+	g.notBegunAgain(t)
+}
+
 // An idle machine whose BuildKit goes away says so before it takes an ask.
 func TestAnIdleMachineIsProbed(t *testing.T) {
 	s, js := bus(t)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -87,6 +88,7 @@ func (a *Agent) claim(ctx context.Context, ask mesh.Ask, attempt int) (*hold, cl
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	if attempt > 1 {
+		a.noteReconnects()
 		f, err := a.claims.Look(ctx, id, ask.Secret, func(r claim.AskRecord) bool { return a.running.has(r.Ask) })
 		if err != nil {
 			a.troubled()
@@ -118,6 +120,16 @@ func (a *Agent) claim(ctx context.Context, ask mesh.Ask, attempt int) (*hold, cl
 
 // troubled notes that this agent saw the bus fail just now.
 func (a *Agent) troubled() { a.trouble.Store(int64(time.Since(a.started))) }
+
+// noteReconnects notes the bus as failed (troubled) when the connection
+// reconnected since it last looked: an idle slot's pull may end with no
+// error through an outage, and the ask redelivered after it must still be
+// left a while to a holder whose claim lapsed in it (lapsedHolder).
+func (a *Agent) noteReconnects() {
+	if n := a.nc.Stats().Reconnects; a.reconnects.Swap(n) != n {
+		a.troubled()
+	}
+}
 
 // lapsedHolder reports whether a redelivered ask with no claim left should
 // be left to the holder whose claim lapsed: this agent saw the bus fail
@@ -176,25 +188,16 @@ func (a *Agent) retake(ctx context.Context, ask mesh.Ask, attempt int, h *hold) 
 		// comes back (a leader being elected) must not hold the machine
 		// past the moment another holder is handed the ask.
 		tctx, tcancel := context.WithTimeout(ctx, retakeTry)
-		f, err := a.claims.Look(tctx, id, ask.Secret, func(claim.AskRecord) bool { return false })
-		if err == nil {
-			switch {
-			case f.Done != nil:
-				tcancel()
-				return fmt.Errorf("its claim lapsed, and %s settled it since", f.Done.Machine)
-			case f.Held != nil:
-				tcancel()
-				return fmt.Errorf("its claim lapsed, and %s holds it now", f.Held.Machine)
-			}
-			var l *claim.AskLease
-			if l, err = a.claims.Claim(tctx, id, ask.Secret, attempt, h.infraSince); err == nil {
-				tcancel()
-				a.log.Info("the ask's claim lapsed while the bus was away; nobody took it since: claimed again", "ask", id)
-				h.lease = l
-				return nil
-			}
-		}
+		l, err := a.claimAgain(tctx, ask, attempt, h)
 		tcancel()
+		if err == nil {
+			a.log.Info("the ask's claim lapsed while the bus was away; nobody took it since: claimed again", "ask", id)
+			h.lease = l
+			return nil
+		}
+		if errors.Is(err, errTaken) {
+			return err
+		}
 		if a.nc.IsClosed() {
 			// The connection was closed for good (the agent is being
 			// stopped, or its owner closed it): no try can answer.
@@ -234,25 +237,95 @@ func (h *hold) settle(ctx context.Context, event, why string) error {
 	return h.lease.Release(ctx, why, h.infraSince)
 }
 
-// context is ctx, cancelled when the hold's claim is taken by another. A
-// claim that only lapsed (the bus away, the machine stalled) does not stop
-// the work: it is claimed again when it ends, if nobody took it (retake).
-func (h *hold) context(ctx context.Context) (context.Context, context.CancelFunc) {
+// holdContext is ctx for working ask under hold h: cancelled when its
+// claim is taken by another. A claim that only lapsed (the bus away, the
+// machine stalled) does not stop the work: it is claimed again as soon as
+// the bus answers (retakeEarly) — so that the ask, redelivered to another
+// machine meanwhile, is left to this one instead of built twice — and, if
+// that did not answer while the work went on, when the work ends (retake).
+// Once the ask is another's, the work is stopped. The returned func ends
+// the watch and returns once it has: h.lease is the work's again.
+func (a *Agent) holdContext(ctx context.Context, ask mesh.Ask, attempt int, h *hold) (context.Context, func()) {
 	cctx, cancel := context.WithCancelCause(ctx)
 	if h.lease == nil {
 		return cctx, func() { cancel(nil) }
 	}
-	l := h.lease
+	watch, stopWatch := context.WithCancel(cctx)
+	done := make(chan struct{})
 	go func() {
-		select {
-		case <-l.Lost():
-			if err := l.Err(); errors.Is(err, claim.ErrLost) && !errors.Is(err, claim.ErrLapsed) {
-				cancel(err)
+		defer close(done)
+		for l := h.lease; ; l = h.lease {
+			select {
+			case <-l.Lost():
+			case <-watch.Done():
+				return
 			}
-		case <-cctx.Done():
+			err := l.Err()
+			switch {
+			case !errors.Is(err, claim.ErrLost):
+				return // settled or released
+			case !errors.Is(err, claim.ErrLapsed):
+				cancel(err)
+				return
+			}
+			if err := a.retakeEarly(watch, ask, attempt, h); err != nil {
+				if errors.Is(err, errTaken) {
+					cancel(err)
+				}
+				return
+			}
 		}
 	}()
-	return cctx, func() { cancel(nil) }
+	var once sync.Once
+	return cctx, func() {
+		once.Do(func() {
+			stopWatch()
+			<-done
+			cancel(nil)
+		})
+	}
+}
+
+// errTaken is matched by a retake refused because another holder claimed
+// or settled the ask since this machine's claim lapsed.
+var errTaken = errors.New("the ask is another holder's now")
+
+// retakeEarly claims ask again for this machine, while its work goes on,
+// once its claim lapsed (see holdContext): it tries until the claim is
+// written (h.lease is then the new one), another holder has the ask
+// (errTaken), or ctx ends.
+func (a *Agent) retakeEarly(ctx context.Context, ask mesh.Ask, attempt int, h *hold) error {
+	for try := 1; ; try++ {
+		tctx, tcancel := context.WithTimeout(ctx, retakeTry)
+		l, err := a.claimAgain(tctx, ask, attempt, h)
+		tcancel()
+		if err == nil {
+			a.log.Info("the ask's claim lapsed while the bus was away; nobody took it since: claimed again while its build goes on", "ask", ask.ID)
+			h.lease = l
+			return nil
+		}
+		if errors.Is(err, errTaken) || a.nc.IsClosed() {
+			return err
+		}
+		if backoff.Wait(ctx, retakeRetry.Delay(try)) != nil {
+			return ctx.Err()
+		}
+	}
+}
+
+// claimAgain claims ask for this machine once more after its claim lapsed,
+// unless another holder has claimed or settled it since (errTaken).
+func (a *Agent) claimAgain(ctx context.Context, ask mesh.Ask, attempt int, h *hold) (*claim.AskLease, error) {
+	f, err := a.claims.Look(ctx, ask.ID, ask.Secret, func(claim.AskRecord) bool { return false })
+	switch {
+	case err != nil:
+		return nil, err
+	case f.Done != nil:
+		return nil, fmt.Errorf("%w: its claim lapsed, and %s settled it since", errTaken, f.Done.Machine)
+	case f.Held != nil:
+		return nil, fmt.Errorf("%w: its claim lapsed, and %s holds it now", errTaken, f.Held.Machine)
+	}
+	return a.claims.Claim(ctx, ask.ID, ask.Secret, attempt, h.infraSince)
 }
 
 // claimLease is the lease of an ask's claim: lease when set, else three

@@ -154,7 +154,7 @@ func (a *Agent) work(ctx context.Context, msg jetstream.Msg, ask mesh.Ask, attem
 		On: a.cfg.Machine, Attempt: attempt, At: begun.UTC(), Proof: a.proof(ask),
 	})
 
-	held, release := c.context(ctx)
+	held, release := a.holdContext(ctx, ask, attempt, c)
 	defer release()
 	buildCtx, stop := a.running.start(held, ask.ID)
 	beating := a.heartbeat(ctx, msg, log)
@@ -163,6 +163,7 @@ func (a *Agent) work(ctx context.Context, msg jetstream.Msg, ask mesh.Ask, attem
 	cause := stop() // from here a cancel no longer reaches this build
 	beating()
 	logs.Close()
+	release() // its claim as the watch left it (holdContext)
 	took := time.Since(begun)
 
 	if lerr := c.lost(); lerr != nil {
