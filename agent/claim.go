@@ -286,6 +286,9 @@ func (a *Agent) holdContext(ctx context.Context, ask mesh.Ask, attempt int, h *h
 	}
 }
 
+// errSeatAway is a retake put off until the machine's seat claim is held.
+var errSeatAway = errors.New("the machine's seat claim is not held (yet)")
+
 // errTaken is matched by a retake refused because another holder claimed
 // or settled the ask since this machine's claim lapsed.
 var errTaken = errors.New("the ask is another holder's now")
@@ -297,7 +300,14 @@ var errTaken = errors.New("the ask is another holder's now")
 func (a *Agent) retakeEarly(ctx context.Context, ask mesh.Ask, attempt int, h *hold) error {
 	for try := 1; ; try++ {
 		tctx, tcancel := context.WithTimeout(ctx, retakeTry)
-		l, err := a.claimAgain(tctx, ask, attempt, h)
+		var l *claim.AskLease
+		err := errSeatAway
+		if a.claims.SeatHeld(tctx) {
+			// Not before the machine's seat is held again: claimed
+			// while it is not, the ask would be void to every other
+			// machine, and one could take it.
+			l, err = a.claimAgain(tctx, ask, attempt, h)
+		}
 		tcancel()
 		if err == nil {
 			a.log.Info("the ask's claim lapsed while the bus was away; nobody took it since: claimed again while its build goes on", "ask", ask.ID)

@@ -216,6 +216,14 @@ func (a *Asks) bound(ctx context.Context, rec AskRecord) bool {
 	return Bound(ctx, a.claims, a.seat, rec)
 }
 
+// SeatHeld reports whether this machine's seat claim, the one its ask
+// claims are bound to, is held now (true when they are bound to nothing):
+// an ask claimed while it is not would be void at once to every other
+// machine.
+func (a *Asks) SeatHeld(ctx context.Context) bool {
+	return a.bound(ctx, AskRecord{Machine: a.machine, Seat: a.seatToken})
+}
+
 // Bound reports whether rec, a machine's claim of an ask of seat, is bound
 // to the seat claim its machine holds now in claims (the mesh's bucket of
 // seat claims, ClaimsBucket): false once that seat claim lapsed, was
