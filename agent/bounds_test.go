@@ -257,11 +257,11 @@ func status(t *testing.T, js jetstream.JetStream, machine string) agent.Status {
 	return agent.Status{}
 }
 
-// The operator's trial: the bus is killed during a build for longer than
-// the ack wait. On its return the server redelivers the ask to another
-// agent while the first still builds; the second leaves it to the first,
-// whose claim is alive, and the module is built once.
-func TestAnAskIsBuiltOnceAcrossABusOutage(t *testing.T) {
+// restartableBus is a server the test may stop and start again on the same
+// port and store (its options), with the mesh raised and the holders' ack
+// wait testAckWait, and a connection to it.
+func restartableBus(t *testing.T) (*server.Options, *server.Server, jetstream.JetStream) {
+	t.Helper()
 	port, err := strconv.Atoi(strings.Split(testenv.FreeAddr(t), ":")[1])
 	if err != nil {
 		t.Fatal(err)
@@ -278,6 +278,15 @@ func TestAnAskIsBuiltOnceAcrossABusOutage(t *testing.T) {
 	if _, err := js.UpdateConsumer(ctx, spec.Stream, spec.Config); err != nil {
 		t.Fatal(err)
 	}
+	return opts, s, js
+}
+
+// The operator's trial: the bus is killed during a build for longer than
+// the ack wait. On its return the server redelivers the ask to another
+// agent while the first still builds; the second leaves it to the first,
+// whose claim is alive, and the module is built once.
+func TestAnAskIsBuiltOnceAcrossABusOutage(t *testing.T) {
+	opts, s, js := restartableBus(t)
 	g := newGate()
 	// m1's heartbeats would not reach a server that is away; with none at
 	// all, the redelivery after the outage is certain.
@@ -318,22 +327,8 @@ func TestAnAskIsBuiltOnceAcrossABusOutage(t *testing.T) {
 // when its build ended: m2 waited three leases, then built it a second
 // time, and m1's build was thrown away.
 func TestAnAskWhoseClaimLapsedInAnOutageIsClaimedAgainAtOnce(t *testing.T) {
-	port, err := strconv.Atoi(strings.Split(testenv.FreeAddr(t), ":")[1])
-	if err != nil {
-		t.Fatal(err)
-	}
-	opts := &server.Options{Port: port, StoreDir: t.TempDir()}
-	s := natstest.Server(t, opts)
-	_, js := natstest.Connect(t, s)
+	opts, s, js := restartableBus(t)
 	ctx := context.Background()
-	if _, err := mesh.Raise(ctx, js, meshtest.Catalogue(t, nil), 1); err != nil {
-		t.Fatal(err)
-	}
-	spec := mesh.BuildConsumerSpec(mesh.DefaultPlatform, 1)
-	spec.Config.AckWait = testAckWait
-	if _, err := js.UpdateConsumer(ctx, spec.Stream, spec.Config); err != nil {
-		t.Fatal(err)
-	}
 	const lease = time.Second
 	g := newGate()
 	startAgent(t, s, "m1", g.on("m1"), func(c *agent.Config) { c.Heartbeat, c.ClaimLease = time.Hour, lease })
