@@ -84,7 +84,8 @@
 // A retry, and a sick machine's hand-back, are announced (after the claim
 // is settled as released) as handed-back{why, infra_since, next, sick}: a
 // note the controller shows on the module (`retrying (attempt 3: …; next
-// in 40s)`, `waiting: no healthy machine (…)`), not an outcome.
+// in 40s)`, `waiting for a healthy machine (given back by vm-x: …)`), not
+// an outcome.
 //
 // A cancelled plan's asks are cut short through the seat's cancel tool
 // (mesh.CancelTool; Agent.Cancel): the build's context is cancelled, the

@@ -119,7 +119,7 @@ func TestARegistryGoneForGoodShowsWaitingThenSettlesFailedInfra(t *testing.T) {
 	srv.Close() // gone for good
 	plan := f.push()
 
-	const waiting = "waiting: no healthy machine (registry " // … addr does not answer …
+	const waiting = "waiting for a healthy machine (given back by m" // 1 or 2: registry addr does not answer …
 	// Until both machines are sick, one that is not yet may take the ask
 	// again (and show it building there): the show and its JSON are
 	// read until they say the same, a sick hand-back, at one moment.
@@ -129,7 +129,7 @@ func TestARegistryGoneForGoodShowsWaitingThenSettlesFailedInfra(t *testing.T) {
 	)
 	poll(t, 90*time.Second, "builds show and its JSON say app waits for a healthy machine", func() bool {
 		_, shown = f.builds("show", plan)
-		if !strings.Contains(testenv.GrepLines(shown, "  app  "), waiting+addr+" does not answer") {
+		if l := testenv.GrepLines(shown, "  app  "); !strings.Contains(l, waiting) || !strings.Contains(l, "registry "+addr+" does not answer") {
 			return false
 		}
 		noted = f.app(plan)
@@ -144,6 +144,24 @@ func TestARegistryGoneForGoodShowsWaitingThenSettlesFailedInfra(t *testing.T) {
 		t.Fatalf("app %+v: want its JSON to carry a sick hand-back, the budget's start, on no machine", noted)
 	}
 	since := noted.HandedBack.InfraSince
+
+	// builds machines: the sick machine's row says unhealthy, its cause
+	// is said whole under the table, not in the row (which it would
+	// widen, and every other row with it).
+	sick := noted.HandedBack.On
+	var machines string
+	poll(t, 30*time.Second, "builds machines shows "+sick+" unhealthy", func() bool {
+		_, machines = f.builds("machines")
+		return strings.Contains(testenv.GrepLines(machines, sick+" "), " unhealthy ")
+	})
+	if l := testenv.GrepLines(machines, sick+" takes no asks until its probe passes: "); !strings.HasPrefix(l, sick) || !strings.Contains(l, "registry "+addr+" does not answer") {
+		t.Errorf("builds machines does not say why %s is unhealthy under the table:\n%s", sick, machines)
+	}
+	for _, l := range strings.Split(machines, "\n") {
+		if strings.HasPrefix(l, "m") && strings.Contains(l, " unhealthy") && strings.Contains(l, "does not answer") {
+			t.Errorf("the cause is in the table's row %q", l)
+		}
+	}
 
 	var done cascade.ModuleStatus
 	poll(t, 60*time.Second, "app failed", func() bool { done = f.app(plan); return done.State == cascade.Failed })

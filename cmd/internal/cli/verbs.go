@@ -511,17 +511,27 @@ func machinesCmd(g *globals) *cobra.Command {
 			}
 			tw := tabwriter.NewWriter(g.out, 2, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "MACHINE\tONLINE\tPLATFORMS\tSLOTS\tIN FLIGHT\tBUILT\tFAILED\tLAST SEEN")
+			// An unhealthy machine's cause is said under the table, whole:
+			// in its column it would widen every row to its length.
+			var sick []Machine
 			for _, m := range out {
 				online := "no"
 				switch {
 				case m.Online && m.Health == agent.HealthUnhealthy:
-					online = "unhealthy: " + m.Why
+					online = "unhealthy"
+					sick = append(sick, m)
 				case m.Online:
 					online = "yes"
 				}
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s ago\n", m.Machine, online, cmp.Or(strings.Join(m.Platforms, ","), "-"), m.Slots, m.InFlight, m.Built, m.Failed, age(m.LastSeen))
 			}
-			return tw.Flush()
+			if err := tw.Flush(); err != nil {
+				return err
+			}
+			for _, m := range sick {
+				fmt.Fprintf(g.out, "%s takes no asks until its probe passes: %s\n", m.Machine, cmp.Or(m.Why, "no cause given"))
+			}
+			return nil
 		}),
 	}
 	c.Flags().DurationVar(&wait, "wait", time.Second, "how long to wait for machines to answer")

@@ -1,6 +1,7 @@
 package planview
 
 import (
+	"cmp"
 	"fmt"
 	"io"
 	"sort"
@@ -30,7 +31,8 @@ import (
 //
 // A module whose ask its holder gave back (cascade.HandedBack) is shown
 // queued, on no machine, with why: "retrying (attempt 3: …; next in 40s)"
-// or "waiting: no healthy machine (… since 14:02:11)" (HandedBackNote).
+// or "waiting for a healthy machine (given back by vm-x: …, since
+// 14:02:11)" (HandedBackNote).
 //
 // A machine that went silent while it built a module, its ask then
 // started by another (cascade.Lost), is said after the modules:
@@ -132,9 +134,10 @@ func stateOf(m cascade.ModuleStatus) cascade.ModuleState {
 
 // HandedBackNote says why a module's ask is back in the queue, as of now:
 // "retrying (attempt 3: git fetch …: connection refused; next in 40s)" for
-// a retry after a delay, "waiting: no healthy machine (registry
-// 127.0.0.1:5000 does not answer: …, since 14:02:11)" for an ask a sick
-// machine gave back.
+// a retry after a delay, "waiting for a healthy machine (given back by
+// vm-x: registry 127.0.0.1:5000 does not answer: …, since 14:02:11)" for an ask
+// a sick machine gave back: back in the queue, for any machine that can
+// build (other machines may well be healthy and busy).
 func HandedBackNote(h cascade.HandedBack, now time.Time) string {
 	why := cutNote(h.Why)
 	if h.Sick {
@@ -142,7 +145,7 @@ func HandedBackNote(h cascade.HandedBack, now time.Time) string {
 		if since.IsZero() {
 			since = h.At
 		}
-		return fmt.Sprintf("waiting: no healthy machine (%s, since %s)", why, since.UTC().Format(time.TimeOnly))
+		return fmt.Sprintf("waiting for a healthy machine (given back by %s: %s, since %s)", cmp.Or(h.On, "a machine that cannot build"), why, since.UTC().Format(time.TimeOnly))
 	}
 	next := "due now"
 	if d := h.Next.Sub(now); d > 0 {

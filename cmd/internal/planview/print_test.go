@@ -133,7 +133,7 @@ func TestAHandedBackModuleSaysWhy(t *testing.T) {
 	}
 	sick := cascade.HandedBack{Attempt: 3, Why: "registry 127.0.0.1:5000 does not answer: connection refused", On: "m9", Sick: true,
 		InfraSince: time.Date(2026, 12, 1, 14, 2, 11, 0, time.UTC), At: now}
-	if got, want := HandedBackNote(sick, now), "waiting: no healthy machine (registry 127.0.0.1:5000 does not answer: connection refused, since 14:02:11)"; got != want {
+	if got, want := HandedBackNote(sick, now), "waiting for a healthy machine (given back by m9: registry 127.0.0.1:5000 does not answer: connection refused, since 14:02:11)"; got != want {
 		t.Errorf("sick note %q, want %q", got, want)
 	}
 	if got := HandedBackNote(cascade.HandedBack{Why: strings.Repeat("x", 400)}, now); len(got) > 250 {
@@ -149,7 +149,7 @@ func TestAHandedBackModuleSaysWhy(t *testing.T) {
 		t.Errorf("builds show's line for solo: %q, want queued on no machine, retrying (attempt 7: …; next …)\n%s", line, out.String())
 	}
 	m := cascade.ModuleStatus{Module: "app", State: cascade.Building, HandedBack: &sick}
-	if line := ModuleLine(m); !strings.Contains(line, "queued") || strings.Contains(line, "building") || !strings.Contains(line, "waiting: no healthy machine (") {
+	if line := ModuleLine(m); !strings.Contains(line, "queued") || strings.Contains(line, "building") || !strings.Contains(line, "waiting for a healthy machine (given back by ") {
 		t.Errorf("ModuleLine %q: want queued, waiting for a healthy machine", line)
 	}
 	m.State, m.Digest = cascade.Built, "sha256:0123456789abcdef"
