@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -611,7 +613,16 @@ func (b *BuildKit) solveError(ctx context.Context, req BuildRequest, p *progress
 		return classified(c.class, fmt.Sprintf("buildkitd at %s: %s", b.addr, msg), f.err)
 	case "registry down":
 		return classified(c.class, fmt.Sprintf("registry %s unavailable: %s", downHost, msg), errors.Join(f.err, downErr))
-	case "disk full", "registry unreachable":
+	case "registry unreachable":
+		if host, hosts := unreachableHost(f.text()), registryHosts(req); host != "" && !askRegistry(hosts, host) {
+			// Not a registry the ask names: what the Dockerfile fetches
+			// itself (an ADD of a URL, an image of its own, a git
+			// context). Infrastructure all the same — another machine, or
+			// the same later, may reach it — but named for what it is.
+			return classified(c.class, fmt.Sprintf("%s unreachable (not a registry of the ask's, %s: a URL, an image or a git context the Dockerfile fetches itself): %s", host, strings.Join(hosts, ", "), msg), f.err)
+		}
+		return classified(c.class, c.name+": "+msg, f.err)
+	case "disk full":
 		return classified(c.class, c.name+": "+msg, f.err)
 	}
 	if f.status != 0 {
@@ -633,6 +644,41 @@ func registryError(ctx context.Context, what string, err error) error {
 		return classified(c.class, fmt.Sprintf("%s: %s (%d %s): %s", what, c.name, f.status, http.StatusText(f.status), lastLine(err.Error())), err)
 	}
 	return classified(c.class, what+": "+c.name+": "+lastLine(err.Error()), err)
+}
+
+// hostInError finds, in an error's text, the host a failed connection was
+// to: the URL's (`Get "https://example.com/file"`), else the address
+// dialled (`dial tcp 10.0.0.1:443`), else the name looked up (`lookup
+// example.com`).
+var hostInError = []*regexp.Regexp{
+	regexp.MustCompile(`"https?://([^/"?#]+)`),
+	regexp.MustCompile(`dial tcp ([^ ]+?): `),
+	regexp.MustCompile(`lookup ([^ :]+)`),
+}
+
+// unreachableHost is the host an unreachable error names ("" when it
+// names none); a URL's or address's default port is dropped, as a
+// reference's domain has none.
+func unreachableHost(text string) string {
+	for _, re := range hostInError {
+		if m := re.FindStringSubmatch(text); m != nil {
+			h := m[1]
+			for _, port := range []string{":443", ":80"} {
+				h = strings.TrimSuffix(h, port)
+			}
+			return h
+		}
+	}
+	return ""
+}
+
+// askRegistry reports whether host is one of hosts (registryHosts), a
+// Docker Hub host counting as docker.io.
+func askRegistry(hosts []string, host string) bool {
+	if strings.HasSuffix(host, ".docker.io") {
+		host = "docker.io"
+	}
+	return slices.Contains(hosts, host)
 }
 
 // registryHosts are the registries a build talks to: the target's, the

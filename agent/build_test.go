@@ -365,24 +365,37 @@ func TestBuildPushFailures(t *testing.T) {
 	dir := buildContext(t, map[string]string{"Dockerfile": "FROM runtime\nRUN echo hi > /hi\n"})
 	unseen, _ := pushMarked(t, remoteImage(t, base), host+"/other:latest")
 
+	// A Dockerfile that fetches a URL of a host that does not answer,
+	// no registry of the ask's.
+	fetches := buildContext(t, map[string]string{"Dockerfile": "FROM runtime\nADD http://" + closed + "/file /file\n"})
+
 	for _, tc := range []struct {
 		name  string
 		image string
 		bases []mesh.Base
 		want  error
+		dir   string
+		// says is what the message begins with.
+		says string
 	}{
-		{"registry unreachable", closed + "/app", bases, ErrInfra},
-		{"push refused", denyHost + "/app", bases, ErrPush},
-		{"registry answers 503", downHost + "/app", bases, ErrInfra},
+		{"registry unreachable", closed + "/app", bases, ErrInfra, dir, "registry unreachable: "},
+		{"push refused", denyHost + "/app", bases, ErrPush, dir, ""},
+		{"registry answers 503", downHost + "/app", bases, ErrInfra, dir, ""},
 		// A base this daemon has not seen (a digest it has, it need not fetch).
-		{"base registry unreachable", host + "/app", []mesh.Base{{Module: "runtime", Image: closed + "/other", Digest: unseen}}, ErrInfra},
+		{"base registry unreachable", host + "/app", []mesh.Base{{Module: "runtime", Image: closed + "/other", Digest: unseen}}, ErrInfra, dir, "registry unreachable: "},
+		{"a URL the Dockerfile fetches unreachable", host + "/app", bases, ErrInfra, fetches,
+			closed + " unreachable (not a registry of the ask's, " + host + ": a URL, an image or a git context the Dockerfile fetches itself): "},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var out lines
 			start := time.Now()
-			_, err := bk.Build(ctx, BuildRequest{ContextDir: dir, Ask: mesh.Ask{Image: tc.image, Bases: tc.bases}, Tag: "x", Log: out.add})
+			_, err := bk.Build(ctx, BuildRequest{ContextDir: tc.dir, Ask: mesh.Ask{Image: tc.image, Bases: tc.bases}, Tag: "x", Log: out.add})
 			if !errors.Is(err, tc.want) {
 				t.Fatalf("Build = %v, want %v\n%s", err, tc.want, out.String())
+			}
+			var e *Error
+			if tc.says != "" && (!errors.As(err, &e) || !strings.HasPrefix(e.Msg, tc.says)) {
+				t.Errorf("message %q, want it to begin %q", err, tc.says)
 			}
 			t.Logf("%s after %s", err, time.Since(start).Round(time.Millisecond))
 		})

@@ -208,3 +208,23 @@ type registryStatusErr struct{ code int }
 func (e *registryStatusErr) Error() string {
 	return fmt.Sprintf("GET http://r/v2/app/manifests/sha256:00: unexpected status code %d %s", e.code, http.StatusText(e.code))
 }
+
+// The host an unreachable error names: a URL's first (a default port
+// dropped), else the address dialled, else the name looked up.
+func TestUnreachableHostIsTheOneTheErrorNames(t *testing.T) {
+	for _, tc := range []struct{ text, want string }{
+		{`failed to load cache key: Get "https://example.com/file": dial tcp: lookup example.com on 10.255.255.53:53: no such host`, "example.com"},
+		{`failed to do request: Head "https://registry-1.docker.io:443/v2/library/alpine/manifests/latest": dial tcp 1.2.3.4:443: i/o timeout`, "registry-1.docker.io"},
+		{`failed to push 127.0.0.1:5000/app: failed to do request: Head "http://127.0.0.1:5000/v2/app/blobs/sha256:ab": dial tcp 127.0.0.1:5000: connect: connection refused`, "127.0.0.1:5000"},
+		{`dial tcp 10.0.0.7:8443: connect: no route to host`, "10.0.0.7:8443"},
+		{`dial tcp: lookup git.example on 127.0.0.53:53: no such host`, "git.example"},
+		{`connection reset by peer`, ""},
+	} {
+		if got := unreachableHost(tc.text); got != tc.want {
+			t.Errorf("unreachableHost(%q) = %q, want %q", tc.text, got, tc.want)
+		}
+	}
+	if !askRegistry([]string{"docker.io"}, "registry-1.docker.io") || askRegistry([]string{"127.0.0.1:5000"}, "example.com") {
+		t.Error("askRegistry: want registry-1.docker.io counted as docker.io, example.com as none of the farm's")
+	}
+}
