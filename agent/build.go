@@ -383,6 +383,11 @@ func (b *BuildKit) solveOpt(req BuildRequest) (client.SolveOpt, error) {
 	if note := b.syntax(df.data, attrs); note != "" && req.Log != nil {
 		req.Log(note)
 	}
+	if req.Log != nil {
+		for _, note := range secretNotes(df.data, req) {
+			req.Log(note)
+		}
+	}
 	opt := client.SolveOpt{
 		Frontend:      "dockerfile.v0",
 		FrontendAttrs: attrs,

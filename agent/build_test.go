@@ -707,3 +707,52 @@ func TestSolvesAreRecordedInHistoryOnlyWhenAsked(t *testing.T) {
 		}
 	}
 }
+
+// A RUN that mounts a build secret is built with the mount empty (the farm
+// has no client to supply one) and the log says so at its line; one whose
+// secret is required fails, and its log says why before the failure; the
+// same for an SSH agent's mount.
+func TestASecretMountIsEmptyOnTheFarmAndTheLogSaysSo(t *testing.T) {
+	testenv.RequireBuildkit(t)
+	ctx := context.Background()
+	host := registrytest.Registry(t)
+	bk := newBuildKit(t, testenv.Buildkitd(t, host))
+	base := testenv.Busybox(t, host)
+	bases := []mesh.Base{{Module: "runtime", Image: host + "/busybox", Digest: digestOf(base)}}
+
+	optional := buildContext(t, map[string]string{
+		"Dockerfile": "FROM runtime\nRUN --mount=type=secret,id=token test ! -e /run/secrets/token && echo no-token-here\n",
+	})
+	var out lines
+	if _, err := bk.Build(ctx, BuildRequest{ContextDir: optional, Ask: mesh.Ask{Image: host + "/secret", Bases: bases}, Log: out.add}); err != nil {
+		t.Fatalf("Build with an optional secret: %v\n%s", err, out.String())
+	}
+	if log := out.String(); !strings.Contains(log, "secret: Dockerfile:2: RUN --mount=type=secret,id=token: a build on the farm has no client to supply build secrets: the step sees no /run/secrets/token") || !strings.Contains(log, "no-token-here") {
+		t.Errorf("the log does not say the secret is not supplied, or the step saw one:\n%s", log)
+	}
+
+	required := buildContext(t, map[string]string{
+		"Dockerfile": "FROM runtime\nRUN echo before\nRUN --mount=type=secret,id=token,required=true cat /run/secrets/token\n",
+	})
+	var rout lines
+	_, err := bk.Build(ctx, BuildRequest{ContextDir: required, Ask: mesh.Ask{Image: host + "/secret", Bases: bases}, Log: rout.add})
+	if !errors.Is(err, ErrBuild) {
+		t.Fatalf("Build with a required secret = %v, want a build failure\n%s", err, rout.String())
+	}
+	if log := rout.String(); !strings.Contains(log, "secret: Dockerfile:3: RUN --mount=type=secret,id=token: a build on the farm has no client to supply build secrets: the step fails (required=true)") {
+		t.Errorf("the log does not say why the required secret is missing:\n%s", log)
+	}
+	t.Logf("required: %v", err)
+
+	ssh := buildContext(t, map[string]string{"Dockerfile": "FROM runtime\nRUN --mount=type=ssh echo no-agent-here\nRUN --mount=type=ssh,required=true true\n"})
+	var sout lines
+	_, err = bk.Build(ctx, BuildRequest{ContextDir: ssh, Ask: mesh.Ask{Image: host + "/secret", Bases: bases}, Log: sout.add})
+	if !errors.Is(err, ErrBuild) {
+		t.Fatalf("Build with a required SSH mount = %v, want a build failure\n%s", err, sout.String())
+	}
+	if log := sout.String(); !strings.Contains(log, "ssh: Dockerfile:2: RUN --mount=type=ssh: a build on the farm has no client to forward an SSH agent: the step gets no SSH agent") ||
+		!strings.Contains(log, "ssh: Dockerfile:3: RUN --mount=type=ssh: a build on the farm has no client to forward an SSH agent: the step fails (required=true)") {
+		t.Errorf("the log does not say what the SSH mounts get:\n%s", log)
+	}
+	t.Logf("ssh: %v", err)
+}
