@@ -27,6 +27,9 @@ type bus struct {
 	nc    *nats.Conn
 	js    jetstream.JetStream
 	store *cascade.Store
+	// controllerBusy says that the last controllerAnswers timed out: a
+	// controller's tools are there, and did not answer in time.
+	controllerBusy bool
 }
 
 func (g *globals) connect(ctx context.Context) (*bus, error) {

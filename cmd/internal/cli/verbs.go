@@ -24,6 +24,7 @@ import (
 
 	"github.com/meshbuild/meshbuild/agent"
 	"github.com/meshbuild/meshbuild/cascade"
+	"github.com/meshbuild/meshbuild/claim"
 	"github.com/meshbuild/meshbuild/cmd/internal/planview"
 	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/planner"
@@ -584,7 +585,18 @@ func pushCmd(g *globals) *cobra.Command {
 			}
 			// A push nobody plans yet is queued (EVENTS keeps it): said
 			// so, rather than a plan id that watch would not find.
-			queued := !existed && !b.controllerAnswers(ctx)
+			queued := false
+			if !existed && !b.controllerAnswers(ctx) {
+				// A controller that holds its seat, and whose tools are
+				// there but do not answer in time, is busy (planning a
+				// push whose commit it fetches, say): the push is not
+				// queued behind a missing controller.
+				if holder, held := b.controllerHeld(ctx); held && b.controllerBusy {
+					fmt.Fprintf(g.progressOut(), "the controller (%s) has not answered in %s: it is busy, planning a push whose commit it fetches, say; the plan %s comes when it is done\n", holder, controllerWait, id)
+				} else {
+					queued = true
+				}
+			}
 			if g.json && !watch {
 				return writeJSON(g.out, map[string]any{"plan": id, "existed": existed, "queued": queued})
 			}
@@ -624,16 +636,36 @@ func notPlannedYet(id, why string) string {
 
 // controllerAnswers reports whether a controller answers its tools now
 // (any reply, even a refusal, is an answer).
+// held is controllerHeld's second result.
+func held(_ string, ok bool) bool { return ok }
+
+// controllerWait is how long a controller is given to answer
+// (controllerAnswers).
+const controllerWait = 3 * time.Second
+
 func (b *bus) controllerAnswers(ctx context.Context) bool {
-	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, controllerWait)
 	defer cancel()
 	_, err := cascade.Call(ctx, b.nc, controllerModule, cascade.ToolRetry, cascade.Request{Plan: "-"})
 	var te *cascade.ToolError
+	// Asked and not answered in time: a controller is subscribed, busy.
+	b.controllerBusy = errors.Is(err, context.DeadlineExceeded)
 	return err == nil || errors.As(err, &te)
 }
 
+// controllerHeld reports whether a controller holds the mesh-controller
+// seat (and who): one that does not answer is then busy, not gone. false
+// when the claim cannot be read.
+func (b *bus) controllerHeld(ctx context.Context) (string, bool) {
+	rec, ok, err := claim.Current(ctx, b.js, mesh.ControllerSeat, claim.Mesh())
+	if err != nil || !ok {
+		return "", false
+	}
+	return rec.Holder, true
+}
+
 func watchAndShow(ctx context.Context, g *globals, b *bus, id string) error {
-	if _, err := b.store.Plan(ctx, id); errors.Is(err, cascade.ErrNoPlan) && !b.controllerAnswers(ctx) {
+	if _, err := b.store.Plan(ctx, id); errors.Is(err, cascade.ErrNoPlan) && !b.controllerAnswers(ctx) && !(b.controllerBusy && held(b.controllerHeld(ctx))) {
 		// A push announced while no controller runs is planned when one
 		// starts: not "no plan".
 		return errors.New(notPlannedYet(id, "a push or rebuild announced meanwhile waits, queued, until one runs"))
@@ -772,7 +804,15 @@ func tool(ctx context.Context, g *globals, b *bus, name string, req cascade.Requ
 	if g.json {
 		return writeJSON(g.out, r)
 	}
-	fmt.Fprintf(g.out, "plan %s: %s (asks %s)\n", r.Plan, r.Record.Outcome, strings.Join(r.Asks, ", "))
+	switch {
+	case name == cascade.ToolCancel && r.Record.Outcome != cascade.OutcomeCancelled:
+		// Settled before the cancel came: nothing was left to stop.
+		fmt.Fprintf(g.out, "plan %s: %s: it had settled, nothing was left to cancel\n", r.Plan, r.Record.Outcome)
+	case len(r.Asks) == 0:
+		fmt.Fprintf(g.out, "plan %s: %s\n", r.Plan, r.Record.Outcome)
+	default:
+		fmt.Fprintf(g.out, "plan %s: %s (asks %s)\n", r.Plan, r.Record.Outcome, strings.Join(r.Asks, ", "))
+	}
 	return nil
 }
 
