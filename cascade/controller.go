@@ -121,6 +121,14 @@ type Controller struct {
 	// sched is the scheduling across plans (scheduler.go).
 	sched scheduler
 
+	// fetching are the pushes set aside while a commit of their repository
+	// is fetched beside the loop, by repository, in order (prefetch.go);
+	// fetched says a fetch is done; fetchFailed are the commits whose
+	// fetch failed, not fetched again while their pushes are planned.
+	fetching    map[string][]jetstream.Msg
+	fetched     chan prefetched
+	fetchFailed map[fetchSource]error
+
 	// a batch's pending effects
 	dirty    map[string]any
 	dirtyRun map[string]bool
@@ -150,7 +158,8 @@ func New(cfg Config, js jetstream.JetStream, cat *mesh.Catalogue, log *slog.Logg
 		storedBuild: map[string]time.Duration{}, forecasts: map[string]Forecast{}, forecastOwed: map[string]bool{},
 		plans: map[string]*State{}, current: map[string]Current{}, askSeq: map[string]uint64{},
 		cmds: make(seat.Inbox[command, Reply], 64), lastBuild: map[string]time.Duration{},
-		keys: map[string]KeyRecord{}, trees: treeCache(cfg),
+		fetched: make(chan prefetched, 16),
+		keys:    map[string]KeyRecord{}, trees: treeCache(cfg),
 		seatConsumers: map[string]jetstream.Consumer{}, askPlatform: map[string]string{},
 		platforms: platformWatch{since: time.Now(), seen: map[string]time.Time{}},
 		attempts:  map[string]int{},
@@ -249,6 +258,8 @@ func (c *Controller) Run(ctx context.Context) error {
 			batch = c.work(ctx, m, in.events)
 		case cmd := <-c.cmds:
 			cmd.Answer(c.command(ctx, cmd.Q))
+		case d := <-c.fetched:
+			batch = c.afterFetch(ctx, d)
 		case m, ok := <-in.gaveUp:
 			if !ok {
 				return errors.New("the consumer of given-up asks stopped")

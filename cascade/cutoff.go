@@ -123,6 +123,11 @@ func (c *Controller) address(ctx context.Context, st *State) {
 	}
 	inputs := map[string]Inputs{}
 	for k, ps := range paths {
+		if err, failed := c.fetchFailed[fetchSource{k.repo, k.commit}]; failed {
+			// Fetched beside the loop, and failed: not tried again here.
+			c.log.Warn("build contexts not addressed: their modules are dispatched", "plan", st.Plan, "repo", k.repo, "err", err)
+			continue
+		}
 		rctx, cancel := context.WithTimeout(ctx, c.cfg.ResolveTimeout)
 		res, err := c.trees.Resolve(rctx, k.repo, k.commit, ps)
 		cancel()

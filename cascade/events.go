@@ -108,6 +108,11 @@ func (c *Controller) pushed(ctx context.Context, m jetstream.Msg, now time.Time)
 	if md, err := m.Metadata(); err == nil {
 		at = md.Sequence.Stream
 	}
+	// A commit the clones lack is fetched beside the loop first
+	// (prefetch.go); the push is planned when it is there.
+	if p, err := c.ix.Plan(t); err == nil && c.setAside(ctx, m, p) {
+		return true
+	}
 	if _, _, err := c.createPlan(ctx, t, ev.Schedule, now, at); err != nil {
 		c.log.Warn("no plan for a push", "repo", ev.Repo, "commit", ev.Commit, "err", err)
 	}

@@ -297,3 +297,20 @@ func Git(ctx context.Context, gitDir string, args ...string) (string, error) {
 	}
 	return strings.TrimSpace(stdout.String()), nil
 }
+
+// Has reports whether repo's clone holds commit already, a full hash (a
+// ref name may have moved: it is never held). It fetches nothing.
+func (c *Cache) Has(ctx context.Context, repo, commit string) bool {
+	if !ValidRepo(repo) || !FullHash(commit) {
+		return false
+	}
+	clone, err := c.Clone(repo)
+	if err != nil {
+		return false
+	}
+	if _, err := os.Stat(filepath.Join(clone, "HEAD")); err != nil {
+		return false
+	}
+	_, err = revParse(ctx, clone, commit)
+	return err == nil
+}

@@ -1,0 +1,94 @@
+package cascade_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/meshbuild/meshbuild/cascade"
+	"github.com/meshbuild/meshbuild/cascade/cascadetest"
+	"github.com/meshbuild/meshbuild/internal/natstest"
+	"github.com/meshbuild/meshbuild/internal/testenv"
+	"github.com/meshbuild/meshbuild/mesh"
+	"github.com/meshbuild/meshbuild/mesh/meshtest"
+	"github.com/meshbuild/meshbuild/registry"
+	"github.com/meshbuild/meshbuild/registry/registrytest"
+)
+
+// A push whose commit the controller must fetch, from a git server that
+// takes seconds to answer, is fetched beside the controller's loop, not
+// in it: meanwhile the controller answers its tools at once (and would
+// work every other plan's events); when the fetch is done the plan is
+// made, its modules addressed (their trees read from the clone, so that
+// early cutoff works).
+func TestAPushWhoseFetchIsSlowHoldsNothingUp(t *testing.T) {
+	reg := registrytest.Registry(t)
+	testenv.Busybox(t, reg)
+	git, commit := testenv.GitRepo(t, map[string]string{
+		"base/Dockerfile": "FROM busybox\nRUN echo base > /base\n",
+		"app/Dockerfile":  "FROM base\nRUN echo app > /app\n",
+	})
+	// Every upload-pack the git server runs waits 3s first: a slow server,
+	// or a big repository.
+	const slow = 3 * time.Second
+	t.Setenv("GIT_CONFIG_COUNT", "1")
+	t.Setenv("GIT_CONFIG_KEY_0", "remote.origin.uploadpack")
+	t.Setenv("GIT_CONFIG_VALUE_0", "sleep 3; git-upload-pack")
+
+	s := natstest.Server(t, nil)
+	nc, js := natstest.Connect(t, s)
+	cat := meshtest.Catalogue(t, map[string][]string{"busybox": nil, "base": {"busybox"}, "app": {"base"}})
+	cfg := cascade.DefaultConfig()
+	cfg.Registry, cfg.RegistryClient = reg, registry.NewClient(registry.WithInsecure(true))
+	cfg.Sources, cfg.InsteadOf = t.TempDir(), map[string]string{meshtest.FleetRepo: git}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	c, err := cascade.New(cfg, js, cat, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	cascadetest.WaitReady(t, nc, c.Module(), 10*time.Second)
+
+	pushed := time.Now()
+	plan, _, err := cascade.Push(ctx, js, mesh.Pushed{Repo: meshtest.FleetRepo, Ref: "refs/heads/main", Commit: commit})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond) // the push delivered, its fetch begun
+	t0 := time.Now()
+	_, err = cascade.Call(ctx, nc, c.Module(), cascade.ToolRetry, cascade.Request{Plan: "-"})
+	answered := time.Since(t0)
+	var te *cascade.ToolError
+	if !errors.As(err, &te) {
+		t.Fatalf("a tool call during the fetch: %v, want the controller's refusal", err)
+	}
+	t.Logf("a tool call during the fetch answered in %s", answered.Round(time.Millisecond))
+	if answered > time.Second {
+		t.Errorf("the controller answered a tool call in %s while a push's commit was fetched: its loop waited on the fetch", answered.Round(time.Millisecond))
+	}
+
+	store, err := cascade.OpenStore(ctx, js, c.Module())
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 30*time.Second, "the push's plan", func() bool {
+		_, err := store.Plan(ctx, plan)
+		return err == nil
+	})
+	if took := time.Since(pushed); took < slow {
+		t.Errorf("the plan was made %s after the push, before the slow fetch could end: was the commit fetched?", took)
+	}
+	mods, err := store.Modules(ctx, plan)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"base", "app"} {
+		if m, ok := mods[name]; !ok || m.Tree == "" {
+			t.Errorf("module %s: %+v, want its build context's tree read from the fetched clone", name, m)
+		}
+	}
+}
