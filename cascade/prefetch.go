@@ -2,11 +2,13 @@ package cascade
 
 import (
 	"context"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/meshbuild/meshbuild/internal/gitcache"
+	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/planner"
 )
 
@@ -26,9 +28,9 @@ import (
 // a failed resolve did: its modules unaddressed, dispatched. A controller
 // that stops meanwhile leaves the pushes set aside unacked, for the next.
 
-// prefetchTimeout bounds a push's fetch beside the loop. It holds nothing
+// PrefetchTimeout bounds a push's fetch beside the loop. It holds nothing
 // else up, so it may take long: a first fetch of a big repository.
-const prefetchTimeout = 10 * time.Minute
+const PrefetchTimeout = 10 * time.Minute
 
 // prefetchProgress is how often a push set aside is said to be in
 // progress, so that the bus does not deliver it again meanwhile.
@@ -60,8 +62,16 @@ func (c *Controller) setAside(ctx context.Context, m jetstream.Msg, p planner.Pl
 	if src.repo == "" {
 		return false // no module of the push's repository: nothing to fetch
 	}
+	mark := func() {
+		// Said in the store, for whoever watches the plan meanwhile;
+		// removed when the push is planned (afterFetch).
+		if err := c.store.MarkFetching(ctx, p.ID, Fetching{Repo: src.repo, Commit: src.commit, Since: time.Now().UTC()}); err != nil {
+			c.log.Warn("could not record the push's fetch", "plan", p.ID, "err", err)
+		}
+	}
 	if q, ok := c.fetching[src.repo]; ok {
 		c.fetching[src.repo] = append(q, m)
+		mark()
 		return true
 	}
 	if _, failed := c.fetchFailed[src]; failed || !gitcache.FullHash(src.commit) || c.trees.Has(ctx, src.repo, src.commit) {
@@ -71,7 +81,8 @@ func (c *Controller) setAside(ctx context.Context, m jetstream.Msg, p planner.Pl
 		c.fetching = map[string][]jetstream.Msg{}
 	}
 	c.fetching[src.repo] = []jetstream.Msg{m}
-	c.log.Info("fetching a push's commit beside the loop; the push is planned when it is done", "repo", src.repo, "commit", src.commit)
+	c.log.Info("fetching a push's commit beside the loop; the push is planned when it is done", "repo", src.repo, "commit", src.commit, "plan", p.ID)
+	mark()
 	go c.prefetch(ctx, src, m)
 	return true
 }
@@ -79,7 +90,7 @@ func (c *Controller) setAside(ctx context.Context, m jetstream.Msg, p planner.Pl
 // prefetch fetches src's commit into its clone and says so on c.fetched,
 // saying m in progress meanwhile.
 func (c *Controller) prefetch(ctx context.Context, src fetchSource, m jetstream.Msg) {
-	fctx, cancel := context.WithTimeout(ctx, prefetchTimeout)
+	fctx, cancel := context.WithTimeout(ctx, PrefetchTimeout)
 	defer cancel()
 	done := make(chan error, 1)
 	go func() {
@@ -102,6 +113,19 @@ func (c *Controller) prefetch(ctx context.Context, src fetchSource, m jetstream.
 	}
 }
 
+// pushPlanID is the plan push m makes.
+func (c *Controller) pushPlanID(m jetstream.Msg) (string, bool) {
+	ev, err := mesh.DecodeEvent[mesh.Pushed](m.Data())
+	if err != nil {
+		return "", false
+	}
+	p, err := c.ix.Plan(planner.Trigger{Kind: planner.KindPush, Repo: ev.Repo, Commit: ev.Commit, Ref: ev.Ref, Paths: ev.Paths})
+	if err != nil {
+		return "", false
+	}
+	return p.ID, true
+}
+
 // afterFetch plans the pushes that waited for d's fetch, in order, until
 // one waits for a fetch of its own (the rest wait behind it); it returns
 // those to acknowledge once the batch is stored.
@@ -120,6 +144,13 @@ func (c *Controller) afterFetch(ctx context.Context, d prefetched) []jetstream.M
 	for i, m := range q {
 		if !c.pushed(ctx, m, time.Now().UTC()) {
 			kept = append(kept, m)
+		}
+		if id, ok := c.pushPlanID(m); ok {
+			if _, waiting := c.fetching[d.repo]; !waiting || !slices.Contains(c.fetching[d.repo], m) {
+				if err := c.store.Fetched(ctx, id); err != nil {
+					c.log.Warn("could not remove the record of the push's fetch", "plan", id, "err", err)
+				}
+			}
 		}
 		if _, again := c.fetching[d.repo]; again {
 			c.fetching[d.repo] = append(c.fetching[d.repo], q[i+1:]...)

@@ -21,7 +21,8 @@ import (
 // in it: meanwhile the controller answers its tools at once (and would
 // work every other plan's events); when the fetch is done the plan is
 // made, its modules addressed (their trees read from the clone, so that
-// early cutoff works).
+// early cutoff works). Meanwhile the store says the push is being fetched
+// (cascade.Fetching, what builds watch waits on), and not after.
 func TestAPushWhoseFetchIsSlowHoldsNothingUp(t *testing.T) {
 	reg := registrytest.Registry(t)
 	testenv.Busybox(t, reg)
@@ -75,17 +76,26 @@ func TestAPushWhoseFetchIsSlowHoldsNothingUp(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Meanwhile the store says the push waits for its commit.
+	if f, ok, err := store.FetchingFor(ctx, plan); err != nil || !ok || f.Commit != commit || f.Repo != meshtest.FleetRepo {
+		t.Errorf("during the fetch, the store's record of it: %+v %t %v; want the push's repository and commit", f, ok, err)
+	}
 	testenv.WaitFor(t, 30*time.Second, "the push's plan", func() bool {
 		_, err := store.Plan(ctx, plan)
 		return err == nil
 	})
+	testenv.WaitFor(t, 5*time.Second, "the record of the fetch removed", func() bool {
+		_, ok, err := store.FetchingFor(ctx, plan)
+		return err == nil && !ok
+	})
 	if took := time.Since(pushed); took < slow {
 		t.Errorf("the plan was made %s after the push, before the slow fetch could end: was the commit fetched?", took)
 	}
-	mods, err := store.Modules(ctx, plan)
-	if err != nil {
-		t.Fatal(err)
-	}
+	var mods map[string]cascade.ModuleStatus
+	testenv.WaitFor(t, 5*time.Second, "the plan's modules stored", func() bool {
+		mods, err = store.Modules(ctx, plan)
+		return err == nil && mods["base"].Module != "" && mods["app"].Module != ""
+	})
 	for _, name := range []string{"base", "app"} {
 		if m, ok := mods[name]; !ok || m.Tree == "" {
 			t.Errorf("module %s: %+v, want its build context's tree read from the fetched clone", name, m)

@@ -42,6 +42,7 @@ const (
 	keyEstimate = "estimate."
 	keyInput    = "key."
 	keySecret   = "secret.asks"
+	keyFetching = "fetching."
 )
 
 // AskKey is the key the controller derives every ask's secret from
@@ -318,6 +319,53 @@ func (s *Store) Plan(ctx context.Context, id string) (PlanRecord, error) {
 		return PlanRecord{}, fmt.Errorf("decoding plan %s: %w", id, err)
 	}
 	return r, nil
+}
+
+// FetchingKey is the key of a push set aside while its commit is fetched
+// (prefetch.go), by the plan it is to make.
+func FetchingKey(plan string) string { return keyFetching + plan }
+
+// Fetching is a push set aside while the controller fetches its commit:
+// its plan is made when the commit is there.
+type Fetching struct {
+	Repo   string    `json:"repo"`
+	Commit string    `json:"commit"`
+	Since  time.Time `json:"since"`
+}
+
+// MarkFetching records that plan's push waits for its commit's fetch.
+func (s *Store) MarkFetching(ctx context.Context, plan string, f Fetching) error {
+	data, err := json.Marshal(f)
+	if err != nil {
+		return err
+	}
+	_, err = s.kv.Put(ctx, FetchingKey(plan), data)
+	return err
+}
+
+// Fetched removes plan's Fetching record.
+func (s *Store) Fetched(ctx context.Context, plan string) error {
+	err := s.kv.Delete(ctx, FetchingKey(plan))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil
+	}
+	return err
+}
+
+// FetchingFor reads plan's Fetching record: ok when its push waits for a
+// fetch.
+func (s *Store) FetchingFor(ctx context.Context, plan string) (f Fetching, ok bool, err error) {
+	e, err := s.kv.Get(ctx, FetchingKey(plan))
+	if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
+		return Fetching{}, false, nil
+	}
+	if err != nil {
+		return Fetching{}, false, err
+	}
+	if err := json.Unmarshal(e.Value(), &f); err != nil {
+		return Fetching{}, false, fmt.Errorf("decoding %s: %w", FetchingKey(plan), err)
+	}
+	return f, true, nil
 }
 
 // Modules returns a plan's module statuses, by module.

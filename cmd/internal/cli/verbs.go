@@ -53,6 +53,9 @@ func Watch(ctx context.Context, st *cascade.Store, plan string, w io.Writer, tty
 	notes := map[string]cascade.HandedBack{} // the last hand-back said of each module
 	lost := map[string]cascade.Lost{}        // the last lost holder said of each module
 	p, err := planview.Watch(ctx, st, plan, planview.Options{
+		Fetching: func(f cascade.Fetching) {
+			fmt.Fprintf(w, "the controller is fetching %s at %s (since %s): the plan is made when the commit is there\n", f.Repo, planner.ShortCommit(f.Commit), f.Since.Local().Format("15:04:05"))
+		},
 		Changed: func(p planview.Plan, m *cascade.ModuleStatus, _ cascade.ModuleState) {
 			if m != nil {
 				// The record's counts say the rest; a module whose ask

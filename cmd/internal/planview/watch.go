@@ -57,7 +57,15 @@ type Options struct {
 	// it stands, e.g. to redraw an elapsed time.
 	Ticked func(p Plan)
 	Tick   time.Duration
+	// Fetching, if set, is called once if the plan is not made within
+	// Appear because the controller fetches its push's commit first.
+	Fetching func(f cascade.Fetching)
 }
+
+// fetchingStale is how old a record of a push's fetch may be and still be
+// waited for: the controller's bound on the fetch, and a minute (a record
+// older is a controller's that stopped mid-fetch).
+const fetchingStale = cascade.PrefetchTimeout + time.Minute
 
 // Watch follows a plan in st until it settles and returns it settled. A plan
 // not made within Options.Appear is an error wrapping cascade.ErrNoPlan.
@@ -77,6 +85,7 @@ func Watch(ctx context.Context, st *cascade.Store, plan string, o Options) (Plan
 	p := Plan{Modules: map[string]cascade.ModuleStatus{}}
 	appear := time.NewTimer(o.Appear)
 	defer appear.Stop()
+	fetching := false
 	var tick <-chan time.Time
 	if o.Ticked != nil {
 		t := time.NewTicker(o.Tick)
@@ -89,6 +98,16 @@ func Watch(ctx context.Context, st *cascade.Store, plan string, o Options) (Plan
 			return p, context.Cause(ctx)
 		case <-appear.C:
 			if !p.Made {
+				// A push whose commit the controller fetches first is
+				// planned when the fetch is done: waited for, said once.
+				if f, ok, err := st.FetchingFor(ctx, plan); err == nil && ok && time.Since(f.Since) < fetchingStale {
+					if o.Fetching != nil && !fetching {
+						o.Fetching(f)
+					}
+					fetching = true
+					appear.Reset(o.Appear)
+					continue
+				}
 				return p, fmt.Errorf("%w %s: the controller made none within %s", cascade.ErrNoPlan, plan, o.Appear)
 			}
 		case <-tick:

@@ -92,3 +92,48 @@ func TestWatchEnds(t *testing.T) {
 		t.Errorf("Watch with its ctx cancelled: %v, want the cause", err)
 	}
 }
+
+// A plan whose push the controller fetches first (cascade.Fetching in the
+// store) is waited for past Appear, said once; the record made, it is
+// followed to settled. A record of a fetch too old (a controller stopped
+// mid-fetch) is not.
+func TestWatchWaitsForAPushWhoseCommitIsFetched(t *testing.T) {
+	st := store(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	f := cascade.Fetching{Repo: "https://git.example/big.git", Commit: "0123456789abcdef0123456789abcdef01234567", Since: time.Now().UTC()}
+	if err := st.MarkFetching(ctx, "p2", f); err != nil {
+		t.Fatal(err)
+	}
+	const appear = 200 * time.Millisecond
+	go func() {
+		time.Sleep(5 * appear)
+		settled := cascade.PlanRecord{ID: "p2", Outcome: cascade.OutcomeBuilt, Counts: cascade.Counts{Built: 1, Total: 1}}
+		if err := st.Put(ctx, map[string]any{cascade.PlanKey("p2"): settled, cascade.ModuleKey("p2", "a"): cascade.ModuleStatus{Module: "a", State: cascade.Built}}); err != nil {
+			t.Error(err)
+		}
+		if err := st.Fetched(ctx, "p2"); err != nil {
+			t.Error(err)
+		}
+	}()
+	var said []cascade.Fetching
+	p, err := planview.Watch(ctx, st, "p2", planview.Options{Appear: appear, Fetching: func(f cascade.Fetching) { said = append(said, f) }})
+	if err != nil || !p.Settled() {
+		t.Fatalf("Watch of a plan whose commit is fetched: %+v, %v; want it waited for and settled", p, err)
+	}
+	if len(said) != 1 || said[0].Commit != f.Commit {
+		t.Errorf("said %+v, want the fetch once", said)
+	}
+	if _, ok, err := st.FetchingFor(ctx, "p2"); ok || err != nil {
+		t.Errorf("the record of the fetch is still there (%v)", err)
+	}
+
+	old := f
+	old.Since = time.Now().Add(-cascade.PrefetchTimeout - 2*time.Minute)
+	if err := st.MarkFetching(ctx, "p3", old); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := planview.Watch(ctx, st, "p3", planview.Options{Appear: appear}); !errors.Is(err, cascade.ErrNoPlan) {
+		t.Errorf("Watch with a stale record of a fetch: %v, want ErrNoPlan", err)
+	}
+}
