@@ -128,6 +128,9 @@ type Controller struct {
 	fetching    map[string][]jetstream.Msg
 	fetched     chan prefetched
 	fetchFailed map[fetchSource]error
+	// fetchedNow is the commit whose fetch afterFetch works the pushes
+	// of: never set aside for it again.
+	fetchedNow fetchSource
 
 	// a batch's pending effects
 	dirty    map[string]any

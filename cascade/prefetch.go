@@ -54,7 +54,10 @@ func (c *Controller) setAside(ctx context.Context, m jetstream.Msg, p planner.Pl
 	}
 	var src fetchSource
 	for _, n := range p.Modules {
-		if n.Source.Commit != "" && n.Source.Repo == p.Trigger.Repo {
+		// A module of the pushed repository carries the push's commit
+		// (its repository as its manifest spells it, which address
+		// fetches).
+		if n.Source.Commit != "" && n.Source.Commit == p.Trigger.Commit {
 			src = fetchSource{n.Source.Repo, n.Source.Commit}
 			break
 		}
@@ -74,8 +77,8 @@ func (c *Controller) setAside(ctx context.Context, m jetstream.Msg, p planner.Pl
 		mark()
 		return true
 	}
-	if _, failed := c.fetchFailed[src]; failed || !gitcache.FullHash(src.commit) || c.trees.Has(ctx, src.repo, src.commit) {
-		return false
+	if _, failed := c.fetchFailed[src]; failed || src == c.fetchedNow || !gitcache.FullHash(src.commit) || c.trees.Has(ctx, src.repo, src.commit) {
+		return false // fetched (or tried) just now, or nothing to fetch
 	}
 	if c.fetching == nil {
 		c.fetching = map[string][]jetstream.Msg{}
@@ -140,6 +143,8 @@ func (c *Controller) afterFetch(ctx context.Context, d prefetched) []jetstream.M
 	}
 	q := c.fetching[d.repo]
 	delete(c.fetching, d.repo)
+	c.fetchedNow = src
+	defer func() { c.fetchedNow = fetchSource{} }()
 	var kept []jetstream.Msg
 	for i, m := range q {
 		if !c.pushed(ctx, m, time.Now().UTC()) {

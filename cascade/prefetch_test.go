@@ -101,4 +101,39 @@ func TestAPushWhoseFetchIsSlowHoldsNothingUp(t *testing.T) {
 			t.Errorf("module %s: %+v, want its build context's tree read from the fetched clone", name, m)
 		}
 	}
+
+	// Two pushes of the repository, the second while the first's commit
+	// is fetched: planned in the order they came, both addressed.
+	first := testenv.Commit(t, git, map[string]string{"app/Dockerfile": "FROM base\nRUN echo app 2 > /app\n"})
+	second := testenv.Commit(t, git, map[string]string{"app/Dockerfile": "FROM base\nRUN echo app 3 > /app\n"})
+	var plans []string
+	for _, commit := range []string{first, second} {
+		id, _, err := cascade.Push(ctx, js, mesh.Pushed{Repo: meshtest.FleetRepo, Ref: "refs/heads/main", Commit: commit})
+		if err != nil {
+			t.Fatal(err)
+		}
+		plans = append(plans, id)
+	}
+	var recs []cascade.PlanRecord
+	testenv.WaitFor(t, 30*time.Second, "both pushes planned", func() bool {
+		recs = recs[:0]
+		for _, id := range plans {
+			rec, err := store.Plan(ctx, id)
+			if err != nil {
+				return false
+			}
+			recs = append(recs, rec)
+		}
+		return true
+	})
+	if recs[0].Seq >= recs[1].Seq {
+		t.Errorf("plan sequence numbers %d, %d: want the first push's older", recs[0].Seq, recs[1].Seq)
+	}
+	for i, id := range plans {
+		testenv.WaitFor(t, 5*time.Second, "plan "+id+"'s app addressed", func() bool {
+			mods, err := store.Modules(ctx, id)
+			return err == nil && mods["app"].Tree != ""
+		})
+		t.Logf("push %d planned as %s, seq %d", i+1, id, recs[i].Seq)
+	}
 }
