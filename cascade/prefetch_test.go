@@ -3,6 +3,7 @@ package cascade_test
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -49,10 +50,9 @@ func TestAPushWhoseFetchIsSlowHoldsNothingUp(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
-	defer func() { cancel(); <-done }()
-	cascadetest.WaitReady(t, nc, c.Module(), 10*time.Second)
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	cascadetest.Run(t, ctx, &wg, c, nc)
 
 	pushed := time.Now()
 	plan, _, err := cascade.Push(ctx, js, mesh.Pushed{Repo: meshtest.FleetRepo, Ref: "refs/heads/main", Commit: commit})
