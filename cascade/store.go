@@ -7,6 +7,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -15,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/meshbuild/meshbuild/internal/kvsnap"
 	"github.com/meshbuild/meshbuild/planner"
 	"github.com/meshbuild/meshbuild/seat"
 	"github.com/meshbuild/meshbuild/state"
@@ -173,7 +176,8 @@ func Record(s *State) PlanRecord {
 
 // Store reads and writes plan state in the bucket.
 type Store struct {
-	kv jetstream.KeyValue
+	kv   jetstream.KeyValue
+	snap *kvsnap.Bucket
 	// Parallel bounds concurrent writes.
 	Parallel int
 }
@@ -184,7 +188,7 @@ func OpenStore(ctx context.Context, js jetstream.JetStream, controllerModule str
 	if err != nil {
 		return nil, err
 	}
-	return &Store{kv: kv, Parallel: 64}, nil
+	return &Store{kv: kv, snap: kvsnap.New(js, kv), Parallel: 64}, nil
 }
 
 // KV is the bucket.
@@ -415,29 +419,20 @@ func (s *Store) Currents(ctx context.Context) (map[string]Current, error) {
 	return out, err
 }
 
-// each calls fn with the current value of every key matching filter.
+// each calls fn with the current value of every key matching filter, in
+// key order: every key that has a value, also while the bucket is written
+// (kvsnap).
 func (s *Store) each(ctx context.Context, filter string, fn func(key string, data []byte) error) error {
-	w, err := s.kv.WatchFiltered(ctx, []string{filter}, jetstream.IgnoreDeletes())
+	vals, err := s.snap.Values(ctx, filter)
 	if err != nil {
 		return fmt.Errorf("reading %s: %w", filter, err)
 	}
-	defer w.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case e, ok := <-w.Updates():
-			if !ok {
-				return nil
-			}
-			if e == nil {
-				return nil // all current values delivered
-			}
-			if err := fn(e.Key(), e.Value()); err != nil {
-				return err
-			}
+	for _, k := range slices.Sorted(maps.Keys(vals)) {
+		if err := fn(k, vals[k].Value()); err != nil {
+			return err
 		}
 	}
+	return nil
 }
 
 // Load rebuilds a plan's state from its record, its modules in the store

@@ -8,6 +8,8 @@ import (
 	"sync"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/meshbuild/meshbuild/internal/kvsnap"
 )
 
 // PlanChange is one change to a watched plan: its record, or one of its
@@ -24,7 +26,7 @@ type PlanChange struct {
 // handle on a KV watch, in the shape of jetstream.KeyWatcher: read
 // Changes, Stop it when done.
 type PlanWatcher struct {
-	w        jetstream.KeyWatcher
+	w        *kvsnap.Watcher
 	changes  chan PlanChange
 	current  chan struct{}
 	stopped  chan struct{}
@@ -36,7 +38,7 @@ type PlanWatcher struct {
 // controller makes it. The watch ends when ctx is done or on Stop; then
 // Changes is closed.
 func (s *Store) WatchPlan(ctx context.Context, plan string) (*PlanWatcher, error) {
-	w, err := s.kv.WatchFiltered(ctx, []string{PlanKey(plan), ModulesOf(plan)}, jetstream.IgnoreDeletes())
+	w, err := s.snap.Watch(ctx, []string{PlanKey(plan), ModulesOf(plan)})
 	if err != nil {
 		return nil, fmt.Errorf("watching plan %s: %w", plan, err)
 	}
@@ -65,6 +67,8 @@ func (pw *PlanWatcher) run(ctx context.Context, plan string) {
 				close(pw.current)
 			}
 			continue
+		case e.Operation() != jetstream.KeyValuePut:
+			continue // a pruned plan's keys
 		case e.Key() == PlanKey(plan):
 			var r PlanRecord
 			if err := json.Unmarshal(e.Value(), &r); err != nil {
@@ -103,10 +107,9 @@ func (pw *PlanWatcher) Current() <-chan struct{} { return pw.current }
 // Stop ends the watch; Changes is closed soon after. It is safe to call
 // more than once.
 func (pw *PlanWatcher) Stop() error {
-	var err error
 	pw.stopOnce.Do(func() {
 		close(pw.stopped)
-		err = pw.w.Stop()
+		pw.w.Stop()
 	})
-	return err
+	return nil
 }

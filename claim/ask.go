@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/meshbuild/meshbuild/internal/kvsnap"
 	"github.com/meshbuild/meshbuild/mesh"
 )
 
@@ -88,6 +89,7 @@ type AskFound struct {
 type Asks struct {
 	js                               jetstream.JetStream
 	kv                               jetstream.KeyValue
+	snap                             *kvsnap.Bucket
 	claims                           jetstream.KeyValue // the seat claims: what an ask claim is bound to
 	seat, machine, holder, seatToken string
 	o                                options
@@ -117,7 +119,7 @@ func OpenAsks(ctx context.Context, js jetstream.JetStream, seat, machine, holder
 	if err != nil {
 		return nil, fmt.Errorf("opening the ask claims bucket %s: %w", mesh.AskClaimsBucket(seat), err)
 	}
-	a := &Asks{js: js, kv: kv, seat: seat, machine: machine, holder: holder, seatToken: seatToken, o: o}
+	a := &Asks{js: js, kv: kv, snap: kvsnap.New(js, kv), seat: seat, machine: machine, holder: holder, seatToken: seatToken, o: o}
 	if seatToken != "" {
 		if a.claims, err = js.KeyValue(ctx, mesh.ClaimsBucket()); err != nil {
 			return nil, fmt.Errorf("opening the claims bucket %s: %w", mesh.ClaimsBucket(), err)
@@ -172,14 +174,11 @@ func ReadAsk(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue,
 // claim.
 func (a *Asks) Look(ctx context.Context, ask, secret string, mine func(AskRecord) bool) (AskFound, error) {
 	var f AskFound
-	lister, err := a.kv.ListKeysFiltered(ctx, mesh.AskClaimKeys(ask))
-	if errors.Is(err, jetstream.ErrNoKeysFound) {
-		return f, nil
-	}
+	keys, err := a.snap.Keys(ctx, mesh.AskClaimKeys(ask))
 	if err != nil {
 		return f, fmt.Errorf("listing the claims of ask %s: %w", ask, err)
 	}
-	for key := range lister.Keys() {
+	for _, key := range keys {
 		_, machine, _ := cutLast(key)
 		rec, ok, err := ReadAsk(ctx, a.js, a.kv, ask, machine)
 		if err != nil {

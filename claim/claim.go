@@ -13,6 +13,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/meshbuild/meshbuild/internal/kvsnap"
 	"github.com/meshbuild/meshbuild/mesh"
 )
 
@@ -284,15 +285,12 @@ func List(ctx context.Context, js jetstream.JetStream, seat string) ([]Record, e
 	if err != nil {
 		return nil, fmt.Errorf("opening the claims bucket %s: %w", mesh.ClaimsBucket(), err)
 	}
-	lister, err := kv.ListKeysFiltered(ctx, mesh.ClaimKeys(seat))
-	if errors.Is(err, jetstream.ErrNoKeysFound) {
-		return nil, nil
-	}
+	keys, err := kvsnap.New(js, kv).Keys(ctx, mesh.ClaimKeys(seat))
 	if err != nil {
 		return nil, fmt.Errorf("listing the claims of %s: %w", seat, err)
 	}
 	var out []Record
-	for key := range lister.Keys() {
+	for _, key := range keys {
 		rec, err := read(ctx, kv, key)
 		if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
 			continue // lapsed while listing

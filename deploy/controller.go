@@ -16,6 +16,7 @@ import (
 
 	"github.com/meshbuild/meshbuild/cascade"
 	"github.com/meshbuild/meshbuild/internal/backoff"
+	"github.com/meshbuild/meshbuild/internal/kvsnap"
 	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/seat"
 )
@@ -152,7 +153,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	defer func() { _ = currents.Stop() }()
+	defer currents.Stop()
 	subs, err := c.serveTools()
 	defer func() {
 		for _, s := range subs {
@@ -176,14 +177,14 @@ func (c *Controller) Run(ctx context.Context) error {
 
 // watchCurrents watches the current image of every module in the plans
 // bucket.
-func (c *Controller) watchCurrents(ctx context.Context) (jetstream.KeyWatcher, error) {
-	var currents jetstream.KeyWatcher
+func (c *Controller) watchCurrents(ctx context.Context) (*kvsnap.Watcher, error) {
+	var currents *kvsnap.Watcher
 	err := c.retry(ctx, "watching current images", func(ctx context.Context) error {
 		plans, err := seat.OpenBucket(ctx, c.js, c.module, cascade.StateBucket)
 		if err != nil {
 			return fmt.Errorf("reading current images: %w", err)
 		}
-		if currents, err = plans.WatchFiltered(ctx, []string{cascade.CurrentKey("*")}, jetstream.IgnoreDeletes()); err != nil {
+		if currents, err = kvsnap.New(c.js, plans).Watch(ctx, []string{cascade.CurrentKey("*")}); err != nil {
 			return fmt.Errorf("watching current images: %w", err)
 		}
 		return nil
@@ -229,6 +230,9 @@ func (c *Controller) loop(ctx context.Context, msgs <-chan jetstream.Msg, curren
 // currentImage records a module's current image; once the watch has caught
 // up, a new digest is declared to the nodes the module is assigned to.
 func (c *Controller) currentImage(ctx context.Context, e jetstream.KeyValueEntry, caughtUp bool) {
+	if e.Operation() != jetstream.KeyValuePut {
+		return // a module's current image is replaced, never taken away
+	}
 	var cur cascade.Current
 	if err := json.Unmarshal(e.Value(), &cur); err != nil {
 		c.log.Warn("ignoring an unreadable current image", "key", e.Key(), "err", err)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/meshbuild/meshbuild/internal/kvsnap"
 	"github.com/meshbuild/meshbuild/seat"
 )
 
@@ -68,7 +69,10 @@ type Status struct {
 }
 
 // Store reads and writes the fleet's state in the bucket.
-type Store struct{ kv jetstream.KeyValue }
+type Store struct {
+	kv   jetstream.KeyValue
+	snap *kvsnap.Bucket
+}
 
 // OpenStore binds the controller module's declarations bucket.
 func OpenStore(ctx context.Context, js jetstream.JetStream, controllerModule string) (*Store, error) {
@@ -76,7 +80,7 @@ func OpenStore(ctx context.Context, js jetstream.JetStream, controllerModule str
 	if err != nil {
 		return nil, err
 	}
-	return &Store{kv: kv}, nil
+	return &Store{kv: kv, snap: kvsnap.New(js, kv)}, nil
 }
 
 // KV is the bucket.
@@ -95,48 +99,41 @@ func (s *Store) put(ctx context.Context, key string, v any) error {
 
 // Nodes returns every enrolled node, by name.
 func (s *Store) Nodes(ctx context.Context) (map[string]NodeRecord, error) {
-	return each[NodeRecord](ctx, s.kv, keyNode)
+	return each[NodeRecord](ctx, s.snap, keyNode)
 }
 
 // Assignments returns every assignment, by module.
 func (s *Store) Assignments(ctx context.Context) (map[string]Assignment, error) {
-	return each[Assignment](ctx, s.kv, keyAssign)
+	return each[Assignment](ctx, s.snap, keyAssign)
 }
 
 // Declarations returns every node's newest declaration, by node.
 func (s *Store) Declarations(ctx context.Context) (map[string]Declaration, error) {
-	return each[Declaration](ctx, s.kv, keyDecl)
+	return each[Declaration](ctx, s.snap, keyDecl)
 }
 
 // Statuses returns every node's last report, by node.
 func (s *Store) Statuses(ctx context.Context) (map[string]Status, error) {
-	return each[Status](ctx, s.kv, keyStatus)
+	return each[Status](ctx, s.snap, keyStatus)
 }
 
 // each decodes the current value of every key under prefix, by the rest of
-// the key.
-func each[T any](ctx context.Context, kv jetstream.KeyValue, prefix string) (map[string]T, error) {
-	out := map[string]T{}
-	w, err := kv.WatchFiltered(ctx, []string{prefix + "*"}, jetstream.IgnoreDeletes())
+// the key: every key that has a value, also while the bucket is written
+// (kvsnap).
+func each[T any](ctx context.Context, snap *kvsnap.Bucket, prefix string) (map[string]T, error) {
+	vals, err := snap.Values(ctx, prefix+"*")
 	if err != nil {
 		return nil, fmt.Errorf("reading %s*: %w", prefix, err)
 	}
-	defer w.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case e, ok := <-w.Updates():
-			if !ok || e == nil {
-				return out, nil
-			}
-			var v T
-			if err := json.Unmarshal(e.Value(), &v); err != nil {
-				return nil, fmt.Errorf("decoding %s: %w", e.Key(), err)
-			}
-			out[strings.TrimPrefix(e.Key(), prefix)] = v
+	out := make(map[string]T, len(vals))
+	for k, e := range vals {
+		var v T
+		if err := json.Unmarshal(e.Value(), &v); err != nil {
+			return nil, fmt.Errorf("decoding %s: %w", k, err)
 		}
+		out[strings.TrimPrefix(k, prefix)] = v
 	}
+	return out, nil
 }
 
 // Deleted reports whether err says a key is gone.

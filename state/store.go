@@ -11,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/meshbuild/meshbuild/internal/kvsnap"
 	"github.com/meshbuild/meshbuild/mesh"
 )
 
@@ -43,13 +44,14 @@ type Store struct {
 	mu     sync.Mutex
 	issued map[string]mesh.IssuedBucket
 	kvs    map[string]jetstream.KeyValue
+	snaps  map[string]*kvsnap.Bucket
 }
 
 var _ Surface = (*Store)(nil)
 
 // New returns module's state surface over js, serving the buckets issued.
 func New(js jetstream.JetStream, module string, issued []mesh.IssuedBucket) *Store {
-	s := &Store{js: js, module: module, kvs: map[string]jetstream.KeyValue{}}
+	s := &Store{js: js, module: module, kvs: map[string]jetstream.KeyValue{}, snaps: map[string]*kvsnap.Bucket{}}
 	s.Reissue(issued)
 	return s
 }
@@ -196,15 +198,23 @@ func (s *Store) Keys(ctx context.Context, bucket string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	keys, err := kv.Keys(ctx)
-	if errors.Is(err, jetstream.ErrNoKeysFound) {
-		return []string{}, nil
-	}
+	keys, err := s.snap(kv).Keys(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("listing %q: %w", bucket, err)
 	}
-	sort.Strings(keys)
 	return keys, nil
+}
+
+// snap is the reader of every key of kv (kvsnap), one per bucket.
+func (s *Store) snap(kv jetstream.KeyValue) *kvsnap.Bucket {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b := s.snaps[kv.Bucket()]
+	if b == nil {
+		b = kvsnap.New(s.js, kv)
+		s.snaps[kv.Bucket()] = b
+	}
+	return b
 }
 
 // Watch watches bucket: the current values first (no deletions), then one
@@ -214,7 +224,7 @@ func (s *Store) Watch(ctx context.Context, bucket string) (*Watcher, error) {
 	if err != nil {
 		return nil, err
 	}
-	kw, err := kv.WatchAll(context.WithoutCancel(ctx))
+	kw, err := s.snap(kv).Watch(context.WithoutCancel(ctx), nil)
 	if err != nil {
 		return nil, fmt.Errorf("watching %q: %w", bucket, err)
 	}

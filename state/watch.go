@@ -5,6 +5,8 @@ import (
 	"sync"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/meshbuild/meshbuild/internal/kvsnap"
 )
 
 // Kind is what a watch event says.
@@ -16,7 +18,8 @@ const (
 	Value Kind = "value"
 	// Current marks the end of the current values: every change follows.
 	Current Kind = "current"
-	// Deleted is a key deleted after Current (deletions never come before).
+	// Deleted is a key deleted: after Current, or before it for a key
+	// whose value came before it.
 	Deleted Kind = "deleted"
 )
 
@@ -81,19 +84,12 @@ func newWatcher(ctx context.Context, stop func(), feed func(send func(Event) boo
 }
 
 // watchKV turns a key-value watch into the state surface's order: current
-// values without deletions, Current, then every change.
-func watchKV(ctx context.Context, bucket string, kw jetstream.KeyWatcher) *Watcher {
-	stop := func() {
-		_ = kw.Stop()
-		// The client's callback blocks on a full channel; drain it so that
-		// the subscription's close completes.
-		go func() {
-			for range kw.Updates() {
-			}
-		}()
-	}
-	return newWatcher(ctx, stop, func(send func(Event) bool) {
+// values, Current, then every change. Before Current a deletion is sent
+// only for a key whose value was.
+func watchKV(ctx context.Context, bucket string, kw *kvsnap.Watcher) *Watcher {
+	return newWatcher(ctx, kw.Stop, func(send func(Event) bool) {
 		current := false
+		sent := map[string]bool{} // keys whose value was sent before Current
 		for {
 			var e jetstream.KeyValueEntry
 			var ok bool
@@ -108,14 +104,18 @@ func watchKV(ctx context.Context, bucket string, kw jetstream.KeyWatcher) *Watch
 			var ev Event
 			switch {
 			case e == nil:
-				current = true
+				current, sent = true, nil
 				ev = Event{Kind: Current}
 			case e.Operation() != jetstream.KeyValuePut:
-				if !current {
+				if !current && !sent[e.Key()] {
 					continue
 				}
+				delete(sent, e.Key())
 				ev = Event{Kind: Deleted, Key: e.Key(), Revision: e.Revision()}
 			default:
+				if !current {
+					sent[e.Key()] = true
+				}
 				ev = Event{Kind: Value, Key: e.Key(), Value: e.Value(), Revision: e.Revision()}
 			}
 			if !send(ev) {

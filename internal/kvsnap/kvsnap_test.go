@@ -146,43 +146,47 @@ func TestWatchSendsEachRevisionOnce(t *testing.T) {
 	}
 	defer w.Stop()
 	last := map[string]uint64{}
+	var top uint64   // the highest revision received
+	var final uint64 // the last revision written, once the writers stopped
+	finalc := make(chan uint64, 1)
 	current := false
-	var stopped bool
-	var final uint64
-	for e := range w.Updates() {
-		if e == nil {
-			if current {
-				t.Fatal("a second marker")
-			}
-			current = true
-			if m := missing(func(k string) bool { return last[k] > 0 }, keys); len(m) > 0 {
-				t.Fatalf("the marker came before %d keys: %v", len(m), m)
-			}
-			time.AfterFunc(200*time.Millisecond, func() { close(stop) })
+	for final == 0 || top < final {
+		select {
+		case final = <-finalc:
 			continue
-		}
-		if e.Revision() <= last[e.Key()] {
-			t.Fatalf("%s: revision %d after %d", e.Key(), e.Revision(), last[e.Key()])
-		}
-		last[e.Key()] = e.Revision()
-		if !stopped && current {
-			select {
-			case <-stop:
-				wg.Wait()
-				stopped = true
-				st, err := kv.Status(ctx)
-				if err != nil {
-					t.Fatal(err)
-				}
-				final = st.(*jetstream.KeyValueBucketStatus).StreamInfo().State.LastSeq
-			default:
+		case e, ok := <-w.Updates():
+			if !ok {
+				t.Fatalf("the watch ended at revision %d of %d: %v", top, final, w.Err())
 			}
-		}
-		if stopped && e.Revision() >= final {
-			return
+			if e == nil {
+				if current {
+					t.Fatal("a second marker")
+				}
+				current = true
+				if m := missing(func(k string) bool { return last[k] > 0 }, keys); len(m) > 0 {
+					t.Fatalf("the marker came before %d keys: %v", len(m), m)
+				}
+				go func() { // a little more writing, then the end of it
+					time.Sleep(200 * time.Millisecond)
+					close(stop)
+					wg.Wait()
+					st, err := kv.Status(ctx)
+					if err != nil {
+						t.Error(err)
+						cancel()
+						return
+					}
+					finalc <- st.(*jetstream.KeyValueBucketStatus).StreamInfo().State.LastSeq
+				}()
+				continue
+			}
+			if e.Revision() <= last[e.Key()] {
+				t.Fatalf("%s: revision %d after %d", e.Key(), e.Revision(), last[e.Key()])
+			}
+			last[e.Key()] = e.Revision()
+			top = max(top, e.Revision())
 		}
 	}
-	t.Fatalf("the watch ended: %v", w.Err())
 }
 
 // TestDeletedKeysAreLeftOut: a deleted or purged key is not listed, a key
