@@ -54,7 +54,7 @@ type Cache struct {
 	InsteadOf map[string]string
 
 	mu    sync.Mutex
-	locks map[string]*sync.Mutex
+	locks map[string]chan struct{} // each clone's lock: held while it has its one token
 	// origin is the URL each clone's origin was last set to (under the
 	// clone's lock), so that it is set only when it changes.
 	origin map[string]string
@@ -111,7 +111,22 @@ func (c *Cache) Fetch(ctx context.Context, repo, commit string) (clone, full str
 	if clone, err = c.Clone(repo); err != nil {
 		return "", "", err
 	}
-	defer c.lock(clone)()
+	// A commit the clone holds is read without the clone's lock: git's
+	// readers are safe beside a fetch, which may hold the lock for long
+	// (a push's commit fetched beside the controller's loop), and a
+	// rebuild of a module at the commit it was built from waits for none.
+	if FullHash(commit) {
+		if _, err := os.Stat(filepath.Join(clone, "HEAD")); err == nil {
+			if h, err := revParse(ctx, clone, commit); err == nil {
+				return clone, h, nil
+			}
+		}
+	}
+	unlock, err := c.lock(ctx, clone)
+	if err != nil {
+		return "", "", err
+	}
+	defer unlock()
 	if err := c.prepare(ctx, clone, c.Rewrite(repo)); err != nil {
 		return "", "", err
 	}
@@ -221,20 +236,25 @@ func (c *Cache) Rewrite(repo string) string {
 	return repo
 }
 
-// lock takes the clone's lock and returns its release.
-func (c *Cache) lock(clone string) func() {
+// lock takes the clone's lock and returns its release; it gives up when
+// ctx ends, with an error saying a fetch of the clone is under way.
+func (c *Cache) lock(ctx context.Context, clone string) (func(), error) {
 	c.mu.Lock()
 	if c.locks == nil {
-		c.locks = map[string]*sync.Mutex{}
+		c.locks = map[string]chan struct{}{}
 	}
 	m, ok := c.locks[clone]
 	if !ok {
-		m = &sync.Mutex{}
+		m = make(chan struct{}, 1)
 		c.locks[clone] = m
 	}
 	c.mu.Unlock()
-	m.Lock()
-	return m.Unlock
+	select {
+	case m <- struct{}{}:
+		return func() { <-m }, nil
+	case <-ctx.Done():
+		return nil, fmt.Errorf("waiting for another fetch of the clone to end: %w", context.Cause(ctx))
+	}
 }
 
 func (c *Cache) originOf(clone string) string {

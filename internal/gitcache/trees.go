@@ -76,7 +76,8 @@ func (c *Cache) Changed(ctx context.Context, repo, from, to string) ([]string, e
 	if err != nil {
 		return nil, err
 	}
-	defer c.lock(clone)()
+	// Both trees are in the clone: read without its lock, as Fetch reads a
+	// commit it holds.
 	out, err := Git(ctx, clone, "diff-tree", "-r", "--name-only", "--no-renames", from, to)
 	if err != nil {
 		return nil, fmt.Errorf("comparing trees of %s: %w", repo, err)
