@@ -47,6 +47,9 @@ func PrintForecast(w io.Writer, f cascade.Forecast) {
 		switch {
 		case f.Unknown:
 			steps[i] = fmt.Sprintf("%s (%s)", s.Module, shownState(s.State))
+		case s.State == cascade.Building && s.Overdue:
+			// Its estimate is spent: what is left of it is not known.
+			steps[i] = fmt.Sprintf("%s (building, past its %s estimate)", s.Module, duration(s.Estimate))
 		case s.State == cascade.Building:
 			steps[i] = fmt.Sprintf("%s (building, %s left)", s.Module, duration(s.Left))
 		default:
@@ -61,7 +64,9 @@ func PrintForecast(w io.Writer, f cascade.Forecast) {
 }
 
 // ShortForecast is a forecast on a progress line: "ETA 14:03:12 (6m0s
-// left), waiting on tool-17".
+// left), waiting on tool-17"; while tool-17 runs past its estimate, "ETA
+// 14:03:12 or later (at least 1m48s left), waiting on tool-17, past its
+// 5m0s estimate".
 func ShortForecast(f cascade.Forecast) string {
 	h, ok := f.Holding()
 	if !ok {
@@ -69,6 +74,12 @@ func ShortForecast(f cascade.Forecast) string {
 	}
 	if f.Unknown {
 		return "waiting on " + h.Module
+	}
+	if h.Overdue {
+		// The module holding the plan has run past its estimate: the
+		// rest of the path is a floor, not a forecast.
+		return fmt.Sprintf("ETA %s or later (at least %s left), waiting on %s, past its %s estimate",
+			f.Finish.Local().Format("15:04:05"), duration(f.Remaining), h.Module, duration(h.Estimate))
 	}
 	return fmt.Sprintf("ETA %s (%s left), waiting on %s", f.Finish.Local().Format("15:04:05"), duration(f.Remaining), h.Module)
 }

@@ -111,6 +111,21 @@ func TestPrintPlanShowsARunningPlansCriticalPath(t *testing.T) {
 	if !ok || !strings.HasPrefix(ShortForecast(f), "ETA ") || !strings.HasSuffix(ShortForecast(f), "left), waiting on tool-17") {
 		t.Errorf("short forecast %q", ShortForecast(f))
 	}
+
+	// Running past its estimate, the module holding the plan shows no
+	// time left of its own, and the finish is a floor.
+	late := mods["tool-17"]
+	late.Started = now.Add(-7 * time.Minute)
+	mods["tool-17"] = late
+	f, _ = ForecastOf(rec, mods, now)
+	if got := ShortForecast(f); !strings.Contains(got, " or later (at least ") || !strings.HasSuffix(got, "waiting on tool-17, past its 5m0s estimate") {
+		t.Errorf("short forecast of an overdue module %q", got)
+	}
+	b.Reset()
+	PrintPlan(&b, rec, mods)
+	if out := b.String(); !strings.Contains(out, "critical path: tool-17 (building, past its 5m0s estimate) → cli") || !strings.Contains(out, "past its 5m") {
+		t.Errorf("PrintPlan of an overdue module:\n%s", out)
+	}
 	rec.Outcome = cascade.OutcomeBuilt
 	if _, ok := ForecastOf(rec, mods, now); ok {
 		t.Error("a settled plan has a forecast")

@@ -34,7 +34,9 @@ func TestWatchFollowsAPlanToSettled(t *testing.T) {
 		{cascade.ModuleKey("p1", "b"): cascade.ModuleStatus{Module: "b", State: cascade.Built, On: "m2"}},
 	}
 	step := make(chan struct{})
+	wrote := make(chan struct{})
 	go func() {
+		defer close(wrote)
 		for _, values := range steps {
 			select {
 			case <-step:
@@ -63,6 +65,7 @@ func TestWatchFollowsAPlanToSettled(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	<-wrote // the last write's answer may come after the watch saw it
 	want := []string{"record running", "a →queued", "a queued→built", "record built", "b →built"}
 	if len(seen) != len(want) {
 		t.Fatalf("changes %q, want %q", seen, want)
@@ -106,7 +109,9 @@ func TestWatchWaitsForAPushWhoseCommitIsFetched(t *testing.T) {
 		t.Fatal(err)
 	}
 	const appear = 200 * time.Millisecond
+	controller := make(chan struct{})
 	go func() {
+		defer close(controller)
 		time.Sleep(5 * appear)
 		settled := cascade.PlanRecord{ID: "p2", Outcome: cascade.OutcomeBuilt, Counts: cascade.Counts{Built: 1, Total: 1}}
 		if err := st.Put(ctx, map[string]any{cascade.PlanKey("p2"): settled, cascade.ModuleKey("p2", "a"): cascade.ModuleStatus{Module: "a", State: cascade.Built}}); err != nil {
@@ -124,6 +129,7 @@ func TestWatchWaitsForAPushWhoseCommitIsFetched(t *testing.T) {
 	if len(said) != 1 || said[0].Commit != f.Commit {
 		t.Errorf("said %+v, want the fetch once", said)
 	}
+	<-controller // it removes the record once the plan is made, as the controller does
 	if _, ok, err := st.FetchingFor(ctx, "p2"); ok || err != nil {
 		t.Errorf("the record of the fetch is still there (%v)", err)
 	}
