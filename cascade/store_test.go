@@ -119,3 +119,62 @@ func TestPruneKeysGoWithTheirPlans(t *testing.T) {
 		t.Errorf("a second PruneKeys removed %v (%v), want nothing", again, err)
 	}
 }
+
+// Plans and Modules list every plan and module that exists while the
+// controller rewrites them: the read `builds plans` makes of a busy store
+// (a running plan once went missing from it, its record rewritten as the
+// listing reached it).
+func TestListingsWhileTheStoreIsWritten(t *testing.T) {
+	st := cascadetest.Store(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const plans, mods = 40, 30
+	for i := range plans {
+		id := fmt.Sprintf("p-%02d", i)
+		rec := cascade.PlanRecord{ID: id, Seq: uint64(i + 1), Outcome: cascade.OutcomeRunning, Created: time.Now(), Trigger: planner.Trigger{Kind: planner.KindPush, Repo: repo, Commit: id}}
+		if _, err := st.CreatePlan(ctx, rec); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for j := range mods {
+		if err := st.Put(ctx, map[string]any{cascade.ModuleKey("p-00", fmt.Sprintf("m-%02d", j)): cascade.ModuleStatus{Module: fmt.Sprintf("m-%02d", j), State: cascade.Waiting}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() { // the controller: every record and module written again and again
+		defer close(done)
+		for n := 0; ; n++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			id := fmt.Sprintf("p-%02d", n%plans)
+			rec := cascade.PlanRecord{ID: id, Seq: uint64(n%plans + 1), Outcome: cascade.OutcomeRunning, Created: time.Now(), Counts: cascade.Counts{Building: n}}
+			m := fmt.Sprintf("m-%02d", (n*7)%mods)
+			if err := st.Put(ctx, map[string]any{cascade.PlanKey(id): rec, cascade.ModuleKey("p-00", m): cascade.ModuleStatus{Module: m, State: cascade.Building}}); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}()
+	defer func() { close(stop); <-done }()
+	for i := range 30 {
+		recs, err := st.Plans(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(recs) != plans {
+			t.Fatalf("listing %d: %d plans of %d", i, len(recs), plans)
+		}
+		ms, err := st.Modules(ctx, "p-00")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(ms) != mods {
+			t.Fatalf("listing %d: %d modules of %d", i, len(ms), mods)
+		}
+	}
+}
