@@ -1,6 +1,7 @@
 package cascade
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -8,6 +9,11 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"sync"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/meshbuild/meshbuild/internal/gitcache"
 )
 
 // KeyRecord is what an input key was built to: kept by the caller, one per
@@ -111,6 +117,11 @@ func (c *Controller) known(key string) (KeyRecord, bool) {
 // module whose context cannot be resolved (the repository unreachable, the
 // path missing) is left unaddressed and logged: it has no input key, and is
 // dispatched (its agent reports what is wrong with its source).
+//
+// The sources are resolved addressParallel at a time: a plan built on a
+// changed base holds modules of many repositories, each at its current
+// commit (its repository's HEAD, asked of its git server), and the loop
+// waits for the slowest of them, not for their sum.
 func (c *Controller) address(ctx context.Context, st *State) {
 	if c.trees == nil {
 		return
@@ -121,25 +132,43 @@ func (c *Controller) address(ctx context.Context, st *State) {
 		k := source{m.Source.Repo, m.Source.Commit}
 		paths[k] = append(paths[k], m.Source.Path)
 	}
-	inputs := map[string]Inputs{}
-	for k, ps := range paths {
+	var mu sync.Mutex
+	resolved := map[source]gitcache.Resolution{}
+	var g errgroup.Group
+	g.SetLimit(addressParallel)
+	for _, k := range slices.SortedFunc(maps.Keys(paths), func(a, b source) int {
+		return cmp.Or(strings.Compare(a.repo, b.repo), strings.Compare(a.commit, b.commit))
+	}) {
 		if err, failed := c.fetchFailed[fetchSource{k.repo, k.commit}]; failed {
 			// Fetched beside the loop, and failed: not tried again here.
 			c.log.Warn("build contexts not addressed: their modules are dispatched", "plan", st.Plan, "repo", k.repo, "err", err)
 			continue
 		}
-		rctx, cancel := context.WithTimeout(ctx, c.cfg.ResolveTimeout)
-		res, err := c.trees.Resolve(rctx, k.repo, k.commit, ps)
-		cancel()
-		if err != nil {
-			c.log.Warn("build contexts not addressed: their modules are dispatched", "plan", st.Plan, "repo", k.repo, "err", err)
-			continue
-		}
-		for _, m := range st.Modules {
-			if m.Source.Repo == k.repo && m.Source.Commit == k.commit {
-				inputs[m.Module] = Inputs{Commit: res.Commit, Tree: res.Trees[m.Source.Path]}
+		ps := paths[k]
+		g.Go(func() error {
+			rctx, cancel := context.WithTimeout(ctx, c.cfg.ResolveTimeout)
+			res, err := c.trees.Resolve(rctx, k.repo, k.commit, ps)
+			cancel()
+			if err != nil {
+				c.log.Warn("build contexts not addressed: their modules are dispatched", "plan", st.Plan, "repo", k.repo, "err", err)
+				return nil
 			}
+			mu.Lock()
+			resolved[k] = res
+			mu.Unlock()
+			return nil
+		})
+	}
+	_ = g.Wait()
+	inputs := map[string]Inputs{}
+	for _, m := range st.Modules {
+		if res, ok := resolved[source{m.Source.Repo, m.Source.Commit}]; ok {
+			inputs[m.Module] = Inputs{Commit: res.Commit, Tree: res.Trees[m.Source.Path]}
 		}
 	}
 	st.Address(inputs)
 }
+
+// addressParallel is how many sources (a repository at a commit) address
+// resolves at once.
+const addressParallel = 8
