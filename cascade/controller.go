@@ -131,6 +131,9 @@ type Controller struct {
 	// fetchedNow is the commit whose fetch afterFetch works the pushes
 	// of: never set aside for it again.
 	fetchedNow fetchSource
+	// heads are the HEADs of the repositories fetched beside the loop for
+	// the pushes afterFetch works: their modules are addressed at them.
+	heads map[string]string
 
 	// a batch's pending effects
 	dirty    map[string]any

@@ -145,9 +145,13 @@ func (c *Controller) address(ctx context.Context, st *State) {
 			continue
 		}
 		ps := paths[k]
+		commit := k.commit
+		if h, ok := c.heads[k.repo]; ok && commit == "" {
+			commit = h // its HEAD, fetched beside the loop just now
+		}
 		g.Go(func() error {
 			rctx, cancel := context.WithTimeout(ctx, c.cfg.ResolveTimeout)
-			res, err := c.trees.Resolve(rctx, k.repo, k.commit, ps)
+			res, err := c.trees.Resolve(rctx, k.repo, commit, ps)
 			cancel()
 			if err != nil {
 				c.log.Warn("build contexts not addressed: their modules are dispatched", "plan", st.Plan, "repo", k.repo, "err", err)

@@ -1,11 +1,14 @@
 package cascade
 
 import (
+	"cmp"
 	"context"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/meshbuild/meshbuild/internal/gitcache"
 	"github.com/meshbuild/meshbuild/mesh"
@@ -27,6 +30,12 @@ import (
 // waits behind it. A fetch that fails leaves the push planned as before
 // a failed resolve did: its modules unaddressed, dispatched. A controller
 // that stops meanwhile leaves the pushes set aside unacked, for the next.
+//
+// The modules of other repositories in a push's plan (built on a changed
+// module) are built at their current commit: their repository's HEAD, which
+// only its git server knows. Those are fetched beside the loop too, with
+// the push's commit, all at once; the plan is then addressed with the
+// HEADs they fetched (heads), without asking the servers again.
 
 // PrefetchTimeout bounds a push's fetch beside the loop. It holds nothing
 // else up, so it may take long: a first fetch of a big repository.
@@ -36,22 +45,29 @@ const PrefetchTimeout = 10 * time.Minute
 // progress, so that the bus does not deliver it again meanwhile.
 const prefetchProgress = 5 * time.Second
 
-// prefetched is a fetch beside the loop, done.
+// prefetched is a fetch beside the loop, done: for the push of repo at
+// commit, the HEAD each other repository's fetch found, and the sources
+// whose fetch failed.
 type prefetched struct {
 	repo, commit string
-	err          error
+	heads        map[string]string
+	failed       map[fetchSource]error
 }
 
-// fetchSource is a repository and a commit of it.
+// fetchSource is a repository and a commit of it; an empty commit is the
+// repository's HEAD.
 type fetchSource struct{ repo, commit string }
 
 // setAside reports whether push m (planned as p) waits for a fetch: behind
-// an earlier push of its repository, or for its own commit, whose fetch it
-// starts. A commit whose fetch failed is not fetched again here.
+// an earlier push of its repository, or for what its plan needs from git
+// servers — its own commit, the other repositories' HEADs — whose fetch it
+// starts. A source whose fetch failed, or fetched just now, is not fetched
+// again here.
 func (c *Controller) setAside(ctx context.Context, m jetstream.Msg, p planner.Plan) bool {
 	if c.trees == nil {
 		return false
 	}
+	repo := p.Trigger.Repo
 	var src fetchSource
 	for _, n := range p.Modules {
 		// A module of the pushed repository carries the push's commit
@@ -59,54 +75,96 @@ func (c *Controller) setAside(ctx context.Context, m jetstream.Msg, p planner.Pl
 		// fetches).
 		if n.Source.Commit != "" && n.Source.Commit == p.Trigger.Commit {
 			src = fetchSource{n.Source.Repo, n.Source.Commit}
+			repo = n.Source.Repo
 			break
 		}
 	}
-	if src.repo == "" {
-		return false // no module of the push's repository: nothing to fetch
-	}
-	mark := func() {
+	mark := func(f fetchSource) {
 		// Said in the store, for whoever watches the plan meanwhile;
 		// removed when the push is planned (afterFetch).
-		if err := c.store.MarkFetching(ctx, p.ID, Fetching{Repo: src.repo, Commit: src.commit, Since: time.Now().UTC()}); err != nil {
+		if err := c.store.MarkFetching(ctx, p.ID, Fetching{Repo: f.repo, Commit: f.commit, Since: time.Now().UTC()}); err != nil {
 			c.log.Warn("could not record the push's fetch", "plan", p.ID, "err", err)
 		}
 	}
-	if q, ok := c.fetching[src.repo]; ok {
-		c.fetching[src.repo] = append(q, m)
-		mark()
+	if q, ok := c.fetching[repo]; ok {
+		c.fetching[repo] = append(q, m)
+		mark(cmp.Or(src, fetchSource{repo: repo}))
 		return true
 	}
-	if _, failed := c.fetchFailed[src]; failed || src == c.fetchedNow || !gitcache.FullHash(src.commit) || c.trees.Has(ctx, src.repo, src.commit) {
-		return false // fetched (or tried) just now, or nothing to fetch
+	var need []fetchSource
+	if _, failed := c.fetchFailed[src]; src.repo != "" && !failed && src != c.fetchedNow && gitcache.FullHash(src.commit) && !c.trees.Has(ctx, src.repo, src.commit) {
+		need = append(need, src)
+	}
+	heads := map[string]bool{}
+	for _, n := range p.Modules {
+		head := fetchSource{repo: n.Source.Repo}
+		if n.Source.Commit != "" || heads[head.repo] {
+			continue
+		}
+		heads[head.repo] = true
+		if _, fetched := c.heads[head.repo]; fetched {
+			continue
+		}
+		if _, failed := c.fetchFailed[head]; !failed {
+			need = append(need, head)
+		}
+	}
+	if len(need) == 0 {
+		return false // all there (or tried just now): nothing to fetch
 	}
 	if c.fetching == nil {
 		c.fetching = map[string][]jetstream.Msg{}
 	}
-	c.fetching[src.repo] = []jetstream.Msg{m}
-	c.log.Info("fetching a push's commit beside the loop; the push is planned when it is done", "repo", src.repo, "commit", src.commit, "plan", p.ID)
-	mark()
-	go c.prefetch(ctx, src, m)
+	c.fetching[repo] = []jetstream.Msg{m}
+	atHead := 0
+	for _, f := range need {
+		if f.commit == "" {
+			atHead++
+		}
+	}
+	c.log.Info("fetching what a push's plan needs beside the loop; the push is planned when it is done",
+		"repo", repo, "commit", src.commit, "commit fetched", len(need) > atHead, "repositories at HEAD", atHead, "plan", p.ID)
+	mark(need[0])
+	go c.prefetch(ctx, fetchSource{repo, src.commit}, need, m)
 	return true
 }
 
-// prefetch fetches src's commit into its clone and says so on c.fetched,
-// saying m in progress meanwhile.
-func (c *Controller) prefetch(ctx context.Context, src fetchSource, m jetstream.Msg) {
+// prefetch fetches each of srcs into its clone, prefetchParallel at a
+// time, and says so on c.fetched (for the push of push, m), saying m in
+// progress meanwhile.
+func (c *Controller) prefetch(ctx context.Context, push fetchSource, srcs []fetchSource, m jetstream.Msg) {
 	fctx, cancel := context.WithTimeout(ctx, PrefetchTimeout)
 	defer cancel()
-	done := make(chan error, 1)
+	d := prefetched{repo: push.repo, commit: push.commit, heads: map[string]string{}, failed: map[fetchSource]error{}}
+	done := make(chan struct{})
 	go func() {
-		_, _, err := c.trees.Fetch(fctx, src.repo, src.commit)
-		done <- err
+		defer close(done)
+		var mu sync.Mutex
+		var g errgroup.Group
+		g.SetLimit(prefetchParallel)
+		for _, src := range srcs {
+			g.Go(func() error {
+				_, full, err := c.trees.Fetch(fctx, src.repo, cmp.Or(src.commit, "HEAD"))
+				mu.Lock()
+				defer mu.Unlock()
+				switch {
+				case err != nil:
+					d.failed[src] = err
+				case src.commit == "":
+					d.heads[src.repo] = full
+				}
+				return nil
+			})
+		}
+		_ = g.Wait()
 	}()
 	tick := time.NewTicker(prefetchProgress)
 	defer tick.Stop()
 	for {
 		select {
-		case err := <-done:
+		case <-done:
 			select {
-			case c.fetched <- prefetched{repo: src.repo, commit: src.commit, err: err}:
+			case c.fetched <- d:
 			case <-ctx.Done():
 			}
 			return
@@ -115,6 +173,9 @@ func (c *Controller) prefetch(ctx context.Context, src fetchSource, m jetstream.
 		}
 	}
 }
+
+// prefetchParallel is how many sources prefetch fetches at once.
+const prefetchParallel = 8
 
 // pushPlanID is the plan push m makes.
 func (c *Controller) pushPlanID(m jetstream.Msg) (string, bool) {
@@ -134,17 +195,17 @@ func (c *Controller) pushPlanID(m jetstream.Msg) (string, bool) {
 // those to acknowledge once the batch is stored.
 func (c *Controller) afterFetch(ctx context.Context, d prefetched) []jetstream.Msg {
 	src := fetchSource{d.repo, d.commit}
-	if d.err != nil {
+	for f, err := range d.failed {
 		if c.fetchFailed == nil {
 			c.fetchFailed = map[fetchSource]error{}
 		}
-		c.fetchFailed[src] = d.err
-		defer delete(c.fetchFailed, src)
+		c.fetchFailed[f] = err
+		defer delete(c.fetchFailed, f)
 	}
 	q := c.fetching[d.repo]
 	delete(c.fetching, d.repo)
-	c.fetchedNow = src
-	defer func() { c.fetchedNow = fetchSource{} }()
+	c.fetchedNow, c.heads = src, d.heads
+	defer func() { c.fetchedNow, c.heads = fetchSource{}, nil }()
 	var kept []jetstream.Msg
 	for i, m := range q {
 		if !c.pushed(ctx, m, time.Now().UTC()) {

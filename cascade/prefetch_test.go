@@ -137,3 +137,83 @@ func TestAPushWhoseFetchIsSlowHoldsNothingUp(t *testing.T) {
 		t.Logf("push %d planned as %s, seq %d", i+1, id, recs[i].Seq)
 	}
 }
+
+// A push's plan holds a module of another repository, built on a changed
+// module at its current commit: that repository's HEAD, which its git
+// server (slow, here) is asked for beside the controller's loop, with the
+// push's commit. Meanwhile the controller answers its tools at once and
+// the store says the plan waits for the fetch; then the plan is made, the
+// other repository's module addressed at the HEAD fetched.
+func TestAnotherRepositorysHeadIsFetchedBesideTheLoop(t *testing.T) {
+	reg := registrytest.Registry(t)
+	testenv.Busybox(t, reg)
+	fleet, commit := testenv.GitRepo(t, map[string]string{
+		"busybox/Dockerfile": "FROM scratch\n",
+		"base/Dockerfile":    "FROM busybox\nRUN echo base > /base\n",
+	})
+	apps, head := testenv.GitRepo(t, map[string]string{"app/Dockerfile": "FROM base\nRUN echo app > /app\n"})
+	const appsRepo = "https://git.example/apps.git"
+	// The apps server waits 3s before it answers; the fleet's at once.
+	const slow = 3 * time.Second
+	t.Setenv("GIT_CONFIG_COUNT", "1")
+	t.Setenv("GIT_CONFIG_KEY_0", "remote.origin.uploadpack")
+	t.Setenv("GIT_CONFIG_VALUE_0", `f() { case "$1" in *`+apps+`*) sleep 3;; esac; git-upload-pack "$1"; }; f`)
+
+	s := natstest.Server(t, nil)
+	nc, js := natstest.Connect(t, s)
+	ms := append(meshtest.MeshManifests(t),
+		&mesh.Manifest{Module: "busybox", Build: &mesh.Build{Repo: meshtest.FleetRepo, Path: "busybox"}},
+		&mesh.Manifest{Module: "base", Build: &mesh.Build{Repo: meshtest.FleetRepo, Path: "base", On: []string{"busybox"}}},
+		&mesh.Manifest{Module: "app", Build: &mesh.Build{Repo: appsRepo, Path: "app", On: []string{"base"}}})
+	cat := mesh.NewCatalogue(ms)
+	cfg := cascade.DefaultConfig()
+	cfg.Registry, cfg.RegistryClient = reg, registry.NewClient(registry.WithInsecure(true))
+	cfg.Sources, cfg.InsteadOf = t.TempDir(), map[string]string{meshtest.FleetRepo: fleet, appsRepo: apps}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	c, err := cascade.New(cfg, js, cat, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	cascadetest.Run(t, ctx, &wg, c, nc)
+	store, err := cascade.OpenStore(ctx, js, c.Module())
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	pushed := time.Now()
+	plan, _, err := cascade.Push(ctx, js, mesh.Pushed{Repo: meshtest.FleetRepo, Ref: "refs/heads/main", Commit: commit, Paths: []string{"base/Dockerfile"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond) // the push delivered, the fleet's fetch done, the apps' under way
+	t0 := time.Now()
+	_, err = cascade.Call(ctx, nc, c.Module(), cascade.ToolRetry, cascade.Request{Plan: "-"})
+	answered := time.Since(t0)
+	var te *cascade.ToolError
+	if !errors.As(err, &te) {
+		t.Fatalf("a tool call during the fetch: %v, want the controller's refusal", err)
+	}
+	if answered > time.Second {
+		t.Errorf("the controller answered a tool call in %s while another repository's HEAD was fetched: its loop waited on the fetch", answered.Round(time.Millisecond))
+	}
+	if f, ok, err := store.FetchingFor(ctx, plan); err != nil || !ok {
+		t.Errorf("during the fetch, the store's record of it: %+v %t %v; want one", f, ok, err)
+	}
+	var mods map[string]cascade.ModuleStatus
+	testenv.WaitFor(t, 30*time.Second, "the plan's modules stored", func() bool {
+		mods, err = store.Modules(ctx, plan)
+		return err == nil && mods["base"].Module != "" && mods["app"].Module != ""
+	})
+	if took := time.Since(pushed); took < slow {
+		t.Errorf("the plan was made %s after the push, before the apps' HEAD could be fetched", took)
+	}
+	if m := mods["app"]; m.Tree == "" || m.Source.Commit != head {
+		t.Errorf("app: tree %q, commit %q; want its context's tree at the apps' HEAD %s", m.Tree, m.Source.Commit, head)
+	}
+	if m := mods["base"]; m.Tree == "" || m.Source.Commit != commit {
+		t.Errorf("base: tree %q, commit %q; want its context's tree at the push's commit %s", m.Tree, m.Source.Commit, commit)
+	}
+}

@@ -332,7 +332,9 @@ func FetchingKey(plan string) string { return keyFetching + plan }
 // Fetching is a push set aside while the controller fetches its commit:
 // its plan is made when the commit is there.
 type Fetching struct {
-	Repo   string    `json:"repo"`
+	Repo string `json:"repo"`
+	// Commit is the push's commit, or empty for the HEAD of another
+	// repository the plan's modules are built from.
 	Commit string    `json:"commit"`
 	Since  time.Time `json:"since"`
 }

@@ -54,7 +54,12 @@ func Watch(ctx context.Context, st *cascade.Store, plan string, w io.Writer, tty
 	lost := map[string]cascade.Lost{}        // the last lost holder said of each module
 	p, err := planview.Watch(ctx, st, plan, planview.Options{
 		Fetching: func(f cascade.Fetching) {
-			fmt.Fprintf(w, "the controller is fetching %s at %s (since %s): the plan is made when the commit is there\n", f.Repo, planner.ShortCommit(f.Commit), f.Since.Local().Format("15:04:05"))
+			if f.Commit == "" {
+				// The HEAD of a repository the plan's other modules are built from.
+				fmt.Fprintf(w, "the controller is fetching the HEAD of %s (since %s): the plan is made when it is there\n", f.Repo, f.Since.Local().Format("15:04:05"))
+			} else {
+				fmt.Fprintf(w, "the controller is fetching %s at %s (since %s): the plan is made when the commit is there\n", f.Repo, planner.ShortCommit(f.Commit), f.Since.Local().Format("15:04:05"))
+			}
 		},
 		Changed: func(p planview.Plan, m *cascade.ModuleStatus, _ cascade.ModuleState) {
 			if m != nil {
