@@ -107,6 +107,9 @@ func TestCredsInitIssue(t *testing.T) {
 
 	t.Setenv("MESHBUILD_CREDS", "")
 	t.Setenv("MESHBUILD_STATE", "")
+	// Not this machine's own farm's: a `builds up` run here keeps its
+	// operator's credentials in ~/.local/state/meshbuild/up.
+	t.Setenv("XDG_STATE_HOME", t.TempDir())
 	if code, _, errw := run(t, "--nats", s.ClientURL(), "plans"); code != 1 || !strings.Contains(errw, "wants credentials") {
 		t.Errorf("builds plans without credentials: exit %d, %q", code, errw)
 	}
