@@ -116,14 +116,8 @@ func (c *Controller) setAside(ctx context.Context, m jetstream.Msg, p planner.Pl
 		c.fetching = map[string][]jetstream.Msg{}
 	}
 	c.fetching[repo] = []jetstream.Msg{m}
-	atHead := 0
-	for _, f := range need {
-		if f.commit == "" {
-			atHead++
-		}
-	}
 	c.log.Info("fetching what a push's plan needs beside the loop; the push is planned when it is done",
-		"repo", repo, "commit", src.commit, "commit fetched", len(need) > atHead, "repositories at HEAD", atHead, "plan", p.ID)
+		"repo", repo, "commit", src.commit, "sources", len(need), "plan", p.ID)
 	mark(need[0])
 	go c.prefetch(ctx, fetchSource{repo, src.commit}, need, m)
 	return true

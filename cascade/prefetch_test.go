@@ -7,6 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/meshbuild/meshbuild/cascade"
 	"github.com/meshbuild/meshbuild/cascade/cascadetest"
 	"github.com/meshbuild/meshbuild/internal/natstest"
@@ -41,18 +44,8 @@ func TestAPushWhoseFetchIsSlowHoldsNothingUp(t *testing.T) {
 	s := natstest.Server(t, nil)
 	nc, js := natstest.Connect(t, s)
 	cat := meshtest.Catalogue(t, map[string][]string{"busybox": nil, "base": {"busybox"}, "app": {"base"}})
-	cfg := cascade.DefaultConfig()
-	cfg.Registry, cfg.RegistryClient = reg, registry.NewClient(registry.WithInsecure(true))
-	cfg.Sources, cfg.InsteadOf = t.TempDir(), map[string]string{meshtest.FleetRepo: git}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	c, err := cascade.New(cfg, js, cat, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	defer func() { cancel(); wg.Wait() }()
-	cascadetest.Run(t, ctx, &wg, c, nc)
+	ctx := context.Background()
+	c := sourcesController(t, nc, js, reg, cat, map[string]string{meshtest.FleetRepo: git})
 
 	pushed := time.Now()
 	plan, _, err := cascade.Push(ctx, js, mesh.Pushed{Repo: meshtest.FleetRepo, Ref: "refs/heads/main", Commit: commit})
@@ -166,18 +159,8 @@ func TestAnotherRepositorysHeadIsFetchedBesideTheLoop(t *testing.T) {
 		&mesh.Manifest{Module: "base", Build: &mesh.Build{Repo: meshtest.FleetRepo, Path: "base", On: []string{"busybox"}}},
 		&mesh.Manifest{Module: "app", Build: &mesh.Build{Repo: appsRepo, Path: "app", On: []string{"base"}}})
 	cat := mesh.NewCatalogue(ms)
-	cfg := cascade.DefaultConfig()
-	cfg.Registry, cfg.RegistryClient = reg, registry.NewClient(registry.WithInsecure(true))
-	cfg.Sources, cfg.InsteadOf = t.TempDir(), map[string]string{meshtest.FleetRepo: fleet, appsRepo: apps}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	c, err := cascade.New(cfg, js, cat, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	defer func() { cancel(); wg.Wait() }()
-	cascadetest.Run(t, ctx, &wg, c, nc)
+	ctx := context.Background()
+	c := sourcesController(t, nc, js, reg, cat, map[string]string{meshtest.FleetRepo: fleet, appsRepo: apps})
 	store, err := cascade.OpenStore(ctx, js, c.Module())
 	if err != nil {
 		t.Fatal(err)
@@ -216,4 +199,23 @@ func TestAnotherRepositorysHeadIsFetchedBesideTheLoop(t *testing.T) {
 	if m := mods["base"]; m.Tree == "" || m.Source.Commit != commit {
 		t.Errorf("base: tree %q, commit %q; want its context's tree at the push's commit %s", m.Tree, m.Source.Commit, commit)
 	}
+}
+
+// sourcesController runs a controller of cat with clones of the
+// repositories in insteadOf (Config.Sources), pushing to reg, until the
+// test ends.
+func sourcesController(t *testing.T, nc *nats.Conn, js jetstream.JetStream, reg string, cat *mesh.Catalogue, insteadOf map[string]string) *cascade.Controller {
+	t.Helper()
+	cfg := cascade.DefaultConfig()
+	cfg.Registry, cfg.RegistryClient = reg, registry.NewClient(registry.WithInsecure(true))
+	cfg.Sources, cfg.InsteadOf = t.TempDir(), insteadOf
+	c, err := cascade.New(cfg, js, cat, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	cascadetest.Run(t, ctx, &wg, c, nc)
+	return c
 }
