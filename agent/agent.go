@@ -170,8 +170,25 @@ func (a *Agent) Run(ctx context.Context) error {
 	return nil
 }
 
-// bindRetry is how bind waits for the controller to raise the seat's queue.
+// bindRetry is how bind waits to ask again after a try the server did not
+// answer in time.
 var bindRetry = backoff.Policy{First: 250 * time.Millisecond, Max: 5 * time.Second}
+
+// bindWait bounds each try's wait for the server's answer, growing with
+// the tries: a fleet starting at once fills the server's JetStream API
+// queue, and each consumer's info the server answers walks every pull
+// waiting on it, so it answers late, not never. A try given up on stays in
+// the server's queue: asking again every 5 s (nats.go's default) only adds
+// to the queue it waits in (at 10,000 machines the server dropped its
+// queue's 10,000 requests, then kept dropping the retries).
+var bindWait = backoff.Policy{First: 5 * time.Second, Max: time.Minute}
+
+// raiseWait is how often a machine asks again for a platform's consumer
+// the controller has not raised: its FetchWait (at least 5 s), so that a
+// fleet's asks cost its server what its idle pulls do (mesh.FleetSettingsOf)
+// — 10,000 machines of four platforms, one raised, asking every 5 s were
+// 6,000 requests a second.
+func (a *Agent) raiseWait() time.Duration { return max(mesh.MinFetchWait, a.cfg.FetchWait) }
 
 // bound are the holders' consumers of the agent's platforms that it has
 // bound; a platform whose consumer is not raised yet joins when it is.
@@ -250,7 +267,7 @@ func (a *Agent) bind(ctx context.Context) (*bound, error) {
 	firsts := make(chan bindFirst, len(a.cfg.Platforms))
 	for _, p := range a.cfg.Platforms {
 		go func() {
-			if cons, ok := a.bindPlatform(ctx, p, firsts); ok {
+			if cons, ok := a.bindPlatform(ctx, p, firsts, func() bool { return len(b.all()) > 0 }); ok {
 				b.add(p, cons)
 				once.Do(func() { close(ready) })
 			}
@@ -304,30 +321,50 @@ func notRaised(err error) bool {
 }
 
 // bindPlatform binds platform p's consumer of the build seat, telling
-// firsts how its first try went; a consumer not raised yet is waited for.
-// It reports false when p is not bound (said in the log).
-func (a *Agent) bindPlatform(ctx context.Context, p string, firsts chan<- bindFirst) (jetstream.Consumer, bool) {
+// firsts how its first try went; a consumer not raised yet is waited for
+// (anyBound says whether another platform's is bound already). It reports
+// false when p is not bound (said in the log).
+func (a *Agent) bindPlatform(ctx context.Context, p string, firsts chan<- bindFirst, anyBound func() bool) (jetstream.Consumer, bool) {
 	stream := mesh.SeatStream(mesh.BuildSeat)
 	name := mesh.BuildConsumer(p)
-	cons, err := a.js.Consumer(ctx, stream, name)
-	if err == nil {
-		err = roomFor(cons.CachedInfo(), a.cfg.Slots)
+	try := func(n int) (jetstream.Consumer, error) {
+		tctx, cancel := context.WithTimeout(ctx, bindWait.Delay(n))
+		defer cancel()
+		cons, err := a.js.Consumer(tctx, stream, name)
+		if err == nil {
+			err = roomFor(cons.CachedInfo(), a.cfg.Slots)
+		}
+		return cons, err
 	}
+	cons, err := try(1)
 	firsts <- bindFirst{p, err}
 	switch {
 	case bindLater(err):
 		if notRaised(err) {
-			a.log.Info("no ask is queued for this platform yet; waiting for the controller to raise its queue", "platform", p)
+			a.log.Info("no ask is queued for this platform yet; waiting for the controller to raise its queue", "platform", p, "asking again every", a.raiseWait())
 		} else {
-			a.log.Info("the server did not answer binding a platform's consumer; trying again", "platform", p, "err", err)
+			a.log.Info("the server did not answer binding a platform's consumer; trying again (a fleet starting at once needs the server's jetstream request_queue_limit of mesh.FleetSettingsOf)",
+				"platform", p, "err", err, "waited", bindWait.Delay(1))
 		}
-		err = bindRetry.Retry(ctx, 0, bindLater, func() error {
-			var err error
-			if cons, err = a.js.Consumer(ctx, stream, name); err == nil {
-				err = roomFor(cons.CachedInfo(), a.cfg.Slots)
+		for n := 1; bindLater(err); n++ {
+			// While no platform is bound the machine waits for the
+			// controller's raise (at start); once one is, another one's
+			// consumer is asked for every raiseWait.
+			slow := func() bool { return notRaised(err) && anyBound() }
+			wait := bindRetry.Delay(n)
+			if slow() {
+				wait = a.raiseWait()
 			}
-			return err
-		})
+			werr := backoff.Wait(ctx, wait)
+			if werr == nil && slow() && wait < a.raiseWait() {
+				werr = backoff.Wait(ctx, a.raiseWait()-wait)
+			}
+			if werr != nil {
+				err = werr
+				break
+			}
+			cons, err = try(n + 1)
+		}
 		if err != nil {
 			switch {
 			case errors.Is(err, ErrNoRoom):

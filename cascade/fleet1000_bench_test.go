@@ -220,6 +220,7 @@ func fleetRun(tb testing.TB, sz fleetSize) map[string]float64 {
 	if n > 0 {
 		tb.Errorf("the agents logged %d fetch errors (a pull dropped or refused), e.g. %s", n, sample)
 	}
+	out["server-api-dropped"] = float64(bus.apiDropped(tb))
 	return out
 }
 
@@ -285,6 +286,32 @@ type natsProcs struct {
 	pids []int
 	// monitors are the nodes' monitoring endpoints (http://host:port).
 	monitors []string
+	// logs are the nodes' log files.
+	logs []string
+}
+
+// apiDropped is how many JetStream API requests the nodes dropped, their
+// queue full, as their logs say ("JetStream API info queue limit reached,
+// dropping 10000 requests").
+func (p *natsProcs) apiDropped(tb testing.TB) int {
+	n := 0
+	for _, f := range p.logs {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		for _, l := range strings.Split(string(data), "\n") {
+			_, after, ok := strings.Cut(l, "limit reached, dropping ")
+			if !ok {
+				continue
+			}
+			var d int
+			if _, err := fmt.Sscanf(after, "%d", &d); err == nil {
+				n += d
+			}
+		}
+	}
+	return n
 }
 
 func startNATSProcs(tb testing.TB, nodes int) *natsProcs {
@@ -300,18 +327,21 @@ func startNATSProcs(tb testing.TB, nodes int) *natsProcs {
 	for i := range nodes {
 		dir := tb.TempDir()
 		conf := fmt.Sprintf("server_name: n%d\nlisten: 127.0.0.1:%d\nhttp: 127.0.0.1:%d\n", i+1, clients[i], mons[i])
+		// The JetStream API queue a fleet starting at once needs.
+		queue := mesh.FleetSettingsOf(mesh.DefaultFleet).APIQueueLimit
 		p.monitors = append(p.monitors, fmt.Sprintf("http://127.0.0.1:%d", mons[i]))
 		if nodes == 1 {
-			conf += fmt.Sprintf("jetstream { store_dir: %q }\n", filepath.Join(dir, "js"))
+			conf += fmt.Sprintf("jetstream { store_dir: %q, request_queue_limit: %d }\n", filepath.Join(dir, "js"), queue)
 		} else {
-			conf += fmt.Sprintf("jetstream { store_dir: %q, sync_interval: always }\n", filepath.Join(dir, "js"))
+			conf += fmt.Sprintf("jetstream { store_dir: %q, sync_interval: always, request_queue_limit: %d }\n", filepath.Join(dir, "js"), queue)
 			conf += fmt.Sprintf("cluster { name: %s, listen: 127.0.0.1:%d, routes: [%s] }\n", natstest.ClusterName, routes[i], strings.Join(rs, ", "))
 		}
 		cf := filepath.Join(dir, "nats.conf")
 		if err := os.WriteFile(cf, []byte(conf), 0o644); err != nil {
 			tb.Fatal(err)
 		}
-		logf, err := os.Create(filepath.Join(dir, "nats.log"))
+		p.logs = append(p.logs, filepath.Join(dir, "nats.log"))
+		logf, err := os.Create(p.logs[i])
 		if err != nil {
 			tb.Fatal(err)
 		}

@@ -278,7 +278,36 @@ type FleetSettings struct {
 	// or is due a heartbeat, so the fleet's expiries and heartbeats are
 	// held to about FleetPullEvents a second.
 	FetchWait time.Duration
+	// APIQueueLimit is the server's JetStream API queue limit (its
+	// `jetstream { request_queue_limit: N }`, server.Options'
+	// JetStreamRequestQueueLimit; the info queue's takes it): the
+	// requests it holds before it answers them. A server whose queue
+	// reaches it drops every request queued, unanswered; each asker times
+	// out and asks again. Every machine of a fleet starting at once (a
+	// restart, a new fleet) asks StartInfoRequests of the info queue, and
+	// a consumer's info walks every pull waiting on it: at 10,000
+	// machines on the default 10,000 the server dropped 10,000 requests
+	// as the fleet started, and in a second run kept dropping its
+	// machines' retries for more than 2 minutes (issue #23).
+	APIQueueLimit int
 }
+
+// StartInfoRequests is how many requests of the JetStream API's info
+// queue a build machine makes as it starts, at most: four streams' infos
+// (the claims bucket, for its seat's claim and again for its ask claims;
+// the build records' bucket; its seat's ask claims bucket) and a
+// consumer's info for each platform its buildkitd builds — four on an
+// x86-64 machine (linux/amd64, its v2 and v3, linux/386); a consumer the
+// controller has not raised is asked again FetchWait later, not in the
+// burst. cmd/internal/daemon
+// TestAStartAsksTheInfoQueueAtMostStartInfoRequests counts them on a real
+// server.
+const StartInfoRequests = 8
+
+// ServerAPIQueueLimit is nats-server's default JetStream API queue limit
+// (server.JSDefaultRequestQueueLimit): FleetSettingsOf's APIQueueLimit is
+// never below it.
+const ServerAPIQueueLimit = 10_000
 
 // FleetPullEvents is how many pull expiries and heartbeats a second an
 // idle fleet may cost its server (FleetSettingsOf's FetchWait): at 10,000
@@ -318,14 +347,21 @@ const (
 //     come to FleetPullEvents a second. A pull lost to a
 //     reconnect is noticed within the wait (the heartbeat's double): a
 //     fleet that large always has another machine idle.
+//   - APIQueueLimit = max(ServerAPIQueueLimit, 2 × machines ×
+//     StartInfoRequests): every machine's start at once, and a retry of
+//     each (an asker that times out asks again while the server still
+//     holds its first request).
 //
-// At DefaultFleet: MaxWaiting 12,500, NoFile 11,280, FetchWait 100 s.
+// At DefaultFleet: MaxWaiting 12,500, NoFile 11,280, FetchWait 100 s,
+// APIQueueLimit 160,000.
 func FleetSettingsOf(f Fleet) FleetSettings {
 	machines, slots := max(f.Machines, 1), max(f.Slots, 1)
 	return FleetSettings{
 		MaxWaiting: (5*machines*slots + 3) / 4,
 		NoFile:     uint64(machines + FleetOtherConnections + ServerFiles),
 		FetchWait:  max(MinFetchWait, time.Duration(2*machines*slots)*time.Second/FleetPullEvents),
+		// Infos are asked per machine, not per slot.
+		APIQueueLimit: max(ServerAPIQueueLimit, 2*machines*StartInfoRequests),
 	}
 }
 

@@ -17,17 +17,18 @@ func TestFleetSettingsOf(t *testing.T) {
 		maxWaiting int
 		noFile     uint64
 		fetchWait  time.Duration
+		apiQueue   int
 	}{
-		{mesh.Fleet{Machines: 1000, Slots: 1}, 1250, 2280, 10 * time.Second},
-		{mesh.Fleet{Machines: 1000, Slots: 4}, 5000, 2280, 40 * time.Second},
-		{mesh.Fleet{Machines: 10_000, Slots: 1}, 12_500, 11_280, 100 * time.Second},
-		{mesh.Fleet{Machines: 500, Slots: 1}, 625, 1780, 5 * time.Second},
-		{mesh.Fleet{Machines: 3, Slots: 1}, 4, 1283, 5 * time.Second}, // rounded up
-		{mesh.Fleet{}, 2, 1281, 5 * time.Second},                      // at least one machine of one slot
+		{mesh.Fleet{Machines: 1000, Slots: 1}, 1250, 2280, 10 * time.Second, 16_000},
+		{mesh.Fleet{Machines: 1000, Slots: 4}, 5000, 2280, 40 * time.Second, 16_000}, // infos are per machine
+		{mesh.Fleet{Machines: 10_000, Slots: 1}, 12_500, 11_280, 100 * time.Second, 160_000},
+		{mesh.Fleet{Machines: 500, Slots: 1}, 625, 1780, 5 * time.Second, 10_000},               // never below the server's default
+		{mesh.Fleet{Machines: 3, Slots: 1}, 4, 1283, 5 * time.Second, mesh.ServerAPIQueueLimit}, // rounded up
+		{mesh.Fleet{}, 2, 1281, 5 * time.Second, mesh.ServerAPIQueueLimit},                      // at least one machine of one slot
 	} {
 		got := mesh.FleetSettingsOf(c.f)
-		if got.MaxWaiting != c.maxWaiting || got.NoFile != c.noFile || got.FetchWait != c.fetchWait {
-			t.Errorf("FleetSettingsOf(%+v) = %+v, want MaxWaiting %d, NoFile %d, FetchWait %s", c.f, got, c.maxWaiting, c.noFile, c.fetchWait)
+		if got.MaxWaiting != c.maxWaiting || got.NoFile != c.noFile || got.FetchWait != c.fetchWait || got.APIQueueLimit != c.apiQueue {
+			t.Errorf("FleetSettingsOf(%+v) = %+v, want MaxWaiting %d, NoFile %d, FetchWait %s, APIQueueLimit %d", c.f, got, c.maxWaiting, c.noFile, c.fetchWait, c.apiQueue)
 		}
 		// Each pull waiting costs the server two events (its heartbeat
 		// and its expiry) a FetchWait once it is 10 s or more, one below:

@@ -312,7 +312,11 @@ func fleetRows(bus string) []row {
 		out = append(out, row{figure: fmt.Sprintf("server memory, peak resident set, %s machines, %s (MiB)", thousands(agents), on), suite: thousand,
 			bench: name(agents), metric: "server-rss-MiB", format: "%.0f",
 			beside: func(m metrics) string {
-				return fmt.Sprintf("the largest node's peak over the whole run; fetch errors logged by the agents: %.0f", m["fetch-errors"])
+				s := fmt.Sprintf("the largest node's peak over the whole run; fetch errors logged by the agents: %.0f", m["fetch-errors"])
+				if d, ok := m["server-api-dropped"]; ok {
+					s += fmt.Sprintf("; JetStream API requests the server dropped, its queue full: %.0f (its request_queue_limit mesh.FleetSettingsOf's); every machine started and pulling %.1f s after they began", d, m["fleet-ready-s"])
+				}
+				return s
 			}})
 	}
 	return out

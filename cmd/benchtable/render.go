@@ -3,6 +3,7 @@ package main
 import (
 	_ "embed"
 	"fmt"
+	"math"
 	"strings"
 	"text/template"
 )
@@ -15,11 +16,25 @@ import (
 var docTemplate string
 
 // Render is the document of a run: docTemplate executed on it. A figure
-// the template names that the run did not report is an error, not a blank.
+// the template names that the run did not report is an error, not a blank
+// — unless its benchmark failed in the run (Report.Failed, its row an
+// ERROR in the table): then it reads "—" (NaN for arithmetic), so that one
+// failed benchmark does not lose the document of the others.
 func Render(rep *Report) (string, error) {
 	tab, _ := table(rows, rep, false)
+	failed := func(bench string) bool {
+		for b := range rep.Failed {
+			if bench == b || strings.HasPrefix(bench, b+"/") {
+				return true
+			}
+		}
+		return false
+	}
 	val := func(bench, metric string) (float64, error) {
 		m, ok := rep.Results[bench]
+		if !ok && failed(bench) {
+			return math.NaN(), nil
+		}
 		if !ok {
 			return 0, fmt.Errorf("no results for %s in the run", bench)
 		}
@@ -35,6 +50,9 @@ func Render(rep *Report) (string, error) {
 			v, err := val(bench, metric)
 			if err != nil {
 				return "", err
+			}
+			if math.IsNaN(v) {
+				return "—", nil
 			}
 			return fmt.Sprintf(format, v), nil
 		},

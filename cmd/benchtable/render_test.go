@@ -140,3 +140,44 @@ func TestQuietNeedsTheWholeSpan(t *testing.T) {
 		t.Skip("no /proc/stat here")
 	}
 }
+
+// TestRenderShowsAFailedBenchmark: a benchmark that failed in the run (its
+// rows ERROR in the table) reads "—" where the prose quotes it, and the
+// others' figures are still rendered; the document is not lost.
+func TestRenderShowsAFailedBenchmark(t *testing.T) {
+	rep := &Report{Results: results{}, Suites: map[string]string{}, Failed: map[string]string{}, Machine: "Measured on a test"}
+	for _, s := range suites {
+		rep.Suites[s.bench] = "1m0s"
+	}
+	refs := regexp.MustCompile(`(?:fig|val) "([^"]+)" "([^"]+)"`).FindAllStringSubmatch(docTemplate, -1)
+	var gone string
+	for _, m := range refs {
+		if strings.HasPrefix(m[1], "BenchmarkFleet1000/") {
+			gone = "BenchmarkFleet1000"
+			continue
+		}
+		if rep.Results[m[1]] == nil {
+			rep.Results[m[1]] = metrics{}
+		}
+		rep.Results[m[1]][m[2]] = 4242.5
+	}
+	if gone == "" {
+		t.Fatal("the template quotes no figure of BenchmarkFleet1000")
+	}
+	for _, r := range rows {
+		if !strings.HasPrefix(r.bench, gone+"/") {
+			if rep.Results[r.bench] == nil {
+				rep.Results[r.bench] = metrics{}
+			}
+			rep.Results[r.bench][r.metric] = 1
+		}
+	}
+	rep.Failed[gone] = "go test exited 1"
+	doc, err := Render(rep)
+	if err != nil {
+		t.Fatalf("Render with %s failed: %v", gone, err)
+	}
+	if !strings.Contains(doc, "ERROR: go test exited 1") || !strings.Contains(doc, "—") || !strings.Contains(doc, "4242") {
+		t.Errorf("the document does not show the failed benchmark beside the others' figures:\n%s", doc)
+	}
+}

@@ -62,6 +62,9 @@ build-agent by default): their own state to write, their reads to read.`,
 			if serverConf == "" {
 				fmt.Fprintf(g.out, "  (--server-conf FILE prints the line for the configuration FILE)\n")
 			}
+			fleet := mesh.FleetSettingsOf(mesh.DefaultFleet)
+			fmt.Fprintf(g.out, "  for a fleet of up to %d machines give each server jetstream { request_queue_limit: %d } (a fleet starting at once fills the default of %d, and the server drops every request queued) and ulimit -n %d (mesh.FleetSettingsOf)\n",
+				mesh.DefaultFleet.Machines, fleet.APIQueueLimit, mesh.ServerAPIQueueLimit, fleet.NoFile)
 			fmt.Fprintf(g.out, "Then issue each principal its credentials: builds creds issue %s --catalogue DIR --principal KIND [NAME] --out FILE\n", k.Dir)
 			return nil
 		},

@@ -2,6 +2,7 @@ package cli_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -25,6 +26,10 @@ func TestCredsInitIssue(t *testing.T) {
 	code, out, errw := run(t, "creds", "init", keys)
 	if code != 0 || !strings.Contains(out, filepath.Join(keys, creds.ServerConf)) {
 		t.Fatalf("creds init: exit %d\n%s\n%s", code, out, errw)
+	}
+	// It says what a server of the fleet needs beside the include.
+	if want := fmt.Sprintf("request_queue_limit: %d", mesh.FleetSettingsOf(mesh.DefaultFleet).APIQueueLimit); !strings.Contains(out, want) {
+		t.Errorf("creds init does not advise %q:\n%s", want, out)
 	}
 	if code, _, errw := run(t, "creds", "init", keys); code != 1 || !strings.Contains(errw, "already exist") {
 		t.Errorf("creds init twice: exit %d, %q", code, errw)

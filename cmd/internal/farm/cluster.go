@@ -83,6 +83,7 @@ func startNATSCluster(addr string, n int, dir string, keys *creds.Keys, log *slo
 		opts.Routes = server.RoutesFromStr(strings.Join(rs, ","))
 		opts.NoSigs = true
 		capConnections(opts, openFiles(), n, log.With("server", name))
+		queueForFleet(opts)
 		s, err := server.NewServer(opts)
 		if err != nil {
 			stop()

@@ -42,3 +42,11 @@ func capConnections(opts *server.Options, nofile uint64, servers int, log *slog.
 			"fleet", mesh.DefaultFleet.Machines, "fix", "raise ulimit -n (LimitNOFILE) to at least "+strconv.FormatUint(need, 10))
 	}
 }
+
+// queueForFleet gives an embedded server the JetStream API queue the
+// fleet the seat is raised for (mesh.DefaultFleet) needs when it starts at
+// once (mesh.FleetSettingsOf's APIQueueLimit; the info queue takes it):
+// on the server's default a full queue drops every request in it.
+func queueForFleet(opts *server.Options) {
+	opts.JetStreamRequestQueueLimit = int64(mesh.FleetSettingsOf(mesh.DefaultFleet).APIQueueLimit)
+}

@@ -1,6 +1,7 @@
 package farm
 
 import (
+	"context"
 	"errors"
 	"log/slog"
 	"path/filepath"
@@ -9,10 +10,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/meshbuild/meshbuild/cmd/internal/creds"
 	"github.com/meshbuild/meshbuild/cmd/internal/daemon"
+	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/mesh/meshtest"
@@ -85,5 +89,87 @@ func TestAnEmbeddedServerCapsItsConnectionsByItsOpenFiles(t *testing.T) {
 		if err := nc.FlushTimeout(5 * time.Second); err != nil {
 			t.Errorf("connection %d after the refusal: %v", i+1, err)
 		}
+	}
+}
+
+// infoBurst asks the server at url n infos of stream at once, each listing
+// the stream's subjects (requests of the JetStream API's info queue, each
+// a walk of the stream's subjects), on one connection, and returns how
+// many were answered.
+func infoBurst(t *testing.T, url, stream string, n int) int {
+	t.Helper()
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	inbox := nc.NewInbox()
+	answers := make(chan struct{}, n)
+	sub, err := nc.Subscribe(inbox+".*", func(*nats.Msg) { answers <- struct{}{} })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	if err := sub.SetPendingLimits(-1, -1); err != nil {
+		t.Fatal(err)
+	}
+	req := []byte(`{"subjects_filter":">"}`)
+	for i := range n {
+		if err := nc.PublishRequest("$JS.API.STREAM.INFO."+stream, inbox+"."+strconv.Itoa(i), req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	got := 0
+	for got < n {
+		select {
+		case <-answers:
+			got++
+		case <-time.After(2 * time.Second):
+			return got // nothing more for 2 s: the rest were dropped
+		}
+	}
+	return got
+}
+
+// A server sized by queueForFleet holds the JetStream API requests of a
+// fleet starting at once (mesh.FleetSettingsOf's APIQueueLimit): a burst
+// of infos beyond nats-server's default queue of 10,000 is answered whole,
+// where the default drops its whole queue when it fills ("JetStream API
+// info queue limit reached, dropping 10000 requests", seen as 10,000
+// machines started).
+func TestAServerSizedForTheFleetAnswersItsStartBurst(t *testing.T) {
+	if server.JSDefaultRequestQueueLimit != mesh.ServerAPIQueueLimit {
+		t.Errorf("nats-server's default API queue is %d, mesh.ServerAPIQueueLimit %d", server.JSDefaultRequestQueueLimit, mesh.ServerAPIQueueLimit)
+	}
+	const n = mesh.ServerAPIQueueLimit * 3 / 2
+	for _, sized := range []bool{false, true} {
+		var opts server.Options
+		if sized {
+			queueForFleet(&opts)
+		}
+		s := natstest.Server(t, &opts)
+		_, js := natstest.Connect(t, s)
+		ctx := context.Background()
+		kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "burst"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range 1000 {
+			if _, err := kv.Put(ctx, "k"+strconv.Itoa(i), nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+		got := infoBurst(t, s.ClientURL(), mesh.KVStream("burst"), n)
+		t.Logf("sized %v: %d of %d answered", sized, got, n)
+		switch {
+		case sized && got != n:
+			t.Errorf("sized for the fleet: %d of %d infos asked at once were answered", got, n)
+		case !sized && got == n:
+			t.Errorf("nats-server's default queue answered all %d infos asked at once: the burst is too small to tell", n)
+		}
+		s.Shutdown()
 	}
 }

@@ -450,6 +450,7 @@ func startNATS(addr, dir string, keys *creds.Keys, nofile uint64, log *slog.Logg
 	opts.ServerName, opts.Host, opts.Port = "meshbuild", host, port
 	opts.JetStream, opts.StoreDir, opts.NoSigs = true, dir, true
 	capConnections(opts, nofile, 1, log)
+	queueForFleet(opts)
 	ns, err := server.NewServer(opts)
 	if err != nil {
 		return nil, fmt.Errorf("NATS: %w", err)
