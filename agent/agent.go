@@ -186,8 +186,8 @@ var bindWait = backoff.Policy{First: 5 * time.Second, Max: time.Minute}
 // raiseWait is how often a machine asks again for a platform's consumer
 // the controller has not raised: its FetchWait (at least 5 s), so that a
 // fleet's asks cost its server what its idle pulls do (mesh.FleetSettingsOf)
-// — 10,000 machines of four platforms, one raised, asking every 5 s were
-// 6,000 requests a second.
+// — 10,000 machines of four platforms, one raised, asking every 5 s would
+// make 6,000 requests a second.
 func (a *Agent) raiseWait() time.Duration { return max(mesh.MinFetchWait, a.cfg.FetchWait) }
 
 // bound are the holders' consumers of the agent's platforms that it has
