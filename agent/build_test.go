@@ -422,6 +422,11 @@ func TestBuildRegistryCache(t *testing.T) {
 	if first.CacheHits != 0 {
 		t.Errorf("first build: %d cache hits", first.CacheHits)
 	}
+	// The first build ran its RUN: its steps are timed, inside the solve
+	// and beside the export.
+	if steps := first.Spans.Took(SpanSteps); steps <= 0 || steps+first.Spans.Took(SpanExport) > first.Spans.Took(SpanSolve) {
+		t.Errorf("first build: steps %s, want more than none and with the export within the solve: %s", steps, first.Spans)
+	}
 	var out lines
 	req.Log = out.add
 	second, err := newBuildKit(t, testenv.Buildkitd(t, host)).Build(ctx, req)
@@ -438,15 +443,38 @@ func TestBuildRegistryCache(t *testing.T) {
 			t.Errorf("the build reports no %s span: %s", span, second.Spans)
 		}
 	}
-	if inner := second.Spans.Took(SpanCacheImport) + second.Spans.Took(SpanExport) + second.Spans.Took(SpanCacheExport); inner > second.Spans.Took(SpanSolve) {
+	if inner := second.Spans.Took(SpanCacheImport) + second.Spans.Took(SpanSteps) + second.Spans.Took(SpanExport) + second.Spans.Took(SpanCacheExport); inner > second.Spans.Took(SpanSolve) {
 		t.Errorf("the solve's parts (%s) take longer than the solve: %s", inner, second.Spans)
+	}
+}
+
+// The steps span is the Dockerfile's own steps, of any stage, from the
+// first's start to the last's completion: not the named contexts, the
+// internal loads or the export.
+func TestSolveSpansTimeTheOwnSteps(t *testing.T) {
+	t0 := time.Date(2026, 12, 4, 0, 0, 0, 0, time.UTC)
+	at := func(ms int) *time.Time { x := t0.Add(time.Duration(ms) * time.Millisecond); return &x }
+	p := newProgress(nil, 100)
+	p.update(&client.SolveStatus{Vertexes: []*client.Vertex{
+		{Digest: "sha256:1", Name: "[internal] load build definition from Dockerfile", Started: at(0), Completed: at(5)},
+		{Digest: "sha256:2", Name: "[context base] 127.0.0.1:5000/base@sha256:ab", Started: at(10), Completed: at(400)},
+		{Digest: "sha256:3", Name: "[build 1/2] COPY a /a", Started: at(100), Completed: at(120)},
+		{Digest: "sha256:4", Name: "[stage-1 2/2] RUN sleep 1", Started: at(130), Completed: at(350)},
+		{Digest: "sha256:5", Name: "exporting to image", Started: at(360), Completed: at(500)},
+	}})
+	s := p.solveSpans()
+	if got := s.Took(SpanSteps); got != 250*time.Millisecond {
+		t.Errorf("steps %s, want 250ms (100ms to 350ms): %s", got, s)
+	}
+	if got := s.Took(SpanExport); got != 140*time.Millisecond {
+		t.Errorf("export %s, want 140ms: %s", got, s)
 	}
 }
 
 func TestSpansString(t *testing.T) {
 	s := Spans{{SpanCheckout, 4 * time.Millisecond}, {SpanPing, time.Millisecond}, {SpanSolve, 120 * time.Millisecond},
-		{SpanCacheImport, 12 * time.Millisecond}, {SpanExport, 40 * time.Millisecond}, {SpanVerify, 6 * time.Millisecond}}
-	want := "checkout 4ms, ping 1ms, solve 120ms (cache-import 12ms, export 40ms), verify 6ms"
+		{SpanCacheImport, 12 * time.Millisecond}, {SpanSteps, 50 * time.Millisecond}, {SpanExport, 40 * time.Millisecond}, {SpanVerify, 6 * time.Millisecond}}
+	want := "checkout 4ms, ping 1ms, solve 120ms (cache-import 12ms, steps 50ms, export 40ms), verify 6ms"
 	if got := s.String(); got != want {
 		t.Errorf("String() = %q, want %q", got, want)
 	}

@@ -186,6 +186,9 @@ var (
 	cacheImportRE = regexp.MustCompile(`^importing cache manifest from `)
 	imageExportRE = regexp.MustCompile(`^exporting to image`)
 	cacheExportRE = regexp.MustCompile(`^(exporting cache to |preparing build cache for export)`)
+	// ownStepRE is a Dockerfile's own step, "[2/3] RUN …" or "[build
+	// 2/3] RUN …" (stepRE without the named contexts' vertices).
+	ownStepRE = regexp.MustCompile(`^\[([^\]]*\s)?\d+/\d+\] `)
 )
 
 // solveSpans are the parts of the solve the daemon reported.
@@ -194,7 +197,7 @@ func (p *progress) solveSpans() Spans {
 	for _, x := range []struct {
 		name string
 		re   *regexp.Regexp
-	}{{SpanCacheImport, cacheImportRE}, {SpanExport, imageExportRE}, {SpanCacheExport, cacheExportRE}} {
+	}{{SpanCacheImport, cacheImportRE}, {SpanSteps, ownStepRE}, {SpanExport, imageExportRE}, {SpanCacheExport, cacheExportRE}} {
 		if d := p.took(x.re.MatchString); d > 0 {
 			s.add(x.name, d)
 		}

@@ -8,7 +8,7 @@ import (
 
 // Span is one timed part of a build: where its time went. A Result carries
 // its build's spans in the order they ran; the parts of the solve that
-// buildkitd reports (cache import, export, cache export) are timed by the
+// buildkitd reports (cache import, steps, export, cache export) are timed by the
 // daemon's clock and lie inside the solve's span.
 type Span struct {
 	Name string
@@ -30,6 +30,13 @@ const (
 	// SpanCacheImport is buildkitd reading the registry build cache's
 	// manifest (inside the solve).
 	SpanCacheImport = "cache-import"
+	// SpanSteps is the Dockerfile's own steps ("[2/3] RUN …"), from the
+	// first one's start to the last one's completion (inside the solve;
+	// near nothing when every step came from a cache): the rest of the
+	// solve beside the cache's import and export and the image's export
+	// is the build's overhead in buildkitd (the definition and the bases'
+	// metadata loaded, the bases' layers pulled).
+	SpanSteps = "steps"
 	// SpanExport is buildkitd exporting the image and pushing it (inside
 	// the solve).
 	SpanExport = "export"
@@ -40,6 +47,11 @@ const (
 	// resolved, the image and its attestations read, its size, the tag.
 	SpanVerify = "verify"
 )
+
+// inSolvePart reports whether a span lies inside the solve's.
+func inSolvePart(name string) bool {
+	return name == SpanCacheImport || name == SpanSteps || name == SpanExport || name == SpanCacheExport
+}
 
 // Spans are a build's spans.
 type Spans []Span
@@ -64,7 +76,7 @@ func (s Spans) String() string {
 	var b strings.Builder
 	inSolve := false
 	for i, x := range s {
-		inner := x.Name == SpanCacheImport || x.Name == SpanExport || x.Name == SpanCacheExport
+		inner := inSolvePart(x.Name)
 		switch {
 		case inner && !inSolve:
 			b.WriteString(" (")

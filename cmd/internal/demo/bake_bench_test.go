@@ -197,6 +197,9 @@ func BenchmarkFleetBake(b *testing.B) {
 		first := onlyPlan(b, ctx, store, "the first cold build's one")
 		firstSight = first.Finished.Sub(first.Created)
 		farmCold = append(farmCold, firstSight)
+		if os.Getenv("MESHBUILD_BAKE_TIMELINE") != "" {
+			logTimeline(b, ctx, js, store, first.ID, first.Created)
+		}
 		// Cold again: a new base version each time, the durations known.
 		for range runs - 1 {
 			commit, paths, err := changeBase(ctx, repo)
