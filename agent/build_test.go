@@ -784,3 +784,49 @@ func TestASecretMountIsEmptyOnTheFarmAndTheLogSaysSo(t *testing.T) {
 	}
 	t.Logf("ssh: %v", err)
 }
+
+// A base's ONBUILD triggers run in the build of a module on it, though the
+// base is supplied as a named context pinned to its digest: the module's
+// image holds what they copied and ran, and a failing trigger fails the
+// module's build as a build error.
+func TestOnbuildOfABaseRunsInTheModuleOnIt(t *testing.T) {
+	testenv.RequireBuildkit(t)
+	ctx := context.Background()
+	host := registrytest.Registry(t)
+	bk := newBuildKit(t, testenv.Buildkitd(t, host))
+	busybox := testenv.Busybox(t, host)
+	build := func(dir, image string, bases ...mesh.Base) (Result, string, error) {
+		var out lines
+		res, err := bk.Build(ctx, BuildRequest{ContextDir: dir, Log: out.add,
+			Ask: mesh.Ask{Platform: "linux/amd64", Image: host + "/" + image, Bases: bases}})
+		return res, out.String(), err
+	}
+
+	sdk, log, err := build(buildContext(t, map[string]string{
+		"Dockerfile": "FROM runtime\nONBUILD COPY app.txt /srv/app.txt\nONBUILD RUN cat /srv/app.txt > /srv/seen-by-onbuild\n",
+	}), "sdk", mesh.Base{Module: "runtime", Image: host + "/busybox", Digest: digestOf(busybox)})
+	if err != nil {
+		t.Fatalf("the base with ONBUILD triggers: %v\n%s", err, log)
+	}
+	onSDK := mesh.Base{Module: "sdk", Image: host + "/sdk", Digest: sdk.Digest}
+	app, log, err := build(buildContext(t, map[string]string{"Dockerfile": "FROM sdk\n", "app.txt": "from the module's context\n"}), "app", onSDK)
+	if err != nil {
+		t.Fatalf("the module on it: %v\n%s", err, log)
+	}
+	// Triggers do not pass on a second level: what the module's image
+	// holds is what its own build's triggers left.
+	_, log, err = build(buildContext(t, map[string]string{
+		"Dockerfile": "FROM app\nRUN test \"$(cat /srv/seen-by-onbuild)\" = 'from the module'\"'\"'s context'\n",
+	}), "check", mesh.Base{Module: "app", Image: host + "/app", Digest: app.Digest})
+	if err != nil {
+		t.Fatalf("the module's image does not hold what its base's ONBUILD triggers copied and ran: %v\n%s", err, log)
+	}
+
+	// A module whose context lacks what a trigger copies fails as a build
+	// of its own, not as a malformed ask or the infrastructure.
+	_, log, err = build(buildContext(t, map[string]string{"Dockerfile": "FROM sdk\n"}), "broken", onSDK)
+	if !errors.Is(err, ErrBuild) || !strings.Contains(err.Error(), "app.txt") {
+		t.Fatalf("a trigger's COPY of a file the context lacks: %v, want a build error naming the file\n%s", err, log)
+	}
+	t.Logf("a trigger's COPY of a missing file: %v", err)
+}
