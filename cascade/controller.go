@@ -263,7 +263,9 @@ func (c *Controller) Run(ctx context.Context) error {
 			}
 			batch = c.work(ctx, m, in.events)
 		case cmd := <-c.cmds:
-			cmd.Answer(c.command(ctx, cmd.Q))
+			if !c.rebuildAside(ctx, cmd) {
+				cmd.Answer(c.command(ctx, cmd.Q))
+			}
 		case d := <-c.fetched:
 			batch = c.afterFetch(ctx, d)
 		case m, ok := <-in.gaveUp:

@@ -13,6 +13,7 @@ import (
 	"github.com/meshbuild/meshbuild/internal/gitcache"
 	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/planner"
+	"github.com/meshbuild/meshbuild/seat"
 )
 
 // # A push's commit is fetched beside the loop
@@ -52,6 +53,9 @@ type prefetched struct {
 	repo, commit string
 	heads        map[string]string
 	failed       map[fetchSource]error
+	// rebuild, when set, is the rebuild request whose modules' HEADs
+	// were fetched (rebuildAside), answered once its plan is made.
+	rebuild *seat.Letter[command, Reply]
 }
 
 // fetchSource is a repository and a commit of it; an empty commit is the
@@ -133,24 +137,7 @@ func (c *Controller) prefetch(ctx context.Context, push fetchSource, srcs []fetc
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		var mu sync.Mutex
-		var g errgroup.Group
-		g.SetLimit(prefetchParallel)
-		for _, src := range srcs {
-			g.Go(func() error {
-				_, full, err := c.trees.Fetch(fctx, src.repo, cmp.Or(src.commit, "HEAD"))
-				mu.Lock()
-				defer mu.Unlock()
-				switch {
-				case err != nil:
-					d.failed[src] = err
-				case src.commit == "":
-					d.heads[src.repo] = full
-				}
-				return nil
-			})
-		}
-		_ = g.Wait()
+		c.fetchSources(fctx, &d, srcs)
 	}()
 	tick := time.NewTicker(prefetchProgress)
 	defer tick.Stop()
@@ -166,6 +153,87 @@ func (c *Controller) prefetch(ctx context.Context, push fetchSource, srcs []fetc
 			_ = m.InProgress()
 		}
 	}
+}
+
+// fetchSources fetches each of srcs into its clone, prefetchParallel at a
+// time, and records in d the HEADs found and the fetches that failed.
+func (c *Controller) fetchSources(ctx context.Context, d *prefetched, srcs []fetchSource) {
+	var mu sync.Mutex
+	var g errgroup.Group
+	g.SetLimit(prefetchParallel)
+	for _, src := range srcs {
+		g.Go(func() error {
+			_, full, err := c.trees.Fetch(ctx, src.repo, cmp.Or(src.commit, "HEAD"))
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err != nil:
+				d.failed[src] = err
+			case src.commit == "":
+				d.heads[src.repo] = full
+			}
+			return nil
+		})
+	}
+	_ = g.Wait()
+}
+
+// # A rebuild's HEADs are fetched beside the loop too
+//
+// A rebuild builds its modules at their repositories' HEADs, which only
+// their git servers know: asked in the loop (address), a slow server held
+// every other plan's events and every tool for as long as it took (up to
+// Config.ResolveTimeout). So a rebuild whose plan is not made yet has its
+// HEADs fetched by a goroutine of its own, bounded by ResolveTimeout as
+// before, and is planned and answered when they are (afterFetch): the
+// plan addressed with the HEADs fetched, a HEAD whose fetch failed leaving
+// its modules unaddressed, dispatched, as a failed resolve did.
+
+// rebuildAside reports whether tool request cmd is a rebuild that waits
+// for its modules' HEADs, whose fetch it starts; it is answered when they
+// are fetched.
+func (c *Controller) rebuildAside(ctx context.Context, cmd seat.Letter[command, Reply]) bool {
+	if c.trees == nil || cmd.Q.Kind != ToolRebuild || cmd.Q.Req.ID == "" || len(cmd.Q.Req.Modules) == 0 {
+		return false
+	}
+	p, err := c.ix.Plan(rebuildTrigger(cmd.Q.Req))
+	if err != nil {
+		return false // refused as it is answered
+	}
+	if _, ok := c.plans[p.ID]; ok {
+		return false
+	}
+	var need []fetchSource
+	heads := map[string]bool{}
+	for _, n := range p.Modules {
+		if n.Source.Commit != "" || heads[n.Source.Repo] {
+			continue
+		}
+		heads[n.Source.Repo] = true
+		need = append(need, fetchSource{repo: n.Source.Repo})
+	}
+	if len(need) == 0 {
+		return false
+	}
+	c.log.Info("fetching the HEADs a rebuild's plan needs beside the loop; it is planned when they are fetched",
+		"request", cmd.Q.Req.ID, "sources", len(need), "plan", p.ID)
+	go func() {
+		fctx, cancel := context.WithTimeout(ctx, c.cfg.ResolveTimeout)
+		defer cancel()
+		d := prefetched{heads: map[string]string{}, failed: map[fetchSource]error{}, rebuild: &cmd}
+		c.fetchSources(fctx, &d, need)
+		select {
+		case c.fetched <- d:
+		case <-ctx.Done():
+			cmd.Answer(Reply{Error: "the controller stopped before the rebuild was planned: ask again"})
+		}
+	}()
+	return true
+}
+
+// rebuildTrigger is the trigger of a rebuild request.
+func rebuildTrigger(req Request) planner.Trigger {
+	return planner.Trigger{Kind: planner.KindRebuild, ID: req.ID, Modules: req.Modules, Force: req.Force}
 }
 
 // prefetchParallel is how many sources prefetch fetches at once.
@@ -189,12 +257,21 @@ func (c *Controller) pushPlanID(m jetstream.Msg) (string, bool) {
 // those to acknowledge once the batch is stored.
 func (c *Controller) afterFetch(ctx context.Context, d prefetched) []jetstream.Msg {
 	src := fetchSource{d.repo, d.commit}
+	if d.rebuild != nil {
+		src = fetchSource{}
+	}
 	for f, err := range d.failed {
 		if c.fetchFailed == nil {
 			c.fetchFailed = map[fetchSource]error{}
 		}
 		c.fetchFailed[f] = err
 		defer delete(c.fetchFailed, f)
+	}
+	if d.rebuild != nil {
+		c.heads = d.heads
+		defer func() { c.heads = nil }()
+		d.rebuild.Answer(c.command(ctx, d.rebuild.Q))
+		return nil
 	}
 	q := c.fetching[d.repo]
 	delete(c.fetching, d.repo)

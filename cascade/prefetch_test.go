@@ -219,3 +219,87 @@ func sourcesController(t *testing.T, nc *nats.Conn, js jetstream.JetStream, reg 
 	cascadetest.Run(t, ctx, &wg, c, nc)
 	return c
 }
+
+// A rebuild builds its modules at their repository's HEAD, which the git
+// server (slow, here) is asked for beside the controller's loop: meanwhile
+// the controller answers its other tools at once; the rebuild is answered
+// when its plan is made, its modules addressed at the HEAD fetched.
+func TestARebuildsHeadIsFetchedBesideTheLoop(t *testing.T) {
+	reg := registrytest.Registry(t)
+	testenv.Busybox(t, reg)
+	git, head := testenv.GitRepo(t, map[string]string{
+		"base/Dockerfile": "FROM busybox\nRUN echo base > /base\n",
+		"app/Dockerfile":  "FROM base\nRUN echo app > /app\n",
+	})
+	const slow = 3 * time.Second
+	t.Setenv("GIT_CONFIG_COUNT", "1")
+	t.Setenv("GIT_CONFIG_KEY_0", "remote.origin.uploadpack")
+	t.Setenv("GIT_CONFIG_VALUE_0", "sleep 3; git-upload-pack")
+
+	s := natstest.Server(t, nil)
+	nc, js := natstest.Connect(t, s)
+	cat := meshtest.Catalogue(t, map[string][]string{"busybox": nil, "base": {"busybox"}, "app": {"base"}})
+	ctx := context.Background()
+	c := sourcesController(t, nc, js, reg, cat, map[string]string{meshtest.FleetRepo: git})
+
+	type answer struct {
+		r   cascade.Reply
+		err error
+		at  time.Duration
+	}
+	asked := time.Now()
+	rebuilt := make(chan answer, 1)
+	go func() {
+		r, err := cascade.Call(ctx, nc, c.Module(), cascade.ToolRebuild, cascade.Request{ID: "slow-head", Modules: []string{"base", "app"}})
+		rebuilt <- answer{r, err, time.Since(asked)}
+	}()
+	time.Sleep(300 * time.Millisecond) // the rebuild taken, its HEAD's fetch begun
+	t0 := time.Now()
+	_, err := cascade.Call(ctx, nc, c.Module(), cascade.ToolRetry, cascade.Request{Plan: "-"})
+	answered := time.Since(t0)
+	var te *cascade.ToolError
+	if !errors.As(err, &te) {
+		t.Fatalf("a tool call during the rebuild's fetch: %v, want the controller's refusal", err)
+	}
+	t.Logf("a tool call during the rebuild's fetch answered in %s", answered.Round(time.Millisecond))
+	if answered > time.Second {
+		t.Errorf("the controller answered a tool call in %s while a rebuild's HEAD was fetched: its loop waited on the fetch", answered.Round(time.Millisecond))
+	}
+
+	var a answer
+	select {
+	case a = <-rebuilt:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the rebuild was not answered in 30s")
+	}
+	if a.err != nil || a.r.Plan == "" || !a.r.Created {
+		t.Fatalf("the rebuild: %+v, %v; want its plan made", a.r, a.err)
+	}
+	if a.at < slow {
+		t.Errorf("the rebuild was answered %s after it was asked, before the slow fetch could end: was its HEAD fetched?", a.at)
+	}
+	store, err := cascade.OpenStore(ctx, js, c.Module())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mods map[string]cascade.ModuleStatus
+	testenv.WaitFor(t, 5*time.Second, "the plan's modules stored", func() bool {
+		mods, err = store.Modules(ctx, a.r.Plan)
+		return err == nil && mods["base"].Module != "" && mods["app"].Module != ""
+	})
+	for _, name := range []string{"base", "app"} {
+		if m := mods[name]; m.Tree == "" || m.Source.Commit != head {
+			t.Errorf("module %s: tree %q, commit %q; want its context's tree at the HEAD %s", name, m.Tree, m.Source.Commit, head)
+		}
+	}
+
+	// The same request again: the plan exists, answered at once.
+	t0 = time.Now()
+	r, err := cascade.Call(ctx, nc, c.Module(), cascade.ToolRebuild, cascade.Request{ID: "slow-head", Modules: []string{"base", "app"}})
+	if err != nil || r.Plan != a.r.Plan || r.Created {
+		t.Errorf("the same rebuild again: %+v, %v; want plan %s, not made again", r, err, a.r.Plan)
+	}
+	if took := time.Since(t0); took > time.Second {
+		t.Errorf("the same rebuild again answered in %s: its HEAD was fetched again for a plan that exists", took.Round(time.Millisecond))
+	}
+}

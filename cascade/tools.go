@@ -125,7 +125,7 @@ func (c *Controller) command(ctx context.Context, cmd command) Reply {
 		if cmd.Req.ID == "" || len(cmd.Req.Modules) == 0 {
 			return fail(fmt.Errorf("%w: a rebuild needs a request id and modules", ErrBadRequest))
 		}
-		rec, created, err := c.createPlan(ctx, planner.Trigger{Kind: planner.KindRebuild, ID: cmd.Req.ID, Modules: cmd.Req.Modules, Force: cmd.Req.Force}, cmd.Req.Schedule, now, 0)
+		rec, created, err := c.createPlan(ctx, rebuildTrigger(cmd.Req), cmd.Req.Schedule, now, 0)
 		if err != nil {
 			return fail(err)
 		}
