@@ -18,12 +18,13 @@ import (
 // Sources checks out asks' build contexts. It keeps one bare clone per
 // repository under Dir/repos (a gitcache.Cache: named by a hash of the
 // repository's URL as the ask spells it), fetches into it only when the
-// commit is not there
-// yet, and writes each tree it checks out once, to its own directory under
+// commit is not there yet, and then only that commit (a shallow fetch: a
+// machine's first build of a repository is not sent its history), and
+// writes each tree it checks out once, to its own directory under
 // Dir/work (trees.go): slots building the same repository at once share
 // the clone, and the builds of one tree its checkout, which they only
-// read. Fetches into one clone are serialised; checkouts read
-// it concurrently. The git command line does the work.
+// read. Fetches into one clone are serialised; checkouts read it
+// concurrently. The git command line does the work.
 //
 // Set Dir; the rest of the zero value is ready to use. A Sources is safe
 // for concurrent use by the slots of one agent (not by two processes
@@ -50,7 +51,8 @@ type Sources struct {
 // clones is the cache of bare clones under Dir/repos, made on first use.
 func (s *Sources) clones(root string) *gitcache.Cache {
 	s.once.Do(func() {
-		s.cache = &gitcache.Cache{Dir: filepath.Join(root, "repos"), InsteadOf: s.InsteadOf}
+		// Shallow: a build needs its commit's tree, not the history.
+		s.cache = &gitcache.Cache{Dir: filepath.Join(root, "repos"), InsteadOf: s.InsteadOf, Depth: 1}
 	})
 	return s.cache
 }

@@ -52,6 +52,15 @@ type Cache struct {
 	// starting with a key is fetched from the value followed by the rest
 	// (the longest key wins).
 	InsteadOf map[string]string
+	// Depth, when positive, fetches only the last Depth commits of what
+	// is fetched (git fetch --depth): a builder needs a commit's tree, not
+	// its history, and a fresh machine's first fetch of a repository with
+	// years of history is sent one tree instead of every object ever
+	// committed. A commit named by a ref the server will not hand out by
+	// hash is looked for in the whole history (the clone unshallowed).
+	// Changed needs the history between two commits: 0, the whole history,
+	// for a cache that compares commits.
+	Depth int
 
 	mu    sync.Mutex
 	locks map[string]chan struct{} // each clone's lock: held while it has its one token
@@ -130,7 +139,7 @@ func (c *Cache) Fetch(ctx context.Context, repo, commit string) (clone, full str
 	if err := c.prepare(ctx, clone, c.Rewrite(repo)); err != nil {
 		return "", "", err
 	}
-	full, err = fetch(ctx, clone, commit)
+	full, err = fetch(ctx, clone, commit, c.Depth)
 	if cerr := ctx.Err(); err != nil && cerr != nil {
 		return "", "", cerr
 	}
@@ -154,8 +163,16 @@ func (c *Cache) prepare(ctx context.Context, clone, url string) error {
 	return nil
 }
 
-// fetch makes sure the clone holds commit and returns its full hash.
-func fetch(ctx context.Context, clone, commit string) (string, error) {
+// fetch makes sure the clone holds commit and returns its full hash; depth
+// > 0 fetches that many commits of history (Cache.Depth).
+func fetch(ctx context.Context, clone, commit string, depth int) (string, error) {
+	fetchArgs := func(args ...string) []string {
+		out := []string{"fetch", "--quiet", "--no-tags"}
+		if depth > 0 {
+			out = append(out, fmt.Sprintf("--depth=%d", depth))
+		}
+		return append(out, args...)
+	}
 	if FullHash(commit) {
 		if h, err := revParse(ctx, clone, commit); err == nil {
 			return h, nil
@@ -164,7 +181,7 @@ func fetch(ctx context.Context, clone, commit string) (string, error) {
 		// fetched into FetchedRef, so that the next fetch tells the
 		// server what the clone holds and is sent only what is new:
 		// without a ref, every new commit fetched its whole history.
-		if _, err := Git(ctx, clone, "fetch", "--quiet", "--no-tags", "origin", "+"+commit+":"+FetchedRef); err == nil {
+		if _, err := Git(ctx, clone, fetchArgs("origin", "+"+commit+":"+FetchedRef)...); err == nil {
 			if h, err := revParse(ctx, clone, commit); err == nil {
 				return h, nil
 			}
@@ -175,7 +192,7 @@ func fetch(ctx context.Context, clone, commit string) (string, error) {
 	// HEAD is the server's: fetched on its own and read from FETCH_HEAD
 	// (under the clone's lock), never the bare clone's own HEAD.
 	if commit == "HEAD" {
-		if _, err := Git(ctx, clone, "fetch", "--quiet", "--no-tags", "origin", "HEAD"); err != nil {
+		if _, err := Git(ctx, clone, fetchArgs("origin", "HEAD")...); err != nil {
 			return "", fmt.Errorf("%w: %w", ErrFetch, err)
 		}
 		h, err := revParse(ctx, clone, "FETCH_HEAD")
@@ -186,11 +203,20 @@ func fetch(ctx context.Context, clone, commit string) (string, error) {
 	}
 	// Every branch and tag: for a server that will not hand out a hash, and
 	// for a commit named by a ref.
-	if _, err := Git(ctx, clone, "fetch", "--quiet", "--prune", "--force", "origin",
-		"+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*"); err != nil {
+	refs := []string{"--prune", "--force", "origin", "+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*"}
+	if _, err := Git(ctx, clone, fetchArgs(refs...)...); err != nil {
 		return "", fmt.Errorf("%w: %w", ErrFetch, err)
 	}
 	h, err := revParse(ctx, clone, commit)
+	if err != nil && depth > 0 && FullHash(commit) {
+		// Not at a ref's tip: behind the shallow fetch's depth, perhaps.
+		if _, serr := os.Stat(filepath.Join(clone, "shallow")); serr == nil {
+			if _, err := Git(ctx, clone, append([]string{"fetch", "--quiet", "--no-tags", "--unshallow"}, refs...)...); err != nil {
+				return "", fmt.Errorf("%w: %w", ErrFetch, err)
+			}
+			h, err = revParse(ctx, clone, commit)
+		}
+	}
 	if err != nil {
 		return "", fmt.Errorf("%w: %s: %w", ErrNotFound, commit, err)
 	}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -134,4 +136,74 @@ func objectsIn(t *testing.T, clone string) int {
 		}
 	}
 	return n
+}
+
+// A cache of Depth 1 is sent a commit's tree, not the history behind it:
+// a repository whose earlier commits held 300 other files is fetched as
+// the one tree; the next commit is sent only what is new; a commit behind
+// the tip is fetched by its hash, and from a server that hands out no
+// hash (protocol v0 without allowReachableSHA1InWant) by the whole history
+// of its refs, the clone unshallowed.
+func TestAShallowCacheIsSentOneTreeNotTheHistory(t *testing.T) {
+	old := map[string]string{}
+	for i := range 300 {
+		old[fmt.Sprintf("old%d/f", i)] = fmt.Sprintf("old file %d\n", i)
+	}
+	dir, c1 := testenv.GitRepo(t, old)
+	for i := range 300 {
+		if err := os.RemoveAll(filepath.Join(dir, fmt.Sprintf("old%d", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c2 := testenv.Commit(t, dir, map[string]string{"app/f": "app\n"})
+	ctx := context.Background()
+
+	full := &gitcache.Cache{Dir: t.TempDir()}
+	fclone, _, err := full.Fetch(ctx, dir, c2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	shallow := &gitcache.Cache{Dir: t.TempDir(), Depth: 1}
+	sclone, h, err := shallow.Fetch(ctx, dir, c2)
+	if err != nil || h != c2 {
+		t.Fatalf("shallow fetch of %s: %s, %v", c2, h, err)
+	}
+	nf, ns := objectsIn(t, fclone), objectsIn(t, sclone)
+	t.Logf("objects: %d with the history, %d shallow", nf, ns)
+	if ns > 10 || ns >= nf {
+		t.Errorf("a shallow fetch of a one-file commit stored %d objects (the full clone %d): was the history sent?", ns, nf)
+	}
+	// What a build reads of it: the tree.
+	out := t.TempDir()
+	if err := gitcache.Archive(ctx, sclone, c2, out); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(filepath.Join(out, "app", "f")); err != nil || string(b) != "app\n" {
+		t.Errorf("app/f of the shallow clone's checkout: %q, %v", b, err)
+	}
+
+	c3 := testenv.Commit(t, dir, map[string]string{"app/f": "app 3\n"})
+	before := objectsIn(t, sclone)
+	if _, h, err := shallow.Fetch(ctx, dir, c3); err != nil || h != c3 {
+		t.Fatalf("shallow fetch of %s: %s, %v", c3, h, err)
+	}
+	if added := objectsIn(t, sclone) - before; added > 5 {
+		t.Errorf("a one-file commit added %d objects to a shallow clone of %d", added, before)
+	}
+	// Behind the tip, by its hash.
+	if _, h, err := shallow.Fetch(ctx, dir, c1); err != nil || h != c1 {
+		t.Fatalf("shallow fetch of the first commit %s, behind the tip: %s, %v", c1, h, err)
+	}
+
+	// A server that hands out no hash: the refs, then the whole history.
+	t.Setenv("GIT_CONFIG_COUNT", "1")
+	t.Setenv("GIT_CONFIG_KEY_0", "protocol.version")
+	t.Setenv("GIT_CONFIG_VALUE_0", "0")
+	refusing := &gitcache.Cache{Dir: t.TempDir(), Depth: 1}
+	if _, h, err := refusing.Fetch(ctx, dir, c2); err != nil || h != c2 {
+		t.Fatalf("from a server that hands out no hash, the commit %s behind the tip: %s, %v", c2, h, err)
+	}
+	if _, h, err := refusing.Fetch(ctx, dir, "HEAD"); err != nil || h != c3 {
+		t.Fatalf("HEAD from a server that hands out no hash: %s, %v; want %s", h, err, c3)
+	}
 }
