@@ -256,10 +256,6 @@ func (c *Controller) pushPlanID(m jetstream.Msg) (string, bool) {
 // one waits for a fetch of its own (the rest wait behind it); it returns
 // those to acknowledge once the batch is stored.
 func (c *Controller) afterFetch(ctx context.Context, d prefetched) []jetstream.Msg {
-	src := fetchSource{d.repo, d.commit}
-	if d.rebuild != nil {
-		src = fetchSource{}
-	}
 	for f, err := range d.failed {
 		if c.fetchFailed == nil {
 			c.fetchFailed = map[fetchSource]error{}
@@ -275,6 +271,7 @@ func (c *Controller) afterFetch(ctx context.Context, d prefetched) []jetstream.M
 	}
 	q := c.fetching[d.repo]
 	delete(c.fetching, d.repo)
+	src := fetchSource{d.repo, d.commit}
 	c.fetchedNow, c.heads = src, d.heads
 	defer func() { c.fetchedNow, c.heads = fetchSource{}, nil }()
 	var kept []jetstream.Msg

@@ -3,6 +3,7 @@ package cascade_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -28,24 +29,8 @@ import (
 // early cutoff works). Meanwhile the store says the push is being fetched
 // (cascade.Fetching, what builds watch waits on), and not after.
 func TestAPushWhoseFetchIsSlowHoldsNothingUp(t *testing.T) {
-	reg := registrytest.Registry(t)
-	testenv.Busybox(t, reg)
-	git, commit := testenv.GitRepo(t, map[string]string{
-		"base/Dockerfile": "FROM busybox\nRUN echo base > /base\n",
-		"app/Dockerfile":  "FROM base\nRUN echo app > /app\n",
-	})
-	// Every upload-pack the git server runs waits 3s first: a slow server,
-	// or a big repository.
-	const slow = 3 * time.Second
-	t.Setenv("GIT_CONFIG_COUNT", "1")
-	t.Setenv("GIT_CONFIG_KEY_0", "remote.origin.uploadpack")
-	t.Setenv("GIT_CONFIG_VALUE_0", "sleep 3; git-upload-pack")
-
-	s := natstest.Server(t, nil)
-	nc, js := natstest.Connect(t, s)
-	cat := meshtest.Catalogue(t, map[string][]string{"busybox": nil, "base": {"busybox"}, "app": {"base"}})
+	git, commit, nc, js, c := slowFleet(t)
 	ctx := context.Background()
-	c := sourcesController(t, nc, js, reg, cat, map[string]string{meshtest.FleetRepo: git})
 
 	pushed := time.Now()
 	plan, _, err := cascade.Push(ctx, js, mesh.Pushed{Repo: meshtest.FleetRepo, Ref: "refs/heads/main", Commit: commit})
@@ -146,8 +131,7 @@ func TestAnotherRepositorysHeadIsFetchedBesideTheLoop(t *testing.T) {
 	})
 	apps, head := testenv.GitRepo(t, map[string]string{"app/Dockerfile": "FROM base\nRUN echo app > /app\n"})
 	const appsRepo = "https://git.example/apps.git"
-	// The apps server waits 3s before it answers; the fleet's at once.
-	const slow = 3 * time.Second
+	// The apps server waits slow (3s) before it answers; the fleet's at once.
 	t.Setenv("GIT_CONFIG_COUNT", "1")
 	t.Setenv("GIT_CONFIG_KEY_0", "remote.origin.uploadpack")
 	t.Setenv("GIT_CONFIG_VALUE_0", `f() { case "$1" in *`+apps+`*) sleep 3;; esac; git-upload-pack "$1"; }; f`)
@@ -201,6 +185,32 @@ func TestAnotherRepositorysHeadIsFetchedBesideTheLoop(t *testing.T) {
 	}
 }
 
+// slow is how long slowFleet's git server waits before it answers.
+const slow = 3 * time.Second
+
+// slowFleet is a fleet repository (base on busybox, app on base) on a git
+// server whose every upload-pack waits slow first (a slow server, or a big
+// repository), its first commit, and a controller of it with clones
+// (sourcesController) on a server of its own, pushing to a registry that
+// holds busybox.
+func slowFleet(t *testing.T) (git, commit string, nc *nats.Conn, js jetstream.JetStream, c *cascade.Controller) {
+	t.Helper()
+	reg := registrytest.Registry(t)
+	testenv.Busybox(t, reg)
+	git, commit = testenv.GitRepo(t, map[string]string{
+		"base/Dockerfile": "FROM busybox\nRUN echo base > /base\n",
+		"app/Dockerfile":  "FROM base\nRUN echo app > /app\n",
+	})
+	t.Setenv("GIT_CONFIG_COUNT", "1")
+	t.Setenv("GIT_CONFIG_KEY_0", "remote.origin.uploadpack")
+	t.Setenv("GIT_CONFIG_VALUE_0", fmt.Sprintf("sleep %d; git-upload-pack", int(slow.Seconds())))
+	s := natstest.Server(t, nil)
+	nc, js = natstest.Connect(t, s)
+	cat := meshtest.Catalogue(t, map[string][]string{"busybox": nil, "base": {"busybox"}, "app": {"base"}})
+	c = sourcesController(t, nc, js, reg, cat, map[string]string{meshtest.FleetRepo: git})
+	return git, commit, nc, js, c
+}
+
 // sourcesController runs a controller of cat with clones of the
 // repositories in insteadOf (Config.Sources), pushing to reg, until the
 // test ends.
@@ -225,22 +235,8 @@ func sourcesController(t *testing.T, nc *nats.Conn, js jetstream.JetStream, reg 
 // the controller answers its other tools at once; the rebuild is answered
 // when its plan is made, its modules addressed at the HEAD fetched.
 func TestARebuildsHeadIsFetchedBesideTheLoop(t *testing.T) {
-	reg := registrytest.Registry(t)
-	testenv.Busybox(t, reg)
-	git, head := testenv.GitRepo(t, map[string]string{
-		"base/Dockerfile": "FROM busybox\nRUN echo base > /base\n",
-		"app/Dockerfile":  "FROM base\nRUN echo app > /app\n",
-	})
-	const slow = 3 * time.Second
-	t.Setenv("GIT_CONFIG_COUNT", "1")
-	t.Setenv("GIT_CONFIG_KEY_0", "remote.origin.uploadpack")
-	t.Setenv("GIT_CONFIG_VALUE_0", "sleep 3; git-upload-pack")
-
-	s := natstest.Server(t, nil)
-	nc, js := natstest.Connect(t, s)
-	cat := meshtest.Catalogue(t, map[string][]string{"busybox": nil, "base": {"busybox"}, "app": {"base"}})
+	_, head, nc, js, c := slowFleet(t)
 	ctx := context.Background()
-	c := sourcesController(t, nc, js, reg, cat, map[string]string{meshtest.FleetRepo: git})
 
 	type answer struct {
 		r   cascade.Reply
