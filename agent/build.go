@@ -404,7 +404,7 @@ func (b *BuildKit) solveOpt(req BuildRequest) (client.SolveOpt, error) {
 		SharedKey: "meshbuild-module:" + req.Module,
 	}
 	if req.Cache != "" {
-		opt.CacheImports, opt.CacheExports = b.cacheOptions(req.Cache)
+		opt.CacheImports, opt.CacheExports = b.cacheOptions(req.Cache, req.Source.Compression)
 	}
 	return opt, nil
 }
@@ -512,6 +512,9 @@ func (b *BuildKit) exportAttrs(req BuildRequest, target string, attrs map[string
 	if req.Tag == "" {
 		exp["push-by-digest"] = "true"
 	}
+	for k, v := range compressionAttrs(req.Source.Compression) {
+		exp[k] = v
+	}
 	annotations := manifestAnnotations(req, dockerfile)
 	for k, v := range annotations {
 		exp["annotation-manifest."+k] = v
@@ -534,14 +537,28 @@ func (b *BuildKit) exportAttrs(req BuildRequest, target string, attrs map[string
 	return exp
 }
 
+// compressionAttrs are the exporter attributes of a layer compression as
+// the ask carries it (mesh.Source.Compression): none for gzip, BuildKit's
+// default; zstd with OCI media types, which zstd layers need.
+func compressionAttrs(compression string) map[string]string {
+	if compression == "" || compression == mesh.CompressionGzip {
+		return nil
+	}
+	return map[string]string{"compression": compression, "oci-mediatypes": "true"}
+}
+
 // cacheOptions import the build cache from ref and export it there (mode
-// max; an export the registry refuses does not fail the build).
-func (b *BuildKit) cacheOptions(ref string) (imports, exports []client.CacheOptionsEntry) {
+// max, its layers compressed as the image's are; an export the registry
+// refuses does not fail the build).
+func (b *BuildKit) cacheOptions(ref, compression string) (imports, exports []client.CacheOptionsEntry) {
 	cache := map[string]string{"ref": ref}
 	if b.opts.Registry.Insecure() {
 		cache["registry.insecure"] = "true"
 	}
 	export := map[string]string{"mode": "max", "ignore-error": "true"}
+	for k, v := range compressionAttrs(compression) {
+		export[k] = v
+	}
 	for k, v := range cache {
 		export[k] = v
 	}

@@ -83,15 +83,16 @@ func (s *State) keyOf(i int) string {
 	// A module of several platforms is one output, its index: its key
 	// names every platform (one platform's key is that platform's).
 	platform := strings.Join(m.Source.Platforms, ",")
-	return InputKey(m.Module, platform, m.Tree, m.Source.Path, m.Source.Dockerfile, bases)
+	return InputKey(m.Module, platform, m.Tree, m.Source.Path, m.Source.Dockerfile, m.Source.Compression, bases)
 }
 
 // InputKey is the input key of a build: a hash of the module, its platform,
 // the git tree id of its build context, the context path and Dockerfile,
-// and the digest of every base by module. Anything that could change the
-// image changes the key; a commit that leaves the context alone does not.
-// It is 64 hex digits.
-func InputKey(module, platform, tree, path, dockerfile string, bases map[string]string) string {
+// its layer compression when not the default (empty: gzip, so that keys
+// made before build.compression are the same), and the digest of every
+// base by module. Anything that could change the image changes the key; a
+// commit that leaves the context alone does not. It is 64 hex digits.
+func InputKey(module, platform, tree, path, dockerfile, compression string, bases map[string]string) string {
 	h := sha256.New()
 	field := func(k, v string) { fmt.Fprintf(h, "%s %d:%s\n", k, len(v), v) }
 	field("key", "v1")
@@ -100,6 +101,9 @@ func InputKey(module, platform, tree, path, dockerfile string, bases map[string]
 	field("tree", tree)
 	field("path", path)
 	field("dockerfile", dockerfile)
+	if compression != "" {
+		field("compression", compression)
+	}
 	for _, b := range slices.Sorted(maps.Keys(bases)) {
 		field("base "+b, bases[b])
 	}

@@ -62,6 +62,10 @@ type Source struct {
 	// false); an agent attaches each otherwise, as it is configured to.
 	NoProvenance bool `json:"no_provenance,omitempty"`
 	NoSBOM       bool `json:"no_sbom,omitempty"`
+	// Compression is the image's layer compression, build.compression:
+	// empty for gzip (the default; the controller sends nothing for it),
+	// else CompressionZstd.
+	Compression string `json:"compression,omitempty"`
 }
 
 // Attestations are what was pushed with an image: the index holding the
@@ -199,6 +203,8 @@ func (a Ask) Validate() error {
 		return bad("source.tree", fmt.Sprintf("%q is not a git object name (40 or 64 hex digits)", a.Source.Tree))
 	case a.Image == "":
 		return bad("image", "empty")
+	case a.Source.Compression != "" && a.Source.Compression != CompressionGzip && a.Source.Compression != CompressionZstd:
+		return bad("source.compression", fmt.Sprintf("%q: this agent compresses layers with %s (empty, the default) or %s", a.Source.Compression, CompressionGzip, CompressionZstd))
 	}
 	for i, b := range a.Bases {
 		if !nameRE.MatchString(b.Module) || b.Image == "" || !digestRE.MatchString(b.Digest) {

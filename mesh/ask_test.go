@@ -34,6 +34,25 @@ func TestAnAsksTreeIsAnObjectName(t *testing.T) {
 	}
 }
 
+// An ask's compression is gzip (empty, or spelt out) or zstd; another is refused as
+// malformed, naming the field, not built with BuildKit's default.
+func TestAnAsksCompressionIsOneAgentsMake(t *testing.T) {
+	ask := Ask{Version: AskVersion, ID: "p-app-1", Plan: "p", Module: "app", Image: "reg/app",
+		Source: Source{Repo: "https://git.example/a.git", Commit: strings.Repeat("c", 40)}}
+	for c, ok := range map[string]bool{"": true, CompressionZstd: true, CompressionGzip: true, "estargz": false, "uncompressed": false} {
+		a := ask
+		a.Source.Compression = c
+		data, _ := json.Marshal(a)
+		_, err := DecodeAsk(data)
+		switch {
+		case ok && err != nil:
+			t.Errorf("compression %q: %v", c, err)
+		case !ok && (!errors.Is(err, ErrMalformedAsk) || !strings.Contains(err.Error(), "source.compression")):
+			t.Errorf("compression %q: %v, want a malformed ask naming source.compression", c, err)
+		}
+	}
+}
+
 // An ask's proof of delivery holds for the machine, the ask and the secret
 // it was made with, and for no other; an ask with no secret has none.
 func TestAnAskProofHoldsForItsMachineAndAskOnly(t *testing.T) {

@@ -253,5 +253,10 @@ func (c *checker) build(m *Manifest) {
 		}
 		c.refuseDup(m, "build.platforms", b.Platforms, i)
 	}
+	switch b.Compression {
+	case "", CompressionGzip, CompressionZstd:
+	default:
+		c.refuse(m, "build.compression", "%q is not a layer compression: write %s (the default) or %s", b.Compression, CompressionGzip, CompressionZstd)
+	}
 	c.priority(m)
 }

@@ -402,6 +402,8 @@ build:
   path: a/b
   dockerfile: ../../docker/Dockerfile
 `,
+			"c.yaml": "module: c\nbuild:\n  repo: r\n  compression: xz\n",
+			"d.yaml": "module: d\nbuild:\n  repo: r\n  compression: zstd\n",
 		},
 		want: []want{
 			{file: "x.yaml", field: "build.repo", text: "write `repo:`", line: 2},
@@ -414,6 +416,7 @@ build:
 			{file: "x.yaml", field: "build.platforms[3]", text: "listed twice"},
 			{file: "y.yaml", field: "build.path", text: "leaves the repository"},
 			{file: "y.yaml", field: "build.dockerfile", text: "leaves the repository"},
+			{file: "c.yaml", field: "build.compression", text: `"xz" is not a layer compression: write gzip (the default) or zstd`, line: 4},
 		},
 	}, {
 		name: "build.on a module that is missing or has no build",

@@ -65,12 +65,15 @@ type Source struct {
 	// false.
 	NoProvenance bool `json:"no_provenance,omitempty"`
 	NoSBOM       bool `json:"no_sbom,omitempty"`
+	// Compression is build.compression as the ask carries it
+	// (mesh.Build.AskCompression): empty for gzip.
+	Compression string `json:"compression,omitempty"`
 }
 
 // Mesh returns the source as the build ask carries it.
 func (s Source) Mesh() mesh.Source {
 	return mesh.Source{Repo: s.Repo, Commit: s.Commit, Path: s.Path, Dockerfile: s.Dockerfile,
-		NoProvenance: s.NoProvenance, NoSBOM: s.NoSBOM}
+		NoProvenance: s.NoProvenance, NoSBOM: s.NoSBOM, Compression: s.Compression}
 }
 
 // External is a base outside the plan, kept at its current digest.
@@ -354,6 +357,7 @@ func (ix *Index) source(i int32, t Trigger) Source {
 	}
 	prov, sbom := b.Attests()
 	s.NoProvenance, s.NoSBOM = !prov, !sbom
+	s.Compression = b.AskCompression()
 	if t.Commit != "" && t.Repo != "" && ix.repo[i] == NormaliseRepo(t.Repo) {
 		s.Commit = t.Commit
 	}

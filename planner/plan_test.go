@@ -397,6 +397,22 @@ func TestPlanSourceDefaults(t *testing.T) {
 	}
 }
 
+// build.compression reaches the ask: zstd as it is, gzip (the default)
+// as nothing, so that a module's input key does not change when its
+// manifest spells the default out.
+func TestPlanCarriesTheCompression(t *testing.T) {
+	c := catalogue(
+		&mesh.Manifest{Module: "z", Build: &mesh.Build{Repo: fleet, Path: "z", Compression: mesh.CompressionZstd}},
+		&mesh.Manifest{Module: "g", Build: &mesh.Build{Repo: fleet, Path: "g", Compression: mesh.CompressionGzip}},
+		mod("d", fleet, "d"))
+	p := mustPlan(t, c, push(fleet))
+	for m, want := range map[string]string{"z": mesh.CompressionZstd, "g": "", "d": ""} {
+		if got := node(t, p, m).Source.Mesh().Compression; got != want {
+			t.Errorf("%s: the ask's compression %q, want %q", m, got, want)
+		}
+	}
+}
+
 func TestPlanIsAValue(t *testing.T) {
 	platforms := []string{"linux/amd64"}
 	on := []string{"a"}

@@ -180,9 +180,21 @@ var (
 	sched = suite{pkg: "./cascade", bench: "BenchmarkScheduling"}
 	// failover is BenchmarkFailover: what a lost machine costs.
 	failover = suite{pkg: "./agent", bench: "BenchmarkFailover"}
+	// layers is BenchmarkLayerCompression: an image's own layer of tens
+	// of megabytes, gzip against zstd.
+	layers = suite{pkg: "./agent", bench: "BenchmarkLayerCompression"}
 
-	suites = []suite{fan, dag, opt, first, thru, disp, over, overFleet, fleet, rebld, bake, thousand, sched, failover}
+	suites = []suite{fan, dag, opt, first, thru, disp, over, overFleet, layers, fleet, rebld, bake, thousand, sched, failover}
 )
+
+// layerRow is what a BenchmarkLayerCompression row shows beside its
+// figure: where the cached build's time goes, the cold build, the image.
+func layerRow(c string) func(metrics) string {
+	return func(m metrics) string {
+		return fmt.Sprintf("the layer %.1f MB uncompressed; the cached build's export %.0f ms (BuildKit's rewrite-timestamp uncompresses and compresses every own layer again on every export); the cold build %.0f ms, its export %.0f ms; the image %.1f MB",
+			m["layer-uncompressed-MB"], m[c+"-cached-export-ms"], m[c+"-cold-ms"], m[c+"-cold-export-ms"], m[c+"-image-MB"])
+	}
+}
 
 // schedule is what a scheduling row shows beside its figure: the pure
 // simulator on the same DAG and durations, and the time the real run took
@@ -406,6 +418,10 @@ var rows = []row{
 				m["fleet-cache-import-ms"], m["fleet-export-ms"], m["fleet-cache-export-ms"], m["fleet-cache-exports"], m["fleet-solve-other-ms"], m["fleet-verify-ms"]) + fleetCPU(m)
 		},
 		atMost: 100},
+	{figure: "a fully cached build of a module whose own layer is tens of megabytes (RUN writes 16 MB of random bytes and seq's text), gzip (build.compression's default): ask → built on its machine, median", suite: layers,
+		bench: "BenchmarkLayerCompression", metric: "gzip-cached-ms", format: "%.0f", beside: layerRow("gzip")},
+	{figure: "the same module, build.compression: zstd", suite: layers,
+		bench: "BenchmarkLayerCompression", metric: "zstd-cached-ms", format: "%.0f", beside: layerRow("zstd")},
 	{figure: "a rebuild with nothing changed, examples/fleet on 3 machines (own buildkitds, one slot each): the farm (`builds rebuild` of every module: all unchanged, nothing dispatched) ÷ `buildx bake` of the same targets on one buildkitd, every step cached there", suite: rebld,
 		bench: "BenchmarkFleetRebuild", metric: "nothing-farm/bake", format: "%.3f",
 		beside: func(m metrics) string {
