@@ -273,6 +273,9 @@ func (b *BuildKit) Build(ctx context.Context, req BuildRequest) (Result, error) 
 	}
 	spans.add(SpanSolve, time.Since(t))
 	spans = append(spans, p.solveSpans()...)
+	if note := slowExportNote(spans, req.Source.Compression); note != "" && req.Log != nil {
+		req.Log(note)
+	}
 	t = time.Now()
 
 	dgst := resp.ExporterResponse["containerimage.digest"]
@@ -535,6 +538,22 @@ func (b *BuildKit) exportAttrs(req BuildRequest, target string, attrs map[string
 		exp["registry.insecure"] = "true"
 	}
 	return exp
+}
+
+// slowExport is how long an export of gzip layers takes before the
+// build's log says what build.compression: zstd would save.
+const slowExport = time.Second
+
+// slowExportNote is the build log's note on an export of gzip layers that
+// took slowExport or longer: every export compresses the image's own
+// layers again (their file times rewritten to the SOURCE_DATE_EPOCH), and
+// zstd does that several times faster. Empty otherwise.
+func slowExportNote(spans Spans, compression string) string {
+	took := spans.Took(SpanExport)
+	if took < slowExport || (compression != "" && compression != mesh.CompressionGzip) {
+		return ""
+	}
+	return fmt.Sprintf("export: %s, most of it compressing this image's own layers with gzip, as every build does again (their file times are rewritten to the SOURCE_DATE_EPOCH, a fully cached build's too): build.compression: zstd in the module's manifest does that about 5 times faster (README, Manifests)", took.Round(10*time.Millisecond))
 }
 
 // compressionAttrs are the exporter attributes of a layer compression as

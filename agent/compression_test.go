@@ -3,7 +3,9 @@ package agent
 import (
 	"context"
 	"path/filepath"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-containerregistry/pkg/v1/types"
 
@@ -105,5 +107,31 @@ func TestBuildZstdCompressesTheImagesOwnLayers(t *testing.T) {
 	// the zstd layers uncompressed against their diff ids.
 	if err := deploy.Pull(ctx, filepath.Join(t.TempDir(), "layout"), first.Ref, registry.NewClient()); err != nil {
 		t.Fatalf("a node pulling the zstd image: %v", err)
+	}
+}
+
+// A gzip export of a second or more is told in the build's log, with the
+// manifest's field that makes it faster; a quick one, or a zstd one, is
+// not.
+func TestASlowGzipExportSaysWhatZstdSaves(t *testing.T) {
+	spans := func(export time.Duration) Spans {
+		var s Spans
+		s.add(SpanSolve, export+time.Second)
+		s.add(SpanExport, export)
+		return s
+	}
+	if note := slowExportNote(spans(2400*time.Millisecond), ""); !strings.Contains(note, "2.4s") || !strings.Contains(note, "build.compression: zstd") {
+		t.Errorf("a 2.4 s gzip export: note %q, want its time and build.compression: zstd", note)
+	}
+	if note := slowExportNote(spans(2400*time.Millisecond), mesh.CompressionGzip); note == "" {
+		t.Error("a 2.4 s export, gzip spelt out: no note")
+	}
+	for _, c := range []struct {
+		export      time.Duration
+		compression string
+	}{{300 * time.Millisecond, ""}, {2400 * time.Millisecond, mesh.CompressionZstd}} {
+		if note := slowExportNote(spans(c.export), c.compression); note != "" {
+			t.Errorf("export %s, compression %q: note %q, want none", c.export, c.compression, note)
+		}
 	}
 }
