@@ -321,8 +321,10 @@ const overheadDockerfile = "FROM runtime\nCOPY nonce.txt /nonce.txt\nRUN cat /no
 //
 // Fully cached (cached-*): the cost on its machine of a build in which no
 // step runs, as the farm sends it (the ask from cascade.Asks, with its
-// registry build cache and an input key, the same each build, so the
-// cache is exported by the first only), from publishing the ask to built arriving — p50
+// registry build cache and an input key and commit, the same each build,
+// so the cache is exported by the first only, and what it pushed is the
+// answer of every later one, verified and not pushed again: BuildKit's
+// reuse, as for a forced rebuild), from publishing the ask to built arriving — p50
 // and p90 of 60 builds — and where it goes: the events, and the spans the
 // build reports (checkout, ping, solve, and inside the solve the cache
 // import, the export and push of the image and its attestations, the

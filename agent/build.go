@@ -250,6 +250,7 @@ func (b *BuildKit) Build(ctx context.Context, req BuildRequest) (Result, error) 
 	}
 	cacheHeld := mh.held
 	spans.add(SpanPing, time.Since(t))
+	cacheExports := opt.CacheExports
 	if cacheHeld {
 		opt.CacheExports = nil
 	}
@@ -265,6 +266,16 @@ func (b *BuildKit) Build(ctx context.Context, req BuildRequest) (Result, error) 
 		if cacheHeld {
 			req.Log("build cache: " + req.Cache + " holds this input key's cache already: not exported again")
 		}
+	}
+	export := exportFingerprint(opt)
+	if mh.reusable(opt, export) {
+		if res, ok, err := b.reuse(ctx, req, opt, mh.pushed, spans, begun); err != nil || ok {
+			return res, err
+		}
+		// A step ran, or what was pushed is gone: the registry's cache
+		// did not give this build what its mark says. Exported, with its
+		// cache, which is marked afresh.
+		opt.CacheExports, cacheHeld = cacheExports, false
 	}
 	t = time.Now()
 	resp, p, err := b.solve(ctx, req, opt)
@@ -290,7 +301,7 @@ func (b *BuildKit) Build(ctx context.Context, req BuildRequest) (Result, error) 
 			marked <- nil
 			return
 		}
-		marked <- b.markCache(ctx, mh.mark, resp.ExporterResponse)
+		marked <- b.markCache(ctx, mh.mark, resp.ExporterResponse, export)
 	}()
 	pushed, err := b.verify(ctx, req, dgst)
 	merr := <-marked
@@ -317,6 +328,70 @@ type markHeld struct {
 	held  bool
 	// absent: the registry has no cache at the ask's Cache at all.
 	absent bool
+	// pushed and export are, when held, what the build that exported the
+	// cache pushed and the fingerprint of its export (empty from a note
+	// that names neither).
+	pushed, export string
+}
+
+// reusable reports whether a build of opt (its export's fingerprint
+// export) may be answered with what the build that exported its cache
+// pushed: the cache held, that build's fingerprint this one's, and the
+// push by digest (a tag BuildKit would push is not moved by verify).
+func (m markHeld) reusable(opt client.SolveOpt, export string) bool {
+	if !m.held || m.export == "" || m.export != export || len(opt.Exports) != 1 || opt.Exports[0].Attrs["push-by-digest"] != "true" {
+		return false
+	}
+	_, err := digest.Parse(m.pushed)
+	return err == nil
+}
+
+// reuse answers a build whose input key's cache the registry holds,
+// exported by a build of the same export fingerprint, without exporting
+// when nothing would change: it solves opt without its exports, and when
+// every one of the Dockerfile's own steps came from the cache, the image
+// is the one that build pushed — the same steps' results, the same
+// settings — so that is verified as if just pushed (the referrer made, the
+// tag moved) and returned. ok is false, and the caller exports as before,
+// when a step ran (its result may differ) or what was pushed does not
+// verify (the registry lost it). A forced rebuild of an unchanged module
+// is built (every step looked up) and not pushed again.
+func (b *BuildKit) reuse(ctx context.Context, req BuildRequest, opt client.SolveOpt, pushedDigest string, spans Spans, begun time.Time) (res Result, ok bool, err error) {
+	log := func(s string) {
+		if req.Log != nil {
+			req.Log(s)
+		}
+	}
+	quiet := opt
+	quiet.Exports, quiet.CacheExports = nil, nil
+	t := time.Now()
+	_, p, err := b.solve(ctx, req, quiet)
+	if err != nil {
+		return Result{}, false, err
+	}
+	spans.add(SpanSolve, time.Since(t))
+	spans = append(spans, p.solveSpans()...)
+	own, cached := p.ownSteps()
+	if own == 0 || cached < own {
+		log(fmt.Sprintf("export: %d of the Dockerfile's %d steps ran: solved again, to export what they made and their cache", own-cached, own))
+		return Result{}, false, nil
+	}
+	t = time.Now()
+	pushed, err := b.verify(ctx, req, pushedDigest)
+	if err != nil {
+		if ctx.Err() != nil {
+			return Result{}, false, context.Cause(ctx)
+		}
+		log("export: " + pushedDigest + ", pushed by the build that exported this input key's cache, does not verify (" + lastLine(err.Error()) + "): exported again, with the cache")
+		return Result{}, false, nil
+	}
+	spans.add(SpanVerify, time.Since(t))
+	log(fmt.Sprintf("export: every step came from the cache (%d of %d), and the registry holds what the build that exported this input key's cache pushed with the same settings, %s: verified, not pushed again", cached, own, pushedDigest))
+	steps, hits := p.counts()
+	return Result{
+		Digest: pushed.digest, Ref: req.Image + "@" + pushed.digest, Bytes: pushed.size,
+		Steps: steps, CacheHits: hits, Duration: time.Since(begun), Attestations: pushed.att, Spans: spans,
+	}, true, nil
 }
 
 // pingMark pings the daemon and, at once with the ping when the build
@@ -328,7 +403,9 @@ func (b *BuildKit) pingMark(ctx context.Context, req BuildRequest, exports bool)
 		go func() {
 			var m markHeld
 			if m.mark, m.marks = b.cacheMarkOf(ctx, req); m.marks {
-				m.held, m.absent = b.cacheHeld(ctx, req, m.mark)
+				var note map[string]string
+				m.held, m.absent, note = b.cacheHeld(ctx, req, m.mark)
+				m.pushed, m.export = note[annotationCachePushed], note[annotationCacheExport]
 			}
 			held <- m
 		}()

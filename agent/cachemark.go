@@ -6,9 +6,12 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 
 	"github.com/distribution/reference"
+	"github.com/moby/buildkit/client"
 	ocispecs "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/meshbuild/meshbuild/registry"
@@ -37,10 +40,18 @@ import (
 // untagged, for the registry's garbage collection, as before. An ask
 // without a key always exports.
 
-// The note's annotations.
+// The note's annotations. Besides the key and the cache manifest, the
+// note names what the build that exported the cache pushed (its exporter
+// response's containerimage.digest: the index, with attestations) and a
+// hash of everything that export was asked to write (exportFingerprint):
+// a later build of the same key and the same fingerprint whose every step
+// comes from the cache would push that very image again, and is answered
+// with it instead (BuildKit.reuse).
 const (
 	annotationCacheKey      = "dev.meshbuild.cache.key"
 	annotationCacheManifest = "dev.meshbuild.cache.manifest"
+	annotationCachePushed   = "dev.meshbuild.cache.pushed"
+	annotationCacheExport   = "dev.meshbuild.cache.export"
 )
 
 // responseCacheManifest is BuildKit's exporter response key for the cache
@@ -107,8 +118,9 @@ func (b *BuildKit) cacheMarkOf(ctx context.Context, req BuildRequest) (cacheMark
 // module's first build, or one on a new registry. There is nothing to
 // import then, and the import is left out: BuildKit would ask for it, and
 // print its "not found" among the build's output as an ERROR.
-func (b *BuildKit) cacheHeld(ctx context.Context, req BuildRequest, mark cacheMark) (held, absent bool) {
-	var note map[string]string
+//
+// note is the note itself when held: what the export that made it pushed.
+func (b *BuildKit) cacheHeld(ctx context.Context, req BuildRequest, mark cacheMark) (held, absent bool, note map[string]string) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -117,15 +129,19 @@ func (b *BuildKit) cacheHeld(ctx context.Context, req BuildRequest, mark cacheMa
 	cache, err := b.opts.Registry.Head(ctx, req.Cache)
 	<-done
 	if err != nil {
-		return false, registry.IsNotFound(err)
+		return false, registry.IsNotFound(err), nil
 	}
-	return note[annotationCacheKey] == mark.key && note[annotationCacheManifest] == cache.Digest.String(), false
+	if note[annotationCacheKey] != mark.key || note[annotationCacheManifest] != cache.Digest.String() {
+		return false, false, nil
+	}
+	return true, false, note
 }
 
 // markCache leaves the note on the cache manifest a solve exported (its
-// exporter response): exported for mark's key. It does nothing when no
-// cache was exported.
-func (b *BuildKit) markCache(ctx context.Context, mark cacheMark, resp map[string]string) error {
+// exporter response): exported for mark's key, with what the solve pushed
+// and the fingerprint of its export. It does nothing when no cache was
+// exported.
+func (b *BuildKit) markCache(ctx context.Context, mark cacheMark, resp map[string]string, export string) error {
 	raw := resp[responseCacheManifest]
 	if raw == "" {
 		return nil
@@ -134,7 +150,30 @@ func (b *BuildKit) markCache(ctx context.Context, mark cacheMark, resp map[strin
 	if err := json.Unmarshal([]byte(raw), &desc); err != nil || desc.Digest == "" {
 		return fmt.Errorf("buildkitd's cache manifest descriptor %q: %v", raw, err)
 	}
-	return b.opts.Registry.PutNote(ctx, mark.note, map[string]string{
-		annotationCacheKey: mark.key, annotationCacheManifest: desc.Digest.String(),
-	})
+	note := map[string]string{annotationCacheKey: mark.key, annotationCacheManifest: desc.Digest.String()}
+	if pushed := resp["containerimage.digest"]; pushed != "" && export != "" {
+		note[annotationCachePushed], note[annotationCacheExport] = pushed, export
+	}
+	return b.opts.Registry.PutNote(ctx, mark.note, note)
+}
+
+// exportFingerprint is a hash of everything opt asks the daemon to make and
+// write besides the steps' results: the frontend's attributes (the
+// Dockerfile, the platform, the build arguments and SOURCE_DATE_EPOCH,
+// every base pinned by digest, the revision, the attestations asked for)
+// and the image exporter's (the target, the annotations, the compression).
+// Two solves of the same input key and the same fingerprint whose every
+// step is cached push the same image.
+func exportFingerprint(opt client.SolveOpt) string {
+	h := sha256.New()
+	write := func(kind string, m map[string]string) {
+		for _, k := range slices.Sorted(maps.Keys(m)) {
+			fmt.Fprintf(h, "%s %d:%s %d:%s\n", kind, len(k), k, len(m[k]), m[k])
+		}
+	}
+	write("frontend", opt.FrontendAttrs)
+	for _, e := range opt.Exports {
+		write("export "+e.Type, e.Attrs)
+	}
+	return hex.EncodeToString(h.Sum(nil))
 }

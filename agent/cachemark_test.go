@@ -52,7 +52,8 @@ func TestBuildCacheExportedOncePerKey(t *testing.T) {
 		if !ok || mark.note != host+"/keyed:buildcache-mark" || len(mark.key) != 64 {
 			t.Fatalf("cacheMarkOf = %+v, %t", mark, ok)
 		}
-		return a.cacheHeld(ctx, req, mark)
+		held, absent, _ = a.cacheHeld(ctx, req, mark)
+		return held, absent
 	}
 
 	if h, absent := held(reqOf(one, "k1")); h || !absent {

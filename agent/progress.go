@@ -163,6 +163,20 @@ func (p *progress) counts() (steps, hits int) {
 	return steps, hits
 }
 
+// ownSteps counts the Dockerfile's own steps the solve reported ("[2/3]
+// RUN …", of every stage built), and those answered from the cache.
+func (p *progress) ownSteps() (steps, cached int) {
+	for _, x := range p.vertices {
+		if ownStepRE.MatchString(x.name) {
+			steps++
+			if x.cached {
+				cached++
+			}
+		}
+	}
+	return steps, cached
+}
+
 // took is how long the vertices whose names match ran, by the daemon's
 // clock: from the first one's start to the last one's completion.
 func (p *progress) took(match func(name string) bool) time.Duration {

@@ -191,8 +191,8 @@ var (
 // figure: where the cached build's time goes, the cold build, the image.
 func layerRow(c string) func(metrics) string {
 	return func(m metrics) string {
-		return fmt.Sprintf("the layer %.1f MB uncompressed; the cached build's export %.0f ms (BuildKit's rewrite-timestamp uncompresses and compresses every own layer again on every export); the cold build %.0f ms, its export %.0f ms; the image %.1f MB",
-			m["layer-uncompressed-MB"], m[c+"-cached-export-ms"], m[c+"-cold-ms"], m[c+"-cold-export-ms"], m[c+"-image-MB"])
+		return fmt.Sprintf("each at a new commit of the same tree (exported: the index names the commit); the layer %.1f MB uncompressed; the cached build's export %.0f ms (BuildKit's rewrite-timestamp uncompresses and compresses every own layer again on every export); the cold build %.0f ms, its export %.0f ms; the image %.1f MB; the cold build's ask again, answered with what it pushed, not exported: %.0f ms",
+			m["layer-uncompressed-MB"], m[c+"-cached-export-ms"], m[c+"-cold-ms"], m[c+"-cold-export-ms"], m[c+"-image-MB"], m[c+"-reused-ms"])
 	}
 }
 
@@ -406,11 +406,11 @@ var rows = []row{
 		bench: "BenchmarkAgentOverhead", metric: "cold-own-ms", format: "%.1f", beside: own("cold")},
 	{figure: "the agent's own time per ask, outside BuildKit: cold build cache (pruned before each build; same commit)", suite: over,
 		bench: "BenchmarkAgentOverhead", metric: "pruned-own-ms", format: "%.1f", beside: own("pruned")},
-	{figure: "a fully cached build's cost on its machine: ask published → built, every step cached, registry cache imported, and exported unless the registry holds its input key's already (the ask as the controller makes it, its key the same each time): p50", suite: over,
+	{figure: "a fully cached build's cost on its machine: ask published → built, every step cached, registry cache imported, and exported unless the registry holds its input key's already (the ask as the controller makes it, its key and commit the same each time, as a forced rebuild's: answered with what the first build pushed, verified, not pushed again): p50", suite: over,
 		bench: "BenchmarkAgentOverhead", metric: "cached-p50-ms", format: "%.1f", beside: cachedSplit("cached"), atMost: 100},
 	{figure: "the same, before: every solve recorded in buildkitd's history (BuildKitOptions.History), in turn with the above: p50", suite: over,
 		bench: "BenchmarkAgentOverhead", metric: "cached-history-p50-ms", format: "%.1f", beside: cachedSplit("cached-history")},
-	{figure: "a fully cached build's cost with three machines building at once (each its own buildkitd, one slot; one registry): three asks published at once, as the controller makes them, every step cached: p50", suite: overFleet,
+	{figure: "a fully cached build's cost with three machines building at once (each its own buildkitd, one slot; one registry): three asks published at once, as the controller makes them, every step cached (each module's key and commit the same each time: not pushed again): p50", suite: overFleet,
 		bench: "BenchmarkAgentOverheadFleet", metric: "fleet-p50-ms", format: "%.1f",
 		beside: func(m metrics) string {
 			return fmt.Sprintf("p90 %.0f ms; medians of %.0f builds on %.0f machines: events %.1f ms, checkout %.1f ms, ping %.1f ms, solve %.1f ms (cache import %.1f ms, export and push of the image and its attestations %.1f ms, cache export %.1f ms — exported by %.0f of the builds, the others found their input key's cache in the registry — the rest %.1f ms), verify %.1f ms",
@@ -418,7 +418,7 @@ var rows = []row{
 				m["fleet-cache-import-ms"], m["fleet-export-ms"], m["fleet-cache-export-ms"], m["fleet-cache-exports"], m["fleet-solve-other-ms"], m["fleet-verify-ms"]) + fleetCPU(m)
 		},
 		atMost: 100},
-	{figure: "a fully cached build of a module whose own layer is tens of megabytes (RUN writes 16 MB of random bytes and seq's text), gzip (build.compression's default): ask → built on its machine, median", suite: layers,
+	{figure: "a fully cached build of a module whose own layer is tens of megabytes (RUN writes 16 MB of random bytes and seq's text), gzip (build.compression's default): the build on its machine, median", suite: layers,
 		bench: "BenchmarkLayerCompression", metric: "gzip-cached-ms", format: "%.0f", beside: layerRow("gzip")},
 	{figure: "the same module, build.compression: zstd", suite: layers,
 		bench: "BenchmarkLayerCompression", metric: "zstd-cached-ms", format: "%.0f", beside: layerRow("zstd")},
