@@ -312,11 +312,17 @@ func (b *BuildKit) Build(ctx context.Context, req BuildRequest) (Result, error) 
 		req.Log("build cache: not marked as this input key's (the next build of it exports it again): " + lastLine(merr.Error()))
 	}
 	spans.add(SpanVerify, time.Since(t))
+	return builtResult(req, pushed, p, spans, begun), nil
+}
+
+// builtResult is the Result of a build of req that solved with progress p
+// and pushed (or found pushed) what pushed is.
+func builtResult(req BuildRequest, pushed pushed, p *progress, spans Spans, begun time.Time) Result {
 	steps, hits := p.counts()
 	return Result{
 		Digest: pushed.digest, Ref: req.Image + "@" + pushed.digest, Bytes: pushed.size,
 		Steps: steps, CacheHits: hits, Duration: time.Since(begun), Attestations: pushed.att, Spans: spans,
-	}, nil
+	}
 }
 
 // markHeld is what Build knows of its input key's cache mark
@@ -387,11 +393,7 @@ func (b *BuildKit) reuse(ctx context.Context, req BuildRequest, opt client.Solve
 	}
 	spans.add(SpanVerify, time.Since(t))
 	log(fmt.Sprintf("export: every step came from the cache (%d of %d), and the registry holds what the build that exported this input key's cache pushed with the same settings, %s: verified, not pushed again", cached, own, pushedDigest))
-	steps, hits := p.counts()
-	return Result{
-		Digest: pushed.digest, Ref: req.Image + "@" + pushed.digest, Bytes: pushed.size,
-		Steps: steps, CacheHits: hits, Duration: time.Since(begun), Attestations: pushed.att, Spans: spans,
-	}, true, nil
+	return builtResult(req, pushed, p, spans, begun), true, nil
 }
 
 // pingMark pings the daemon and, at once with the ping when the build
