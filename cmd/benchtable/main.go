@@ -529,6 +529,9 @@ type Report struct {
 	// other work on the machine shows there.
 	Machine string    `json:"machine"`
 	Load    [2]string `json:"load"`
+	// Host is the host's speed (probeHost) as the run began and as it
+	// ended; nil in a run saved before it was probed.
+	Host [2]*HostSpeed `json:"host,omitempty"`
 	// Suites is each go test run's wall time, by benchmark.
 	Suites map[string]string `json:"suites"`
 	// Settled is how the machine was found before each benchmark began
@@ -564,6 +567,7 @@ func run(ctx context.Context, o options, stdout, stderr io.Writer) int {
 
 	rep := &Report{Suites: map[string]string{}, Settled: map[string]string{}, Failed: map[string]string{}, Results: results{}}
 	rep.Load[0] = loadavg()
+	rep.Host[0] = probeHost()
 	began := time.Now()
 	n := 0
 	for _, s := range suites {
@@ -594,7 +598,8 @@ func run(ctx context.Context, o options, stdout, stderr io.Writer) int {
 	rep.Wall = time.Since(began).Round(time.Second).String()
 	rep.Machine = machine(ctx, root)
 	rep.Load[1] = loadavg()
-	fmt.Fprintf(stderr, "benchtable: %s in all\n", rep.Wall)
+	rep.Host[1] = probeHost()
+	fmt.Fprintf(stderr, "benchtable: %s in all; %s\n", rep.Wall, hostLine(rep.Host))
 
 	var selected []row
 	for _, r := range rows {

@@ -86,9 +86,10 @@ func Render(rep *Report) (string, error) {
 	var b strings.Builder
 	data := struct {
 		*Report
-		Table string
-		Date  string
-	}{rep, strings.TrimRight(tab, "\n"), rep.Ended.Format("2006-01-02 15:04 UTC")}
+		Table    string
+		Date     string
+		HostLine string
+	}{rep, strings.TrimRight(tab, "\n"), rep.Ended.Format("2006-01-02 15:04 UTC"), hostLine(rep.Host)}
 	if err := t.Execute(&b, data); err != nil {
 		return "", fmt.Errorf("rendering the document: %w", err)
 	}

@@ -181,3 +181,22 @@ func TestRenderShowsAFailedBenchmark(t *testing.T) {
 		t.Errorf("the document does not show the failed benchmark beside the others' figures:\n%s", doc)
 	}
 }
+
+// TestProbeHostMeasures: the host probe times real work (both halves
+// positive, the round trips made over a real connection), and the
+// document says a run's host speeds, or that an older run has none.
+func TestProbeHostMeasures(t *testing.T) {
+	h := probeHost()
+	if h == nil || h.SHA256MBps <= 0 || h.RoundTrips <= 0 {
+		t.Fatalf("probeHost() = %+v, want both halves measured", h)
+	}
+	line := hostLine([2]*HostSpeed{h, {SHA256MBps: 1234, RoundTrips: 56789}})
+	for _, want := range []string{fmt.Sprintf("%.0f and 1234 MB/s", h.SHA256MBps), fmt.Sprintf("%.0f and 56789 loopback", h.RoundTrips)} {
+		if !strings.Contains(line, want) {
+			t.Errorf("hostLine = %q, want it to say %q", line, want)
+		}
+	}
+	if line := hostLine([2]*HostSpeed{h, nil}); !strings.Contains(line, "not probed") {
+		t.Errorf("hostLine of a run without its end probe = %q", line)
+	}
+}
