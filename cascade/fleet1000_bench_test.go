@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"maps"
 	"net/http"
@@ -59,6 +60,10 @@ import (
 //     MaxWaiting among them) — any is a failure.
 //
 //	go test -run XXX -bench BenchmarkFleet1000 -benchtime 1x -timeout 30m ./cascade
+//
+// Diagnostics: MESHBUILD_FLEET_SUBJECTS=1 logs the messages per module by
+// subject; MESHBUILD_FLEET_PROFILE=dir writes each node's CPU profile of
+// the dispatch phase to dir (natsProcs.profile).
 //
 // single/agents=10000 is issue #23's 10,000 machines on one server: the
 // dispatch and throughput figures and the server's memory, no makespan
@@ -163,7 +168,9 @@ func fleetRun(tb testing.TB, sz fleetSize) map[string]float64 {
 	// Dispatch to idle agents.
 	nc, _ := f.connect()
 	defer nc.Close()
+	profiled := bus.profile(tb, "dispatch", 5*time.Second)
 	lat := fleetDispatch(tb, f, nc, sz.asks)
+	profiled()
 	out["p50-ms"] = msOf(quantileOf(lat, 0.50))
 	out["p99-ms"] = msOf(quantileOf(lat, 0.99))
 	out["max-ms"] = msOf(lat[len(lat)-1])
@@ -288,6 +295,40 @@ type natsProcs struct {
 	monitors []string
 	// logs are the nodes' log files.
 	logs []string
+	// profs are the nodes' profiling endpoints (MESHBUILD_FLEET_PROFILE).
+	profs []string
+}
+
+// profile takes a CPU profile of every node for the next d
+// (MESHBUILD_FLEET_PROFILE=dir: a diagnostic of where the server's time
+// goes in a phase) into dir/<phase>-n<i>.pprof, for `go tool pprof` with
+// the server's binary; wait returns once they are written. Nothing when
+// the variable is not set.
+func (p *natsProcs) profile(tb testing.TB, phase string, d time.Duration) (wait func()) {
+	dir := os.Getenv("MESHBUILD_FLEET_PROFILE")
+	if dir == "" || len(p.profs) == 0 {
+		return func() {}
+	}
+	var wg sync.WaitGroup
+	for i, base := range p.profs {
+		wg.Go(func() {
+			url := fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", base, int(d.Seconds()))
+			resp, err := http.Get(url)
+			if err != nil {
+				tb.Logf("profiling node %d: %v", i+1, err)
+				return
+			}
+			defer resp.Body.Close()
+			data, err := io.ReadAll(resp.Body)
+			if err == nil {
+				err = os.WriteFile(filepath.Join(dir, fmt.Sprintf("%s-n%d.pprof", phase, i+1)), data, 0o644)
+			}
+			if err != nil {
+				tb.Logf("profiling node %d: %v", i+1, err)
+			}
+		})
+	}
+	return wg.Wait
 }
 
 // apiDropped is how many JetStream API requests the nodes dropped, their
@@ -317,7 +358,9 @@ func (p *natsProcs) apiDropped(tb testing.TB) int {
 func startNATSProcs(tb testing.TB, nodes int) *natsProcs {
 	tb.Helper()
 	bin := natsServerBinary(tb)
-	clients, routes, mons := natstest.FreePorts(tb, nodes), natstest.FreePorts(tb, nodes), natstest.FreePorts(tb, nodes)
+	// One call, so that no port is given twice.
+	ports := natstest.FreePorts(tb, 4*nodes)
+	clients, routes, mons, profs := ports[:nodes], ports[nodes:2*nodes], ports[2*nodes:3*nodes], ports[3*nodes:]
 	var rs, us []string
 	for i := range nodes {
 		rs = append(rs, fmt.Sprintf("nats://127.0.0.1:%d", routes[i]))
@@ -327,6 +370,10 @@ func startNATSProcs(tb testing.TB, nodes int) *natsProcs {
 	for i := range nodes {
 		dir := tb.TempDir()
 		conf := fmt.Sprintf("server_name: n%d\nlisten: 127.0.0.1:%d\nhttp: 127.0.0.1:%d\n", i+1, clients[i], mons[i])
+		if os.Getenv("MESHBUILD_FLEET_PROFILE") != "" {
+			conf += fmt.Sprintf("prof_port: %d\n", profs[i])
+			p.profs = append(p.profs, fmt.Sprintf("http://127.0.0.1:%d", profs[i]))
+		}
 		// The JetStream API queue a fleet starting at once needs.
 		queue := mesh.FleetSettingsOf(mesh.DefaultFleet).APIQueueLimit
 		p.monitors = append(p.monitors, fmt.Sprintf("http://127.0.0.1:%d", mons[i]))

@@ -109,3 +109,16 @@ func hostLine(h [2]*HostSpeed) string {
 	return fmt.Sprintf("the host's speed, probed as the run began and as it ended: sha256 %.0f and %.0f MB/s on one core, %.0f and %.0f loopback TCP round trips a second",
 		h[0].SHA256MBps, h[1].SHA256MBps, h[0].RoundTrips, h[1].RoundTrips)
 }
+
+// hostVersus compares a run's host speed with a saved run's, as the mean
+// of each run's two probes: "" when either was not probed.
+func hostVersus(now, saved [2]*HostSpeed) string {
+	if now[0] == nil || now[1] == nil || saved[0] == nil || saved[1] == nil {
+		return ""
+	}
+	mean := func(h [2]*HostSpeed, f func(*HostSpeed) float64) float64 { return (f(h[0]) + f(h[1])) / 2 }
+	sha := func(h *HostSpeed) float64 { return h.SHA256MBps }
+	rt := func(h *HostSpeed) float64 { return h.RoundTrips }
+	return fmt.Sprintf("this host against the saved run's: sha256 ×%.2f, loopback round trips ×%.2f (below 1: slower; figures of the two runs compare only as far as these do)",
+		mean(now, sha)/mean(saved, sha), mean(now, rt)/mean(saved, rt))
+}

@@ -600,6 +600,11 @@ func run(ctx context.Context, o options, stdout, stderr io.Writer) int {
 	rep.Load[1] = loadavg()
 	rep.Host[1] = probeHost()
 	fmt.Fprintf(stderr, "benchtable: %s in all; %s\n", rep.Wall, hostLine(rep.Host))
+	if saved, err := LoadReport(filepath.Join(root, "BENCHMARKS.json")); err == nil {
+		if vs := hostVersus(rep.Host, saved.Host); vs != "" {
+			fmt.Fprintf(stderr, "benchtable: %s\n", vs)
+		}
+	}
 
 	var selected []row
 	for _, r := range rows {

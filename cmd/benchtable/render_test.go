@@ -200,3 +200,19 @@ func TestProbeHostMeasures(t *testing.T) {
 		t.Errorf("hostLine of a run without its end probe = %q", line)
 	}
 }
+
+// TestHostVersusTheSavedRun: a run's host is compared with the saved
+// run's by the mean of each run's probes; a run without probes is not.
+func TestHostVersusTheSavedRun(t *testing.T) {
+	saved := [2]*HostSpeed{{SHA256MBps: 400, RoundTrips: 20000}, {SHA256MBps: 600, RoundTrips: 30000}}
+	now := [2]*HostSpeed{{SHA256MBps: 250, RoundTrips: 50000}, {SHA256MBps: 250, RoundTrips: 50000}}
+	vs := hostVersus(now, saved)
+	for _, want := range []string{"sha256 ×0.50", "round trips ×2.00"} {
+		if !strings.Contains(vs, want) {
+			t.Errorf("hostVersus = %q, want %q", vs, want)
+		}
+	}
+	if vs := hostVersus(now, [2]*HostSpeed{}); vs != "" {
+		t.Errorf("against a saved run never probed: %q, want nothing", vs)
+	}
+}
