@@ -296,13 +296,13 @@ type FleetSettings struct {
 // queue a build machine makes as it starts, at most: four streams' infos
 // (the claims bucket, for its seat's claim and again for its ask claims;
 // the build records' bucket; its seat's ask claims bucket) and a
-// consumer's info for each platform its buildkitd builds — four on an
-// x86-64 machine (linux/amd64, its v2 and v3, linux/386); a consumer the
-// controller has not raised is asked again FetchWait later, not in the
-// burst. cmd/internal/daemon
-// TestAStartAsksTheInfoQueueAtMostStartInfoRequests counts them on a real
-// server.
-const StartInfoRequests = 8
+// consumer's info for each platform its buildkitd builds — five on an
+// x86-64 machine with AVX-512 (linux/amd64, its v2, v3 and v4,
+// linux/386), four without it (no v4); a consumer the controller has not
+// raised is asked again FetchWait later, not in the burst.
+// cmd/internal/daemon TestAStartAsksTheInfoQueueAtMostStartInfoRequests
+// counts them on a real server (nine on a v4 host, where 8 was exceeded).
+const StartInfoRequests = 9
 
 // ServerAPIQueueLimit is nats-server's default JetStream API queue limit
 // (server.JSDefaultRequestQueueLimit): FleetSettingsOf's APIQueueLimit is
@@ -353,7 +353,7 @@ const (
 //     holds its first request).
 //
 // At DefaultFleet: MaxWaiting 12,500, NoFile 11,280, FetchWait 100 s,
-// APIQueueLimit 160,000.
+// APIQueueLimit 180,000.
 func FleetSettingsOf(f Fleet) FleetSettings {
 	machines, slots := max(f.Machines, 1), max(f.Slots, 1)
 	return FleetSettings{

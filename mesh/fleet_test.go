@@ -19,9 +19,9 @@ func TestFleetSettingsOf(t *testing.T) {
 		fetchWait  time.Duration
 		apiQueue   int
 	}{
-		{mesh.Fleet{Machines: 1000, Slots: 1}, 1250, 2280, 10 * time.Second, 16_000},
-		{mesh.Fleet{Machines: 1000, Slots: 4}, 5000, 2280, 40 * time.Second, 16_000}, // infos are per machine
-		{mesh.Fleet{Machines: 10_000, Slots: 1}, 12_500, 11_280, 100 * time.Second, 160_000},
+		{mesh.Fleet{Machines: 1000, Slots: 1}, 1250, 2280, 10 * time.Second, 18_000},
+		{mesh.Fleet{Machines: 1000, Slots: 4}, 5000, 2280, 40 * time.Second, 18_000}, // infos are per machine
+		{mesh.Fleet{Machines: 10_000, Slots: 1}, 12_500, 11_280, 100 * time.Second, 180_000},
 		{mesh.Fleet{Machines: 500, Slots: 1}, 625, 1780, 5 * time.Second, 10_000},               // never below the server's default
 		{mesh.Fleet{Machines: 3, Slots: 1}, 4, 1283, 5 * time.Second, mesh.ServerAPIQueueLimit}, // rounded up
 		{mesh.Fleet{}, 2, 1281, 5 * time.Second, mesh.ServerAPIQueueLimit},                      // at least one machine of one slot

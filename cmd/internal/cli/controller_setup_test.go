@@ -53,8 +53,15 @@ func registryFarm(t *testing.T, s *server.Server, catDir, reg string, daemons in
 	errs := make(chan error, 1+daemons)
 	t.Cleanup(func() {
 		cancel()
+		// A test that failed before it started its agents has fewer to
+		// wait for: bounded, so that it fails instead of hanging.
 		for range 1 + daemons {
-			<-errs
+			select {
+			case <-errs:
+			case <-time.After(time.Minute):
+				t.Errorf("registryFarm: the controller or an agent did not end a minute after the test")
+				return
+			}
 		}
 	})
 	copts := registryController(s, catDir, reg)

@@ -86,11 +86,17 @@ func TestAMachineKilledMidBuildIsShownLostInShowLogsAndMachines(t *testing.T) {
 		watchDone <- cli.Main(ctx, []string{"--nats", f.url, "watch", plan}, &watched, &errw)
 	}()
 	poll(t, 60*time.Second, "m1 running app's RUN step", func() bool {
+		// Once the store says m1 builds it (push answers with the plan's
+		// id before its record is stored, and the controller stores a
+		// started with the module's next change or a moment later).
+		if f.app(plan).On != "m1" {
+			return false
+		}
 		code, out := f.builds("logs", "--follow=false", plan, "app")
 		if code != 0 {
 			t.Fatalf("builds logs --follow=false of a build in flight: exit %d", code)
 		}
-		return f.app(plan).On == "m1" && strings.Contains(out, "step one")
+		return strings.Contains(out, "step one")
 	})
 	// m2 (idle all along from here) beside it; then m1 is killed.
 	cfg := agent.DefaultConfig()
