@@ -71,6 +71,12 @@ type Config struct {
 	// ToolTimeout bounds the controller's work on one tool request; 0 is
 	// DefaultToolTimeout.
 	ToolTimeout time.Duration
+	// StartedStoreDelay is how long the store write of a started may wait
+	// for the module's next change, so that a short build's started and
+	// built are one write (startedwrite.go); 0 is
+	// DefaultStartedStoreDelay, negative writes each started with its
+	// batch.
+	StartedStoreDelay time.Duration
 
 	// Sources is the directory of the controller's own bare clones of the
 	// modules' repositories: when a plan is made, each module's commit and
@@ -117,6 +123,10 @@ const (
 	DefaultToolTimeout    = 30 * time.Second
 	DefaultStoreRetryFor  = 30 * time.Second
 	DefaultShareHalfLife  = 30 * time.Minute
+	// DefaultStartedStoreDelay covers a fully cached build (tens of
+	// milliseconds from started to built) with room to spare; the store
+	// shows a module building at most this late.
+	DefaultStartedStoreDelay = 250 * time.Millisecond
 )
 
 // WindowIdle is the Config.Window that publishes as many held asks as
@@ -155,6 +165,7 @@ func (c Config) withDefaults() Config {
 	def(&c.ToolTimeout, DefaultToolTimeout)
 	def(&c.StoreRetryFor, DefaultStoreRetryFor)
 	def(&c.ShareHalfLife, DefaultShareHalfLife)
+	def(&c.StartedStoreDelay, DefaultStartedStoreDelay)
 	if c.Images == nil {
 		c.Images = registryImages{c.RegistryClient}
 	}

@@ -15,7 +15,8 @@ func TestAZeroConfigFieldIsItsDefault(t *testing.T) {
 		ObserveEvery: DefaultObserveEvery, IdleLook: DefaultIdleLook, PublishAckWait: DefaultPublishAckWait,
 		ResolveTimeout: DefaultResolveTimeout, PruneEvery: DefaultPruneEvery, CancelWait: DefaultCancelWait,
 		ToolTimeout: DefaultToolTimeout, StoreRetryFor: DefaultStoreRetryFor, ShareHalfLife: DefaultShareHalfLife,
-		Images: registryImages{}}
+		StartedStoreDelay: DefaultStartedStoreDelay,
+		Images:            registryImages{}}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("defaults %+v\nwant %+v", got, want)
 	}

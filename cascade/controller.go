@@ -139,6 +139,12 @@ type Controller struct {
 	dirty    map[string]any
 	dirtyRun map[string]bool
 	submits  []Submit
+	// later are the modules whose started waits to be stored with their
+	// next change, by key (startedwrite.go).
+	later map[string]*laterWrite
+	// replaying: the events worked are replay's (resume.go), not the
+	// consumer's.
+	replaying bool
 }
 
 // New returns a controller for a checked catalogue, from a validated
@@ -227,6 +233,9 @@ func unanswered(err error) bool { return mesh.Unanswered(err) }
 // ctx is done: each turn of its loop is one batch (see the package doc's
 // batch loop).
 func (c *Controller) Run(ctx context.Context) error {
+	// Given back once the consumer stopped: else the server would deliver
+	// them again to its last pull at once.
+	defer c.giveBackLater()
 	in, err := c.start(ctx)
 	if err != nil {
 		return err
@@ -238,17 +247,23 @@ func (c *Controller) Run(ctx context.Context) error {
 	defer tick.Stop()
 	for {
 		var batch []jetstream.Msg
-		var look, forecast <-chan time.Time
+		var look, forecast, later <-chan time.Time
 		if c.held {
 			look = time.After(c.cfg.IdleLook)
 		}
 		if due, ok := c.forecastDue(); ok {
 			forecast = time.After(time.Until(due))
 		}
+		if due, ok := c.laterDue(); ok {
+			later = time.After(time.Until(due))
+		}
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-look:
+		case now := <-later:
+			// Starteds whose module did not change since: stored now.
+			c.writeDue(now)
 		case <-forecast:
 			// Records written with an older forecast get a fresh one.
 			for id := range c.forecastOwed {
@@ -291,6 +306,7 @@ func (c *Controller) Run(ctx context.Context) error {
 		for _, m := range batch {
 			_ = m.Ack()
 		}
+		c.ackWritten()
 	}
 }
 

@@ -126,7 +126,11 @@
 //	 ▼
 //	ack the batch, back to Run
 //
-// A write the store refuses keeps its plan's asks unpublished and its
+// One change waits: a started alone is applied at once but stored with
+// its module's next change (a short build's built) or StartedStoreDelay
+// later, whichever comes first, and acknowledged once stored
+// (startedwrite.go): a fully cached build is one write of its module, not
+// two. A write the store refuses keeps its plan's asks unpublished and its
 // events unacknowledged until a later flush stores it; after a restart
 // (resume.go) the stored plans are loaded, the events since their last
 // save replayed, and their pending asks published again (deduplicated by

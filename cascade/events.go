@@ -133,7 +133,9 @@ func (c *Controller) outcome(m jetstream.Msg, event string, now time.Time) (sett
 		}
 		c.attempts[ev.Ask] = max(c.attempts[ev.Ask], ev.Attempt)
 		if st := c.plans[ev.Plan]; st != nil && st.Started(ev) {
-			c.touch(st, ev.Module)
+			// Stored with the module's next change if it comes soon (a
+			// short build's built): then acknowledged.
+			settled = c.startedLater(st, ev.Module, m, now)
 			if ms, _ := st.Module(ev.Module); ms.State == Cancelling {
 				// Taken as the plan was cancelled: the holder may have
 				// missed the first word.
@@ -183,7 +185,7 @@ func (c *Controller) outcome(m jetstream.Msg, event string, now time.Time) (sett
 			c.touch(st, ev.Module)
 		}
 	}
-	return false
+	return settled
 }
 
 // fenceRetry is how soon an event the fence could not check (the registry

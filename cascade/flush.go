@@ -25,7 +25,9 @@ func (c *Controller) touch(st *State, modules ...string) {
 	c.dirtyRun[st.Plan] = true
 	for _, m := range modules {
 		if ms, ok := st.Module(m); ok {
-			c.dirty[ModuleKey(st.Plan, m)] = ms
+			key := ModuleKey(st.Plan, m)
+			c.dirty[key] = ms
+			c.laterTouched(key)
 		}
 	}
 }

@@ -125,6 +125,10 @@ func (c *Controller) replay(ctx context.Context, since time.Time) error {
 		return fmt.Errorf("replaying the holders' events: %w", err)
 	}
 	n := 0
+	// Replayed events are not the consumer's to acknowledge: a started is
+	// written with the others.
+	c.replaying = true
+	defer func() { c.replaying = false }()
 	for left := info.NumPending; left > 0; {
 		batch, err := cons.Fetch(int(min(left, 256)), jetstream.FetchMaxWait(5*time.Second))
 		if err != nil {

@@ -1,0 +1,216 @@
+package cascade_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/meshbuild/meshbuild/agent"
+	"github.com/meshbuild/meshbuild/cascade"
+	"github.com/meshbuild/meshbuild/cascade/sim"
+	"github.com/meshbuild/meshbuild/internal/natstest"
+	"github.com/meshbuild/meshbuild/mesh"
+)
+
+// moduleWrites records every write of a plan's module records, by module:
+// the states in the order the store took them.
+type moduleWrites struct {
+	mu     sync.Mutex
+	states map[string][]cascade.ModuleState
+}
+
+// watchModuleWrites watches every module record of every plan in f's store
+// from now on (each write, not only the last).
+func watchModuleWrites(t *testing.T, f *benchFarm) *moduleWrites {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	w, err := f.kv.Watch(ctx, cascade.ModulesOf("*"), jetstream.UpdatesOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	mw := &moduleWrites{states: map[string][]cascade.ModuleState{}}
+	go func() {
+		for e := range w.Updates() {
+			if e == nil || e.Operation() != jetstream.KeyValuePut {
+				continue
+			}
+			var ms cascade.ModuleStatus
+			if json.Unmarshal(e.Value(), &ms) != nil {
+				continue
+			}
+			mw.mu.Lock()
+			mw.states[ms.Module] = append(mw.states[ms.Module], ms.State)
+			mw.mu.Unlock()
+		}
+	}()
+	return mw
+}
+
+// buildingWrites is how many writes of module stored it building.
+func (mw *moduleWrites) buildingWrites(module string) int {
+	mw.mu.Lock()
+	defer mw.mu.Unlock()
+	n := 0
+	for _, s := range mw.states[module] {
+		if s == cascade.Building {
+			n++
+		}
+	}
+	return n
+}
+
+func (mw *moduleWrites) String() string {
+	mw.mu.Lock()
+	defer mw.mu.Unlock()
+	return fmt.Sprint(mw.states)
+}
+
+// TestAShortBuildsStartedAndBuiltAreOneWrite: with the default
+// StartedStoreDelay, a build that ends within it is stored once built — its
+// started never written on its own — while one that runs longer is stored
+// building before it is built; with the delay off every started is its own
+// write. Real server, controller and agents; the builds sleep.
+func TestAShortBuildsStartedAndBuiltAreOneWrite(t *testing.T) {
+	d := sim.Fan(6)
+	// m1 runs well past the delay; the others end at once.
+	d.Dur[1] = 1
+	for i := 2; i < d.Len(); i++ {
+		d.Dur[i] = 0
+	}
+	const unit = 3 * cascade.DefaultStartedStoreDelay
+	for _, delay := range []time.Duration{0, -1} {
+		t.Run(fmt.Sprintf("delay=%v", delay), func(t *testing.T) {
+			cfg := cascade.DefaultConfig()
+			if delay != 0 {
+				cfg.StartedStoreDelay = delay
+			}
+			f := newBenchFarm(t, benchCatalogue(t, d), cfg, 3, 1)
+			writes := watchModuleWrites(t, f)
+			r := f.run(d, unit, time.Minute)
+			mods := f.modules(t, r.Rec.ID)
+			short, shortBuilding := 0, 0
+			for i, name := range d.Names {
+				if mods[name].State != cascade.Built {
+					t.Fatalf("%s: %s, want built", name, mods[name].State)
+				}
+				n := writes.buildingWrites(name)
+				switch {
+				case i == 0:
+				case d.Dur[i] > 0:
+					// Longer than the delay: the store says it is
+					// building while it builds, whatever the delay.
+					if n == 0 {
+						t.Errorf("%s built for %s and was never stored building: %s", name, unit, writes)
+					}
+				default:
+					short++
+					if n > 0 {
+						shortBuilding++
+					}
+				}
+			}
+			if delay < 0 && shortBuilding != short {
+				t.Errorf("with the delay off, %d of the %d short builds were stored building, want all: %s", shortBuilding, short, writes)
+			}
+			// Under load a short build may still outlast the delay: most
+			// must not.
+			if delay == 0 && shortBuilding*2 >= short {
+				t.Errorf("%d of the %d short builds were stored building, want their started and built one write: %s", shortBuilding, short, writes)
+			}
+		})
+	}
+}
+
+// TestAStartedWaitingForItsWriteIsGivenBackOnStop: a controller that stops
+// while a started waits for its write gives the event back at once (not
+// left unacknowledged for the consumer's ack wait), and the next
+// controller stores the module building (the event delivered again, and
+// replayed as it resumes). Nothing is lost: the store never said building
+// before the stop, and says it after, while the build goes on.
+func TestAStartedWaitingForItsWriteIsGivenBackOnStop(t *testing.T) {
+	d := sim.Fan(1)
+	d.Dur[0], d.Dur[1] = 0, 1
+	const unit = 20 * time.Second
+	cat := benchCatalogue(t, d)
+	s := natstest.Server(t, nil)
+	_, js := natstest.Connect(t, s)
+	f := &benchFarm{tb: t, s: s, js: js, work: &sleeper{}, slots: 1}
+	f.work.dur.Store(&map[string]time.Duration{})
+	f.stops = append(f.stops, func() { s.Shutdown(); s.WaitForShutdown() })
+	t.Cleanup(f.Close)
+
+	first := cascade.DefaultConfig()
+	first.StartedStoreDelay = time.Hour // the write waits for the build
+	nc, cjs := f.connect()
+	f.startController(nc, cjs, cat, first, 20*time.Second, 10*time.Millisecond)
+	stopFirst := f.stops[len(f.stops)-1]
+	f.startAgents(f.connect, 1, nil, func(_ int, c *agent.Config) {
+		c.Machine = "sim-001"
+		c.FetchWait = 250 * time.Millisecond
+	})
+	f.waitIdle()
+	writes := watchModuleWrites(t, f)
+
+	f.work.set(d, unit)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	pushSim(t, ctx, f, "c1")
+	// m1 is taken: the agent's slot is busy (an ask pending its ack).
+	waitUntil(t, 30*time.Second, "m1 taken by the agent", func() bool {
+		c, err := f.js.Consumer(ctx, mesh.SeatStream(mesh.BuildSeat), mesh.BuildConsumer(mesh.DefaultPlatform))
+		if err != nil {
+			return false
+		}
+		info, err := c.Info(ctx)
+		return err == nil && info.NumAckPending == 1
+	})
+	// Its started is applied and waits for its write.
+	time.Sleep(500 * time.Millisecond)
+	if n := writes.buildingWrites("m1"); n != 0 {
+		t.Fatalf("m1 stored building %d times while its write waits an hour: %s", n, writes)
+	}
+	stopFirst()
+
+	nc2, cjs2 := f.connect()
+	second := cascade.DefaultConfig()
+	second.StartedStoreDelay = -1
+	f.startController(nc2, cjs2, cat, second, 30*time.Second, 50*time.Millisecond)
+	waitUntil(t, 15*time.Second, "m1 stored building by the next controller", func() bool { return writes.buildingWrites("m1") > 0 })
+	// Given back: delivered again to the next controller and acknowledged
+	// by it, not left to the consumer's ack wait.
+	waitUntil(t, 5*time.Second, "the started given back and acknowledged", func() bool {
+		c, err := f.js.Consumer(ctx, mesh.EventsStream, mesh.ModuleConsumer("build-controller"))
+		if err != nil {
+			return false
+		}
+		info, err := c.Info(ctx)
+		return err == nil && info.NumAckPending == 0
+	})
+}
+
+// pushSim publishes a push of the simulated repository at commit.
+func pushSim(t *testing.T, ctx context.Context, f *benchFarm, commit string) {
+	t.Helper()
+	data, _ := json.Marshal(mesh.Pushed{Version: 1, Repo: simRepo, Ref: "refs/heads/main", Commit: commit, At: time.Now().UTC()})
+	if _, err := f.js.Publish(ctx, mesh.SeatEventSubject(mesh.GitSeat, mesh.EventPushed), data, jetstream.WithMsgID("push-"+commit)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitUntil polls ok until it holds, failing t after within.
+func waitUntil(t *testing.T, within time.Duration, what string, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not %s after %s", what, within)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
