@@ -14,6 +14,7 @@ import (
 	"github.com/meshbuild/meshbuild/cascade"
 	"github.com/meshbuild/meshbuild/cascade/sim"
 	"github.com/meshbuild/meshbuild/internal/natstest"
+	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
 )
 
@@ -164,7 +165,7 @@ func TestAStartedWaitingForItsWriteIsGivenBackOnStop(t *testing.T) {
 	defer cancel()
 	pushSim(t, ctx, f, "c1")
 	// m1 is taken: the agent's slot is busy (an ask pending its ack).
-	waitUntil(t, 30*time.Second, "m1 taken by the agent", func() bool {
+	testenv.WaitFor(t, 30*time.Second, "m1 taken by the agent", func() bool {
 		c, err := f.js.Consumer(ctx, mesh.SeatStream(mesh.BuildSeat), mesh.BuildConsumer(mesh.DefaultPlatform))
 		if err != nil {
 			return false
@@ -183,10 +184,10 @@ func TestAStartedWaitingForItsWriteIsGivenBackOnStop(t *testing.T) {
 	second := cascade.DefaultConfig()
 	second.StartedStoreDelay = -1
 	f.startController(nc2, cjs2, cat, second, 30*time.Second, 50*time.Millisecond)
-	waitUntil(t, 15*time.Second, "m1 stored building by the next controller", func() bool { return writes.buildingWrites("m1") > 0 })
+	testenv.WaitFor(t, 15*time.Second, "m1 stored building by the next controller", func() bool { return writes.buildingWrites("m1") > 0 })
 	// Given back: delivered again to the next controller and acknowledged
 	// by it, not left to the consumer's ack wait.
-	waitUntil(t, 5*time.Second, "the started given back and acknowledged", func() bool {
+	testenv.WaitFor(t, 5*time.Second, "the started given back and acknowledged", func() bool {
 		c, err := f.js.Consumer(ctx, mesh.EventsStream, mesh.ModuleConsumer("build-controller"))
 		if err != nil {
 			return false
@@ -202,17 +203,5 @@ func pushSim(t *testing.T, ctx context.Context, f *benchFarm, commit string) {
 	data, _ := json.Marshal(mesh.Pushed{Version: 1, Repo: simRepo, Ref: "refs/heads/main", Commit: commit, At: time.Now().UTC()})
 	if _, err := f.js.Publish(ctx, mesh.SeatEventSubject(mesh.GitSeat, mesh.EventPushed), data, jetstream.WithMsgID("push-"+commit)); err != nil {
 		t.Fatal(err)
-	}
-}
-
-// waitUntil polls ok until it holds, failing t after within.
-func waitUntil(t *testing.T, within time.Duration, what string, ok func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not %s after %s", what, within)
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }
