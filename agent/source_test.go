@@ -303,6 +303,38 @@ func TestCheckoutInsteadOf(t *testing.T) {
 	}
 }
 
+// A repository or commit missing from this machine's own mirror of it
+// (--git-instead-of) is this machine's trouble, not the ask's: ErrInfra,
+// handed back for another machine, naming the mirror. Without a rewrite the
+// same misses are ErrSource (TestCheckoutErrors).
+func TestAMirrorThatLacksTheSourceIsThisMachinesTrouble(t *testing.T) {
+	repo, c := testenv.GitRepo(t, map[string]string{"runtime/Dockerfile": "FROM base\n"})
+	stale, _ := testenv.GitRepo(t, map[string]string{"Dockerfile": "FROM other\n"})
+	missing := filepath.Join(t.TempDir(), "nope.git")
+	for _, tc := range []struct {
+		name, mirror string
+	}{
+		{"the mirror is not there", missing},
+		{"the mirror lacks the commit", stale},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := &Sources{Dir: t.TempDir(), InsteadOf: map[string]string{"https://git.example/fleet.git": tc.mirror}}
+			_, err := s.Checkout(context.Background(), mesh.Source{Repo: "https://git.example/fleet.git", Commit: c, Path: "runtime"})
+			if !errors.Is(err, ErrInfra) || errors.Is(err, ErrSource) || Classify(err) != mesh.ReasonInfra {
+				t.Fatalf("Checkout from a mirror that lacks it: %v, want ErrInfra", err)
+			}
+			if !strings.Contains(err.Error(), tc.mirror) || !strings.Contains(err.Error(), "mirror") {
+				t.Errorf("error %q does not name this machine's mirror %s", err, tc.mirror)
+			}
+		})
+	}
+	// The mirror mended, the same ask builds.
+	s := &Sources{Dir: t.TempDir(), InsteadOf: map[string]string{"https://git.example/fleet.git": repo}}
+	if _, err := s.Checkout(context.Background(), mesh.Source{Repo: "https://git.example/fleet.git", Commit: c, Path: "runtime"}); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // A commit named by a branch is fetched anew every time.
 func TestCheckoutBranch(t *testing.T) {
 	ctx := context.Background()
