@@ -257,11 +257,8 @@ func (f *benchFarm) run(d sim.DAG, unit, timeout time.Duration) planRun {
 	}
 	defer w.Stop()
 
-	data, _ := json.Marshal(mesh.Pushed{Version: 1, Repo: simRepo, Ref: "refs/heads/main", Commit: commit, At: time.Now().UTC()})
 	t0 := time.Now()
-	if _, err := f.js.Publish(ctx, mesh.SeatEventSubject(mesh.GitSeat, mesh.EventPushed), data, jetstream.WithMsgID("push-"+commit)); err != nil {
-		f.tb.Fatal(err)
-	}
+	f.push(ctx, commit)
 	rec := f.untilRecord(ctx, w, plan, timeout, settled)
 	if rec.Outcome != cascade.OutcomeBuilt || rec.Counts.Built != d.Len() {
 		f.tb.Fatalf("plan %s: %s, %+v; want all %d built", plan, rec.Outcome, rec.Counts, d.Len())
@@ -558,5 +555,14 @@ func TestControllerDefaultMatchesItsModel(t *testing.T) {
 		if got < lo || got > hi {
 			t.Errorf("%s: the real controller took %.3f s, its model %.3f s: outside %.3f–%.3f s", m.name, got, model, lo, hi)
 		}
+	}
+}
+
+// push publishes a push of the simulated repository at commit.
+func (f *benchFarm) push(ctx context.Context, commit string) {
+	f.tb.Helper()
+	data, _ := json.Marshal(mesh.Pushed{Version: 1, Repo: simRepo, Ref: "refs/heads/main", Commit: commit, At: time.Now().UTC()})
+	if _, err := f.js.Publish(ctx, mesh.SeatEventSubject(mesh.GitSeat, mesh.EventPushed), data, jetstream.WithMsgID("push-"+commit)); err != nil {
+		f.tb.Fatal(err)
 	}
 }

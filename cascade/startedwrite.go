@@ -47,10 +47,7 @@ func (c *Controller) startedLater(st *State, module string, m jetstream.Msg, now
 	key := ModuleKey(st.Plan, module)
 	// The plan is looked at with the batch (a window with room fills;
 	// its record is written), its module later.
-	if c.dirtyRun == nil {
-		c.dirtyRun = map[string]bool{}
-	}
-	c.dirtyRun[st.Plan] = true
+	c.touch(st)
 	if c.later == nil {
 		c.later = map[string]*laterWrite{}
 	}

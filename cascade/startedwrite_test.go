@@ -163,7 +163,7 @@ func TestAStartedWaitingForItsWriteIsGivenBackOnStop(t *testing.T) {
 	f.work.set(d, unit)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	pushSim(t, ctx, f, "c1")
+	f.push(ctx, "c1")
 	// m1 is taken: the agent's slot is busy (an ask pending its ack).
 	testenv.WaitFor(t, 30*time.Second, "m1 taken by the agent", func() bool {
 		c, err := f.js.Consumer(ctx, mesh.SeatStream(mesh.BuildSeat), mesh.BuildConsumer(mesh.DefaultPlatform))
@@ -195,13 +195,4 @@ func TestAStartedWaitingForItsWriteIsGivenBackOnStop(t *testing.T) {
 		info, err := c.Info(ctx)
 		return err == nil && info.NumAckPending == 0
 	})
-}
-
-// pushSim publishes a push of the simulated repository at commit.
-func pushSim(t *testing.T, ctx context.Context, f *benchFarm, commit string) {
-	t.Helper()
-	data, _ := json.Marshal(mesh.Pushed{Version: 1, Repo: simRepo, Ref: "refs/heads/main", Commit: commit, At: time.Now().UTC()})
-	if _, err := f.js.Publish(ctx, mesh.SeatEventSubject(mesh.GitSeat, mesh.EventPushed), data, jetstream.WithMsgID("push-"+commit)); err != nil {
-		t.Fatal(err)
-	}
 }
