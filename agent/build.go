@@ -458,6 +458,9 @@ func (b *BuildKit) solveOpt(req BuildRequest) (client.SolveOpt, error) {
 	if err := undeclaredBase(df.data, req, req.Modules); err != nil {
 		return client.SolveOpt{}, err
 	}
+	if err := shadowedBase(df.data, req); err != nil {
+		return client.SolveOpt{}, err
+	}
 	attrs, err := b.frontendAttrs(req, df.path)
 	if err != nil {
 		return client.SolveOpt{}, err

@@ -114,3 +114,44 @@ func dockerfileName(req BuildRequest) string {
 	}
 	return "Dockerfile"
 }
+
+// shadowedBase refuses, as a source error, a Dockerfile with a stage named
+// like a base the ask supplies (contextNames: its module's name, its
+// repository's): BuildKit builds a stage whose name is a named context as
+// that context — the stage's own FROM and instructions are dropped
+// without a word (dockerfile2llb's toDispatchState), where docker build,
+// without the context, runs them. So a stage of that name would be built
+// as the pinned base, silently. A stage that only names its base (FROM
+// runtime AS runtime, no instructions) is that base either way and is left
+// alone; so is a Dockerfile that does not parse (the build says why).
+func shadowedBase(data []byte, req BuildRequest) error {
+	df, ok := parseDockerfile(data)
+	if !ok {
+		return nil
+	}
+	for _, st := range df.stages {
+		if st.Name == "" {
+			continue
+		}
+		name := strings.ToLower(st.Name)
+		b, ok := baseNamed(req.Bases, name)
+		if !ok {
+			continue
+		}
+		from := df.expand(st.BaseName)
+		if same, ok := baseNamed(req.Bases, lookupName(from)); ok && same.Module == b.Module && len(st.Commands) == 0 {
+			continue
+		}
+		line := ""
+		if len(st.Location) > 0 {
+			line = ":" + strconv.Itoa(st.Location[0].Start.Line)
+		}
+		dropped := "FROM " + from
+		if n := len(st.Commands); n > 0 {
+			dropped += fmt.Sprintf(" and its %d instruction(s)", n)
+		}
+		return classified(ErrSource, fmt.Sprintf("%s%s: stage %s has the name of base %s, which the farm supplies under that name pinned to its digest; BuildKit builds a stage of that name as the base itself, so its %s would not be built: rename the stage (FROM %s AS %s-stage) and what refers to it",
+			dockerfileName(req), line, name, b.Module, dropped, from, name), nil)
+	}
+	return nil
+}

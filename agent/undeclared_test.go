@@ -55,3 +55,39 @@ func TestADockerfileOnAModuleNotInBuildOnIsASourceError(t *testing.T) {
 		t.Errorf("a Dockerfile elsewhere: %v, want it named", err)
 	}
 }
+
+// A stage named like a base the ask supplies would be built as that base
+// (BuildKit replaces a stage named like a named context), its own FROM and
+// instructions dropped: a source error naming the line, the stage and the
+// fix. A stage that only names its base, stages named like modules the ask
+// does not supply, and unnamed stages are left to the build.
+func TestAStageNamedLikeASuppliedBaseIsASourceError(t *testing.T) {
+	req := BuildRequest{Ask: mesh.Ask{Module: "app", Image: "127.0.0.1:5000/app",
+		Bases: []mesh.Base{
+			{Module: "runtime", Image: "127.0.0.1:5000/runtime", Digest: "sha256:" + strings.Repeat("a", 64)},
+			{Module: "lib", Image: "127.0.0.1:5000/team-lib", Digest: "sha256:" + strings.Repeat("b", 64)},
+		}}}
+	for _, c := range []struct {
+		dockerfile, want string // want: "" for no error
+	}{
+		{"FROM runtime AS runtime\nRUN echo s > /s\nFROM runtime\nCOPY --from=runtime /s /s\n",
+			"Dockerfile:1: stage runtime has the name of base runtime, which the farm supplies under that name pinned to its digest; BuildKit builds a stage of that name as the base itself, so its FROM runtime and its 1 instruction(s) would not be built: rename the stage (FROM runtime AS runtime-stage)"},
+		{"FROM runtime\nRUN true\nFROM alpine AS Runtime\n", "Dockerfile:3: stage runtime has the name of base runtime"},
+		{"FROM busybox AS runtime\nFROM runtime\n", "stage runtime has the name of base runtime, which the farm supplies under that name pinned to its digest; BuildKit builds a stage of that name as the base itself, so its FROM busybox would not be built"},
+		{"FROM runtime AS team-lib\nRUN true\n", ""}, // lib's repository is supplied as 127.0.0.1:5000/team-lib, no stage's name
+		{"FROM runtime AS lib\nRUN true\n", "stage lib has the name of base lib"},
+		{"FROM runtime AS runtime\nFROM runtime\nRUN true\n", ""},             // only names its base
+		{"FROM 127.0.0.1:5000/runtime:latest AS runtime\nFROM runtime\n", ""}, // likewise
+		{"FROM runtime AS base\nRUN true\nFROM base\n", ""},                   // a module the ask does not supply
+		{"FROM runtime AS build\nRUN true\nFROM runtime\nCOPY --from=build /x /x\n", ""},
+		{"FROM\n", ""}, // does not parse: the build says why
+	} {
+		err := shadowedBase([]byte(c.dockerfile), req)
+		switch {
+		case c.want == "" && err != nil:
+			t.Errorf("%q: %v, want no error", c.dockerfile, err)
+		case c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want) || !errors.Is(err, ErrSource) || Classify(err) != mesh.ReasonSource):
+			t.Errorf("%q: %v, want a source error containing %q", c.dockerfile, err, c.want)
+		}
+	}
+}
