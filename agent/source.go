@@ -272,16 +272,19 @@ func relPath(p string) (string, bool) {
 // clone and the commit's full hash, the failure classified: a repository
 // or commit that is not there is ErrSource; a git server that cannot be
 // reached, ErrInfra. So is a repository or commit missing from this
-// machine's own mirror of it (a rewrite of Sources.InsteadOf): the mirror
-// is this machine's, and another machine may build the ask.
+// machine's own mirror of it (a rewrite of Sources.InsteadOf) when the
+// controller read the commit (the ask names its tree): the mirror is this
+// machine's, and another machine may build the ask.
 func (s *Sources) fetch(ctx context.Context, root string, src mesh.Source) (clone, commit string, err error) {
 	c := s.clones(root)
 	clone, commit, err = c.Fetch(ctx, src.Repo, src.Commit)
-	if err != nil && ctx.Err() == nil {
+	if err != nil && ctx.Err() == nil && src.Tree != "" {
 		if url := c.Rewrite(src.Repo); url != src.Repo && (errors.Is(err, gitcache.ErrNotFound) || errors.Is(err, gitcache.ErrFetch) && errors.Is(fetchError(src.Repo, url, err), ErrSource)) {
 			// This machine fetches the repository from its own mirror
-			// (--git-instead-of): what the mirror lacks, another machine
-			// may well have — one machine's mirror must not fail the ask.
+			// (--git-instead-of), and the controller read this commit
+			// (the ask names its tree): what the mirror lacks, another
+			// machine may well have — one machine's mirror must not fail
+			// the ask.
 			return "", "", classified(ErrInfra, fmt.Sprintf("%s at %s: not found in this machine's mirror of it, %s (--git-instead-of)",
 				src.Repo, short(src.Commit), url), err)
 		}

@@ -242,15 +242,7 @@ func TestCheckoutOfAHeldTreeFetchesNothing(t *testing.T) {
 	ctx := context.Background()
 	repo, c1 := testenv.GitRepo(t, map[string]string{"a/Dockerfile": "FROM base\n", "b/Dockerfile": "FROM x\n"})
 	c2 := testenv.Commit(t, repo, map[string]string{"b/Dockerfile": "FROM z\n"}) // a/ as it was
-	treeOf := func(commit, path string) string {
-		t.Helper()
-		out, err := exec.Command("git", "-C", repo, "rev-parse", commit+":"+path).Output()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return strings.TrimSpace(string(out))
-	}
-	a, b2 := treeOf(c2, "a"), treeOf(c2, "b")
+	a, b2 := gitTree(t, repo, c2, "a"), gitTree(t, repo, c2, "b")
 	s := &Sources{Dir: t.TempDir(), KeepTrees: -1} // nothing kept: every checkout written again
 	d1, err := s.Checkout(ctx, mesh.Source{Repo: repo, Commit: c1, Path: "a"})
 	if err != nil {
@@ -303,12 +295,14 @@ func TestCheckoutInsteadOf(t *testing.T) {
 	}
 }
 
-// A repository or commit missing from this machine's own mirror of it
-// (--git-instead-of) is this machine's trouble, not the ask's: ErrInfra,
-// handed back for another machine, naming the mirror. Without a rewrite the
-// same misses are ErrSource (TestCheckoutErrors).
+// A repository or commit the controller read (the ask names its tree)
+// missing from this machine's own mirror of it (--git-instead-of) is this
+// machine's trouble, not the ask's: ErrInfra, handed back for another
+// machine, naming the mirror. Without a rewrite (TestCheckoutErrors), or
+// for an ask that names no tree, the same misses are ErrSource.
 func TestAMirrorThatLacksTheSourceIsThisMachinesTrouble(t *testing.T) {
 	repo, c := testenv.GitRepo(t, map[string]string{"runtime/Dockerfile": "FROM base\n"})
+	tree := gitTree(t, repo, c, "runtime")
 	stale, _ := testenv.GitRepo(t, map[string]string{"Dockerfile": "FROM other\n"})
 	missing := filepath.Join(t.TempDir(), "nope.git")
 	for _, tc := range []struct {
@@ -319,18 +313,24 @@ func TestAMirrorThatLacksTheSourceIsThisMachinesTrouble(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := &Sources{Dir: t.TempDir(), InsteadOf: map[string]string{"https://git.example/fleet.git": tc.mirror}}
-			_, err := s.Checkout(context.Background(), mesh.Source{Repo: "https://git.example/fleet.git", Commit: c, Path: "runtime"})
+			_, err := s.Checkout(context.Background(), mesh.Source{Repo: "https://git.example/fleet.git", Commit: c, Path: "runtime", Tree: tree})
 			if !errors.Is(err, ErrInfra) || errors.Is(err, ErrSource) || Classify(err) != mesh.ReasonInfra {
 				t.Fatalf("Checkout from a mirror that lacks it: %v, want ErrInfra", err)
 			}
 			if !strings.Contains(err.Error(), tc.mirror) || !strings.Contains(err.Error(), "mirror") {
 				t.Errorf("error %q does not name this machine's mirror %s", err, tc.mirror)
 			}
+			// An ask that names no tree: nothing says the commit is
+			// anywhere, the ask's own source failure.
+			_, err = s.Checkout(context.Background(), mesh.Source{Repo: "https://git.example/fleet.git", Commit: c, Path: "runtime"})
+			if !errors.Is(err, ErrSource) {
+				t.Errorf("Checkout naming no tree from a mirror that lacks it: %v, want ErrSource", err)
+			}
 		})
 	}
 	// The mirror mended, the same ask builds.
 	s := &Sources{Dir: t.TempDir(), InsteadOf: map[string]string{"https://git.example/fleet.git": repo}}
-	if _, err := s.Checkout(context.Background(), mesh.Source{Repo: "https://git.example/fleet.git", Commit: c, Path: "runtime"}); err != nil {
+	if _, err := s.Checkout(context.Background(), mesh.Source{Repo: "https://git.example/fleet.git", Commit: c, Path: "runtime", Tree: tree}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -507,4 +507,15 @@ func TestCheckoutKeepsModesAndLinks(t *testing.T) {
 	if got := readFile(t, filepath.Join(dir, "sub/deep.txt")); got != "deep\n" {
 		t.Errorf("deep.txt = %q", got)
 	}
+}
+
+// gitTree is the tree of path at commit in repo (its object name), as the
+// controller names it in an ask.
+func gitTree(t *testing.T, repo, commit, path string) string {
+	t.Helper()
+	out, err := exec.Command("git", "-C", repo, "rev-parse", commit+":"+path).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(string(out))
 }
