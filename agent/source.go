@@ -278,30 +278,36 @@ func relPath(p string) (string, bool) {
 func (s *Sources) fetch(ctx context.Context, root string, src mesh.Source) (clone, commit string, err error) {
 	c := s.clones(root)
 	clone, commit, err = c.Fetch(ctx, src.Repo, src.Commit)
-	if err != nil && ctx.Err() == nil && src.Tree != "" {
-		if url := c.Rewrite(src.Repo); url != src.Repo && (errors.Is(err, gitcache.ErrNotFound) || errors.Is(err, gitcache.ErrFetch) && errors.Is(fetchError(src.Repo, url, err), ErrSource)) {
-			// This machine fetches the repository from its own mirror
-			// (--git-instead-of), and the controller read this commit
-			// (the ask names its tree): what the mirror lacks, another
-			// machine may well have — one machine's mirror must not fail
-			// the ask.
-			return "", "", classified(ErrInfra, fmt.Sprintf("%s at %s: not found in this machine's mirror of it, %s (--git-instead-of)",
-				src.Repo, short(src.Commit), url), err)
-		}
-	}
 	switch {
 	case err == nil:
 		return clone, commit, nil
 	case ctx.Err() != nil:
 		return "", "", ctx.Err()
-	case errors.Is(err, gitcache.ErrFetch):
-		return "", "", fetchError(src.Repo, c.Rewrite(src.Repo), err)
-	case errors.Is(err, gitcache.ErrNotFound) && src.Commit == "HEAD":
-		return "", "", classified(ErrSource, fmt.Sprintf("%s has no HEAD", src.Repo), err)
-	case errors.Is(err, gitcache.ErrNotFound):
-		return "", "", classified(ErrSource, fmt.Sprintf("commit %s not found in %s", src.Commit, src.Repo), err)
 	}
-	return "", "", classified(ErrInfra, "preparing the clone of "+src.Repo, err)
+	url := c.Rewrite(src.Repo)
+	failure := fetchFailure(src, url, err)
+	if errors.Is(failure, ErrSource) && url != src.Repo && src.Tree != "" {
+		// This machine fetches the repository from its own mirror
+		// (--git-instead-of), and the controller read this commit (the
+		// ask names its tree): what the mirror lacks, another machine
+		// may well have — one machine's mirror must not fail the ask.
+		return "", "", classified(ErrInfra, fmt.Sprintf("%s at %s: not found in this machine's mirror of it, %s (--git-instead-of)",
+			src.Repo, short(src.Commit), url), err)
+	}
+	return "", "", failure
+}
+
+// fetchFailure classifies a failed fetch of src from url.
+func fetchFailure(src mesh.Source, url string, err error) error {
+	switch {
+	case errors.Is(err, gitcache.ErrFetch):
+		return fetchError(src.Repo, url, err)
+	case errors.Is(err, gitcache.ErrNotFound) && src.Commit == "HEAD":
+		return classified(ErrSource, fmt.Sprintf("%s has no HEAD", src.Repo), err)
+	case errors.Is(err, gitcache.ErrNotFound):
+		return classified(ErrSource, fmt.Sprintf("commit %s not found in %s", src.Commit, src.Repo), err)
+	}
+	return classified(ErrInfra, "preparing the clone of "+src.Repo, err)
 }
 
 // fetchError classifies a failed fetch of every ref. A local repository that
