@@ -92,6 +92,13 @@ type Controller struct {
 	held bool
 	// seatConsumers are the build seat's holders' consumers, by platform.
 	seatConsumers map[string]jetstream.Consumer
+	// events is the controller's own consumer of the events stream (read
+	// by caughtUp); eventsSeen is the latest stream sequence of an event
+	// worked; behindSince is when schedule first held its hand-out for
+	// events not worked yet (zero when it did not).
+	events      jetstream.Consumer
+	eventsSeen  uint64
+	behindSince time.Time
 	// askPlatform is the platform of each ask published (with askSeq).
 	askPlatform map[string]string
 	// platforms is what the controller saw of each platform's holders.

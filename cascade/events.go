@@ -45,6 +45,7 @@ drain:
 			break drain
 		}
 	}
+	c.saw(batch)
 	verdicts := c.fence(ctx, batch)
 	kept := batch[:0]
 	for _, m := range batch {
@@ -53,6 +54,15 @@ drain:
 		}
 	}
 	return kept
+}
+
+// saw notes the latest stream sequence of the events worked (caughtUp).
+func (c *Controller) saw(batch []jetstream.Msg) {
+	for _, m := range batch {
+		if md, err := m.Metadata(); err == nil {
+			c.eventsSeen = max(c.eventsSeen, md.Sequence.Stream)
+		}
+	}
 }
 
 // event works one event of the controller's consumer. Every event is read

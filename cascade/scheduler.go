@@ -61,6 +61,13 @@ func (c *Controller) schedule(ctx context.Context) bool {
 	// Asks released in this batch and not yet published will meet the
 	// waiting holders first.
 	idle = max(0, idle-len(c.submits))
+	if idle > 0 && len(claims) > 1 && !c.caughtUp(ctx, now) {
+		// A holder announces its outcome, then asks for its next: the
+		// pull seen may be one whose built unblocks an urgent plan's next
+		// module, not worked yet. Hand out once it is (its batch looks
+		// again), or after an idle look at most.
+		return true
+	}
 	a := Allot(idle, claims, c.usage(now), SharePolicy{Weights: c.cfg.Shares, Caps: c.cfg.Caps})
 	still := false
 	for _, st := range held {
@@ -73,6 +80,37 @@ func (c *Controller) schedule(ctx context.Context) bool {
 		still = still || st.Counts().Ready > 0
 	}
 	return still
+}
+
+// caughtUp reports whether every event the server had delivered to the
+// controller's consumer, and none left to deliver, when it was asked has
+// been worked: a holder's outcome is stored before it pulls again, so one
+// whose pull was counted idle is then applied. Being behind holds the
+// hand-out for an idle look at most (IdleLook), so that a steady stream
+// of events does not keep it; an unanswered question does not hold it.
+func (c *Controller) caughtUp(ctx context.Context, now time.Time) bool {
+	if c.events == nil {
+		cons, err := c.js.Consumer(ctx, mesh.EventsStream, mesh.ModuleConsumer(c.module))
+		if err != nil {
+			return true
+		}
+		c.events = cons
+	}
+	ictx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	info, err := c.events.Info(ictx)
+	if err != nil || info.NumPending == 0 && info.Delivered.Stream <= c.eventsSeen {
+		c.behindSince = time.Time{}
+		return true
+	}
+	if c.behindSince.IsZero() {
+		c.behindSince = now
+	}
+	if now.Sub(c.behindSince) >= c.cfg.IdleLook {
+		c.behindSince = time.Time{}
+		return true
+	}
+	return false
 }
 
 // rewindow sets every plan's window (planWindow) and returns it.

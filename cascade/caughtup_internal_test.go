@@ -1,0 +1,83 @@
+package cascade
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/meshbuild/meshbuild/internal/natstest"
+	"github.com/meshbuild/meshbuild/mesh"
+)
+
+// The hand-out to idle holders waits for the events the server had for
+// the controller when it looked: one stored and not delivered, or
+// delivered and not worked, holds it; worked, it goes; held for an idle
+// look, it goes anyway. (The race it closes: a holder announces built,
+// then pulls; the pull, seen first, was handed a busy plan's ask while the
+// built made an urgent plan's next module ready.)
+func TestAHandOutWaitsForTheEventsBeforeIt(t *testing.T) {
+	s := natstest.Server(t, nil)
+	_, js := natstest.Connect(t, s)
+	ctx := context.Background()
+	const module = "mesh-controller"
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: mesh.EventsStream, Subjects: []string{"caughtup.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	cons, err := js.CreateOrUpdateConsumer(ctx, mesh.EventsStream, jetstream.ConsumerConfig{Durable: mesh.ModuleConsumer(module), AckPolicy: jetstream.AckExplicitPolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &Controller{js: js, module: module, cfg: Config{IdleLook: time.Hour}}
+	now := time.Now()
+	if !c.caughtUp(ctx, now) {
+		t.Fatal("no events: held")
+	}
+	publish := func() {
+		if _, err := js.Publish(ctx, "caughtup.built", []byte("{}")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fetch := func() []jetstream.Msg {
+		b, err := cons.Fetch(1, jetstream.FetchMaxWait(time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []jetstream.Msg
+		for m := range b.Messages() {
+			out = append(out, m)
+		}
+		if len(out) != 1 {
+			t.Fatalf("fetched %d events, want 1", len(out))
+		}
+		return out
+	}
+	publish()
+	if c.caughtUp(ctx, now) {
+		t.Fatal("an event stored and not delivered: handed out")
+	}
+	got := fetch()
+	if c.caughtUp(ctx, now) {
+		t.Fatal("an event delivered and not worked: handed out")
+	}
+	c.saw(got)
+	if !c.caughtUp(ctx, now) {
+		t.Fatal("every event worked: held")
+	}
+	// Behind for an idle look at most.
+	c.cfg.IdleLook = 20 * time.Millisecond
+	publish()
+	if c.caughtUp(ctx, now) {
+		t.Fatal("an event stored and not delivered: handed out")
+	}
+	if c.caughtUp(ctx, now.Add(10*time.Millisecond)) {
+		t.Fatal("behind for half an idle look: handed out")
+	}
+	if !c.caughtUp(ctx, now.Add(20*time.Millisecond)) {
+		t.Fatal("behind for an idle look: still held")
+	}
+	if c.caughtUp(ctx, now.Add(21*time.Millisecond)) {
+		t.Fatal("still behind after the hand-out it let go: handed out again at once")
+	}
+}
