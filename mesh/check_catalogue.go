@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+
+	"github.com/containerd/platforms"
 )
 
 // seatRef is a seat of the catalogue and who declares it: owner is nil for
@@ -209,6 +211,45 @@ func (c *checker) buildOn(m *Manifest, mods map[string]*Manifest) {
 		case other.Build == nil:
 			c.refuse(m, field("build.on", i), "module %s (%s) has no build, so no image to be built FROM: name a module that has one, or add a build to %s",
 				on, where(other), on)
+		case dup(m.Build.On, i) < 0:
+			c.basePlatforms(m, i, other)
 		}
 	}
+}
+
+// basePlatforms warns when m is built for a platform that its base
+// (build.on[i]) is not built for, nor for any platform a machine of it
+// runs (containerd's platforms.Only: linux/amd64 runs linux/386): that
+// image of m is built FROM the base's image of another platform, whose
+// executables it cannot run. BuildKit does not check the platform of a
+// base given as a named context, as the farm gives every base (docker
+// build warns of it, InvalidBaseImagePlatform, for an image it pulls),
+// so nothing else would say so. A warning, not a refusal: a base that
+// carries only files serves every platform.
+func (c *checker) basePlatforms(m *Manifest, i int, base *Manifest) {
+	var missing []string
+	theirs := base.Build.PlatformsOrDefault()
+	for _, p := range m.Build.PlatformsOrDefault() {
+		if slices.Contains(theirs, p) {
+			continue // as most are: no parse
+		}
+		spec, err := platforms.Parse(p)
+		if err != nil {
+			continue // the manifest's own check refuses it
+		}
+		runs := platforms.Only(spec)
+		if !slices.ContainsFunc(theirs, func(q string) bool {
+			bs, err := platforms.Parse(q)
+			return err == nil && runs.Match(bs)
+		}) {
+			missing = append(missing, p)
+		}
+	}
+	if len(missing) == 0 {
+		return
+	}
+	these, have := strings.Join(missing, ", "), strings.Join(theirs, ", ")
+	c.warn(m, field("build.on", i), "%s is built for %s, its base %s (%s) only for %s: %s's %s image would be built FROM %s's %s image, "+
+		"whose programs it cannot run (BuildKit does not check a base's platform): add %s to %s's build.platforms, or leave it so if %s carries only files",
+		m.Module, these, base.Module, where(base), have, m.Module, these, base.Module, have, these, base.Module, base.Module)
 }

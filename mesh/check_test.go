@@ -380,6 +380,30 @@ build:
 
 func TestCheckBuild(t *testing.T) {
 	runCheckCases(t, []checkCase{{
+		// A module built for a platform its base is not built for (nor for
+		// one a machine of it runs): a warning naming both, the platforms
+		// and the fix. Seen by hand: tool for linux/386 on runtime
+		// (linux/amd64) built an image that says 386 and holds runtime's
+		// amd64 programs, without a word.
+		name: "base platforms",
+		files: map[string]string{
+			"runtime.yaml": "module: runtime\nbuild: {repo: r}\n",
+			"multi.yaml":   "module: multi\nbuild: {repo: r, platforms: [linux/amd64, linux/arm64]}\n",
+			"i386.yaml":    "module: i386\nbuild: {repo: r, platforms: [linux/386]}\n",
+			"tool.yaml":    "module: tool\nbuild:\n  repo: r\n  on: [runtime]\n  platforms: [linux/amd64, linux/386]\n",
+			"app.yaml":     "module: app\nbuild: {repo: r, on: [runtime, multi]}\n",
+			"lib.yaml":     "module: lib\nbuild: {repo: r, on: [multi], platforms: [linux/arm64]}\n",
+			"old.yaml":     "module: old\nbuild: {repo: r, on: [i386]}\n",
+			"arm.yaml":     "module: arm\nbuild: {repo: r, on: [lib, multi], platforms: [linux/arm/v7, linux/arm64]}\n",
+		},
+		want: []want{
+			{file: "tool.yaml", field: "build.on[0]", warning: true, line: 4,
+				text: "runtime.yaml) only for linux/amd64: tool's linux/386 image would be built FROM runtime's linux/amd64 image, whose programs it cannot run " +
+					"(BuildKit does not check a base's platform): add linux/386 to runtime's build.platforms, or leave it so if runtime carries only files"},
+			{file: "arm.yaml", field: "build.on[0]", warning: true, text: "arm is built for linux/arm/v7, its base lib ("},
+			{file: "arm.yaml", field: "build.on[1]", warning: true, text: "arm is built for linux/arm/v7, its base multi ("},
+		},
+	}, {
 		name: "fields",
 		files: map[string]string{
 			"base.yaml": "module: base\nbuild: {repo: r}\n",
@@ -410,6 +434,7 @@ build:
 			{file: "x.yaml", field: "build.path", text: `such as "src/x"`, line: 3},
 			{file: "x.yaml", field: "build.dockerfile", text: "not a relative path"},
 			{file: "x.yaml", field: "build.on[0]", text: `such as "base"`},
+			{file: "x.yaml", field: "build.on[1]", text: "x is built for linux/arm64/v8, its base base", warning: true},
 			{file: "x.yaml", field: "build.on[2]", text: "listed twice"},
 			{file: "x.yaml", field: "build.on[3]", text: "not built FROM its own image"},
 			{file: "x.yaml", field: "build.platforms[0]", text: "write os/arch"},
