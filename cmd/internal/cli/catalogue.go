@@ -25,11 +25,15 @@ func catalogueCmd(g *globals) *cobra.Command {
 		Short: "Check every manifest in DIR; one line per problem (FILE: FIELD: message)",
 		Args:  exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			_, err := loadCatalogue(g, args[0])
+			_, warned, err := loadCatalogueWarned(g, args[0])
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(g.out, "%s: catalogue is clean\n", args[0])
+			if warned > 0 {
+				fmt.Fprintf(g.out, "%s: catalogue is clean but for %d warning(s), above on stderr\n", args[0], warned)
+			} else {
+				fmt.Fprintf(g.out, "%s: catalogue is clean\n", args[0])
+			}
 			return nil
 		},
 	})
@@ -104,13 +108,21 @@ func initCatalogue(g *globals, dir string) error {
 // loadCatalogue loads and checks a catalogue: warnings go to stderr; any
 // error is printed one per line and fails the command.
 func loadCatalogue(g *globals, dir string) (*mesh.Catalogue, error) {
+	cat, _, err := loadCatalogueWarned(g, dir)
+	return cat, err
+}
+
+// loadCatalogueWarned is loadCatalogue, and how many warnings it printed.
+func loadCatalogueWarned(g *globals, dir string) (*mesh.Catalogue, int, error) {
 	cat, problems, err := mesh.Load(dir)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
+	warned := 0
 	for _, p := range problems {
 		if p.Warning {
 			fmt.Fprintln(g.errw, "warning:", p.String())
+			warned++
 		}
 	}
 	if mesh.HasErrors(problems) {
@@ -122,9 +134,9 @@ func loadCatalogue(g *globals, dir string) (*mesh.Catalogue, error) {
 			}
 		}
 		fmt.Fprintf(g.errw, "%s: %d problem(s); fix them and run `builds catalogue check %s` again\n", dir, n, dir)
-		return nil, ErrFailed
+		return nil, warned, ErrFailed
 	}
-	return cat, nil
+	return cat, warned, nil
 }
 
 // WireView is what `catalogue show` prints: the derived wire, per module and
