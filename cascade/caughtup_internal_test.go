@@ -25,7 +25,10 @@ func TestAHandOutWaitsForTheEventsBeforeIt(t *testing.T) {
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: mesh.EventsStream, Subjects: []string{"caughtup.>"}}); err != nil {
 		t.Fatal(err)
 	}
-	cons, err := js.CreateOrUpdateConsumer(ctx, mesh.EventsStream, jetstream.ConsumerConfig{Durable: mesh.ModuleConsumer(module), AckPolicy: jetstream.AckExplicitPolicy})
+	// The controller's consumer takes some of the stream's events, as in
+	// the farm (others' events are stored between them).
+	cons, err := js.CreateOrUpdateConsumer(ctx, mesh.EventsStream, jetstream.ConsumerConfig{Durable: mesh.ModuleConsumer(module),
+		AckPolicy: jetstream.AckExplicitPolicy, FilterSubjects: []string{"caughtup.built"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -35,8 +38,10 @@ func TestAHandOutWaitsForTheEventsBeforeIt(t *testing.T) {
 		t.Fatal("no events: held")
 	}
 	publish := func() {
-		if _, err := js.Publish(ctx, "caughtup.built", []byte("{}")); err != nil {
-			t.Fatal(err)
+		for _, subj := range []string{"caughtup.other", "caughtup.built", "caughtup.other"} {
+			if _, err := js.Publish(ctx, subj, []byte("{}")); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
 	fetch := func() []jetstream.Msg {
@@ -79,5 +84,50 @@ func TestAHandOutWaitsForTheEventsBeforeIt(t *testing.T) {
 	}
 	if c.caughtUp(ctx, now.Add(21*time.Millisecond)) {
 		t.Fatal("still behind after the hand-out it let go: handed out again at once")
+	}
+	// Delivered before the look and not worked: held; worked: let go.
+	c.behind = nil
+	got = fetch()
+	if c.caughtUp(ctx, now) {
+		t.Fatal("an event delivered before the look and not worked: handed out")
+	}
+	c.saw(got)
+	if !c.caughtUp(ctx, now) {
+		t.Fatal("every event worked: held")
+	}
+	// Events stored after the look do not hold it: two waited, the
+	// hand-out goes once they are seen, a third published since or not.
+	publish()
+	publish()
+	if c.caughtUp(ctx, now) {
+		t.Fatal("two events stored and not delivered: handed out")
+	}
+	publish()
+	first := fetch()
+	c.saw(first)
+	if c.caughtUp(ctx, now) {
+		t.Fatal("one of the two events worked: handed out")
+	}
+	c.saw(fetch())
+	if !c.caughtUp(ctx, now) {
+		t.Fatal("the two events stored before the look worked, a later one not: held")
+	}
+}
+
+// The hand-out waits for the events only while plans of more than one
+// priority run: of one priority, waiting would cost every hand-out a look
+// and barely move the shares.
+func TestTheHandOutWaitsOnlyAcrossPriorities(t *testing.T) {
+	for _, c := range []struct {
+		prios []int
+		want  bool
+	}{{nil, false}, {[]int{10}, false}, {[]int{0, 0, 0}, false}, {[]int{0, 10}, true}, {[]int{5, 5, -1}, true}} {
+		var claims []Claim
+		for _, p := range c.prios {
+			claims = append(claims, Claim{Priority: p})
+		}
+		if got := mixedPriorities(claims); got != c.want {
+			t.Errorf("priorities %v: %v, want %v", c.prios, got, c.want)
+		}
 	}
 }

@@ -94,11 +94,10 @@ type Controller struct {
 	seatConsumers map[string]jetstream.Consumer
 	// events is the controller's own consumer of the events stream (read
 	// by caughtUp); eventsSeen is the latest stream sequence of an event
-	// worked; behindSince is when schedule first held its hand-out for
-	// events not worked yet (zero when it did not).
-	events      jetstream.Consumer
-	eventsSeen  uint64
-	behindSince time.Time
+	// worked; behind is what schedule holds its hand-out for (nil: none).
+	events     jetstream.Consumer
+	eventsSeen uint64
+	behind     *eventMark
 	// askPlatform is the platform of each ask published (with askSeq).
 	askPlatform map[string]string
 	// platforms is what the controller saw of each platform's holders.

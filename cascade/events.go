@@ -56,11 +56,15 @@ drain:
 	return kept
 }
 
-// saw notes the latest stream sequence of the events worked (caughtUp).
+// saw notes the latest stream sequence of the events worked, and how many
+// are past the mark caughtUp waits for.
 func (c *Controller) saw(batch []jetstream.Msg) {
 	for _, m := range batch {
 		if md, err := m.Metadata(); err == nil {
 			c.eventsSeen = max(c.eventsSeen, md.Sequence.Stream)
+			if c.behind != nil && md.Sequence.Stream > c.behind.delivered {
+				c.behind.past++
+			}
 		}
 	}
 }

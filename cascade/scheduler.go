@@ -61,7 +61,7 @@ func (c *Controller) schedule(ctx context.Context) bool {
 	// Asks released in this batch and not yet published will meet the
 	// waiting holders first.
 	idle = max(0, idle-len(c.submits))
-	if idle > 0 && len(claims) > 1 && !c.caughtUp(ctx, now) {
+	if idle > 0 && mixedPriorities(claims) && !c.caughtUp(ctx, now) {
 		// A holder announces its outcome, then asks for its next: the
 		// pull seen may be one whose built unblocks an urgent plan's next
 		// module, not worked yet. Hand out once it is (its batch looks
@@ -82,35 +82,61 @@ func (c *Controller) schedule(ctx context.Context) bool {
 	return still
 }
 
-// caughtUp reports whether every event the server had delivered to the
-// controller's consumer, and none left to deliver, when it was asked has
-// been worked: a holder's outcome is stored before it pulls again, so one
-// whose pull was counted idle is then applied. Being behind holds the
-// hand-out for an idle look at most (IdleLook), so that a steady stream
-// of events does not keep it; an unanswered question does not hold it.
+// mixedPriorities reports whether the running plans are of more than one
+// priority: then a module an outcome makes ready may go before every ready
+// ask of another plan, and schedule waits for the outcomes (caughtUp). Of
+// one priority, the plans share by owner, which one hand-out more or less
+// barely moves, and waiting would cost every hand-out a look at the events.
+func mixedPriorities(claims []Claim) bool {
+	for _, cl := range claims[min(1, len(claims)):] {
+		if cl.Priority != claims[0].Priority {
+			return true
+		}
+	}
+	return false
+}
+
+// caughtUp reports whether every event stored for the controller when it
+// looked has been worked: a holder's outcome is stored before it pulls
+// again, so the outcome of one whose pull was counted idle is then applied.
+// The events consumer says how far the server delivered it (a stream
+// sequence) and how many more of its events wait: the controller must have
+// seen that sequence, and as many events past it as waited (they are
+// delivered in order; a redelivery is of one delivered before). While
+// behind, that mark is kept, not asked again, and the hand-out waits for
+// it for an idle look at most (IdleLook), so that a steady stream of
+// events does not keep it. An unanswered question does not hold it.
 func (c *Controller) caughtUp(ctx context.Context, now time.Time) bool {
-	if c.events == nil {
-		cons, err := c.js.Consumer(ctx, mesh.EventsStream, mesh.ModuleConsumer(c.module))
+	if c.behind == nil {
+		if c.events == nil {
+			cons, err := c.js.Consumer(ctx, mesh.EventsStream, mesh.ModuleConsumer(c.module))
+			if err != nil {
+				return true
+			}
+			c.events = cons
+		}
+		ictx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		info, err := c.events.Info(ictx)
+		cancel()
 		if err != nil {
 			return true
 		}
-		c.events = cons
+		c.behind = &eventMark{delivered: info.Delivered.Stream, pending: info.NumPending, since: now}
 	}
-	ictx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	info, err := c.events.Info(ictx)
-	if err != nil || info.NumPending == 0 && info.Delivered.Stream <= c.eventsSeen {
-		c.behindSince = time.Time{}
-		return true
-	}
-	if c.behindSince.IsZero() {
-		c.behindSince = now
-	}
-	if now.Sub(c.behindSince) >= c.cfg.IdleLook {
-		c.behindSince = time.Time{}
+	b := c.behind
+	if c.eventsSeen >= b.delivered && b.past >= b.pending || now.Sub(b.since) >= c.cfg.IdleLook {
+		c.behind = nil
 		return true
 	}
 	return false
+}
+
+// eventMark is what caughtUp waits to have seen: the stream sequence the
+// server had delivered and how many events waited past it (pending), with
+// how many past it were seen since (past).
+type eventMark struct {
+	delivered, pending, past uint64
+	since                    time.Time
 }
 
 // rewindow sets every plan's window (planWindow) and returns it.
