@@ -118,14 +118,21 @@ func (c *Controller) idleHolders(ctx context.Context) (int, error) {
 // platformInfo reads the build seat's holders' consumer of a platform.
 func (c *Controller) platformInfo(ctx context.Context, platform string) (*jetstream.ConsumerInfo, error) {
 	cons := c.seatConsumers[platform]
-	if cons == nil {
-		var err error
-		if cons, err = c.js.Consumer(ctx, mesh.SeatStream(mesh.BuildSeat), mesh.BuildConsumer(platform)); err != nil {
+	info, err := c.consumerInfo(ctx, &cons, mesh.SeatStream(mesh.BuildSeat), mesh.BuildConsumer(platform))
+	c.seatConsumers[platform] = cons
+	return info, err
+}
+
+// consumerInfo reads a consumer of stream, bound once into *cons.
+func (c *Controller) consumerInfo(ctx context.Context, cons *jetstream.Consumer, stream, name string) (*jetstream.ConsumerInfo, error) {
+	if *cons == nil {
+		bound, err := c.js.Consumer(ctx, stream, name)
+		if err != nil {
 			return nil, err
 		}
-		c.seatConsumers[platform] = cons
+		*cons = bound
 	}
 	ictx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	return cons.Info(ictx)
+	return (*cons).Info(ictx)
 }

@@ -108,16 +108,7 @@ func mixedPriorities(claims []Claim) bool {
 // events does not keep it. An unanswered question does not hold it.
 func (c *Controller) caughtUp(ctx context.Context, now time.Time) bool {
 	if c.behind == nil {
-		if c.events == nil {
-			cons, err := c.js.Consumer(ctx, mesh.EventsStream, mesh.ModuleConsumer(c.module))
-			if err != nil {
-				return true
-			}
-			c.events = cons
-		}
-		ictx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		info, err := c.events.Info(ictx)
-		cancel()
+		info, err := c.consumerInfo(ctx, &c.events, mesh.EventsStream, mesh.ModuleConsumer(c.module))
 		if err != nil {
 			return true
 		}
