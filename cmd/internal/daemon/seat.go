@@ -1,11 +1,13 @@
 package daemon
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"regexp"
 	"strconv"
 	"syscall"
@@ -174,8 +176,24 @@ func ownStale(rec claim.Record, holder string, lost *claim.Record) (why string, 
 	return fmt.Sprintf("pid %d on this host (%s) is no longer running", pid, host), true
 }
 
-// running reports whether a process with pid runs on this host.
+// running reports whether a process with pid runs on this host. A process
+// killed and not yet reaped (a zombie, as one killed with -9 stays until
+// its parent or init waits for it: seen for seconds where init is slow to,
+// forever in a container without one) runs no more.
 func running(pid int) bool {
 	err := syscall.Kill(pid, 0)
-	return err == nil || errors.Is(err, syscall.EPERM)
+	if err != nil {
+		return errors.Is(err, syscall.EPERM)
+	}
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true // no /proc: as kill says
+	}
+	// pid (comm) state …: comm may hold spaces and parentheses.
+	i := bytes.LastIndexByte(data, ')')
+	if i < 0 || i+2 >= len(data) {
+		return true
+	}
+	state := data[i+2]
+	return state != 'Z' && state != 'X'
 }
