@@ -23,7 +23,8 @@ import (
 
 // Agent is a holder of the build seat: each of its slots pulls one ask at a
 // time from the seat's one shared consumer, works it, reports and settles it,
-// and only then pulls the next.
+// and pulls the next once it has settled — or, with Config.Overlap, once its
+// build's own steps are done, the export going on beside the next build.
 type Agent struct {
 	cfg    Config
 	js     jetstream.JetStream
@@ -386,12 +387,21 @@ func (a *Agent) bindPlatform(ctx context.Context, p string, firsts chan<- bindFi
 }
 
 // slot pulls one ask at a time until ctx is done, from the consumers of
-// the agent's platforms in turn: one pull at a time, so that the slot never
-// holds two asks and never hands one back for being busy. With one
+// the agent's platforms in turn: one pull at a time, and the next only once
+// the last build's steps are done (handOver), so that the slot never holds
+// two asks to build and never hands one back for being busy. With one
 // platform each pull waits FetchWait; with several, FetchWait shared among
 // them, so an idle slot asks every platform within FetchWait.
 func (a *Agent) slot(ctx, work context.Context, b *bound, slot int) {
 	idle := time.Now() // since the slot last settled an ask
+	// tail is closed when the slot's last build has settled; nil once it
+	// has (handOver: it may be exporting beside the next one).
+	var tail <-chan struct{}
+	defer func() {
+		if tail != nil {
+			<-tail
+		}
+	}()
 	for turn := 0; ctx.Err() == nil; turn++ {
 		if !a.awaitHealthy(ctx, work) {
 			continue // stopping
@@ -416,7 +426,7 @@ func (a *Agent) slot(ctx, work context.Context, b *bound, slot int) {
 				continue
 			}
 			a.obs.IdleWaited(time.Since(idle))
-			a.handle(work, msg)
+			tail = a.handOver(work, msg, tail)
 			idle = time.Now()
 			turn-- // the same platform again: it may have more
 		}

@@ -428,6 +428,7 @@ func (b *BuildKit) pingMark(ctx context.Context, req BuildRequest, exports bool)
 // solve is classified (solveError).
 func (b *BuildKit) solve(ctx context.Context, req BuildRequest, opt client.SolveOpt) (*client.SolveResponse, *progress, error) {
 	p := newProgress(req.Log, b.opts.MaxLogLine)
+	p.exporting = func() { StepsDone(ctx) }
 	ch := make(chan *client.SolveStatus)
 	done := make(chan struct{})
 	go func() {

@@ -22,6 +22,11 @@ type Config struct {
 	// Slots is how many asks the agent works at once; each slot pulls one
 	// ask at a time.
 	Slots int
+	// Overlap lets a slot pull its next ask once its build's own steps are
+	// done, while the daemon exports and pushes the image and its cache
+	// and the registry is asked for them (overlap.go): a slot then has two
+	// builds in hand at most, one of them past its steps. Default on.
+	Overlap bool
 	// Platforms the agent builds: it binds the build seat's holders'
 	// consumer of each, so it only ever receives asks for them. Empty means
 	// every platform its BuildKit worker builds (BuildKit.Platforms, emulated
@@ -110,6 +115,7 @@ func DefaultConfig() Config {
 	return Config{
 		Machine:        mesh.MachineNameOf(host),
 		Slots:          1,
+		Overlap:        true,
 		Grace:          30 * time.Second,
 		RetryFor:       5 * time.Minute,
 		RetryDelay:     2 * time.Second,

@@ -40,6 +40,9 @@ type progress struct {
 	partial  map[logKey][]byte
 	next     int
 	failed   *vertex
+	// exporting, when set, is called as the image's export starts: the
+	// build's own steps are done (StepsDone).
+	exporting func()
 }
 
 type vertex struct {
@@ -86,6 +89,9 @@ func (p *progress) update(s *client.SolveStatus) {
 			x.started = true
 			x.start = *v.Started
 			p.line(fmt.Sprintf("#%d %s", x.n, x.name))
+			if p.exporting != nil && imageExportRE.MatchString(x.name) {
+				p.exporting()
+			}
 		}
 		if v.Cached && !x.cached {
 			x.cached = true

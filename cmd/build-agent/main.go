@@ -48,6 +48,7 @@ func run() int {
 	slots := fs.Int("slots", envInt("MESHBUILD_SLOTS", 1), "asks worked at once; each slot pulls one at a time (MESHBUILD_SLOTS)")
 	catalogue := fs.String("catalogue", daemon.Env("MESHBUILD_CATALOGUE", ""), "optional catalogue directory: asks for modules it does not build are refused (MESHBUILD_CATALOGUE)")
 	metricsAddr := fs.String("metrics", daemon.Env("MESHBUILD_METRICS", ""), "serve /metrics on this address, e.g. :9464 (MESHBUILD_METRICS)")
+	fs.BoolVar(&cfg.Overlap, "overlap", daemon.Env("MESHBUILD_OVERLAP", "true") != "false", "a slot pulls its next ask once its build's own steps are done, while the image and its cache are exported and pushed; --overlap=false: once the build has settled (MESHBUILD_OVERLAP=false)")
 	fs.DurationVar(&cfg.Grace, "grace", cfg.Grace, "on SIGTERM, how long builds in hand may finish before their asks are handed back")
 	var bkOpts agent.BuildKitOptions
 	fs.Int64Var(&bkOpts.SourceDateEpoch, "source-date-epoch", int64(envInt("MESHBUILD_SOURCE_DATE_EPOCH", 0)), "SOURCE_DATE_EPOCH every image is built reproducibly to, seconds since 1970 (MESHBUILD_SOURCE_DATE_EPOCH)")
