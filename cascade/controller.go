@@ -141,6 +141,14 @@ type Controller struct {
 	// the pushes afterFetch works: their modules are addressed at them.
 	heads map[string]string
 
+	// waitingOwed: the last flush left modules waiting unstored
+	// (someWaiting); spared is when it last stored some, and
+	// eventsWaiting how many events were left waiting when the loop last
+	// took a batch (0 on its other turns).
+	waitingOwed   bool
+	spared        time.Time
+	eventsWaiting int
+
 	// a batch's pending effects
 	dirty    map[string]any
 	dirtyRun map[string]bool
@@ -254,8 +262,18 @@ func (c *Controller) Run(ctx context.Context) error {
 	for {
 		var batch []jetstream.Msg
 		var look, forecast, later <-chan time.Time
+		c.eventsWaiting = 0
 		if c.held {
 			look = time.After(c.cfg.IdleLook)
+		}
+		if c.waitingOwed {
+			// Modules still waiting to be stored (someWaiting): a turn
+			// of their own once no event waits, or their next share.
+			if wait := c.spareIn(len(in.events)); wait == 0 {
+				look = closedLook
+			} else if look == nil {
+				look = time.After(wait)
+			}
 		}
 		if due, ok := c.forecastDue(); ok {
 			forecast = time.After(time.Until(due))
@@ -283,6 +301,7 @@ func (c *Controller) Run(ctx context.Context) error {
 				return errors.New("the event consumer stopped")
 			}
 			batch = c.work(ctx, m, in.events)
+			c.eventsWaiting = len(in.events)
 		case cmd := <-c.cmds:
 			if !c.rebuildAside(ctx, cmd) {
 				cmd.Answer(c.command(ctx, cmd.Q))

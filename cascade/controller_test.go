@@ -523,3 +523,38 @@ func TestARunningPlansRecordCarriesItsForecast(t *testing.T) {
 		t.Errorf("settled: %+v, want no forecast", rec)
 	}
 }
+
+// A plan of more modules waiting than a flush stores (3,000 on one that
+// builds) has its first ask out at once and every module stored while that
+// first build goes on, in the loop's turns between events, not at its next
+// periodic look (5 s) or its forecast's (1 s); none is lost.
+func TestABigPlansWaitingModulesAreStoredWhileItsFirstBuildRuns(t *testing.T) {
+	graph := map[string][]string{"root": nil}
+	for i := range 1500 {
+		a, b := fmt.Sprintf("a%04d", i), fmt.Sprintf("b%04d", i)
+		graph[a], graph[b] = []string{"root"}, []string{a}
+	}
+	h := newHarness(t, graph, 1)
+	h.w.sleep["root"] = 8 * time.Second
+	plan := h.push("c1", "push-big")
+	testenv.WaitFor(t, 10*time.Second, "root asked", func() bool { return len(h.w.asksOf("root")) == 1 })
+	st := h.store()
+	var mods map[string]cascade.ModuleStatus
+	testenv.WaitFor(t, 3*time.Second, "every module of the plan stored", func() bool {
+		var err error
+		mods, err = st.Modules(context.Background(), plan)
+		return err == nil && len(mods) == len(graph)
+	})
+	waiting := 0
+	for _, m := range mods {
+		if m.State == cascade.Waiting {
+			waiting++
+		}
+	}
+	if waiting != len(graph)-1 || mods["root"].State == cascade.Waiting {
+		t.Fatalf("%d of %d stored waiting, root %s; want all but root", waiting, len(graph), mods["root"].State)
+	}
+	if rec, err := st.Plan(context.Background(), plan); err != nil || rec.Counts.Waiting != len(graph)-1 {
+		t.Fatalf("record %+v (%v)", rec.Counts, err)
+	}
+}

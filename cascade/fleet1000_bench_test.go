@@ -64,7 +64,8 @@ import (
 // Diagnostics: MESHBUILD_FLEET_SUBJECTS=1 logs the messages per module by
 // subject; MESHBUILD_FLEET_PROFILE=dir writes each node's CPU profile of
 // the dispatch phase and of the first 5 s of the throughput phase to dir
-// (natsProcs.profile).
+// (natsProcs.profile); MESHBUILD_FLEET_CRIT=1 logs the chain that ended
+// the makespan run, where each module on it waited (critChain).
 //
 // single/agents=10000 is issue #23's 10,000 machines on one server: the
 // dispatch and throughput figures and the server's memory, no makespan
@@ -218,6 +219,7 @@ func fleetRun(tb testing.TB, sz fleetSize) map[string]float64 {
 		f.firstStart = false
 		f.run(d, sz.unit, timeout) // learn
 		r := f.run(d, sz.unit, timeout)
+		critChain(tb, f.modules(tb, r.Rec.ID), r.Rec.Created, *f.work.dur.Load())
 		out["makespan/lb"] = r.Makespan.Seconds() / (lb * sz.unit.Seconds())
 		out["makespan-s"] = r.Makespan.Seconds()
 		out["lb-s"] = lb * sz.unit.Seconds()
