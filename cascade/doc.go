@@ -126,6 +126,14 @@
 //	 ▼
 //	ack the batch, back to Run
 //
+// The flush's phases: what finished; the modules of its first asks
+// (firstAsks, the best ranked), stored queued, and those asks published;
+// the rest it released, and their asks; then up to waitingPerFlush of the
+// modules still waiting, the deepest tiers first, and the plan records. A
+// big new plan's other waiting modules are stored on the loop's later
+// turns, when no event waits or every spareEvery (someWaiting): a module
+// not stored is loaded as waiting after a restart.
+//
 // One change waits: a started alone is applied at once but stored with
 // its module's next change (a short build's built) or StartedStoreDelay
 // later, whichever comes first, and acknowledged once stored
