@@ -43,6 +43,19 @@ func TestSomeWaitingStoresTheDeepestFirstBetweenEvents(t *testing.T) {
 	if got := c.someWaiting(waiting); len(got) != waitingPerFlush {
 		t.Fatalf("a share due with events waiting: stored %d", len(got))
 	}
+	// A share across tiers: all of the deepest, the rest from the next.
+	var across Controller
+	mixed := map[string]any{}
+	for i, tier := range append(append(slices.Repeat([]int{2}, 100), slices.Repeat([]int{1}, 300)...), slices.Repeat([]int{0}, 300)...) {
+		mixed[fmt.Sprintf("x%04d", i)] = ModuleStatus{Tier: tier, State: Waiting}
+	}
+	perTier := map[int]int{}
+	for _, v := range across.someWaiting(mixed) {
+		perTier[v.(ModuleStatus).Tier]++
+	}
+	if perTier[2] != 100 || perTier[1] != waitingPerFlush-100 || perTier[0] != 0 {
+		t.Fatalf("a share of tiers 2 (100), 1 (300) and 0 (300): %v", perTier)
+	}
 	// No event waits: at once.
 	c.eventsWaiting = 0
 	if got := c.someWaiting(waiting); len(got) != waitingPerFlush || c.spareIn(0) != 0 {
