@@ -141,11 +141,11 @@ type Controller struct {
 	// the pushes afterFetch works: their modules are addressed at them.
 	heads map[string]string
 
-	// waitingOwed: the last flush left modules waiting unstored
-	// (someWaiting); spared is when it last stored some, and
+	// owed are the modules still waiting that a flush left unstored, by
+	// key (someWaiting); spared is when one last stored some, and
 	// eventsWaiting how many events were left waiting when the loop last
 	// took a batch (0 on its other turns).
-	waitingOwed   bool
+	owed          map[string]any
 	spared        time.Time
 	eventsWaiting int
 
@@ -266,7 +266,7 @@ func (c *Controller) Run(ctx context.Context) error {
 		if c.held {
 			look = time.After(c.cfg.IdleLook)
 		}
-		if c.waitingOwed {
+		if len(c.owed) > 0 {
 			// Modules still waiting to be stored (someWaiting): a turn
 			// of their own once no event waits, or their next share.
 			if wait := c.spareIn(len(in.events)); wait == 0 {

@@ -179,6 +179,9 @@ func (c *Controller) phases() (finished, released, waiting, records map[string]a
 	}
 	finished, released, waiting, records = map[string]any{}, map[string]any{}, map[string]any{}, map[string]any{}
 	for k, v := range c.dirty {
+		if len(c.owed) > 0 {
+			delete(c.owed, k) // its newer state is stored instead
+		}
 		switch v := v.(type) {
 		case PlanRecord:
 			records[k] = v
@@ -253,26 +256,49 @@ const (
 // spareEvery has passed since the last. A new plan of 10,000 modules
 // publishes its first asks and then stores its 9,000 others waiting: on
 // three servers with sync always that held the loop 1.2–1.7 s, while the
-// first builds ended and nobody worked their events. The rest stay dirty
-// for the loop's later turns (spareIn); a module released meanwhile is
-// stored once, as queued, its waiting write never needed, which the
-// shallow tiers, stored last, are most often. A module not stored is
-// loaded as waiting on a restart (resume), and its plan is not settled
-// while one is owed.
+// first builds ended and nobody worked their events. The rest are owed
+// (c.owed, outside c.dirty, so that a flush does not go through them
+// again) for the loop's later turns (spareIn); a module whose state
+// changes meanwhile is stored once, in its new state, and its waiting
+// write is dropped (phases), which the shallow tiers, stored last, are
+// most often. A module not stored is loaded as waiting on a restart
+// (resume). The share returned stays in c.dirty, so that a write the
+// store refuses is tried again.
 func (c *Controller) someWaiting(waiting map[string]any) map[string]any {
-	if len(waiting) <= waitingPerFlush {
-		c.waitingOwed = false
+	if len(c.owed) == 0 && len(waiting) <= waitingPerFlush {
 		return waiting
 	}
-	c.waitingOwed = true
-	if c.spareIn(c.eventsWaiting) > 0 {
+	if c.owed == nil {
+		c.owed = map[string]any{}
+	}
+	for k, v := range waiting {
+		c.owed[k] = v
+		delete(c.dirty, k)
+	}
+	if len(c.owed) > waitingPerFlush && c.spareIn(c.eventsWaiting) > 0 {
 		return nil
 	}
 	c.spared = time.Now()
-	// The deepest tiers: the shallowest taken (cut) is the one where the
-	// count from the deepest reaches waitingPerFlush; it gives what is
-	// left of the share. Two passes, no sort (a share of a plan of 10,000
-	// modules is one of 35).
+	share := deepest(c.owed, waitingPerFlush)
+	for k, v := range share {
+		delete(c.owed, k)
+		if p, ok := PlanOfKey(k); ok && c.plans[p] == nil {
+			delete(share, k) // its plan is gone
+			continue
+		}
+		c.dirty[k] = v
+	}
+	return share
+}
+
+// deepest is n of the modules of waiting, the deepest tiers first (all of
+// them when there are no more): the shallowest tier taken (cut) is the one
+// where the count from the deepest reaches n, and gives what is left. Two
+// passes, no sort.
+func deepest(waiting map[string]any, n int) map[string]any {
+	if len(waiting) <= n {
+		return maps.Clone(waiting)
+	}
 	var perTier []int
 	for _, v := range waiting {
 		t := max(0, v.(ModuleStatus).Tier)
@@ -282,11 +308,11 @@ func (c *Controller) someWaiting(waiting map[string]any) map[string]any {
 		perTier[t]++
 	}
 	cut, deeper := len(perTier)-1, 0
-	for ; cut > 0 && deeper+perTier[cut] < waitingPerFlush; cut-- {
+	for ; cut > 0 && deeper+perTier[cut] < n; cut-- {
 		deeper += perTier[cut]
 	}
-	some := make(map[string]any, waitingPerFlush)
-	atCut := waitingPerFlush - deeper
+	some := make(map[string]any, n)
+	atCut := n - deeper
 	for k, v := range waiting {
 		switch t := max(0, v.(ModuleStatus).Tier); {
 		case t > cut:

@@ -9,57 +9,88 @@ import (
 )
 
 // A flush stores the modules still waiting all at once up to
-// waitingPerFlush; beyond, that many of the deepest tiers, and none while
-// events wait, until spareEvery has passed since the last share.
+// waitingPerFlush; beyond, that many of the deepest tiers, none while
+// events wait until spareEvery has passed since the last share, and the
+// rest are owed outside the dirty set; a module's newer state drops its
+// owed waiting write.
 func TestSomeWaitingStoresTheDeepestFirstBetweenEvents(t *testing.T) {
 	waiting := map[string]any{}
 	for i := range 3 * waitingPerFlush {
 		waiting[fmt.Sprintf("m%04d", i)] = ModuleStatus{Tier: i % 3, State: Waiting}
 	}
-	small := map[string]any{"a": ModuleStatus{State: Waiting}}
-	var c Controller
-	if got := c.someWaiting(small); len(got) != 1 || c.waitingOwed {
-		t.Fatalf("a few: %v, owed %v", got, c.waitingOwed)
+	c := Controller{dirty: maps.Clone(waiting)}
+	if got := c.someWaiting(map[string]any{"a": ModuleStatus{State: Waiting}}); len(got) != 1 || len(c.owed) != 0 {
+		t.Fatalf("a few: %v, owed %d", got, len(c.owed))
+	}
+	tiersOf := func(m map[string]any) map[int]int {
+		n := map[int]int{}
+		for _, v := range m {
+			n[v.(ModuleStatus).Tier]++
+		}
+		return n
 	}
 	got := c.someWaiting(waiting)
-	if len(got) != waitingPerFlush || !c.waitingOwed {
-		t.Fatalf("stored %d, owed %v; want %d and more owed", len(got), c.waitingOwed, waitingPerFlush)
+	if n := tiersOf(got); n[2] != waitingPerFlush || len(got) != waitingPerFlush || len(c.owed) != 2*waitingPerFlush {
+		t.Fatalf("stored %v, owed %d; want the %d of tier 2 and the rest owed", n, len(c.owed), waitingPerFlush)
 	}
-	for k, v := range got {
-		if v.(ModuleStatus).Tier != 2 {
-			t.Fatalf("%s of tier %d stored before the deepest tier's", k, v.(ModuleStatus).Tier)
+	for k := range c.owed {
+		if _, in := c.dirty[k]; in {
+			t.Fatalf("%s is owed and still dirty: every flush would go through it", k)
+		}
+	}
+	for k := range got {
+		if _, in := c.dirty[k]; !in {
+			t.Fatalf("%s is stored this flush and not dirty: a refused write would be lost", k)
 		}
 	}
 	// Events wait and a share was just stored: none now.
 	c.eventsWaiting = 5
-	if got := c.someWaiting(waiting); len(got) != 0 || !c.waitingOwed {
-		t.Fatalf("with events waiting, just after a share: stored %d", len(got))
+	if got := c.someWaiting(nil); len(got) != 0 || len(c.owed) != 2*waitingPerFlush {
+		t.Fatalf("with events waiting, just after a share: stored %d, owed %d", len(got), len(c.owed))
 	}
 	if d := c.spareIn(5); d <= 0 || d > spareEvery {
 		t.Fatalf("spareIn with events waiting = %s, want within (0, %s]", d, spareEvery)
 	}
 	// spareEvery later, a share even though events wait.
 	c.spared = time.Now().Add(-spareEvery)
-	if got := c.someWaiting(waiting); len(got) != waitingPerFlush {
-		t.Fatalf("a share due with events waiting: stored %d", len(got))
+	if got := c.someWaiting(nil); tiersOf(got)[1] != waitingPerFlush {
+		t.Fatalf("a share due with events waiting: stored %v", tiersOf(got))
 	}
-	// A share across tiers: all of the deepest, the rest from the next.
-	var across Controller
+	// A module released meanwhile: its owed waiting write is dropped.
+	var released string
+	for k := range c.owed {
+		released = k
+		break
+	}
+	c.dirty = map[string]any{released: ModuleStatus{Tier: 0, State: Queued}}
+	if _, _, w, _ := c.phases(); len(w) != 0 {
+		t.Fatalf("waiting %v", w)
+	}
+	if _, owed := c.owed[released]; owed {
+		t.Fatalf("%s released and still owed waiting", released)
+	}
+	// No event waits: at once, and then nothing is owed.
+	c.eventsWaiting = 0
+	if got := c.someWaiting(nil); len(got) != waitingPerFlush-1 || len(c.owed) != 0 || c.spareIn(0) != 0 {
+		t.Fatalf("no event waiting: stored %d, owed %d", len(got), len(c.owed))
+	}
+}
+
+// A share across tiers: all of the deepest, the rest from the next.
+func TestDeepestTakesAcrossTiers(t *testing.T) {
 	mixed := map[string]any{}
 	for i, tier := range append(append(slices.Repeat([]int{2}, 100), slices.Repeat([]int{1}, 300)...), slices.Repeat([]int{0}, 300)...) {
 		mixed[fmt.Sprintf("x%04d", i)] = ModuleStatus{Tier: tier, State: Waiting}
 	}
 	perTier := map[int]int{}
-	for _, v := range across.someWaiting(mixed) {
+	for _, v := range deepest(mixed, 256) {
 		perTier[v.(ModuleStatus).Tier]++
 	}
-	if perTier[2] != 100 || perTier[1] != waitingPerFlush-100 || perTier[0] != 0 {
-		t.Fatalf("a share of tiers 2 (100), 1 (300) and 0 (300): %v", perTier)
+	if perTier[2] != 100 || perTier[1] != 156 || perTier[0] != 0 {
+		t.Fatalf("256 of tiers 2 (100), 1 (300) and 0 (300): %v", perTier)
 	}
-	// No event waits: at once.
-	c.eventsWaiting = 0
-	if got := c.someWaiting(waiting); len(got) != waitingPerFlush || c.spareIn(0) != 0 {
-		t.Fatalf("no event waiting: stored %d", len(got))
+	if got := deepest(mixed, 1000); len(got) != len(mixed) {
+		t.Fatalf("more asked than there are: %d", len(got))
 	}
 }
 
