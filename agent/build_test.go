@@ -357,7 +357,7 @@ func TestBuildPushFailures(t *testing.T) {
 	}))
 	t.Cleanup(down.Close)
 	downHost := strings.TrimPrefix(down.URL, "http://")
-	closed := testenv.FreeAddr(t)
+	closed := testenv.ClosedAddr(t)
 
 	bk := newBuildKit(t, testenv.Buildkitd(t, host, denyHost, downHost, closed))
 	base := testenv.Busybox(t, host)
@@ -521,7 +521,7 @@ func TestBuildDeadDaemon(t *testing.T) {
 	dir := buildContext(t, map[string]string{"Dockerfile": "FROM scratch\n"})
 	for _, addr := range []string{
 		"unix://" + filepath.Join(t.TempDir(), "buildkitd.sock"),
-		"tcp://" + testenv.FreeAddr(t),
+		"tcp://" + testenv.ClosedAddr(t),
 		"tcp://" + mute.Addr().String(),
 	} {
 		t.Run(addr, func(t *testing.T) {

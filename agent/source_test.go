@@ -356,7 +356,7 @@ func TestCheckoutBranch(t *testing.T) {
 func TestCheckoutErrors(t *testing.T) {
 	repo, c := testenv.GitRepo(t, map[string]string{"runtime/Dockerfile": "FROM base\n", "file": "x"})
 	notRepo := t.TempDir()
-	closed := testenv.FreeAddr(t)
+	closed := testenv.ClosedAddr(t)
 	missing := strings.Repeat("0", 40)
 
 	for _, tc := range []struct {

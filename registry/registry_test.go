@@ -106,7 +106,7 @@ func TestResolveErrors(t *testing.T) {
 	}{
 		{"unknown repository", host + "/nothing:latest", false, true, true},
 		{"unknown digest", host + "/nothing@sha256:" + strings.Repeat("a", 64), false, true, true},
-		{"connection refused", testenv.FreeAddr(t) + "/x:latest", true, false, false},
+		{"connection refused", testenv.ClosedAddr(t) + "/x:latest", true, false, false},
 		{"5xx", strings.TrimPrefix(failing.URL, "http://") + "/x:latest", true, false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -136,7 +136,7 @@ func TestPing(t *testing.T) {
 	if err := client.Ping(ctx, host); err != nil {
 		t.Errorf("Ping(live): %v", err)
 	}
-	if err := client.Ping(ctx, testenv.FreeAddr(t)); !registry.IsInfra(err) {
+	if err := client.Ping(ctx, testenv.ClosedAddr(t)); !registry.IsInfra(err) {
 		t.Errorf("Ping(closed) = %v, want an infra error", err)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 
 	"github.com/meshbuild/meshbuild/internal/natstest"
@@ -71,8 +72,31 @@ func FreePorts(t testing.TB, n int) string {
 	return "127.0.0.1:" + strconv.Itoa(natstest.FreePortRun(t, n))
 }
 
+// ClosedAddr returns a loopback address every dial to is refused for the
+// test's life: a socket bound to it that never listens, closed at cleanup.
+// No other process can take the port meanwhile, as one can a port FreeAddr
+// gave up (a test's "unreachable" server once answered 404 in CI: another
+// package's server had taken the port).
+func ClosedAddr(t testing.TB) string {
+	t.Helper()
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Close(fd) })
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	sa, err := syscall.Getsockname(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return "127.0.0.1:" + strconv.Itoa(sa.(*syscall.SockaddrInet4).Port)
+}
+
 // FreeAddr reserves a loopback port and releases it: an address nothing
-// listens on, for a server to take, or for a dial that must be refused.
+// listens on, for a server to take. For a dial that must be refused, use
+// ClosedAddr.
 func FreeAddr(t testing.TB) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
