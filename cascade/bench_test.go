@@ -7,8 +7,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -261,7 +263,7 @@ func (f *benchFarm) run(d sim.DAG, unit, timeout time.Duration) planRun {
 	f.push(ctx, commit)
 	rec := f.untilRecord(ctx, w, plan, timeout, settled)
 	if rec.Outcome != cascade.OutcomeBuilt || rec.Counts.Built != d.Len() {
-		f.tb.Fatalf("plan %s: %s, %+v; want all %d built", plan, rec.Outcome, rec.Counts, d.Len())
+		f.tb.Fatalf("plan %s: %s, %+v; want all %d built%s", plan, rec.Outcome, rec.Counts, d.Len(), f.failures(plan))
 	}
 	r := planRun{Rec: rec, Makespan: rec.Updated.Sub(t0)}
 	if !f.firstStart {
@@ -281,6 +283,37 @@ func (f *benchFarm) run(d sim.DAG, unit, timeout time.Duration) planRun {
 		r.FirstStart = first.Sub(t0)
 	}
 	return r
+}
+
+// failures says why a plan's modules failed: how many for each reason and
+// message's start, and which machine the first of each was on.
+func (f *benchFarm) failures(plan string) string {
+	st, err := cascade.OpenStore(context.Background(), f.js, "build-controller")
+	if err != nil {
+		return fmt.Sprintf(" (its modules unread: %v)", err)
+	}
+	mods, err := st.Modules(context.Background(), plan)
+	if err != nil {
+		return fmt.Sprintf(" (its modules unread: %v)", err)
+	}
+	count, first := map[string]int{}, map[string]string{}
+	for name, m := range mods {
+		if m.State != cascade.Failed {
+			continue
+		}
+		why := m.Reason + ": " + m.Message
+		if len(why) > 160 {
+			why = why[:160] + "…"
+		}
+		if count[why]++; first[why] == "" {
+			first[why] = fmt.Sprintf("%s on %s, attempt %d", name, m.On, m.Attempt)
+		}
+	}
+	var sb strings.Builder
+	for _, why := range slices.Sorted(maps.Keys(count)) {
+		fmt.Fprintf(&sb, "\n\t%d failed: %s (e.g. %s)", count[why], why, first[why])
+	}
+	return sb.String()
 }
 
 // policy is the pure simulator's policy for what the controller does.

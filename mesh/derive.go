@@ -69,6 +69,10 @@ type BucketSpec struct {
 	Module string
 	Config jetstream.KeyValueConfig
 	Why    string
+	// DiscardOld makes a full bucket drop its oldest entries to take a
+	// new one, where a bucket refuses the write (nats.go makes every
+	// bucket's stream DiscardNew): Raise sets it on the stream.
+	DiscardOld bool
 }
 
 // Wire is everything a catalogue implies on the server.
@@ -458,10 +462,16 @@ func holderConsumer(name string, replicas int, filters ...string) jetstream.Cons
 // (AskClaimsBucket). A live claim carries its lease as the key's TTL, so it
 // lapses on the server's clock; a settled one (its outcome, or the budget
 // an ask spent on infrastructure) outlives its ask: the bucket keeps it for
-// the seat's retain and the queue's duplicate window after.
+// the seat's retain and the queue's duplicate window after, as long as it
+// has room. Full, it drops its oldest claims (DiscardOld): a live claim is
+// renewed every third of its lease, so the oldest are settled ones, long
+// past their asks. Refusing instead, a fleet that settled some 60,000 asks
+// inside the retain (a week by default) had every new claim refused, and
+// every ask failed once delivered HolderMaxDeliver times.
 func AskClaimsBucketSpec(s Seat, replicas int) BucketSpec {
 	return BucketSpec{
-		Why: "the holders of " + s.Seat + " claim the asks they work",
+		DiscardOld: true,
+		Why:        "the holders of " + s.Seat + " claim the asks they work",
 		Config: jetstream.KeyValueConfig{
 			Bucket: AskClaimsBucket(s.Seat), History: 1, TTL: SeatRetain(s) + DuplicateWindow,
 			LimitMarkerTTL: ClaimMarkerTTL,

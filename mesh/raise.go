@@ -82,6 +82,11 @@ func Raise(ctx context.Context, js jetstream.JetStream, c *Catalogue, replicas i
 		if _, err := js.CreateOrUpdateKeyValue(ctx, b.Config); err != nil {
 			return r, fmt.Errorf("asserting bucket %s (%s): %w", b.Config.Bucket, b.Why, err)
 		}
+		if b.DiscardOld {
+			if err := discardOld(ctx, js, stream); err != nil {
+				return r, fmt.Errorf("asserting bucket %s (%s): %w", b.Config.Bucket, b.Why, err)
+			}
+		}
 		after, _, err := streamConfig(ctx, js, stream)
 		if err != nil {
 			return r, err
@@ -260,6 +265,22 @@ func isMeshConsumer(name string) bool {
 func MarshalIndent(v any) string {
 	b, _ := json.MarshalIndent(v, "", "  ")
 	return string(b)
+}
+
+// discardOld makes stream, a bucket's, drop its oldest entries when full
+// (BucketSpec.DiscardOld).
+func discardOld(ctx context.Context, js jetstream.JetStream, stream string) error {
+	st, err := js.Stream(ctx, stream)
+	if err != nil {
+		return err
+	}
+	cfg := st.CachedInfo().Config
+	if cfg.Discard == jetstream.DiscardOld {
+		return nil
+	}
+	cfg.Discard = jetstream.DiscardOld
+	_, err = js.UpdateStream(ctx, cfg)
+	return err
 }
 
 // RaiseClaims asserts the claims bucket alone, idempotently. A controller

@@ -392,3 +392,55 @@ func TestDerivedPermissionsOnARealServer(t *testing.T) {
 		}
 	})
 }
+
+// A seat's ask claims bucket never refuses a new claim for room: full, it
+// drops its oldest claims (settled ones, long past their asks). Refusing
+// instead (a bucket's default), a fleet that settled some 60,000 asks
+// inside the week its claims are kept had every new claim refused and
+// every ask fail. Checked on a real server, through Raise (and again after
+// a second raise, which asserts the bucket anew), with the bucket's limit
+// lowered so that it fills quickly.
+func TestAFullAskClaimsBucketDropsItsOldestClaims(t *testing.T) {
+	s := natstest.Server(t, nil)
+	_, js := natstest.Connect(t, s)
+	c := mesh.NewCatalogue(fixture())
+	for range 2 {
+		if _, err := mesh.Raise(ctx(t), js, c, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bucket := mesh.AskClaimsBucket("node-build-agent")
+	st, err := js.Stream(ctx(t), mesh.KVStream(bucket))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := st.CachedInfo().Config
+	if cfg.Discard != jetstream.DiscardOld {
+		t.Fatalf("the ask claims bucket's stream discards %v, want the oldest", cfg.Discard)
+	}
+	cfg.MaxBytes = 64 << 10
+	if _, err := js.UpdateStream(ctx(t), cfg); err != nil {
+		t.Fatal(err)
+	}
+	kv, err := js.KeyValue(ctx(t), bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	claim := make([]byte, 1<<10)
+	const n = 256 // four times what the bucket holds
+	for i := range n {
+		if _, err := kv.Create(ctx(t), fmt.Sprintf("ask-%03d", i), claim); err != nil {
+			t.Fatalf("claim %d of %d refused: %v", i+1, n, err)
+		}
+	}
+	if _, err := kv.Get(ctx(t), "ask-000"); !errors.Is(err, jetstream.ErrKeyNotFound) {
+		t.Errorf("the oldest claim: %v, want it dropped", err)
+	}
+	if _, err := kv.Get(ctx(t), fmt.Sprintf("ask-%03d", n-1)); err != nil {
+		t.Errorf("the newest claim: %v", err)
+	}
+	// A claim still taken is not taken twice.
+	if _, err := kv.Create(ctx(t), fmt.Sprintf("ask-%03d", n-1), claim); !errors.Is(err, jetstream.ErrKeyExists) {
+		t.Errorf("creating a live claim again: %v, want it refused as existing", err)
+	}
+}
