@@ -45,7 +45,9 @@ type Config struct {
 	// per plan, and cannot.
 	Window int
 	// KeepPlans is how many settled plans the store keeps; older ones are
-	// pruned so the bucket never fills. 0 is DefaultKeepPlans.
+	// pruned, and the oldest but the newest also while the bucket holds
+	// more than half its limit (Store.Prune), so that it never fills. 0 is
+	// DefaultKeepPlans.
 	KeepPlans int
 
 	// ObserveEvery is how often the plans' gauges are reported and

@@ -465,39 +465,77 @@ func Load(p planner.Plan, r PlanRecord, mods map[string]ModuleStatus) (*State, e
 
 // Prune removes the oldest settled plans beyond the newest keep, with their
 // module entries, so that the bucket (64 MiB at most) never fills: a full
-// bucket would refuse every write of a running plan. Running plans are never
-// removed. It returns how many plans it removed; PruneKeys, called after it,
-// removes the input keys that went with them.
+// bucket would refuse every write of a running plan. It also removes the
+// oldest settled plans, but the newest, while the bucket holds more than
+// half its limit (pruneRoom): a few plans of a big catalogue fill it long
+// before keep of them do (10,000 modules built are some 10 MB). Running
+// plans are never removed. It returns how many plans it removed;
+// PruneKeys, called after it, removes the input keys that went with them.
 func (s *Store) Prune(ctx context.Context, keep int) (int, error) {
 	recs, err := s.Plans(ctx) // newest first
 	if err != nil {
 		return 0, err
 	}
-	settled := 0
-	removed := 0
+	var settled []PlanRecord
 	for _, r := range recs {
-		if r.Outcome == OutcomeRunning {
-			continue
+		if r.Outcome != OutcomeRunning {
+			settled = append(settled, r)
 		}
-		settled++
-		if settled <= keep {
-			continue
+	}
+	over, err := s.overRoom(ctx)
+	if err != nil {
+		return 0, err
+	}
+	removed := 0
+	for i := len(settled) - 1; i >= 1; i-- { // oldest first, never the newest
+		if i < keep && over <= 0 {
+			break
 		}
-		var keys []string
-		if err := s.each(ctx, ModulesOf(r.ID), func(key string, _ []byte) error {
-			keys = append(keys, key)
-			return nil
-		}); err != nil {
+		freed, err := s.removePlan(ctx, settled[i].ID)
+		if err != nil {
 			return removed, err
 		}
-		for _, k := range append(keys, PlanKey(r.ID)) {
-			if err := s.kv.Purge(ctx, k); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
-				return removed, fmt.Errorf("pruning plan %s: %w", r.ID, err)
-			}
-		}
+		over -= freed
 		removed++
 	}
 	return removed, nil
+}
+
+// pruneRoom is the share of the bucket's limit Prune keeps it under.
+const pruneRoom = 0.5
+
+// overRoom is how many bytes the bucket holds beyond pruneRoom of its
+// limit (none without one).
+func (s *Store) overRoom(ctx context.Context) (int64, error) {
+	st, err := s.kv.Status(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("reading the plans bucket's size: %w", err)
+	}
+	info := st.(*jetstream.KeyValueBucketStatus).StreamInfo()
+	if info.Config.MaxBytes <= 0 {
+		return 0, nil
+	}
+	return int64(info.State.Bytes) - int64(pruneRoom*float64(info.Config.MaxBytes)), nil
+}
+
+// removePlan purges a plan's record and module entries, and returns about
+// how many bytes they held.
+func (s *Store) removePlan(ctx context.Context, id string) (int64, error) {
+	var keys []string
+	var size int64
+	if err := s.each(ctx, ModulesOf(id), func(key string, data []byte) error {
+		keys = append(keys, key)
+		size += int64(len(key) + len(data))
+		return nil
+	}); err != nil {
+		return 0, err
+	}
+	for _, k := range append(keys, PlanKey(id)) {
+		if err := s.kv.Purge(ctx, k); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+			return size, fmt.Errorf("pruning plan %s: %w", id, err)
+		}
+	}
+	return size, nil
 }
 
 // PruneKeys removes the input keys whose plan the store no longer holds,

@@ -3,12 +3,17 @@ package cascade_test
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/meshbuild/meshbuild/cascade"
 	"github.com/meshbuild/meshbuild/cascade/cascadetest"
+	"github.com/meshbuild/meshbuild/internal/natstest"
+	"github.com/meshbuild/meshbuild/mesh"
+	"github.com/meshbuild/meshbuild/mesh/meshtest"
 	"github.com/meshbuild/meshbuild/planner"
 )
 
@@ -176,5 +181,75 @@ func TestListingsWhileTheStoreIsWritten(t *testing.T) {
 		if len(ms) != mods {
 			t.Fatalf("listing %d: %d modules of %d", i, len(ms), mods)
 		}
+	}
+}
+
+// A few plans of a big catalogue fill the plans bucket (64 MiB) long before
+// KeepPlans of them do: Prune also removes the oldest settled plans while
+// the bucket holds more than half its limit — never the newest settled one
+// nor a running one. On a real server, the bucket's limit lowered to 1 MiB.
+func TestPruneKeepsThePlansBucketUnderHalfItsLimit(t *testing.T) {
+	s := natstest.Server(t, nil)
+	_, js := natstest.Connect(t, s)
+	ctx := context.Background()
+	if _, err := mesh.Raise(ctx, js, meshtest.Catalogue(t, nil), 1); err != nil {
+		t.Fatal(err)
+	}
+	stream, err := js.Stream(ctx, mesh.KVStream(mesh.KVBucket("build-controller", cascade.StateBucket)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := stream.CachedInfo().Config
+	cfg.MaxBytes = 1 << 20
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	st, err := cascade.OpenStore(ctx, js, "build-controller")
+	if err != nil {
+		t.Fatal(err)
+	}
+	big := strings.Repeat("x", 2000)
+	for i := range 8 { // 8 plans of some 80 KB: 640 KB
+		id := fmt.Sprintf("p-%d", i)
+		o := cascade.OutcomeBuilt
+		if i == 3 {
+			o = cascade.OutcomeRunning
+		}
+		rec := cascade.PlanRecord{ID: id, Seq: uint64(i + 1), Outcome: o, Created: time.Now(), Trigger: planner.Trigger{Kind: planner.KindPush, Repo: repo, Commit: id}}
+		if _, err := st.CreatePlan(ctx, rec); err != nil {
+			t.Fatal(err)
+		}
+		mods := map[string]any{}
+		for m := range 40 {
+			mods[cascade.ModuleKey(id, fmt.Sprintf("m%d", m))] = cascade.ModuleStatus{Module: fmt.Sprintf("m%d", m), Message: big}
+		}
+		if err := st.Put(ctx, mods); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n, err := st.Prune(ctx, cascade.DefaultKeepPlans)
+	if err != nil || n == 0 {
+		t.Fatalf("pruned %d (%v), want the oldest plans gone", n, err)
+	}
+	status, err := st.KV().Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if status.Bytes() > 1<<19 {
+		t.Errorf("the bucket holds %d bytes after pruning, more than half its limit", status.Bytes())
+	}
+	recs, err := st.Plans(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kept := map[string]bool{}
+	for _, r := range recs {
+		kept[r.ID] = true
+	}
+	if !kept["p-7"] || !kept["p-3"] || kept["p-0"] || len(recs) != 8-n {
+		t.Errorf("kept %v after pruning %d; want the newest settled (p-7) and the running (p-3), not the oldest", slices.Sorted(maps.Keys(kept)), n)
+	}
+	if mods, _ := st.Modules(ctx, "p-3"); len(mods) != 40 {
+		t.Errorf("the running plan has %d modules left, want 40", len(mods))
 	}
 }
