@@ -530,10 +530,23 @@ func (s *Store) removePlan(ctx context.Context, id string) (int64, error) {
 	}); err != nil {
 		return 0, err
 	}
-	for _, k := range append(keys, PlanKey(id)) {
-		if err := s.kv.Purge(ctx, k); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
-			return size, fmt.Errorf("pruning plan %s: %w", id, err)
-		}
+	// The modules in parallel, as Put writes (a plan of 10,000 purged one
+	// by one held the controller's loop for seconds), then the record.
+	var g errgroup.Group
+	g.SetLimit(max(1, s.Parallel))
+	for _, k := range keys {
+		g.Go(func() error {
+			if err := s.kv.Purge(ctx, k); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+				return fmt.Errorf("pruning plan %s: %w", id, err)
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return size, err
+	}
+	if err := s.kv.Purge(ctx, PlanKey(id)); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+		return size, fmt.Errorf("pruning plan %s: %w", id, err)
 	}
 	return size, nil
 }
