@@ -37,11 +37,31 @@ func TestAHandOutWaitsForTheEventsBeforeIt(t *testing.T) {
 	if !c.caughtUp(ctx, now) {
 		t.Fatal("no events: held")
 	}
+	pending := func() uint64 {
+		info, err := cons.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.NumPending
+	}
+	// publish stores one event for the controller between two others', and
+	// waits until the consumer counts it pending: the server counts a
+	// stored event for a filtered consumer a moment after it acknowledged
+	// the publish (under load in CI, a mark taken at once counted one of
+	// two).
 	publish := func() {
+		before := pending()
 		for _, subj := range []string{"caughtup.other", "caughtup.built", "caughtup.other"} {
 			if _, err := js.Publish(ctx, subj, []byte("{}")); err != nil {
 				t.Fatal(err)
 			}
+		}
+		deadline := time.Now().Add(5 * time.Second)
+		for pending() != before+1 {
+			if time.Now().After(deadline) {
+				t.Fatalf("the consumer counts %d pending, want %d", pending(), before+1)
+			}
+			time.Sleep(time.Millisecond)
 		}
 	}
 	fetch := func() []jetstream.Msg {
