@@ -59,7 +59,10 @@ func Connect(urls, creds, principal, name string, opts ...nats.Option) (*nats.Co
 			return nil, nil, fmt.Errorf("NATS at %s wants credentials: %w (set --creds or MESHBUILD_CREDS; `builds up` prints the operator's)", urls, err)
 		}
 		return nil, nil, fmt.Errorf("NATS at %s refused the credentials in %s: %w (were they issued from the keys this server trusts?)", urls, creds, err)
-	case errors.Is(err, nats.ErrMaxConnectionsExceeded):
+	case errors.Is(err, nats.ErrMaxConnectionsExceeded) || err != nil && strings.Contains(err.Error(), "maximum connections exceeded"):
+		// nats.go returns its error value when the answer comes after the
+		// connection is up, and a plain error with the server's words
+		// when it comes in answer to CONNECT (sendConnect).
 		return nil, nil, fmt.Errorf("NATS at %s has no room for another connection: %w (%s)", urls, err, roomHint())
 	case errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET):
 		// A server with no room answers "maximum connections exceeded"
