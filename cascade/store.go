@@ -511,7 +511,11 @@ func (s *Store) overRoom(ctx context.Context) (int64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("reading the plans bucket's size: %w", err)
 	}
-	info := st.(*jetstream.KeyValueBucketStatus).StreamInfo()
+	bs, ok := st.(*jetstream.KeyValueBucketStatus)
+	if !ok {
+		return 0, nil // no stream to read the size of: pruned by count alone
+	}
+	info := bs.StreamInfo()
 	if info.Config.MaxBytes <= 0 {
 		return 0, nil
 	}
