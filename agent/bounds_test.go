@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/meshbuild/meshbuild/agent"
+	"github.com/meshbuild/meshbuild/claim"
 	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
@@ -374,6 +375,72 @@ func TestAnAskWhoseClaimLapsedInAnOutageIsClaimedAgainAtOnce(t *testing.T) {
 	}
 	g.notBegunAgain(t)
 	g.ch("lapse") <- nil
+	r := builtOnce(t, js, 30*time.Second, "built and acknowledged")
+	if len(r.Built) != 1 || len(r.Started) != 1 {
+		t.Fatalf("started %+v built %+v: want the ask started and built once", r.Started, r.Built)
+	}
+	g.notBegunAgain(t)
+}
+
+// A redelivery to the very machine that still builds the ask, its claim
+// gone from the key and not claimed again yet (seen by hand: a bus frozen
+// for longer than the ack wait, then the redelivery on the machine's next
+// slot, while the build's own retake was still on its way), is left to
+// that build. Claimed by the second slot, the two shared the machine's key,
+// overwrote each other's claim, and the module was built twice on it. Here
+// the machine's seat claim is away, so its build's retake waits for it.
+func TestARedeliveryToTheMachineStillBuildingItIsLeftToThatBuild(t *testing.T) {
+	s, js := bus(t)
+	ctx := context.Background()
+	seat, err := claim.Claim(ctx, js, mesh.BuildSeat, claim.Node("m1"), claim.Process("build-agent"), claim.WithLease(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := newGate()
+	ended := make(ends, 10)
+	startObserved(t, s, "m1", g.on("m1"), func(c *agent.Config) {
+		c.Slots, c.SeatToken = 2, seat.Token()
+		// No heartbeats: the server hands the ask out again after its ack
+		// wait. The claim is renewed every second: the build notices at
+		// once that its claim is gone, and waits for its seat to retake it.
+		c.Heartbeat, c.ClaimLease = time.Hour, 3*time.Second
+	}, ended)
+	a := ask("again")
+	submit(t, js, a)
+	if first := recv(t, g.began, 5*time.Second); first != "again" {
+		t.Fatalf("began %s", first)
+	}
+	seats, err := js.KeyValue(ctx, mesh.ClaimsBucket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	held, err := seats.Get(ctx, mesh.ClaimKey(mesh.BuildSeat, "m1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := seat.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	kv, err := js.KeyValue(ctx, mesh.AskClaimsBucket(mesh.BuildSeat))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := kv.Delete(ctx, mesh.AskClaimKey(a.ID, "m1")); err != nil {
+		t.Fatal(err)
+	}
+	if e := ended.next(t, agent.OutcomeHandedBack, 3*testAckWait); e.Took != 0 {
+		t.Fatalf("the ask redelivered to m1 was worked on beside its build (%s), want it left to that build", e.Took)
+	}
+	g.notBegunAgain(t)
+	// The seat back as it was: the build claims the ask again, and ends.
+	if _, err := seats.Put(ctx, mesh.ClaimKey(mesh.BuildSeat, "m1"), held.Value()); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 10*time.Second, "m1's build claiming the ask again", func() bool {
+		e, err := kv.Get(ctx, mesh.AskClaimKey(a.ID, "m1"))
+		return err == nil && strings.Contains(string(e.Value()), `"attempt":1`)
+	})
+	g.ch("again") <- nil
 	r := builtOnce(t, js, 30*time.Second, "built and acknowledged")
 	if len(r.Built) != 1 || len(r.Started) != 1 {
 		t.Fatalf("started %+v built %+v: want the ask started and built once", r.Started, r.Built)

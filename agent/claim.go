@@ -87,6 +87,15 @@ func (a *Agent) claim(ctx context.Context, ask mesh.Ask, attempt int) (*hold, cl
 	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
+	if attempt > 1 && a.running.has(id) {
+		// Redelivered to this very machine while it still builds the ask
+		// (the server's ack wait ran out in an outage, or while the bus
+		// was frozen): left to that build, which claims it again itself.
+		// Claimed here as well, the two would share this machine's key,
+		// each overwrite the other's claim, and one be built twice.
+		h.found.Held = &claim.AskRecord{Ask: id, Machine: a.cfg.Machine, Holder: "this machine's build of it, still going on"}
+		return h, claimHeld, nil
+	}
 	if attempt > 1 {
 		a.noteReconnects()
 		f, err := a.claims.Look(ctx, id, ask.Secret, func(r claim.AskRecord) bool { return a.running.has(r.Ask) })
@@ -356,5 +365,8 @@ func claimLease(lease, ackWait time.Duration) time.Duration {
 
 // claimedBy says who holds a claim, for a hand-back's log.
 func claimedBy(r *claim.AskRecord) error {
+	if r.Attempt == 0 {
+		return fmt.Errorf("claimed by %s (%s)", r.Machine, r.Holder)
+	}
 	return fmt.Errorf("claimed by %s (%s, attempt %d)", r.Machine, r.Holder, r.Attempt)
 }
