@@ -547,15 +547,15 @@ func dockerfileOf(req BuildRequest) (buildFiles, error) {
 	}
 	ctxFS, err := fsutil.NewFS(req.ContextDir)
 	if err != nil {
-		return buildFiles{}, classified(ErrSource, "build context "+req.ContextDir, err)
+		return buildFiles{}, classified(ErrSource, saying("build context "+req.ContextDir, err), err)
 	}
 	dfData, err := os.ReadFile(dfPath)
 	if err != nil {
-		return buildFiles{}, classified(ErrSource, fmt.Sprintf("reading Dockerfile %q", rel), err)
+		return buildFiles{}, classified(ErrSource, saying(fmt.Sprintf("reading Dockerfile %q", rel), err), err)
 	}
 	dfFS, err := fsutil.NewFS(filepath.Dir(dfPath))
 	if err != nil {
-		return buildFiles{}, classified(ErrSource, "Dockerfile directory", err)
+		return buildFiles{}, classified(ErrSource, saying("Dockerfile directory", err), err)
 	}
 	return buildFiles{context: ctxFS, dir: dfFS, path: dfPath, data: dfData}, nil
 }

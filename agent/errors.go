@@ -12,6 +12,7 @@ import (
 	"github.com/moby/buildkit/util/grpcerrors"
 	"google.golang.org/grpc/codes"
 
+	"github.com/meshbuild/meshbuild/internal/gitcache"
 	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/registry"
 )
@@ -214,6 +215,23 @@ func registryWords(err error) string {
 
 // lastLine returns the last non-empty line of s, trimmed: build tools put
 // the line that matters last.
+// saying is msg, what failed, with err's own last word on why: git's (the
+// last line it wrote) for a git command, else err's last line. A
+// classified error says its Msg alone, so a Msg that only names what
+// failed would hide the cause (by hand: "infra: fetching
+// https://git.example/fleet.git", nothing on why).
+func saying(msg string, err error) string {
+	if err == nil {
+		return msg
+	}
+	why := err.Error()
+	var ge *gitcache.Error
+	if errors.As(err, &ge) {
+		why = ge.Why()
+	}
+	return msg + ": " + lastLine(why)
+}
+
 func lastLine(s string) string {
 	lines := strings.Split(strings.TrimSpace(s), "\n")
 	for i := len(lines) - 1; i >= 0; i-- {

@@ -22,7 +22,7 @@ func (b *BuildKit) Platforms(ctx context.Context) ([]string, error) {
 	defer cancel()
 	ws, err := b.c.ListWorkers(ctx)
 	if err != nil {
-		return nil, classified(ErrInfra, fmt.Sprintf("listing the workers of buildkitd at %s", b.addr), err)
+		return nil, classified(ErrInfra, saying("listing the workers of buildkitd at "+b.addr, err), err)
 	}
 	var out []string
 	for _, w := range ws {

@@ -99,7 +99,7 @@ func (s *Sources) CheckoutCommit(ctx context.Context, src mesh.Source) (dir, com
 		case ctx.Err() != nil:
 			return ctx.Err()
 		}
-		return classified(ErrInfra, "checking out "+short(commit), err)
+		return classified(ErrInfra, saying("checking out "+short(commit), err), err)
 	})
 	if err != nil {
 		// What the clone was found to hold is looked at again next time.
@@ -134,7 +134,7 @@ func (s *Sources) resolve(ctx context.Context, root string, src mesh.Source, sub
 		if cerr := ctx.Err(); cerr != nil {
 			return "", "", "", cerr
 		}
-		return "", "", "", classified(ErrInfra, "reading the clone of "+src.Repo, err)
+		return "", "", "", classified(ErrInfra, saying("reading the clone of "+src.Repo, err), err)
 	}
 	if objs[0].Type != "tree" {
 		return "", "", "", classified(ErrSource, fmt.Sprintf("path %q is not a directory in %s at %s", src.Path, src.Repo, short(commit)), nil)
@@ -307,7 +307,7 @@ func fetchFailure(src mesh.Source, url string, err error) error {
 	case errors.Is(err, gitcache.ErrNotFound):
 		return classified(ErrSource, fmt.Sprintf("commit %s not found in %s", src.Commit, src.Repo), err)
 	}
-	return classified(ErrInfra, "preparing the clone of "+src.Repo, err)
+	return classified(ErrInfra, saying("preparing the clone of "+src.Repo, err), err)
 }
 
 // fetchError classifies a failed fetch of every ref. A local repository that
@@ -331,7 +331,7 @@ func fetchError(repo, url string, err error) error {
 			}
 		}
 	}
-	return classified(ErrInfra, "fetching "+repo, err)
+	return classified(ErrInfra, saying("fetching "+repo, err), err)
 }
 
 // localPath reports whether url names a repository on this machine, and its

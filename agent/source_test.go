@@ -377,7 +377,10 @@ func TestCheckoutErrors(t *testing.T) {
 		{"Dockerfile leaves the context", mesh.Source{Repo: repo, Commit: c, Path: "runtime", Dockerfile: "../file"}, ErrSource, "not a file"},
 		{"commit is an option", mesh.Source{Repo: repo, Commit: "--upload-pack=touch /tmp/pwned"}, ErrSource, "not a commit"},
 		{"repo is an option", mesh.Source{Repo: "--help", Commit: c}, ErrSource, "not a repository"},
-		{"server unreachable", mesh.Source{Repo: "http://" + closed + "/fleet.git", Commit: c}, ErrInfra, "fetching"},
+		// git's own words on why, not only what failed (by hand: a farm
+		// whose machine could not resolve the repository's host said
+		// "infra: fetching https://git.example/fleet.git" and no more).
+		{"server unreachable", mesh.Source{Repo: "http://" + closed + "/fleet.git", Commit: c}, ErrInfra, "fetching http://" + closed + "/fleet.git: fatal: unable to access"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := &Sources{Dir: t.TempDir()}

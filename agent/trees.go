@@ -95,11 +95,11 @@ func (ts *trees) take(ctx context.Context, workRoot, id string, write func(dir s
 func rewrite(dir string, write func(dir string) error) error {
 	work := filepath.Dir(dir)
 	if err := os.RemoveAll(work); err != nil {
-		return classified(ErrInfra, "workspace", err)
+		return classified(ErrInfra, saying("workspace", err), err)
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		os.RemoveAll(work)
-		return classified(ErrInfra, "workspace", err)
+		return classified(ErrInfra, saying("workspace", err), err)
 	}
 	if err := write(dir); err != nil {
 		os.RemoveAll(work)

@@ -306,11 +306,16 @@ type Error struct {
 }
 
 func (e *Error) Error() string {
-	msg := lastLine(e.Stderr)
-	if msg == "" {
-		msg = e.Err.Error()
+	return fmt.Sprintf("git %s: %s", strings.Join(e.Args, " "), e.Why())
+}
+
+// Why is git's own last word on the failure (its standard error's last
+// line), else how the command ended.
+func (e *Error) Why() string {
+	if msg := lastLine(e.Stderr); msg != "" {
+		return msg
 	}
-	return fmt.Sprintf("git %s: %s", strings.Join(e.Args, " "), msg)
+	return e.Err.Error()
 }
 
 func (e *Error) Unwrap() error { return e.Err }

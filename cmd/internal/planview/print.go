@@ -50,7 +50,7 @@ func PrintPlan(w io.Writer, rec cascade.PlanRecord, mods map[string]cascade.Modu
 	if line := ScheduleLine(rec); line != "" && (rec.Outcome == cascade.OutcomeRunning || rec.Priority != 0) {
 		fmt.Fprintf(w, "  %s\n", line)
 	}
-	fmt.Fprintf(w, "  %s\n", countsLine(rec))
+	fmt.Fprintf(w, "  %s\n", countsLine(shownCounts(rec, mods)))
 	if rec.Message != "" {
 		fmt.Fprintf(w, "  %s\n", rec.Message)
 	}
@@ -201,6 +201,20 @@ func Tally(c cascade.Counts) []Count {
 		{c.Built, "built"}, {c.Unchanged, "unchanged"}, {c.Superseded, "superseded"}, {c.Failed, "failed"}, {c.Blocked, "blocked"}, {c.Building, "building"},
 		{c.Queued, "queued"}, {Waiting(c), "waiting"}, {c.Cancelled, "cancelled"},
 	}
+}
+
+// shownCounts is rec with its counts as its modules' lines show them: a
+// module whose ask its holder gave back is counted queued, as its line says
+// (stateOf), not building (by hand: "4 modules: 4 building" above four
+// lines "queued … retrying").
+func shownCounts(rec cascade.PlanRecord, mods map[string]cascade.ModuleStatus) cascade.PlanRecord {
+	for _, m := range mods {
+		if m.State == cascade.Building && stateOf(m) == cascade.Queued && rec.Counts.Building > 0 {
+			rec.Counts.Building--
+			rec.Counts.Queued++
+		}
+	}
+	return rec
 }
 
 // countsLine summarises a plan's counts: "39 modules: 39 built in 1m12s".

@@ -172,3 +172,23 @@ func TestAHandedBackModuleSaysWhy(t *testing.T) {
 		t.Errorf("a built module with a stale note: %q", line)
 	}
 }
+
+// A module whose ask its holder gave back is counted as its line shows it:
+// queued, not building.
+func TestAHandedBackModuleIsCountedQueued(t *testing.T) {
+	rec := cascade.PlanRecord{ID: "p", Outcome: cascade.OutcomeRunning,
+		Counts: cascade.Counts{Building: 2, Total: 2}}
+	hb := &cascade.HandedBack{Attempt: 2, Why: "fetching https://git.example/fleet.git: could not resolve host", On: "m1",
+		Next: time.Now().Add(time.Minute)}
+	var b bytes.Buffer
+	PrintPlan(&b, rec, map[string]cascade.ModuleStatus{
+		"a": {Module: "a", State: cascade.Building, On: "m2"},
+		"b": {Module: "b", State: cascade.Building, HandedBack: hb},
+	})
+	if !strings.Contains(b.String(), "2 modules: 1 building, 1 queued") {
+		t.Errorf("PrintPlan counts a handed-back module as building:\n%s", b.String())
+	}
+	if !strings.Contains(b.String(), "  b  queued") {
+		t.Errorf("PrintPlan shows the handed-back module as:\n%s", b.String())
+	}
+}
