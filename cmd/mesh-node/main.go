@@ -102,7 +102,7 @@ func run() int {
 		log.Error("bad flag", "err", err)
 		return 2
 	}
-	nc, js, err := daemon.Connect(*natsURL, *creds, mesh.PrincipalID(mesh.KindNode, cfg.Name), "mesh-node "+cfg.Name, topts...)
+	nc, js, err := daemon.Connect(*natsURL, *creds, mesh.PrincipalID(mesh.KindNode, cfg.Name), "mesh-node "+cfg.Name, append(topts, daemon.Logged(log)...)...)
 	if err != nil {
 		log.Error("connecting", "err", err)
 		return 1

@@ -405,3 +405,27 @@ func TestABuildInHandGoesOnThroughABusOutageLongerThanTheSeatsLease(t *testing.T
 		t.Fatalf("RunAgent: %v", err)
 	}
 }
+
+// A long-running process's connection says on its log that it was lost and
+// made again: through an outage nats.go says nothing of either, and an
+// agent's log said only what failed for want of the bus.
+func TestTheConnectionSaysItWasLostAndMadeAgain(t *testing.T) {
+	srv := newRestartable(t)
+	var log testenv.Buffer
+	nc, _, err := Connect(srv.s.ClientURL(), "", mesh.ControllerPrincipal, "test", Logged(slog.New(slog.NewTextHandler(&log, nil)))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	srv.stop()
+	testenv.WaitFor(t, 10*time.Second, "the log to say the connection was lost", func() bool {
+		return strings.Contains(log.String(), "lost the connection to NATS; reconnecting")
+	})
+	srv.start()
+	testenv.WaitFor(t, 30*time.Second, "the log to say it reconnected", func() bool {
+		return strings.Contains(log.String(), "reconnected to NATS") && strings.Contains(log.String(), "after=")
+	})
+	if strings.Contains(log.String(), "closed") {
+		t.Errorf("the log says the connection closed:\n%s", log.String())
+	}
+}

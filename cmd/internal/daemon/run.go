@@ -19,6 +19,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -78,6 +79,44 @@ func Connect(urls, creds, principal, name string, opts ...nats.Option) (*nats.Co
 		return nil, nil, err
 	}
 	return nc, js, nil
+}
+
+// Logged has a long-running process's connection say on log what happens
+// to it: the connection lost and made again (nats.go says nothing of
+// either by itself: by hand, an agent through an outage logged only what
+// failed for want of the bus), the server's asynchronous errors (an
+// authorization or permissions violation, which nats.go would print raw
+// on standard error) and a close that ends it for good.
+func Logged(log *slog.Logger) []nats.Option {
+	var lost atomic.Int64 // when the connection was lost, unix nanoseconds
+	return []nats.Option{
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err == nil {
+				return // closed by this process
+			}
+			lost.Store(time.Now().UnixNano())
+			log.Warn("lost the connection to NATS; reconnecting", "err", err)
+		}),
+		nats.ReconnectHandler(func(nc *nats.Conn) {
+			args := []any{"server", nc.ConnectedUrlRedacted()}
+			if at := lost.Load(); at != 0 {
+				args = append(args, "after", time.Since(time.Unix(0, at)).Round(time.Millisecond))
+			}
+			log.Info("reconnected to NATS", args...)
+		}),
+		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
+			args := []any{"err", err}
+			if sub != nil {
+				args = append(args, "subject", sub.Subject)
+			}
+			log.Error("NATS refused or dropped something", args...)
+		}),
+		nats.ClosedHandler(func(nc *nats.Conn) {
+			if err := nc.LastError(); err != nil {
+				log.Error("the connection to NATS is closed and will not be made again", "err", err)
+			}
+		}),
+	}
 }
 
 // roomHint says what a server needs for a fleet's connections
@@ -265,7 +304,7 @@ func RunAgent(ctx context.Context, o AgentOptions) error {
 	if err != nil {
 		return fmt.Errorf("%w: %w", agent.ErrConfig, err)
 	}
-	nc, js, err := Connect(o.NATS, o.Creds, mesh.PrincipalID(mesh.KindAgent, o.Agent.Machine), "build-agent "+o.Agent.Machine, topts...)
+	nc, js, err := Connect(o.NATS, o.Creds, mesh.PrincipalID(mesh.KindAgent, o.Agent.Machine), "build-agent "+o.Agent.Machine, append(topts, Logged(o.Log)...)...)
 	if err != nil {
 		return err
 	}
@@ -386,7 +425,7 @@ func RunController(ctx context.Context, o ControllerOptions) error {
 	if err != nil {
 		return fmt.Errorf("%w: %w", cascade.ErrConfig, err)
 	}
-	nc, js, err := Connect(o.NATS, o.Creds, mesh.ControllerPrincipal, "build-controller", topts...)
+	nc, js, err := Connect(o.NATS, o.Creds, mesh.ControllerPrincipal, "build-controller", append(topts, Logged(o.Log)...)...)
 	if err != nil {
 		return err
 	}

@@ -19,7 +19,7 @@ import (
 // runNode runs one build machine of the embedded farm as a node: it enrols,
 // and runs the build agent in-process while build-agent is assigned to it.
 func runNode(ctx context.Context, natsURL, creds, name, stateDir string, ao daemon.AgentOptions, obs deploy.Observer, log *slog.Logger) error {
-	nc, js, err := daemon.Connect(natsURL, creds, mesh.PrincipalID(mesh.KindNode, name), "mesh-node "+name)
+	nc, js, err := daemon.Connect(natsURL, creds, mesh.PrincipalID(mesh.KindNode, name), "mesh-node "+name, daemon.Logged(log.With("component", "node", "node", name))...)
 	if err != nil {
 		return err
 	}
