@@ -157,7 +157,14 @@ func startAgent(t testing.TB, s *server.Server, machine string, w agent.Worker, 
 // startObserved is startAgent with an observer.
 func startObserved(t testing.TB, s *server.Server, machine string, w agent.Worker, tweak func(*agent.Config), obs agent.Observer) *runningAgent {
 	t.Helper()
-	nc, js := natstest.Dial(t, s.ClientURL())
+	return startObservedAt(t, s.ClientURL(), machine, w, tweak, obs)
+}
+
+// startObservedAt is startObserved connecting to url (a proxy to the
+// server: testenv.Freeze).
+func startObservedAt(t testing.TB, url, machine string, w agent.Worker, tweak func(*agent.Config), obs agent.Observer) *runningAgent {
+	t.Helper()
+	nc, js := natstest.Dial(t, url)
 	cfg := agent.DefaultConfig()
 	cfg.Machine = machine
 	cfg.Heartbeat = testAckWait / 4

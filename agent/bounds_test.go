@@ -448,6 +448,99 @@ func TestARedeliveryToTheMachineStillBuildingItIsLeftToThatBuild(t *testing.T) {
 	g.notBegunAgain(t)
 }
 
+// The operator's trial of a frozen bus (by hand: nats-server stopped with
+// SIGSTOP for longer than the ack wait and the ask claims' lease). No
+// connection drops, so no agent sees a reconnect. m1's claim lapses while
+// it builds, and the server hands the ask to m2 as it thaws. m2's own
+// claim renewals got no answer in the freeze (claim.WithTrouble): it leaves
+// the ask to m1, which claims it again, and the module is built once.
+// Before, m2 took the lapsed claim for a dead holder's and built the ask a
+// second time, and m1's build was thrown away. m1's seat is away for a
+// while after the thaw, so that its own claim comes after m2 has decided.
+func TestAnAskIsBuiltOnceAcrossAFrozenBus(t *testing.T) {
+	s, js := bus(t)
+	ctx := context.Background()
+	fz := testenv.Freeze(t, strings.TrimPrefix(s.ClientURL(), "nats://"))
+	seat, err := claim.Claim(ctx, js, mesh.BuildSeat, claim.Node("m1"), claim.Process("build-agent"), claim.WithLease(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const lease = 2 * time.Second
+	g := newGate()
+	startObservedAt(t, "nats://"+fz.Addr(), "m1", g.on("m1"), func(c *agent.Config) {
+		// No heartbeats: the server hands the ask out again after its ack
+		// wait.
+		c.Heartbeat, c.ClaimLease, c.SeatToken = time.Hour, lease, seat.Token()
+	}, nil)
+	a := ask("frozen")
+	submit(t, js, a)
+	if first := recv(t, g.began, 5*time.Second); first != "frozen" {
+		t.Fatalf("began %s", first)
+	}
+	// m2 builds an ask of its own on one slot, and waits with the other.
+	ended := make(ends, 50)
+	startObservedAt(t, "nats://"+fz.Addr(), "m2", g.on("m2"), func(c *agent.Config) {
+		c.Slots, c.Heartbeat, c.ClaimLease = 2, time.Hour, lease
+	}, ended)
+	submit(t, js, ask("busy"))
+	if first := recv(t, g.began, 5*time.Second); first != "busy" {
+		t.Fatalf("began %s", first)
+	}
+
+	seats, err := js.KeyValue(ctx, mesh.ClaimsBucket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	held, err := seats.Get(ctx, mesh.ClaimKey(mesh.BuildSeat, "m1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fz.Freeze()
+	time.Sleep(testAckWait + lease + time.Second)
+	if err := seat.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	fz.Thaw()
+	// Both asks are handed out again as the bus thaws; m2 leaves each to
+	// its holder (its own "busy" to that build).
+	for range 2 {
+		if e := ended.next(t, agent.OutcomeHandedBack, 10*time.Second); e.Took != 0 {
+			t.Fatalf("an ask redelivered to m2 was worked on (%s), want it left to its holder", e.Took)
+		}
+	}
+	g.notBegunAgain(t)
+	if _, err := seats.Put(ctx, mesh.ClaimKey(mesh.BuildSeat, "m1"), held.Value()); err != nil {
+		t.Fatal(err)
+	}
+	g.ch("frozen") <- nil
+	g.ch("busy") <- nil
+	testenv.WaitFor(t, 30*time.Second, "both asks built and acknowledged", func() bool {
+		info := consumerInfo(t, js)
+		return len(events(t, js).Built) == 2 && info.NumAckPending == 0 && info.NumPending == 0
+	})
+	r := events(t, js)
+	for _, id := range []string{"frozen", "busy"} {
+		var started, built int
+		for _, e := range r.Started {
+			started += btoi(e.Ask == id)
+		}
+		for _, e := range r.Built {
+			built += btoi(e.Ask == id)
+		}
+		if started != 1 || built != 1 {
+			t.Errorf("%s started %d times and built %d, want once each", id, started, built)
+		}
+	}
+	g.notBegunAgain(t)
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
 // An idle machine whose BuildKit goes away says so before it takes an ask.
 func TestAnIdleMachineIsProbed(t *testing.T) {
 	s, js := bus(t)

@@ -51,7 +51,7 @@ const (
 func (a *Agent) askClaims(ctx context.Context) *claim.Asks {
 	for attempt := 1; ; attempt++ {
 		asks, err := claim.OpenAsks(ctx, a.js, mesh.BuildSeat, a.cfg.Machine, claim.Process("build-agent"), a.cfg.SeatToken,
-			claim.WithLease(a.lease), claim.WithLogger(a.log))
+			claim.WithLease(a.lease), claim.WithLogger(a.log), claim.WithTrouble(a.troubled))
 		switch {
 		case err == nil:
 			return asks
@@ -129,6 +129,14 @@ func (a *Agent) claim(ctx context.Context, ask mesh.Ask, attempt int) (*hold, cl
 
 // troubled notes that this agent saw the bus fail just now.
 func (a *Agent) troubled() { a.trouble.Store(int64(time.Since(a.started))) }
+
+// BusFailed notes that this machine saw the bus fail just now, outside the
+// agent: its seat claim's renewal got no answer (claim.WithTrouble). A bus
+// that stops answering without dropping the connection (a server frozen)
+// is seen only so by an idle machine, which must then leave a redelivered
+// ask whose claim lapsed in it to that claim's holder (lapsedHolder), not
+// build it a second time.
+func (a *Agent) BusFailed() { a.troubled() }
 
 // noteReconnects notes the bus as failed (troubled) when the connection
 // reconnected since it last looked: an idle slot's pull may end with no

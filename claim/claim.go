@@ -101,6 +101,7 @@ type options struct {
 	log          *slog.Logger
 	clock        func() time.Time
 	resume       bool
+	trouble      func()
 }
 
 // WithResume makes a lapsed claim claimed again under its own token instead
@@ -135,6 +136,24 @@ func WithRenew(d time.Duration) Option {
 // whose clock is wrong holds exactly as long as one whose clock is right.
 func WithClock(now func() time.Time) Option {
 	return func(o *options) error { o.clock = now; return nil }
+}
+
+// WithTrouble has f called each time a renewal, or the write of a lapsed
+// claim again, gets no answer from the bus in time: its holder saw the bus
+// fail. A bus that stops answering without dropping the connection (a
+// server frozen, a network that drops packets) is seen only so; the
+// holder then knows that every claim on that bus may have lapsed with its
+// own, its holder alive (agent: a redelivered ask with no claim left is
+// left a while to its holder, instead of built twice).
+func WithTrouble(f func()) Option {
+	return func(o *options) error { o.trouble = f; return nil }
+}
+
+// troubled calls the WithTrouble hook, if any.
+func (o options) troubled() {
+	if o.trouble != nil {
+		o.trouble()
+	}
 }
 
 // WithLogger has the claim say what it does (standby, takeover, loss).

@@ -588,3 +588,27 @@ func TestAClaimWithResumeIsClaimedAgainAfterItLapses(t *testing.T) {
 		t.Fatalf("after A lost: %+v %v, want B's claim left as it is", rec, ok)
 	}
 }
+
+// A holder whose bus stops answering without dropping the connection (a
+// server frozen) is told so (WithTrouble) at its next renewal, and only
+// then: it is how an idle machine knows that claims on that bus may have
+// lapsed with their holders alive.
+func TestAHolderIsToldOfABusThatStoppedAnswering(t *testing.T) {
+	s, _ := bus(t)
+	fz := testenv.Freeze(t, strings.TrimPrefix(s.ClientURL(), "nats://"))
+	_, js := natstest.Dial(t, "nats://"+fz.Addr())
+	var troubles atomic.Int32
+	l := claimAsA(t, js, claim.WithLease(3*time.Second), claim.WithResume(), claim.WithTrouble(func() { troubles.Add(1) }))
+	defer l.Release(context.Background())
+	time.Sleep(2 * time.Second) // two renewals that are answered
+	if n := troubles.Load(); n != 0 {
+		t.Fatalf("told of trouble %d times while the bus answered", n)
+	}
+	fz.Freeze()
+	testenv.WaitFor(t, 10*time.Second, "the holder told of a bus that does not answer", func() bool { return troubles.Load() > 0 })
+	fz.Thaw()
+	testenv.WaitFor(t, 10*time.Second, "the claim held again", func() bool {
+		rec, ok, err := claim.Current(context.Background(), js, "mesh-controller", claim.Mesh())
+		return err == nil && ok && rec.Token == l.Token()
+	})
+}

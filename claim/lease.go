@@ -214,6 +214,7 @@ func (l *Lease) renew(sent time.Time) {
 			continue
 		}
 		if !wrongLastSequence(err) {
+			l.o.troubled()
 			l.o.log.Warn("renewing the claim failed; retrying", "claim", l.what, "err", err)
 			continue
 		}
@@ -265,6 +266,7 @@ func (l *Lease) resume(ctx context.Context, why error) (at time.Time, ok bool) {
 			l.o.log.Info("claimed again under its own token after it lapsed", "claim", l.what, "attempts", attempt)
 			return sent, true
 		}
+		l.o.troubled()
 		if backoff.Wait(ctx, resumeRetry.Delay(attempt)) != nil {
 			return time.Time{}, false
 		}

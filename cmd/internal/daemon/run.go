@@ -330,8 +330,16 @@ func RunAgent(ctx context.Context, o AgentOptions) error {
 		// is a source error, said at once.
 		Modules: modules,
 	}
+	// The seat claim's renewals are how an idle agent sees a bus that
+	// stopped answering without dropping the connection (agent.BusFailed).
+	var running atomic.Pointer[agent.Agent]
+	busFailed := func() {
+		if a := running.Load(); a != nil {
+			a.BusFailed()
+		}
+	}
 	st := seat{js: js, seat: mesh.BuildSeat, scope: claim.Node(o.Agent.Machine), holder: claim.Process("build-agent"),
-		opts: []claim.Option{claim.WithLease(o.Lease), claim.WithResume()}, log: o.Log, refuse: true}
+		opts: []claim.Option{claim.WithLease(o.Lease), claim.WithResume(), claim.WithTrouble(busFailed)}, log: o.Log, refuse: true}
 	stopping := ctx
 	err = st.hold(ctx, func(ctx context.Context, lease *claim.Lease) error {
 		cfg := o.Agent
@@ -348,6 +356,8 @@ func RunAgent(ctx context.Context, o AgentOptions) error {
 		if err != nil {
 			return err
 		}
+		running.Store(a)
+		defer running.Store(nil)
 		return a.Run(ctx)
 	})
 	if errors.Is(err, claim.ErrClaimed) {
