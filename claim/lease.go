@@ -175,6 +175,11 @@ func (l *Lease) renew(sent time.Time) {
 	// lapsed: no renewal within the lease. Lost, or, WithResume, claimed
 	// again (giveUp counted from that write).
 	lapsed := func(why error) bool {
+		// A claim that lapsed with its holder alive says the bus (or this
+		// process) stood still for a lease, whether or not a renewal was
+		// tried meanwhile: a process stopped with the server it talks to
+		// (by hand: SIGSTOP) sees no renewal fail, only its deadline pass.
+		l.o.troubled()
 		if !l.o.resume {
 			l.lose(why)
 			return false
