@@ -541,6 +541,64 @@ func btoi(b bool) int {
 	return 0
 }
 
+// hangingWorker is a gate worker whose builder can stop answering, as a
+// buildkitd stopped with SIGSTOP does: its pings wait out their bound.
+type hangingWorker struct {
+	gateWorker
+	hung atomic.Bool
+}
+
+func (w *hangingWorker) PingBuilder(ctx context.Context) error {
+	if !w.hung.Load() {
+		return nil
+	}
+	<-ctx.Done()
+	return fmt.Errorf("%w: buildkitd at unix:///x does not answer: %w", agent.ErrInfra, ctx.Err())
+}
+
+func (w *hangingWorker) Probe(ctx context.Context) error { return w.PingBuilder(ctx) }
+
+// A machine whose builder stops answering in the middle of a build (by
+// hand: buildkitd stopped with SIGSTOP) stops the build after two pings go
+// unanswered, gives the ask back at once and turns sick; another machine
+// builds it. Before, the machine held the ask for as long as its daemon
+// stood still, shown building all along.
+func TestABuildWhoseBuilderStopsAnsweringGoesToAnotherMachine(t *testing.T) {
+	s, js := bus(t)
+	g := newGate()
+	w := &hangingWorker{gateWorker: gateWorker{g, "m1"}}
+	ended := make(ends, 10)
+	startObserved(t, s, "m1", w, func(c *agent.Config) { c.ProbeEvery, c.ProbeTimeout = 200*time.Millisecond, 100*time.Millisecond }, ended)
+	submit(t, js, ask("hung"))
+	if first := recv(t, g.began, 5*time.Second); first != "hung" {
+		t.Fatalf("began %s", first)
+	}
+	startAgent(t, s, "m2", g.on("m2"), nil)
+	hungAt := time.Now()
+	w.hung.Store(true)
+	e := ended.next(t, agent.OutcomeHandedBack, 5*time.Second)
+	t.Logf("handed back %s after the builder stopped answering", time.Since(hungAt).Round(time.Millisecond))
+	if st := status(t, js, "m1"); st.Health != agent.HealthUnhealthy {
+		t.Errorf("m1 %+v after its builder stopped answering: want unhealthy", st)
+	}
+	if e.Took == 0 {
+		t.Errorf("handed back %+v: want it after the work that was stopped", e)
+	}
+	if again := recv(t, g.began, 10*time.Second); again != "hung" {
+		t.Fatalf("began %s, want hung again on m2", again)
+	}
+	g.ch("hung") <- nil
+	r := builtOnce(t, js, 30*time.Second, "built and acknowledged")
+	if r.Built[0].On != "m2" || len(r.Failed) != 0 {
+		t.Fatalf("built %+v failed %+v: want it built on m2, nothing failed", r.Built, r.Failed)
+	}
+	if len(r.Back) == 0 || !strings.Contains(r.Back[0].Why, "does not answer") {
+		t.Errorf("handed back %+v: want why (the builder does not answer)", r.Back)
+	}
+	w.hung.Store(false)
+	testenv.WaitFor(t, 10*time.Second, "m1 healthy again", func() bool { return status(t, js, "m1").Health == agent.HealthHealthy })
+}
+
 // An idle machine whose BuildKit goes away says so before it takes an ask.
 func TestAnIdleMachineIsProbed(t *testing.T) {
 	s, js := bus(t)

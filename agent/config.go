@@ -80,7 +80,11 @@ type Config struct {
 	// ProbeEvery is how often an idle, healthy machine is probed before it
 	// pulls; 0 probes only after an infrastructure failure. A sick machine
 	// probes with backoff (1s doubling to 30s, and at most RetryFor/20
-	// apart, 250ms at the least) until it answers.
+	// apart, 250ms at the least) until it answers. While a build goes on,
+	// its BuildKit is pinged every third of it: two pings in a row that
+	// get no answer within ProbeTimeout stop the build, hand its ask back
+	// for another machine and turn this one sick (watchBuilder). 0 does
+	// neither.
 	ProbeEvery time.Duration
 	// FetchWait is how long one idle pull waits before it is renewed;
 	// from 10 s on the server also says every half of it that it still

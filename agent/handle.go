@@ -157,9 +157,11 @@ func (a *Agent) work(ctx context.Context, msg jetstream.Msg, ask mesh.Ask, attem
 	held, release := a.holdContext(ctx, ask, attempt, c)
 	defer release()
 	buildCtx, stop := a.running.start(held, ask.ID)
+	watching := a.watchBuilder(buildCtx, ask.ID)
 	beating := a.heartbeat(ctx, msg, log)
 	logs := newLogBatcher(a.publishLog, ask.ID, a.cfg.LogBatchLines, a.cfg.LogFlush, a.cfg.FailedLogLines)
 	res, err := a.worker.Work(buildCtx, ask, logs.Line)
+	watching()
 	cause := stop() // from here a cancel no longer reaches this build
 	beating()
 	logs.Close()
@@ -175,6 +177,12 @@ func (a *Agent) work(ctx context.Context, msg jetstream.Msg, ask mesh.Ask, attem
 		}
 	}
 	switch {
+	case errors.Is(cause, errBuilderGone) && err != nil:
+		// The machine's builder stopped answering: the machine is sick,
+		// and the ask goes back at once for another (its budget spent
+		// as for any failure of the machine).
+		a.sick(cause)
+		return a.pass(ask, attempt, c, oneLine(cause), took, nil)
 	case errors.Is(cause, ErrCancelled):
 		// Even a build that finished as the cancel came is not announced
 		// built: the plan no longer wants it.

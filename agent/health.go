@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -46,6 +47,79 @@ func (w *BuildWorker) Probe(ctx context.Context) error {
 		return p.PingRegistry(ctx, host)
 	}
 	return nil
+}
+
+// BuilderPinger is the part of a Worker that says whether its builder (its
+// BuildKit) answers, the registry aside: asked while a build goes on, so
+// that a daemon that stopped answering (hung, or stopped with SIGSTOP)
+// does not hold the ask for as long as it stands still.
+type BuilderPinger interface {
+	PingBuilder(ctx context.Context) error
+}
+
+// PingBuilder implements BuilderPinger: the builder answers, if it can say
+// so.
+func (w *BuildWorker) PingBuilder(ctx context.Context) error {
+	if p, ok := w.Builder.(interface{ Ping(context.Context) error }); ok {
+		return p.Ping(ctx)
+	}
+	return nil
+}
+
+// errBuilderGone is the cause of a build stopped because its builder no
+// longer answered (watchBuilder).
+var errBuilderGone = errors.New("the build was stopped")
+
+// builderMisses is how many pings in a row a building machine's builder may
+// leave unanswered before the build is stopped.
+const builderMisses = 2
+
+// watchBuilder pings the worker's builder every third of
+// Config.ProbeEvery while ask id is built (10 s by default), each ping
+// bounded by ProbeTimeout; builderMisses in a row unanswered stop the
+// build (about 30 s after the builder stood still, by default) (cause errBuilderGone, with the last
+// ping's error): its ask then goes back at once for another machine, and
+// this machine turns sick until its builder answers (work). A builder that
+// answers slowly is not stopped: only one that does not answer at all
+// within ProbeTimeout, twice. The returned func ends the watch.
+func (a *Agent) watchBuilder(ctx context.Context, id string) (stop func()) {
+	p, ok := a.worker.(BuilderPinger)
+	if !ok || a.cfg.ProbeEvery <= 0 {
+		return func() {}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		every := max(a.cfg.ProbeEvery/3, time.Millisecond)
+		tick := time.NewTicker(every)
+		defer tick.Stop()
+		misses := 0
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			pctx, pcancel := context.WithTimeout(ctx, a.cfg.ProbeTimeout)
+			err := p.PingBuilder(pctx)
+			pcancel()
+			switch {
+			case ctx.Err() != nil:
+				return
+			case err == nil:
+				misses = 0
+				continue
+			}
+			misses++
+			a.log.Warn("the builder does not answer while it builds", "ask", id, "misses", misses, "of", builderMisses, "err", oneLine(err))
+			if misses >= builderMisses {
+				a.running.stopWith(id, fmt.Errorf("%w; %w after %d pings %s apart went unanswered", err, errBuilderGone, misses, every))
+				return
+			}
+		}
+	}()
+	return func() { cancel(); <-done }
 }
 
 // registryPinger is the part of a Builder that asks a registry whether it

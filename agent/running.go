@@ -54,6 +54,15 @@ func (r *running) cancel(id string) bool {
 	return ok
 }
 
+// stopWith cancels the build of ask id with cause, if it is running.
+func (r *running) stopWith(id string, cause error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if b, ok := r.builds[id]; ok {
+		b.cancel(cause)
+	}
+}
+
 // has reports whether ask id is being worked on.
 func (r *running) has(id string) bool {
 	r.mu.Lock()

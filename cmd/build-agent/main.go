@@ -58,7 +58,7 @@ func run() int {
 	lease := fs.Duration("lease", envDuration("MESHBUILD_LEASE", claim.DefaultLease), "how long this agent's claim of its machine's seat outlives it (whole seconds; MESHBUILD_LEASE)")
 	fs.DurationVar(&cfg.FetchWait, "fetch-wait", envDuration("MESHBUILD_FETCH_WAIT", cfg.FetchWait), "how long an idle slot's pull waits before it is renewed; a fleet of more than 500 machines wants 2 × machines × slots ÷ 200 seconds, so that its pulls' expiries and heartbeats cost the server about 200 a second (MESHBUILD_FETCH_WAIT)")
 	fs.DurationVar(&cfg.RetryFor, "retry-for", cfg.RetryFor, "how long an ask's infrastructure failures are retried (delays from 2s doubling to 1m) before it is failed{infra}")
-	fs.DurationVar(&cfg.ProbeEvery, "probe-every", cfg.ProbeEvery, "how often an idle machine checks that its buildkitd and its registry answer (a sick one stops taking asks and probes with backoff until they do)")
+	fs.DurationVar(&cfg.ProbeEvery, "probe-every", cfg.ProbeEvery, "how often an idle machine checks that its buildkitd and its registry answer (a sick one stops taking asks and probes with backoff until they do); a building one pings its buildkitd every third of it, and two pings unanswered stop the build and give its ask to another machine; 0: neither")
 	fs.DurationVar(&cfg.ClaimLease, "claim-lease", cfg.ClaimLease, "how long an ask's claim outlives its holder's last renewal on the server's clock (renewed every third of it): a killed agent's ask is built elsewhere within about the ack wait (8s), and an agent cut off from the bus for longer loses its ask; 0: three quarters of the ack wait (6s)")
 	var insteadOf listFlag
 	fs.Var(&insteadOf, "git-instead-of", "URL=PATH: fetch repositories starting with URL from PATH instead (repeatable)")
