@@ -382,6 +382,50 @@ func TestAnAskWhoseClaimLapsedInAnOutageIsClaimedAgainAtOnce(t *testing.T) {
 	g.notBegunAgain(t)
 }
 
+// heldSeat is machine's seat claim, held by the test: its token binds the
+// machine's ask claims (Config.SeatToken), and away and back take the claim
+// from the bucket and put it back as it was, so that the machine's retake
+// of a lapsed ask claim waits for the test (agent.retakeEarly waits for its
+// seat).
+type heldSeat struct {
+	t     *testing.T
+	lease *claim.Lease
+	kv    jetstream.KeyValue
+	held  jetstream.KeyValueEntry
+}
+
+func holdSeat(t *testing.T, js jetstream.JetStream, machine string) *heldSeat {
+	t.Helper()
+	ctx := context.Background()
+	l, err := claim.Claim(ctx, js, mesh.BuildSeat, claim.Node(machine), claim.Process("build-agent"), claim.WithLease(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, err := js.KeyValue(ctx, mesh.ClaimsBucket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	held, err := kv.Get(ctx, mesh.ClaimKey(mesh.BuildSeat, machine))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &heldSeat{t: t, lease: l, kv: kv, held: held}
+}
+
+func (h *heldSeat) token() string { return h.lease.Token() }
+
+func (h *heldSeat) away() {
+	if err := h.lease.Release(context.Background()); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+func (h *heldSeat) back() {
+	if _, err := h.kv.Put(context.Background(), h.held.Key(), h.held.Value()); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
 // A redelivery to the very machine that still builds the ask, its claim
 // gone from the key and not claimed again yet (seen by hand: a bus frozen
 // for longer than the ack wait, then the redelivery on the machine's next
@@ -392,14 +436,11 @@ func TestAnAskWhoseClaimLapsedInAnOutageIsClaimedAgainAtOnce(t *testing.T) {
 func TestARedeliveryToTheMachineStillBuildingItIsLeftToThatBuild(t *testing.T) {
 	s, js := bus(t)
 	ctx := context.Background()
-	seat, err := claim.Claim(ctx, js, mesh.BuildSeat, claim.Node("m1"), claim.Process("build-agent"), claim.WithLease(time.Minute))
-	if err != nil {
-		t.Fatal(err)
-	}
+	seat := holdSeat(t, js, "m1")
 	g := newGate()
 	ended := make(ends, 10)
 	startObserved(t, s, "m1", g.on("m1"), func(c *agent.Config) {
-		c.Slots, c.SeatToken = 2, seat.Token()
+		c.Slots, c.SeatToken = 2, seat.token()
 		// No heartbeats: the server hands the ask out again after its ack
 		// wait. The claim is renewed every second: the build notices at
 		// once that its claim is gone, and waits for its seat to retake it.
@@ -410,17 +451,7 @@ func TestARedeliveryToTheMachineStillBuildingItIsLeftToThatBuild(t *testing.T) {
 	if first := recv(t, g.began, 5*time.Second); first != "again" {
 		t.Fatalf("began %s", first)
 	}
-	seats, err := js.KeyValue(ctx, mesh.ClaimsBucket())
-	if err != nil {
-		t.Fatal(err)
-	}
-	held, err := seats.Get(ctx, mesh.ClaimKey(mesh.BuildSeat, "m1"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := seat.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
+	seat.away()
 	kv, err := js.KeyValue(ctx, mesh.AskClaimsBucket(mesh.BuildSeat))
 	if err != nil {
 		t.Fatal(err)
@@ -433,9 +464,7 @@ func TestARedeliveryToTheMachineStillBuildingItIsLeftToThatBuild(t *testing.T) {
 	}
 	g.notBegunAgain(t)
 	// The seat back as it was: the build claims the ask again, and ends.
-	if _, err := seats.Put(ctx, mesh.ClaimKey(mesh.BuildSeat, "m1"), held.Value()); err != nil {
-		t.Fatal(err)
-	}
+	seat.back()
 	testenv.WaitFor(t, 10*time.Second, "m1's build claiming the ask again", func() bool {
 		e, err := kv.Get(ctx, mesh.AskClaimKey(a.ID, "m1"))
 		return err == nil && strings.Contains(string(e.Value()), `"attempt":1`)
@@ -459,18 +488,14 @@ func TestARedeliveryToTheMachineStillBuildingItIsLeftToThatBuild(t *testing.T) {
 // while after the thaw, so that its own claim comes after m2 has decided.
 func TestAnAskIsBuiltOnceAcrossAFrozenBus(t *testing.T) {
 	s, js := bus(t)
-	ctx := context.Background()
 	fz := testenv.Freeze(t, strings.TrimPrefix(s.ClientURL(), "nats://"))
-	seat, err := claim.Claim(ctx, js, mesh.BuildSeat, claim.Node("m1"), claim.Process("build-agent"), claim.WithLease(time.Minute))
-	if err != nil {
-		t.Fatal(err)
-	}
+	seat := holdSeat(t, js, "m1")
 	const lease = 2 * time.Second
 	g := newGate()
 	startObservedAt(t, "nats://"+fz.Addr(), "m1", g.on("m1"), func(c *agent.Config) {
 		// No heartbeats: the server hands the ask out again after its ack
 		// wait.
-		c.Heartbeat, c.ClaimLease, c.SeatToken = time.Hour, lease, seat.Token()
+		c.Heartbeat, c.ClaimLease, c.SeatToken = time.Hour, lease, seat.token()
 	}, nil)
 	a := ask("frozen")
 	submit(t, js, a)
@@ -487,19 +512,9 @@ func TestAnAskIsBuiltOnceAcrossAFrozenBus(t *testing.T) {
 		t.Fatalf("began %s", first)
 	}
 
-	seats, err := js.KeyValue(ctx, mesh.ClaimsBucket())
-	if err != nil {
-		t.Fatal(err)
-	}
-	held, err := seats.Get(ctx, mesh.ClaimKey(mesh.BuildSeat, "m1"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	fz.Freeze()
 	time.Sleep(testAckWait + lease + time.Second)
-	if err := seat.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
+	seat.away()
 	fz.Thaw()
 	// Both asks are handed out again as the bus thaws; m2 leaves each to
 	// its holder (its own "busy" to that build).
@@ -509,9 +524,7 @@ func TestAnAskIsBuiltOnceAcrossAFrozenBus(t *testing.T) {
 		}
 	}
 	g.notBegunAgain(t)
-	if _, err := seats.Put(ctx, mesh.ClaimKey(mesh.BuildSeat, "m1"), held.Value()); err != nil {
-		t.Fatal(err)
-	}
+	seat.back()
 	g.ch("frozen") <- nil
 	g.ch("busy") <- nil
 	testenv.WaitFor(t, 30*time.Second, "both asks built and acknowledged", func() bool {
