@@ -157,3 +157,30 @@ func TestHandBacksAreAnnouncedOnlyWhereTheCredentialsGrantThem(t *testing.T) {
 		t.Error("credentials of a catalogue without handed-back: hand-backs granted")
 	}
 }
+
+// A build agent given a node's credentials (mesh-node's --creds, not its
+// --agent-creds) is refused at once, naming the file and the credentials
+// it takes; before, it said only that they granted none of its platforms.
+// Its own machine's are taken, under their machine's name.
+func TestAnAgentGivenANodesCredentialsIsToldWhichItTakes(t *testing.T) {
+	keys, err := creds.Init(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cat := meshtest.Catalogue(t, nil)
+	p, err := cat.PrincipalPermissions(mesh.KindNode, "m1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	node := filepath.Join(t.TempDir(), "node.creds")
+	if err := keys.IssueFile(p, "", node); err != nil {
+		t.Fatal(err)
+	}
+	_, err = AgentMachine(node, "m1", false)
+	if err == nil || !strings.Contains(err.Error(), node) || !strings.Contains(err.Error(), "--principal agent m1") {
+		t.Errorf("AgentMachine with a node's credentials: %v; want it refused, naming the file and the agent credentials to issue", err)
+	}
+	if m, err := AgentMachine(issueAgentM1(t, keys, cat), "vm", false); err != nil || m != "m1" {
+		t.Errorf("AgentMachine with agent m1's credentials = %q, %v; want m1", m, err)
+	}
+}

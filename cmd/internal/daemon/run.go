@@ -207,26 +207,33 @@ func machineOfCreds(path string) (string, bool, error) {
 	return m, ok, nil
 }
 
-// AgentMachine is the machine an agent with credentials file creds runs as:
+// AgentMachine is the machine an agent with credentials file path runs as:
 // every build machine speaks only for itself, so it is the machine the
 // credentials were issued for. machine is the name given (set: by
 // --machine), which must then be that one; unset, it is the default, used
 // only with credentials of another principal or none.
-func AgentMachine(creds, machine string, set bool) (string, error) {
-	if creds == "" {
+func AgentMachine(path, machine string, set bool) (string, error) {
+	if path == "" {
 		return machine, nil
 	}
-	m, ok, err := machineOfCreds(creds)
+	m, ok, err := machineOfCreds(path)
 	switch {
 	case err != nil:
 		return "", fmt.Errorf("%w: %w", agent.ErrConfig, err)
 	case !ok:
+		// A node's credentials grant a build agent nothing (by hand: "grant
+		// none of this machine's platforms", which named no fix).
+		if id, _ := creds.PrincipalOf(path); strings.HasPrefix(id, mesh.PrincipalID(mesh.KindNode, "")) {
+			node := strings.TrimPrefix(id, mesh.PrincipalID(mesh.KindNode, ""))
+			return "", fmt.Errorf("%w: the credentials in %s are node %s's, for mesh-node's --creds; a build agent takes its machine's agent credentials: builds creds issue KEYS --catalogue DIR --principal agent %s (mesh-node takes those as --agent-creds)",
+				agent.ErrConfig, path, node, node)
+		}
 		return machine, nil // another principal's: the server says what it may do
 	case m == machine || !set:
 		return m, nil
 	}
 	return "", fmt.Errorf("%w: the credentials in %s are build machine %s's, and --machine is %s: every machine speaks only for itself; issue this one its own (builds creds issue KEYS --principal agent %s), or drop --machine",
-		agent.ErrConfig, creds, m, machine, machine)
+		agent.ErrConfig, path, m, machine, machine)
 }
 
 func agentMachine(o *AgentOptions) (err error) {
