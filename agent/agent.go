@@ -66,6 +66,15 @@ type Agent struct {
 	// not announced, and backMisses how many in a row were not
 	// (tellHandedBack).
 	backPause, backMisses atomic.Int64
+	// coolUntil is until when (monotonic, from started) the slots do not
+	// pull: a retry this machine gave back is left to an idle machine
+	// (coolOff).
+	coolUntil atomic.Int64
+	// idle is whether another machine's pull waited on the queue when
+	// asked at idleAt (othersIdle).
+	idleMu sync.Mutex
+	idle   bool
+	idleAt time.Time
 }
 
 // New returns an agent from a validated config and its dependencies. A nil
@@ -403,7 +412,7 @@ func (a *Agent) slot(ctx, work context.Context, b *bound, slot int) {
 		}
 	}()
 	for turn := 0; ctx.Err() == nil; turn++ {
-		if !a.awaitHealthy(ctx, work) {
+		if !a.awaitHealthy(ctx, work) || !a.awaitCooled(ctx) {
 			continue // stopping
 		}
 		a.noteReconnects()

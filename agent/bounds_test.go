@@ -635,3 +635,55 @@ func TestAnIdleMachineIsProbed(t *testing.T) {
 		t.Fatalf("worked %d asks, want only i1, once it was healthy", n)
 	}
 }
+
+// unreachableWorker fails every ask on infrastructure that its probe does
+// not see (a machine that cannot resolve the repository's host), the
+// first once the test lets it.
+type unreachableWorker struct {
+	first  chan struct{}
+	worked atomic.Int32
+}
+
+func (w *unreachableWorker) Work(ctx context.Context, a mesh.Ask, log func(string)) (agent.Result, error) {
+	if w.worked.Add(1) == 1 {
+		select {
+		case <-w.first:
+		case <-ctx.Done():
+		}
+	}
+	return agent.Result{}, fmt.Errorf("%w: fetching https://git.example/x.git: fatal: Could not resolve host: git.example", agent.ErrInfra)
+}
+
+func (w *unreachableWorker) Probe(context.Context) error { return nil }
+
+// A machine that gives an ask back to be retried, for a failure its probe
+// does not explain, leaves the retry to a machine that waits idle. The
+// server hands a message to the pull that has waited longest, and an idle
+// machine renews its pull every --fetch-wait while the failing one pulled
+// again at once: past that wait the failing machine was given every retry
+// (by hand: one that could not resolve the repository's host took all
+// four attempts of an ask while another sat idle).
+func TestARetryGoesToAMachineThatWaitsIdle(t *testing.T) {
+	s, js := bus(t)
+	bad := &unreachableWorker{first: make(chan struct{})}
+	ended := make(ends, 10)
+	// The retry is due after 2s, four of the idle machine's pulls.
+	startObserved(t, s, "m1", bad, func(c *agent.Config) { c.RetryDelay, c.MaxRetryDelay = 2*time.Second, 2*time.Second }, ended)
+	submit(t, js, ask("unreachable"))
+	testenv.WaitFor(t, 5*time.Second, "m1 working on the ask", func() bool { return bad.worked.Load() == 1 })
+	g := newGate()
+	startAgent(t, s, "m2", g.on("m2"), nil)
+	testenv.WaitFor(t, 10*time.Second, "m2 waiting idle", func() bool { return consumerInfo(t, js).NumWaiting >= 1 })
+	close(bad.first)
+	if e := ended.next(t, agent.OutcomeRetried, 5*time.Second); e.Reason != mesh.ReasonInfra {
+		t.Fatalf("m1's attempt: %+v, want retried for infra", e)
+	}
+	if again := recv(t, g.began, 10*time.Second); again != "unreachable" {
+		t.Fatalf("m2 began %s", again)
+	}
+	g.ch("unreachable") <- nil
+	r := builtOnce(t, js, 10*time.Second, "built on m2")
+	if r.Built[0].On != "m2" || bad.worked.Load() != 1 {
+		t.Fatalf("built %+v, m1 worked %d times: want the retry built on m2, m1 tried once", r.Built, bad.worked.Load())
+	}
+}

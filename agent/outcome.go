@@ -215,6 +215,7 @@ func (a *Agent) settle(ctx context.Context, msg jetstream.Msg, log *slog.Logger,
 		log.Warn("failed", "reason", out.Reason, "err", out.err)
 	case OutcomeRetried:
 		log.Warn("infrastructure failure; retrying later", "err", out.err, "delay", out.delay, "for at most", a.cfg.RetryFor)
+		a.coolOff(ctx, msg, out.delay, log)
 	case OutcomeHandedBack:
 		log.Info("handed the ask back", "after", out.Took.Round(time.Millisecond), "why", out.err)
 	case OutcomeDone:
