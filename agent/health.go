@@ -77,11 +77,12 @@ const builderMisses = 2
 // watchBuilder pings the worker's builder every third of
 // Config.ProbeEvery while ask id is built (10 s by default), each ping
 // bounded by ProbeTimeout; builderMisses in a row unanswered stop the
-// build (about 30 s after the builder stood still, by default) (cause errBuilderGone, with the last
-// ping's error): its ask then goes back at once for another machine, and
-// this machine turns sick until its builder answers (work). A builder that
-// answers slowly is not stopped: only one that does not answer at all
-// within ProbeTimeout, twice. The returned func ends the watch.
+// build, about 30 s after the builder stood still by default (cause
+// errBuilderGone, with the last ping's error): its ask then goes back at
+// once for another machine, and this machine turns sick until its builder
+// answers (work). A builder that answers slowly is not stopped: only one
+// that does not answer at all within ProbeTimeout, twice. The returned
+// func ends the watch.
 func (a *Agent) watchBuilder(ctx context.Context, id string) (stop func()) {
 	p, ok := a.worker.(BuilderPinger)
 	if !ok || a.cfg.ProbeEvery <= 0 {

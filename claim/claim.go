@@ -141,11 +141,11 @@ func WithClock(now func() time.Time) Option {
 // WithTrouble has f called each time a renewal, or the write of a lapsed
 // claim again, gets no answer from the bus in time, and when the claim
 // lapses with its holder alive: its holder saw the bus fail (or stood
-// still itself for a lease). A bus that stops answering without dropping the connection (a
-// server frozen, a network that drops packets) is seen only so; the
-// holder then knows that every claim on that bus may have lapsed with its
-// own, its holder alive (agent: a redelivered ask with no claim left is
-// left a while to its holder, instead of built twice).
+// still itself for a lease). A bus that stops answering without dropping
+// the connection (a server frozen, a network that drops packets) is seen
+// only so; the holder then knows that every claim on that bus may have
+// lapsed with its own, its holder alive (agent: a redelivered ask with no
+// claim left is left a while to its holder, instead of built twice).
 func WithTrouble(f func()) Option {
 	return func(o *options) error { o.trouble = f; return nil }
 }
