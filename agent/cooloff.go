@@ -44,14 +44,20 @@ func (a *Agent) coolOff(ctx context.Context, msg jetstream.Msg, delay time.Durat
 }
 
 // othersIdle reports whether a pull of another machine waits on the
-// consumer msg was delivered from. It asks the server at most once a
-// --fetch-wait and answers from that meanwhile: a consumer's info walks
-// every waiting pull on the server (consumer.processWaiting), which a
-// fleet failing at once must not ask for at every retry.
+// consumer msg was delivered from. A yes is kept for a --fetch-wait: a
+// consumer's info walks every waiting pull on the server
+// (consumer.processWaiting), which a fleet failing at once, its machines
+// idle, must not ask for at every retry. A no is kept for a second only
+// (few pulls wait then, and the walk is short): by hand, a no kept for the
+// whole wait sent the next two retries back to the failing machine.
 func (a *Agent) othersIdle(ctx context.Context, msg jetstream.Msg) bool {
 	a.idleMu.Lock()
 	defer a.idleMu.Unlock()
-	if !a.idleAt.IsZero() && time.Since(a.idleAt) < a.cfg.FetchWait {
+	keep := min(time.Second, a.cfg.FetchWait)
+	if a.idle {
+		keep = a.cfg.FetchWait
+	}
+	if !a.idleAt.IsZero() && time.Since(a.idleAt) < keep {
 		return a.idle
 	}
 	md, err := msg.Metadata()
