@@ -23,11 +23,18 @@ import (
 // and returns the file.
 func issueAgentM1(t *testing.T, keys *creds.Keys, cat *mesh.Catalogue) string {
 	t.Helper()
-	p, err := cat.PrincipalPermissions(mesh.KindAgent, "m1")
+	return issueFor(t, keys, cat, mesh.KindAgent, "m1")
+}
+
+// issueFor writes the credentials keys issue for the principal of kind
+// kind called name from cat, and returns the file.
+func issueFor(t *testing.T, keys *creds.Keys, cat *mesh.Catalogue, kind, name string) string {
+	t.Helper()
+	p, err := cat.PrincipalPermissions(kind, name)
 	if err != nil {
 		t.Fatal(err)
 	}
-	file := filepath.Join(t.TempDir(), "agent.creds")
+	file := filepath.Join(t.TempDir(), kind+".creds")
 	if err := keys.IssueFile(p, "", file); err != nil {
 		t.Fatal(err)
 	}
@@ -168,14 +175,7 @@ func TestAnAgentGivenANodesCredentialsIsToldWhichItTakes(t *testing.T) {
 		t.Fatal(err)
 	}
 	cat := meshtest.Catalogue(t, nil)
-	p, err := cat.PrincipalPermissions(mesh.KindNode, "m1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	node := filepath.Join(t.TempDir(), "node.creds")
-	if err := keys.IssueFile(p, "", node); err != nil {
-		t.Fatal(err)
-	}
+	node := issueFor(t, keys, cat, mesh.KindNode, "m1")
 	_, err = AgentMachine(node, "m1", false)
 	if err == nil || !strings.Contains(err.Error(), node) || !strings.Contains(err.Error(), "--principal agent m1") {
 		t.Errorf("AgentMachine with a node's credentials: %v; want it refused, naming the file and the agent credentials to issue", err)

@@ -196,15 +196,14 @@ type AgentOptions struct {
 }
 
 // machineOfCreds is the build machine a credentials file was issued for
-// (`builds creds issue … --principal agent NAME`); ok is false for
-// credentials of any other principal.
-func machineOfCreds(path string) (string, bool, error) {
-	id, err := creds.PrincipalOf(path)
-	if err != nil {
-		return "", false, err
+// (`builds creds issue … --principal agent NAME`), and the principal's id;
+// ok is false for credentials of any other principal.
+func machineOfCreds(path string) (m, id string, ok bool, err error) {
+	if id, err = creds.PrincipalOf(path); err != nil {
+		return "", "", false, err
 	}
-	m, ok := strings.CutPrefix(id, mesh.PrincipalID(mesh.KindAgent, ""))
-	return m, ok, nil
+	m, ok = strings.CutPrefix(id, mesh.PrincipalID(mesh.KindAgent, ""))
+	return m, id, ok, nil
 }
 
 // AgentMachine is the machine an agent with credentials file path runs as:
@@ -216,15 +215,14 @@ func AgentMachine(path, machine string, set bool) (string, error) {
 	if path == "" {
 		return machine, nil
 	}
-	m, ok, err := machineOfCreds(path)
+	m, id, ok, err := machineOfCreds(path)
 	switch {
 	case err != nil:
 		return "", fmt.Errorf("%w: %w", agent.ErrConfig, err)
 	case !ok:
 		// A node's credentials grant a build agent nothing (by hand: "grant
 		// none of this machine's platforms", which named no fix).
-		if id, _ := creds.PrincipalOf(path); strings.HasPrefix(id, mesh.PrincipalID(mesh.KindNode, "")) {
-			node := strings.TrimPrefix(id, mesh.PrincipalID(mesh.KindNode, ""))
+		if node, isNode := strings.CutPrefix(id, mesh.PrincipalID(mesh.KindNode, "")); isNode {
 			return "", fmt.Errorf("%w: the credentials in %s are node %s's, for mesh-node's --creds; a build agent takes its machine's agent credentials: builds creds issue KEYS --catalogue DIR --principal agent %s (mesh-node takes those as --agent-creds)",
 				agent.ErrConfig, path, node, node)
 		}
