@@ -41,6 +41,9 @@ type Bucket struct {
 
 	mu     sync.Mutex
 	stream jetstream.Stream
+	// infoMu serializes the stream's Info: it keeps the answer in the
+	// handle, which concurrent watches share.
+	infoMu sync.Mutex
 }
 
 // New is a Bucket reading kv through js.
@@ -209,7 +212,9 @@ func (b *Bucket) unseen(ctx context.Context, filters []string, seen map[string]u
 	prefix := mesh.KVKeySubject(b.kv.Bucket(), "")
 	var keys []string
 	for _, f := range filters {
+		b.infoMu.Lock()
 		info, err := st.Info(ctx, jetstream.WithSubjectFilter(mesh.KVKeySubject(b.kv.Bucket(), f)))
+		b.infoMu.Unlock()
 		if err != nil {
 			return nil, fmt.Errorf("listing the keys of %s under %s: %w", b.kv.Bucket(), f, err)
 		}

@@ -229,3 +229,28 @@ func TestDeletedKeysAreLeftOut(t *testing.T) {
 		t.Fatalf("Keys(a.>, b.>) = %v, want [a.3 b.1]", ks)
 	}
 }
+
+// Reads of one Bucket at once (an agent's slots claiming asks beside each
+// other) share its stream's handle, which keeps each Info's answer: under
+// -race, reads that are not serialized where they touch it fail here. Each
+// read still holds every key.
+func TestReadsAtOnceShareTheStream(t *testing.T) {
+	b, _, keys := bucket(t, 20)
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for range 10 {
+				got, err := b.Keys(context.Background())
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if len(got) != len(keys) {
+					t.Errorf("read %d keys, want %d", len(got), len(keys))
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
