@@ -149,10 +149,15 @@ func (a *Agent) work(ctx context.Context, msg jetstream.Msg, ask mesh.Ask, attem
 	a.inFlight.Add(1)
 	defer a.inFlight.Add(-1)
 	begun := time.Now()
-	_ = a.report(ctx, mesh.EventStarted, fmt.Sprintf("%s-started-%d", ask.ID, attempt), mesh.Started{
+	// started goes out beside the build, not before it: the build does
+	// not wait a round trip of the bus (on a cluster, a replicated write).
+	// Its outcome is announced only once started has been published
+	// (reported), so that the stream still holds started first.
+	reported := a.reportAside(ctx, mesh.EventStarted, fmt.Sprintf("%s-started-%d", ask.ID, attempt), mesh.Started{
 		Version: mesh.AskVersion, Ask: ask.ID, Plan: ask.Plan, Module: ask.Module,
 		On: a.cfg.Machine, Attempt: attempt, At: begun.UTC(), Proof: a.proof(ask),
 	})
+	defer reported()
 
 	held, release := a.holdContext(ctx, ask, attempt, c)
 	defer release()
@@ -193,6 +198,10 @@ func (a *Agent) work(ctx context.Context, msg jetstream.Msg, ask mesh.Ask, attem
 	case err != nil && errors.Is(cause, ErrStopped):
 		return handedBack(took, 0, ErrStopped)
 	case err == nil:
+		// What is left is the bus's: announcing and acknowledging it. The
+		// slot may pull its next ask meanwhile (Config.Overlap), as it
+		// does beside an export.
+		StepsDone(ctx)
 		return a.built(ask, attempt, res, took)
 	}
 	reason := Classify(err)

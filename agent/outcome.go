@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -381,15 +382,51 @@ func (a *Agent) report(ctx context.Context, event, id string, v any) error {
 	return err
 }
 
+// reportAside publishes an event as report does, without waiting for the
+// stream's answer; the returned func waits for it, and for report's
+// retries when the first publish was not stored. The event's id is
+// report's, so a publish that landed unanswered and its retry are stored
+// once.
+func (a *Agent) reportAside(ctx context.Context, event, id string, v any) (wait func()) {
+	data, err := json.Marshal(v)
+	if err != nil {
+		a.log.Error("encoding an event", "event", event, "err", err)
+		return func() {}
+	}
+	id += "-" + a.nonce
+	fut, err := a.js.PublishAsync(mesh.HolderEventSubject(mesh.BuildSeat, a.cfg.Machine, event), data, jetstream.WithMsgID(id))
+	if err != nil {
+		fut = nil
+	}
+	return sync.OnceFunc(func() {
+		// Its answer within publish's time for one try; a connection
+		// closed for good leaves the future unanswered (publish then
+		// gives up at once).
+		for end := time.Now().Add(5 * time.Second); fut != nil && !a.nc.IsClosed() && time.Now().Before(end); {
+			select {
+			case <-fut.Ok():
+				return
+			case <-fut.Err():
+				fut = nil
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+		_, _ = a.publish(ctx, event, id, data)
+	})
+}
+
 // publish publishes one of the seat's events on this machine's subject,
 // deduplicated by id, retrying for a while (announceRetry,
-// announceAttempts). It carries on when ctx is cancelled (a stopping agent
+// announceAttempts) while the connection is open. It carries on when ctx is cancelled (a stopping agent
 // still announces what it did).
 func (a *Agent) publish(ctx context.Context, event, id string, data []byte) (*jetstream.PubAck, error) {
 	subj := mesh.HolderEventSubject(mesh.BuildSeat, a.cfg.Machine, event)
 	ctx = context.WithoutCancel(ctx)
 	var ack *jetstream.PubAck
-	err := announceRetry.Retry(ctx, announceAttempts, nil, func() error {
+	// A connection closed for good (the agent stopping, or its owner
+	// closed it) answers no try.
+	open := func(error) bool { return !a.nc.IsClosed() }
+	err := announceRetry.Retry(ctx, announceAttempts, open, func() error {
 		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
 		var err error

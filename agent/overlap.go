@@ -18,8 +18,12 @@ import (
 // steps are done (the daemon starts exporting its image), it pulls its next
 // ask, which is built beside the last one's export. A slot never has more
 // than two builds in hand, one of them past its steps: it pulls again only
-// when the one before has settled, and a build that ends without an export
-// (from the cache, or failed) frees its slot when it settles, as before.
+// when the one before has settled. A build that returns without having
+// exported (answered from what was pushed before) frees its slot when it
+// returns built: what is left, announcing and acknowledging it, is the
+// bus's (on a cluster, replicated writes). A failed one frees it when it
+// settles, as before: its outcome decides whether the machine pulls again
+// (sick, cooling off).
 
 // stepsDoneKey carries a build's stepsDone through its context.
 type stepsDoneKey struct{}
@@ -27,8 +31,8 @@ type stepsDoneKey struct{}
 // WithStepsDone returns ctx carrying done, which the build worked under it
 // calls (StepsDone) once its own steps are done: what is left is its
 // export. As net/http/httptrace does, the hook rides in the context, so
-// that a Worker that never calls it frees its slot only when its ask
-// settles.
+// that a Worker that never calls it frees its slot only when it returns
+// built, or else when its ask settles.
 func WithStepsDone(ctx context.Context, done func()) context.Context {
 	return context.WithValue(ctx, stepsDoneKey{}, done)
 }

@@ -132,6 +132,82 @@ func TestASlotPullsItsNextAskOnceItsBuildsStepsAreDone(t *testing.T) {
 	}
 }
 
+// beganWorker builds every ask at once (no steps, no export of its own)
+// and says which began.
+type beganWorker struct{ began chan string }
+
+func (w beganWorker) Work(_ context.Context, a mesh.Ask, _ func(string)) (agent.Result, error) {
+	w.began <- a.ID
+	return agent.Result{Digest: "sha256:" + fmt.Sprintf("%064x", len(a.ID)), Ref: a.Image + "@sha256:x"}, nil
+}
+
+// heldEnd is an agent's observer whose first Ended waits for release: the
+// first ask's settling (announced, acknowledged, counted) stands still
+// until the test lets it end.
+type heldEnd struct {
+	once    sync.Once
+	release chan struct{}
+}
+
+func (*heldEnd) IdleWaited(time.Duration) {}
+func (*heldEnd) Began()                   {}
+func (h *heldEnd) Ended(agent.End)        { h.once.Do(func() { <-h.release }) }
+
+// A build that returns without an export of its own frees its slot when it
+// returns: what is left, announcing and acknowledging it, is the bus's,
+// and the slot pulls its next ask meanwhile (Overlap); it pulls a third only
+// once the first has settled. Without Overlap the next waits for the
+// first to settle.
+func TestASlotPullsItsNextAskOnceItsBuildReturns(t *testing.T) {
+	for _, overlap := range []bool{true, false} {
+		t.Run(fmt.Sprintf("overlap=%v", overlap), func(t *testing.T) {
+			s, js := bus(t)
+			w := beganWorker{began: make(chan string, 10)}
+			held := &heldEnd{release: make(chan struct{})}
+			startObserved(t, s, "m1", w, func(c *agent.Config) { c.Overlap = overlap }, held)
+			var released sync.Once
+			let := func() { released.Do(func() { close(held.release) }) }
+			t.Cleanup(let) // before the agent stops, should the test end early
+			for _, id := range []string{"a1", "a2", "a3"} {
+				submit(t, js, ask(id))
+			}
+			began := func(d time.Duration) (string, bool) {
+				select {
+				case id := <-w.began:
+					return id, true
+				case <-time.After(d):
+					return "", false
+				}
+			}
+			first, ok := began(5 * time.Second)
+			if !ok {
+				t.Fatal("no ask began")
+			}
+			second, ok := began(2 * time.Second)
+			if ok != overlap {
+				t.Fatalf("with overlap %v, while %s settles: began %q (%v)", overlap, first, second, ok)
+			}
+			if overlap {
+				if id, ok := began(300 * time.Millisecond); ok {
+					t.Fatalf("%s began while %s settles and %s is built: three in hand", id, first, second)
+				}
+			}
+			let()
+			for n := map[bool]int{true: 1, false: 2}[overlap]; n > 0; n-- {
+				if _, ok := began(5 * time.Second); !ok {
+					t.Fatalf("the rest did not begin once %s had settled", first)
+				}
+			}
+			testenv.WaitFor(t, 10*time.Second, "three built", func() bool { return len(events(t, js).Built) == 3 })
+			r := events(t, js)
+			if len(r.Started) != 3 {
+				t.Errorf("%d started for 3 asks", len(r.Started))
+			}
+			drained(t, js, 5*time.Second)
+		})
+	}
+}
+
 // With the real BuildKit, a build's steps are done when the daemon starts
 // exporting its image: a slot builds its next ask beside an export that
 // takes time (a layer of 64 MB that does not compress), and both images
