@@ -14,7 +14,7 @@ import (
 // what a built recorded before the stop had made ready: level-triggered.
 func (c *Controller) resume(ctx context.Context) error {
 	recs, err := c.store.Plans(ctx)
-	if err != nil {
+	if err := Readable(err, c.unreadable); err != nil {
 		return err
 	}
 	if err := c.loadKept(ctx); err != nil {
@@ -76,17 +76,17 @@ func (c *Controller) resume(ctx context.Context) error {
 // estimates (seeded from the build records where none is stored).
 func (c *Controller) loadKept(ctx context.Context) error {
 	var err error
-	if c.current, err = c.store.Currents(ctx); err != nil {
+	if c.current, err = c.store.Currents(ctx); Readable(err, c.unreadable) != nil {
 		return err
 	}
-	if c.keys, err = c.store.Keys(ctx); err != nil {
+	if c.keys, err = c.store.Keys(ctx); Readable(err, c.unreadable) != nil {
 		return err
 	}
-	if c.sched.shares, err = c.store.Shares(ctx); err != nil {
+	if c.sched.shares, err = c.store.Shares(ctx); Readable(err, c.unreadable) != nil {
 		return err
 	}
 	est, err := c.store.Estimates(ctx)
-	if err != nil {
+	if Readable(err, c.unreadable) != nil {
 		return err
 	}
 	for m, d := range est {
@@ -97,6 +97,12 @@ func (c *Controller) loadKept(ctx context.Context) error {
 	}
 	c.seedEstimates(ctx)
 	return nil
+}
+
+// unreadable reports stored records the controller goes on without
+// (Readable): a module's is written again with its next change.
+func (c *Controller) unreadable(e *UnreadableError) {
+	c.log.Error("stored records cannot be read; going on without them", "bucket", e.Bucket, "keys", e.Keys, "err", e.Err)
 }
 
 // replayMargin is how far before a plan's last stored change the replay of
@@ -158,7 +164,7 @@ func (c *Controller) load(ctx context.Context, r PlanRecord) (*State, error) {
 		return nil, fmt.Errorf("planning it again: %w", err)
 	}
 	mods, err := c.store.Modules(ctx, r.ID)
-	if err != nil {
+	if err := Readable(err, c.unreadable); err != nil {
 		return nil, err
 	}
 	st, err := Load(p, r, mods)

@@ -423,18 +423,58 @@ func (s *Store) Currents(ctx context.Context) (map[string]Current, error) {
 
 // each calls fn with the current value of every key matching filter, in
 // key order: every key that has a value, also while the bucket is written
-// (kvsnap).
+// (kvsnap). A record fn cannot decode does not stop the others: each
+// returns an *UnreadableError naming it once every key was read.
 func (s *Store) each(ctx context.Context, filter string, fn func(key string, data []byte) error) error {
 	vals, err := s.snap.Values(ctx, filter)
 	if err != nil {
 		return fmt.Errorf("reading %s: %w", filter, err)
 	}
+	var bad *UnreadableError
 	for _, k := range slices.Sorted(maps.Keys(vals)) {
 		if err := fn(k, vals[k].Value()); err != nil {
-			return err
+			if bad == nil {
+				bad = &UnreadableError{Bucket: s.kv.Bucket(), Err: err}
+			}
+			bad.Keys = append(bad.Keys, k)
 		}
 	}
+	if bad != nil {
+		return bad
+	}
 	return nil
+}
+
+// UnreadableError names stored records that do not decode (written by
+// hand, or by a version that wrote them otherwise). A read that returns it
+// returns every other record too: the unreadable ones are left as they
+// are, for an operator to look at, and nothing else stops for them. A
+// module's record is written again with its next change; a plan whose own
+// record cannot be read is not resumed.
+type UnreadableError struct {
+	Bucket string
+	Keys   []string
+	// Err is the first key's.
+	Err error
+}
+
+func (e *UnreadableError) Error() string {
+	return fmt.Sprintf("%d record(s) of bucket %s cannot be read and are left as they are: %s (%v); "+
+		"look at one with `nats kv get %s KEY`, remove it with `nats kv del %s KEY`",
+		len(e.Keys), e.Bucket, strings.Join(e.Keys, ", "), e.Err, e.Bucket, e.Bucket)
+}
+
+// Readable is err unless it is an *UnreadableError, which it gives to
+// report and drops: what was read is used, the rest left.
+func Readable(err error, report func(*UnreadableError)) error {
+	var ue *UnreadableError
+	if errors.As(err, &ue) {
+		if report != nil {
+			report(ue)
+		}
+		return nil
+	}
+	return err
 }
 
 // Load rebuilds a plan's state from its record, its modules in the store
@@ -472,8 +512,8 @@ func Load(p planner.Plan, r PlanRecord, mods map[string]ModuleStatus) (*State, e
 // plans are never removed. It returns how many plans it removed;
 // PruneKeys, called after it, removes the input keys that went with them.
 func (s *Store) Prune(ctx context.Context, keep int) (int, error) {
-	recs, err := s.Plans(ctx) // newest first
-	if err != nil {
+	recs, err := s.Plans(ctx) // newest first; an unreadable record is left
+	if err := Readable(err, nil); err != nil {
 		return 0, err
 	}
 	var settled []PlanRecord
@@ -579,15 +619,17 @@ func (s *Store) PruneKeys(ctx context.Context) (map[string]KeyRecord, error) {
 		}
 		used[m.Key] = true
 		return nil
-	}); err != nil {
+	}); Readable(err, nil) != nil {
+		// An unreadable module's input key may go: at worst it is
+		// built again once, not cut off.
 		return nil, err
 	}
 	currents, err := s.Currents(ctx)
-	if err != nil {
+	if Readable(err, nil) != nil {
 		return nil, err
 	}
 	keys, err := s.Keys(ctx)
-	if err != nil {
+	if Readable(err, nil) != nil {
 		return nil, err
 	}
 	removed := map[string]KeyRecord{}

@@ -43,14 +43,14 @@ func (s *Store) WatchPlan(ctx context.Context, plan string) (*PlanWatcher, error
 		return nil, fmt.Errorf("watching plan %s: %w", plan, err)
 	}
 	pw := &PlanWatcher{w: w, changes: make(chan PlanChange), current: make(chan struct{}), stopped: make(chan struct{})}
-	go pw.run(ctx, plan)
+	go pw.run(ctx, plan, s.kv.Bucket())
 	return pw, nil
 }
 
 // run decodes the KV watch's entries into Changes. Once the watch is over
 // (ctx done, or Stop) it drains the entries until the KV watch closes
 // them: a KV watcher blocked on a full channel would not stop.
-func (pw *PlanWatcher) run(ctx context.Context, plan string) {
+func (pw *PlanWatcher) run(ctx context.Context, plan, bucket string) {
 	defer close(pw.changes)
 	defer context.AfterFunc(ctx, func() { _ = pw.Stop() })()
 	prefix := ModuleKey(plan, "")
@@ -72,14 +72,14 @@ func (pw *PlanWatcher) run(ctx context.Context, plan string) {
 		case e.Key() == PlanKey(plan):
 			var r PlanRecord
 			if err := json.Unmarshal(e.Value(), &r); err != nil {
-				c.Err = fmt.Errorf("decoding plan %s: %w", plan, err)
+				c.Err = &UnreadableError{Bucket: bucket, Keys: []string{e.Key()}, Err: fmt.Errorf("decoding plan %s: %w", plan, err)}
 			} else {
 				c.Record = &r
 			}
 		case strings.HasPrefix(e.Key(), prefix):
 			var m ModuleStatus
 			if err := json.Unmarshal(e.Value(), &m); err != nil {
-				c.Err = fmt.Errorf("decoding %s: %w", e.Key(), err)
+				c.Err = &UnreadableError{Bucket: bucket, Keys: []string{e.Key()}, Err: fmt.Errorf("decoding %s: %w", e.Key(), err)}
 			} else {
 				if m.Module == "" {
 					m.Module = strings.TrimPrefix(e.Key(), prefix)

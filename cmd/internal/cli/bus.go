@@ -30,6 +30,8 @@ type bus struct {
 	// controllerBusy says that the last controllerAnswers timed out: a
 	// controller's tools are there, and did not answer in time.
 	controllerBusy bool
+	// warn says what of the store cannot be read (the rest is shown).
+	warn func(*cascade.UnreadableError)
 }
 
 func (g *globals) connect(ctx context.Context) (*bus, error) {
@@ -42,7 +44,13 @@ func (g *globals) connect(ctx context.Context) (*bus, error) {
 		nc.Close()
 		return nil, fmt.Errorf("no plans on %s: has build-controller raised its catalogue there? (%w)", g.nats, err)
 	}
-	return &bus{nc: nc, js: js, store: st}, nil
+	return &bus{nc: nc, js: js, store: st, warn: g.warnUnreadable}, nil
+}
+
+// warnUnreadable tells the operator of stored records that cannot be read,
+// on stderr: what can be read is shown all the same.
+func (g *globals) warnUnreadable(e *cascade.UnreadableError) {
+	fmt.Fprintf(g.errw, "warning: %v\n", e)
 }
 
 func (b *bus) close() { b.nc.Close() }
@@ -93,7 +101,7 @@ func (b *bus) plan(ctx context.Context, id string) (cascade.PlanRecord, map[stri
 		return rec, nil, err
 	}
 	mods, err := b.store.Modules(ctx, id)
-	return rec, mods, err
+	return rec, mods, cascade.Readable(err, b.warn)
 }
 
 // isTTY reports whether w is a terminal (colour and progress bars only then).

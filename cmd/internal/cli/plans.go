@@ -28,7 +28,7 @@ func plansCmd(g *globals) *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: g.withBus(func(ctx context.Context, b *bus, _ []string) error {
 			recs, err := b.store.Plans(ctx)
-			if err != nil {
+			if err := cascade.Readable(err, g.warnUnreadable); err != nil {
 				return err
 			}
 			if limit > 0 && len(recs) > limit {

@@ -155,7 +155,7 @@ func logsCmd(g *globals) *cobra.Command {
 			}
 			return printLogs(ctx, b.js, m, follow, g, func(ctx context.Context) (cascade.ModuleStatus, error) {
 				mods, err := b.store.Modules(ctx, args[0])
-				if err != nil {
+				if err := cascade.Readable(err, nil); err != nil { // said once, by plan
 					return cascade.ModuleStatus{}, fmt.Errorf("reading plan %s: %w", args[0], err)
 				}
 				return mods[args[1]], nil
@@ -504,7 +504,7 @@ func machinesCmd(g *globals) *cobra.Command {
 					}
 				}
 			})
-			if err != nil {
+			if err := cascade.Readable(err, b.warn); err != nil {
 				return fmt.Errorf("reading the plans' modules: %w", err)
 			}
 			out := make([]Machine, 0, len(rows))
