@@ -49,19 +49,35 @@ func (w *BuildWorker) Probe(ctx context.Context) error {
 	return nil
 }
 
-// BuilderPinger is the part of a Worker that says whether its builder (its
-// BuildKit) answers, the registry aside: asked while a build goes on, so
-// that a daemon that stopped answering (hung, or stopped with SIGSTOP)
-// does not hold the ask for as long as it stands still.
+// BuilderPinger is the part of a Worker that says whether what a build
+// waits on answers — its builder (its BuildKit), and its registry if it
+// answers at all: asked while a build goes on, so that a daemon that
+// stopped answering (hung, or stopped with SIGSTOP) does not hold the ask
+// for as long as it stands still.
 type BuilderPinger interface {
 	PingBuilder(ctx context.Context) error
 }
 
 // PingBuilder implements BuilderPinger: the builder answers, if it can say
-// so.
+// so, and so does the registry the build pushes to (Probe's), if the
+// builder can ask it. Only a registry that gives no answer at all within
+// ctx counts: one that stands still (stopped with SIGSTOP, say) holds
+// BuildKit's push for as long as it does, while one that refuses or fails
+// a request fails the push, which says so.
 func (w *BuildWorker) PingBuilder(ctx context.Context) error {
 	if p, ok := w.Builder.(interface{ Ping(context.Context) error }); ok {
-		return p.Ping(ctx)
+		if err := p.Ping(ctx); err != nil {
+			return err
+		}
+	}
+	host := w.Registry
+	if host == "" {
+		host = w.lastRegistry.get()
+	}
+	if p, ok := w.Builder.(registryPinger); ok && host != "" {
+		if err := p.PingRegistry(ctx, host); err != nil && ctx.Err() != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -74,7 +90,7 @@ var errBuilderGone = errors.New("the build was stopped")
 // leave unanswered before the build is stopped.
 const builderMisses = 2
 
-// watchBuilder pings the worker's builder every third of
+// watchBuilder pings the worker's builder (and registry: PingBuilder) every third of
 // Config.ProbeEvery while ask id is built (10 s by default), each ping
 // bounded by ProbeTimeout; builderMisses in a row unanswered stop the
 // build, about 30 s after the builder stood still by default (cause

@@ -204,3 +204,43 @@ func countEvents(t testing.TB, js jetstream.JetStream, event string) uint64 {
 	}
 	return n
 }
+
+// The registry stands still mid-push (by hand: kill -STOP; here a proxy
+// that holds every byte, its connections open): BuildKit's push would wait
+// for as long as it stands still, the ask held all along. The machine's
+// pings during the build find the registry not answering: the build is
+// stopped, its ask goes back, the machine turns sick naming the registry.
+// Once the registry answers again the ask is built, once.
+func TestABuildWhoseRegistryStandsStillIsStopped(t *testing.T) {
+	testenv.RequireBuildkit(t)
+	addr := testenv.FreeAddr(t)
+	srv, err := registry.Serve(context.Background(), addr, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	fz := testenv.Freeze(t, addr)
+	bk := testenv.Buildkitd(t, fz.Addr())
+	git, commit := testenv.GitRepo(t, map[string]string{"app/Dockerfile": "FROM scratch\nCOPY Dockerfile /\n"})
+	s, js := bus(t)
+	ended := make(ends, 10)
+	startObserved(t, s, "m1", realWorker(t, bk, git), func(c *agent.Config) {
+		c.RetryFor, c.ProbeEvery, c.ProbeTimeout = time.Minute, 3*time.Second, time.Second
+	}, ended)
+	fz.Freeze()
+	frozen := time.Now()
+	submit(t, js, realAsk("still", commit, "app", fz.Addr()+"/app"))
+	e := ended.next(t, agent.OutcomeHandedBack, 60*time.Second)
+	t.Logf("handed back %s after the registry stood still", time.Since(frozen).Round(time.Millisecond))
+	if st := status(t, js, "m1"); st.Health != agent.HealthUnhealthy || !strings.Contains(st.Why, fz.Addr()) {
+		t.Errorf("m1 %+v: want unhealthy, naming the registry %s", st, fz.Addr())
+	}
+	if e.Took == 0 {
+		t.Errorf("handed back %+v: want it after the work that was stopped", e)
+	}
+	fz.Thaw()
+	r := builtOnce(t, js, 90*time.Second, "built once the registry answers")
+	if len(r.Failed) != 0 || r.Built[0].Ask != "still" {
+		t.Fatalf("built %+v failed %+v: want the ask built, nothing failed", r.Built, r.Failed)
+	}
+}
