@@ -30,6 +30,8 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"syscall"
+	"time"
 
 	"github.com/meshbuild/meshbuild/mesh"
 )
@@ -326,16 +328,39 @@ func lastLine(s string) string {
 }
 
 // command is git against the repository at gitDir ("" for none), never
-// prompting for credentials.
+// prompting for credentials, and giving up on an http(s) server that sends
+// nothing for StallTime (unless the environment says otherwise).
 func command(ctx context.Context, gitDir string, args ...string) *exec.Cmd {
 	full := args
 	if gitDir != "" {
 		full = append([]string{"--git-dir=" + gitDir}, args...)
 	}
 	cmd := exec.CommandContext(ctx, "git", full...)
+	// A fetch runs git-remote-http(s) (or ssh) under git, holding git's
+	// output: the context's end kills them all (their own process group),
+	// and the output is given up on WaitDelay later. Else a fetch whose
+	// context ended still waited for as long as its server stood still.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = 5 * time.Second
 	cmd.Env = append(os.Environ(), "GIT_TERMINAL_PROMPT=0", "LC_ALL=C")
+	if os.Getenv("GIT_HTTP_LOW_SPEED_LIMIT") == "" {
+		cmd.Env = append(cmd.Env, "GIT_HTTP_LOW_SPEED_LIMIT=1")
+	}
+	if os.Getenv("GIT_HTTP_LOW_SPEED_TIME") == "" {
+		cmd.Env = append(cmd.Env, fmt.Sprintf("GIT_HTTP_LOW_SPEED_TIME=%d", int(StallTime.Seconds())))
+	}
 	return cmd
 }
+
+// StallTime is how long a fetch over http(s) waits on a server that sends
+// nothing at all (git's http.lowSpeedLimit of 1 byte a second over
+// http.lowSpeedTime; GIT_HTTP_LOW_SPEED_LIMIT and _TIME override them)
+// before it fails: a server that stands still (stopped with SIGSTOP, a
+// dead proxy) would hold the fetch, and the build or plan waiting on it,
+// for as long as it does. A server working on a big pack sends keepalives
+// (git's uploadpack.keepAlive, every 5 s), so it is not taken for one.
+const StallTime = time.Minute
 
 // Git runs git against the repository at gitDir ("" for none) and returns
 // its trimmed output; a failure is an *Error.
