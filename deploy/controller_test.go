@@ -270,3 +270,37 @@ func TestNodeAppliesByDigestIntoALayout(t *testing.T) {
 	}
 	b.noViolations()
 }
+
+// A hook that starts a process and leaves it running (`app &`, its output
+// the hook's) is done when it exits: the node reports the revision
+// applied. Before, the node waited on the hook's output for as long as the
+// process it left ran.
+func TestAHookThatLeavesAProcessRunningIsDoneWhenItExits(t *testing.T) {
+	reg := registrytest.Registry(t)
+	b := newBed(t, []string{"n1"})
+	b.controller(deploy.DefaultControllerConfig())
+	hook := filepath.Join(t.TempDir(), "hook.sh")
+	if err := os.WriteFile(hook, []byte("#!/bin/sh\necho starting $MESHBUILD_MODULE\nsleep 60 &\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	_, js := b.connect("n1", nil)
+	cfg := deploy.DefaultNodeConfig()
+	cfg.Name, cfg.StateDir, cfg.Registry, cfg.ApplyHook = "n1", t.TempDir(), registry.NewClient(registry.WithInsecure(true)), hook
+	cfg.RetryDelay = 200 * time.Millisecond // ETXTBSY, as above
+	n, err := deploy.NewNode(cfg, js, testLog(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(b.ctx, n.Run)
+	testenv.WaitFor(t, 10*time.Second, "n1 to enrol", func() bool { _, ok := b.nodes()["n1"]; return ok })
+	digest := pushImage(t, reg, "app")
+	b.setCurrent("app", reg+"/app", digest)
+	if _, err := b.call(mesh.AssignTool, deploy.Request{Module: "app", Nodes: []string{"n1"}}); err != nil {
+		t.Fatal(err)
+	}
+	rev := b.declaredWith("n1", "app", digest).Revision
+	testenv.WaitFor(t, 20*time.Second, fmt.Sprintf("n1 to report revision %d applied", rev), func() bool {
+		v := b.nodes()["n1"]
+		return v.Applied == rev && v.Outcome == deploy.Applied
+	})
+}

@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -507,12 +508,23 @@ func (n *Node) hook(ctx context.Context, action string, m DeclaredModule, revisi
 	if len(m.Buckets) > 0 {
 		cmd.Env = append(cmd.Env, state.SocketEnv+"="+state.SocketPath(n.cfg.StateDir, m.Module))
 	}
+	// A hook that starts a process and leaves it running (`app &`) leaves
+	// it its output: the hook is done when it exits, and what is left of
+	// its output is not waited for past hookOutputWait. A context that
+	// ends kills the hook and what it started (its process group).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = hookOutputWait
 	out, err := cmd.CombinedOutput()
-	if err != nil {
+	if err != nil && !(errors.Is(err, exec.ErrWaitDelay) && cmd.ProcessState.Success()) {
 		return fmt.Errorf("apply hook %s (%s %s): %w: %s", n.cfg.ApplyHook, action, m.Module, err, lastLines(string(out), 5))
 	}
 	return nil
 }
+
+// hookOutputWait is how long the output of an apply hook that exited is
+// waited for (a process it left running holds it).
+const hookOutputWait = 2 * time.Second
 
 func lastLines(s string, k int) string {
 	lines := strings.Split(strings.TrimSpace(s), "\n")
