@@ -34,11 +34,23 @@ type HealthObserver interface {
 // answers but refuses (401) is not the machine's sickness: the push fails
 // and says so.
 func (w *BuildWorker) Probe(ctx context.Context) error {
-	if p, ok := w.Builder.(interface{ Ping(context.Context) error }); ok {
-		if err := p.Ping(ctx); err != nil {
-			return err
-		}
+	if err := w.pingBuilder(ctx); err != nil {
+		return err
 	}
+	return w.pingRegistry(ctx)
+}
+
+// pingBuilder asks the builder whether it answers, if it can say so.
+func (w *BuildWorker) pingBuilder(ctx context.Context) error {
+	if p, ok := w.Builder.(interface{ Ping(context.Context) error }); ok {
+		return p.Ping(ctx)
+	}
+	return nil
+}
+
+// pingRegistry asks the mesh's registry (w.Registry, or the registry of
+// the last ask's image) whether it answers, if the builder can ask it.
+func (w *BuildWorker) pingRegistry(ctx context.Context) error {
 	host := w.Registry
 	if host == "" {
 		host = w.lastRegistry.get()
@@ -65,19 +77,13 @@ type BuilderPinger interface {
 // BuildKit's push for as long as it does, while one that refuses or fails
 // a request fails the push, which says so.
 func (w *BuildWorker) PingBuilder(ctx context.Context) error {
-	if p, ok := w.Builder.(interface{ Ping(context.Context) error }); ok {
-		if err := p.Ping(ctx); err != nil {
-			return err
-		}
+	if err := w.pingBuilder(ctx); err != nil {
+		return err
 	}
-	host := w.Registry
-	if host == "" {
-		host = w.lastRegistry.get()
-	}
-	if p, ok := w.Builder.(registryPinger); ok && host != "" {
-		if err := p.PingRegistry(ctx, host); err != nil && ctx.Err() != nil {
-			return err
-		}
+	// No answer: the ping's time ran out (ctx's, or the registry
+	// client's own bound on a ping).
+	if err := w.pingRegistry(ctx); err != nil && (ctx.Err() != nil || errors.Is(err, context.DeadlineExceeded)) {
+		return err
 	}
 	return nil
 }

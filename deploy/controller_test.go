@@ -235,31 +235,7 @@ func TestNodeAppliesByDigestIntoALayout(t *testing.T) {
 	if err := os.WriteFile(hook, []byte(script), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	_, js := b.connect("n1", nil)
-	cfg := deploy.DefaultNodeConfig()
-	cfg.Name, cfg.StateDir, cfg.Registry, cfg.ApplyHook = "n1", dir, registry.NewClient(registry.WithInsecure(true)), hook
-	// A hook written just now may be busy for an exec forked meanwhile
-	// (ETXTBSY): a failed apply is retried soon.
-	cfg.RetryDelay = 200 * time.Millisecond
-	n, err := deploy.NewNode(cfg, js, testLog(t), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	run(b.ctx, n.Run)
-	testenv.WaitFor(t, 10*time.Second, "n1 to enrol", func() bool { _, ok := b.nodes()["n1"]; return ok })
-
-	digest := pushImage(t, reg, "app")
-	b.setCurrent("app", reg+"/app", digest)
-	if _, err := b.call(mesh.AssignTool, deploy.Request{Module: "app", Nodes: []string{"n1"}}); err != nil {
-		t.Fatal(err)
-	}
-	// The assignment and the current image may make one declaration or
-	// two (the first without the image, nothing to pull).
-	rev := b.declaredWith("n1", "app", digest).Revision
-	testenv.WaitFor(t, 20*time.Second, fmt.Sprintf("n1 to report revision %d applied", rev), func() bool {
-		v := b.nodes()["n1"]
-		return v.Applied == rev && v.Outcome == deploy.Applied && len(v.Modules) == 1 && v.Modules[0].Applied == digest
-	})
+	digest, rev := b.applyWithHook(reg, dir, hook)
 	out, _ := os.ReadFile(hookOut)
 	if want := fmt.Sprintf("apply app %s/app@%s %s %d\n", reg, digest, digest, rev); string(out) != want {
 		t.Fatalf("hook saw %q, want %q", out, want)
@@ -283,24 +259,39 @@ func TestAHookThatLeavesAProcessRunningIsDoneWhenItExits(t *testing.T) {
 	if err := os.WriteFile(hook, []byte("#!/bin/sh\necho starting $MESHBUILD_MODULE\nsleep 60 &\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
+	b.applyWithHook(reg, t.TempDir(), hook)
+}
+
+// applyWithHook starts node n1 with state dir and apply hook, pushes an
+// image of module app to reg and assigns app to n1, and waits for n1 to
+// report it applied: the image's digest and the declaration's revision.
+func (b *bed) applyWithHook(reg, dir, hook string) (digest string, rev uint64) {
+	t := b.t
+	t.Helper()
 	_, js := b.connect("n1", nil)
 	cfg := deploy.DefaultNodeConfig()
-	cfg.Name, cfg.StateDir, cfg.Registry, cfg.ApplyHook = "n1", t.TempDir(), registry.NewClient(registry.WithInsecure(true)), hook
-	cfg.RetryDelay = 200 * time.Millisecond // ETXTBSY, as above
+	cfg.Name, cfg.StateDir, cfg.Registry, cfg.ApplyHook = "n1", dir, registry.NewClient(registry.WithInsecure(true)), hook
+	// A hook written just now may be busy for an exec forked meanwhile
+	// (ETXTBSY): a failed apply is retried soon.
+	cfg.RetryDelay = 200 * time.Millisecond
 	n, err := deploy.NewNode(cfg, js, testLog(t), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	run(b.ctx, n.Run)
 	testenv.WaitFor(t, 10*time.Second, "n1 to enrol", func() bool { _, ok := b.nodes()["n1"]; return ok })
-	digest := pushImage(t, reg, "app")
+
+	digest = pushImage(t, reg, "app")
 	b.setCurrent("app", reg+"/app", digest)
 	if _, err := b.call(mesh.AssignTool, deploy.Request{Module: "app", Nodes: []string{"n1"}}); err != nil {
 		t.Fatal(err)
 	}
-	rev := b.declaredWith("n1", "app", digest).Revision
+	// The assignment and the current image may make one declaration or
+	// two (the first without the image, nothing to pull).
+	rev = b.declaredWith("n1", "app", digest).Revision
 	testenv.WaitFor(t, 20*time.Second, fmt.Sprintf("n1 to report revision %d applied", rev), func() bool {
 		v := b.nodes()["n1"]
-		return v.Applied == rev && v.Outcome == deploy.Applied
+		return v.Applied == rev && v.Outcome == deploy.Applied && len(v.Modules) == 1 && v.Modules[0].Applied == digest
 	})
+	return digest, rev
 }
