@@ -687,3 +687,32 @@ func TestARetryGoesToAMachineThatWaitsIdle(t *testing.T) {
 		t.Fatalf("built %+v, m1 worked %d times: want the retry built on m2, m1 tried once", r.Built, bad.worked.Load())
 	}
 }
+
+// A build still going at --build-timeout (a RUN that never ends) is stopped
+// and failed{build}, once, naming the bound: not retried, not left holding
+// the machine, which takes its next ask. Before, nothing bounded a build
+// whose BuildKit and registry answered.
+func TestABuildPastItsTimeoutIsFailedOnce(t *testing.T) {
+	s, js := bus(t)
+	g := newGate()
+	startAgent(t, s, "m1", g.on("m1"), func(c *agent.Config) { c.BuildTimeout = 500 * time.Millisecond })
+	submit(t, js, ask("forever"))
+	if id := recv(t, g.began, 5*time.Second); id != "forever" {
+		t.Fatalf("began %s", id)
+	}
+	testenv.WaitFor(t, 10*time.Second, "the build failed", func() bool { return len(events(t, js).Failed) == 1 })
+	f := events(t, js).Failed[0]
+	if f.Reason != mesh.ReasonBuild || !strings.Contains(f.Message, "--build-timeout 500ms") || len(f.Log) == 0 {
+		t.Errorf("failed %+v: want reason build, naming --build-timeout 500ms, with the build's log", f)
+	}
+	submit(t, js, ask("next"))
+	if id := recv(t, g.began, 5*time.Second); id != "next" {
+		t.Fatalf("began %s, want the next ask (the one timed out is not tried again)", id)
+	}
+	g.ch("next") <- nil
+	testenv.WaitFor(t, 10*time.Second, "next built", func() bool { return len(events(t, js).Built) == 1 })
+	drained(t, js, 5*time.Second)
+	if r := events(t, js); len(r.Failed) != 1 {
+		t.Errorf("failed %+v: want the one timed out, once", r.Failed)
+	}
+}

@@ -39,6 +39,11 @@ type Config struct {
 	// Grace is how long a stopping agent lets the builds in hand finish
 	// before it gives their asks back.
 	Grace time.Duration
+	// BuildTimeout bounds one build: a build still going after it (a RUN
+	// that never ends, waiting on something that will not come) is stopped
+	// and failed{build}, once, naming the bound, so that it does not hold
+	// the machine for ever. 0: no bound.
+	BuildTimeout time.Duration
 	// Stopping, when set, is done when the process stops (its signal).
 	// Run's context ending with its seat's claim lapsed (claim.ErrLapsed:
 	// the bus did not answer for the seat's lease) is then no stop: no new
@@ -113,6 +118,11 @@ type Config struct {
 	State StateWriter
 }
 
+// DefaultBuildTimeout is Config.BuildTimeout's default: the longest job
+// GitHub's hosted runners allow, long enough for a toolchain built from
+// source.
+const DefaultBuildTimeout = 6 * time.Hour
+
 // DefaultConfig returns a Config with every default set.
 func DefaultConfig() Config {
 	host, _ := os.Hostname()
@@ -121,6 +131,7 @@ func DefaultConfig() Config {
 		Slots:          1,
 		Overlap:        true,
 		Grace:          30 * time.Second,
+		BuildTimeout:   DefaultBuildTimeout,
 		RetryFor:       5 * time.Minute,
 		RetryDelay:     2 * time.Second,
 		MaxRetryDelay:  time.Minute,
@@ -156,6 +167,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: fetch wait %s: want at least 100ms", ErrConfig, c.FetchWait)
 	case c.Grace < 0:
 		return fmt.Errorf("%w: grace %s is negative", ErrConfig, c.Grace)
+	case c.BuildTimeout < 0:
+		return fmt.Errorf("%w: build timeout %s is negative: want 0 (no bound) or more", ErrConfig, c.BuildTimeout)
 	case c.LogBatchLines < 1 || c.LogFlush <= 0:
 		return fmt.Errorf("%w: log batching needs lines >= 1 and a flush interval > 0", ErrConfig)
 	}

@@ -162,6 +162,12 @@ func (a *Agent) work(ctx context.Context, msg jetstream.Msg, ask mesh.Ask, attem
 	held, release := a.holdContext(ctx, ask, attempt, c)
 	defer release()
 	buildCtx, stop := a.running.start(held, ask.ID)
+	if d := a.cfg.BuildTimeout; d > 0 {
+		timer := time.AfterFunc(d, func() {
+			a.running.stopWith(ask.ID, fmt.Errorf("%w: the build was still going after --build-timeout %s, and was stopped", ErrTimedOut, d))
+		})
+		defer timer.Stop()
+	}
 	watching := a.watchBuilder(buildCtx, ask.ID)
 	beating := a.heartbeat(ctx, msg, log)
 	logs := newLogBatcher(a.publishLog, ask.ID, a.cfg.LogBatchLines, a.cfg.LogFlush, a.cfg.FailedLogLines)
@@ -188,6 +194,9 @@ func (a *Agent) work(ctx context.Context, msg jetstream.Msg, ask mesh.Ask, attem
 		// as for any failure of the machine).
 		a.sick(cause)
 		return a.pass(ask, attempt, c, oneLine(cause), took, nil)
+	case errors.Is(cause, ErrTimedOut) && err != nil:
+		// Its own doing, as a RUN that fails: failed once, not retried.
+		return a.failed(ask, attempt, mesh.ReasonBuild, ask.ID+"-failed", took, cause, logs.Tail())
 	case errors.Is(cause, ErrCancelled):
 		// Even a build that finished as the cancel came is not announced
 		// built: the plan no longer wants it.
@@ -322,6 +331,9 @@ var ErrStopped = errors.New("agent stopping")
 
 // ErrCancelled is the cause given to a build whose plan was cancelled.
 var ErrCancelled = errors.New("plan cancelled")
+
+// ErrTimedOut is the cause of a build stopped at Config.BuildTimeout.
+var ErrTimedOut = errors.New("build timed out")
 
 // Cancel cuts short the build of ask id on this agent, if it is working on
 // it, and reports whether it was. A build cancelled is failed{cancelled}

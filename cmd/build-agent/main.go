@@ -50,6 +50,7 @@ func run() int {
 	metricsAddr := fs.String("metrics", daemon.Env("MESHBUILD_METRICS", ""), "serve /metrics on this address, e.g. :9464 (MESHBUILD_METRICS)")
 	fs.BoolVar(&cfg.Overlap, "overlap", daemon.Env("MESHBUILD_OVERLAP", "true") != "false", "a slot pulls its next ask once its build's own steps are done, while the image and its cache are exported and pushed; --overlap=false: once the build has settled (MESHBUILD_OVERLAP=false)")
 	fs.DurationVar(&cfg.Grace, "grace", cfg.Grace, "on SIGTERM, how long builds in hand may finish before their asks are handed back")
+	fs.DurationVar(&cfg.BuildTimeout, "build-timeout", envDuration("MESHBUILD_BUILD_TIMEOUT", cfg.BuildTimeout), "how long one build may go on: one still going after it (a RUN that never ends) is stopped and failed{build}, once; 0: no bound (MESHBUILD_BUILD_TIMEOUT)")
 	var bkOpts agent.BuildKitOptions
 	fs.Int64Var(&bkOpts.SourceDateEpoch, "source-date-epoch", int64(envInt("MESHBUILD_SOURCE_DATE_EPOCH", 0)), "SOURCE_DATE_EPOCH every image is built reproducibly to, seconds since 1970 (MESHBUILD_SOURCE_DATE_EPOCH)")
 	fs.StringVar(&bkOpts.Provenance, "provenance", daemon.Env("MESHBUILD_PROVENANCE", agent.ProvenanceMax), "provenance attestation pushed with every image: max, min or off; a module's build.provenance: false turns it off for that module (MESHBUILD_PROVENANCE)")
