@@ -20,6 +20,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/meshbuild/meshbuild/agent"
 	"github.com/meshbuild/meshbuild/cmd/internal/daemon"
 	"github.com/meshbuild/meshbuild/deploy"
 	"github.com/meshbuild/meshbuild/mesh"
@@ -59,6 +60,7 @@ func run() int {
 	slots := fs.Int("slots", 1, "asks the build agent works at once")
 	catalogue := fs.String("catalogue", daemon.Env("MESHBUILD_CATALOGUE", ""), "optional catalogue directory: the build agent refuses asks for modules it does not build (MESHBUILD_CATALOGUE)")
 	grace := fs.Duration("grace", 30*time.Second, "when build-agent is unassigned or the node stops, how long builds in hand may finish before their asks are handed back")
+	buildTimeout := fs.Duration("build-timeout", agent.DefaultBuildTimeout, "how long one build of the build agent may go on: one still going after it is stopped and failed{build}, once; 0: no bound")
 	var insteadOf listFlag
 	fs.Var(&insteadOf, "git-instead-of", "URL=PATH: the build agent fetches repositories starting with URL from PATH instead (repeatable)")
 	if err := fs.Parse(os.Args[1:]); err != nil {
@@ -92,7 +94,7 @@ func run() int {
 		return 1
 	}
 	ac := agentConfig(cfg.Name, cfg.Platforms, *slots)
-	ac.Grace = *grace
+	ac.Grace, ac.BuildTimeout = *grace, *buildTimeout
 	cfg.Carried = map[string]deploy.RunFunc{"build-agent": buildAgent(daemon.AgentOptions{
 		NATS: *natsURL, Creds: *agentCreds, TLS: *tls, Agent: ac, MachineSet: true, BuildKit: *bk, RegistryClient: cfg.Registry,
 		Workspace: *workspace, InsteadOf: io, Catalogue: *catalogue, Log: log.With("module", "build-agent"), Observer: aobs,
