@@ -49,7 +49,7 @@ type Agent struct {
 	// claims are the seat's ask claims as this machine sees them; nil when
 	// the bucket is not raised.
 	claims *claim.Asks
-	// nonce makes this agent's event ids its own (report).
+	// nonce makes this agent's event ids its own (reportAside).
 	nonce string
 	// trouble is when this agent last saw the bus fail (monotonic, from
 	// started); deferred are the asks it has left to a holder whose claim

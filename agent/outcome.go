@@ -310,7 +310,7 @@ func askOf(body any) string {
 // announceRetry is how report waits between attempts to publish an event.
 var announceRetry = backoff.Policy{First: 100 * time.Millisecond, Max: 5 * time.Second}
 
-// announceAttempts bounds report's attempts.
+// announceAttempts bounds publish's attempts.
 const announceAttempts = 9
 
 // tellHandedBack announces that the ask went back to the queue (its claim
@@ -364,29 +364,15 @@ const handedBackPause = 5 * time.Minute
 // handedBackWait bounds the announcement of a hand-back.
 const handedBackWait = 2 * time.Second
 
-// report publishes one of the seat's events on this machine's subject
+// reportAside publishes one of the seat's events on this machine's subject
 // (mesh.HolderEventSubject), deduplicated by id and this agent's nonce (an
 // id another principal could guess and take first would have the stream
-// drop the genuine event as a duplicate: issue 19), retrying
-// for a while (announceRetry, announceAttempts): an outcome is announced
-// before its ask is settled. It returns an error when the event could not
-// be announced. It carries on when ctx is cancelled (a stopping agent still
-// announces what it did).
-func (a *Agent) report(ctx context.Context, event, id string, v any) error {
-	data, err := json.Marshal(v)
-	if err != nil {
-		a.log.Error("encoding an event", "event", event, "err", err)
-		return fmt.Errorf("encoding %s: %w", event, err)
-	}
-	_, err = a.publish(ctx, event, id+"-"+a.nonce, data)
-	return err
-}
-
-// reportAside publishes an event as report does, without waiting for the
-// stream's answer; the returned func waits for it, and for report's
-// retries when the first publish was not stored. The event's id is
-// report's, so a publish that landed unanswered and its retry are stored
-// once.
+// drop the genuine event as a duplicate: issue 19), without waiting for
+// the stream's answer: the returned func waits for it, and, when the first
+// publish was not stored, publishes again as publish does (retrying for a
+// while, carrying on when ctx is cancelled: a stopping agent still
+// announces what it did). Both go under the one id, so a publish that
+// landed unanswered and its retry are stored once.
 func (a *Agent) reportAside(ctx context.Context, event, id string, v any) (wait func()) {
 	data, err := json.Marshal(v)
 	if err != nil {
@@ -417,8 +403,8 @@ func (a *Agent) reportAside(ctx context.Context, event, id string, v any) (wait 
 
 // publish publishes one of the seat's events on this machine's subject,
 // deduplicated by id, retrying for a while (announceRetry,
-// announceAttempts) while the connection is open. It carries on when ctx is cancelled (a stopping agent
-// still announces what it did).
+// announceAttempts) while the connection is open. It carries on when ctx
+// is cancelled (a stopping agent still announces what it did).
 func (a *Agent) publish(ctx context.Context, event, id string, data []byte) (*jetstream.PubAck, error) {
 	subj := mesh.HolderEventSubject(mesh.BuildSeat, a.cfg.Machine, event)
 	ctx = context.WithoutCancel(ctx)
