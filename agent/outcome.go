@@ -307,7 +307,7 @@ func askOf(body any) string {
 	return ""
 }
 
-// announceRetry is how report waits between attempts to publish an event.
+// announceRetry is how publish waits between attempts to publish an event.
 var announceRetry = backoff.Policy{First: 100 * time.Millisecond, Max: 5 * time.Second}
 
 // announceAttempts bounds publish's attempts.
