@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -367,38 +366,26 @@ const handedBackWait = 2 * time.Second
 // reportAside publishes one of the seat's events on this machine's subject
 // (mesh.HolderEventSubject), deduplicated by id and this agent's nonce (an
 // id another principal could guess and take first would have the stream
-// drop the genuine event as a duplicate: issue 19), without waiting for
-// the stream's answer: the returned func waits for it, and, when the first
-// publish was not stored, publishes again as publish does (retrying for a
-// while, carrying on when ctx is cancelled: a stopping agent still
-// announces what it did). Both go under the one id, so a publish that
-// landed unanswered and its retry are stored once.
+// drop the genuine event as a duplicate: issue 19), beside the caller:
+// the returned func waits until it is stored, or publish gave up (its
+// retries; it carries on when ctx is cancelled: a stopping agent still
+// announces what it did).
 func (a *Agent) reportAside(ctx context.Context, event, id string, v any) (wait func()) {
 	data, err := json.Marshal(v)
 	if err != nil {
 		a.log.Error("encoding an event", "event", event, "err", err)
 		return func() {}
 	}
-	id += "-" + a.nonce
-	fut, err := a.js.PublishAsync(mesh.HolderEventSubject(mesh.BuildSeat, a.cfg.Machine, event), data, jetstream.WithMsgID(id))
-	if err != nil {
-		fut = nil
-	}
-	return sync.OnceFunc(func() {
-		// Its answer within publish's time for one try; a connection
-		// closed for good leaves the future unanswered (publish then
-		// gives up at once).
-		for end := time.Now().Add(5 * time.Second); fut != nil && !a.nc.IsClosed() && time.Now().Before(end); {
-			select {
-			case <-fut.Ok():
-				return
-			case <-fut.Err():
-				fut = nil
-			case <-time.After(100 * time.Millisecond):
-			}
-		}
-		_, _ = a.publish(ctx, event, id, data)
-	})
+	// publish in a goroutine, not jetstream's PublishAsync, whose replies
+	// take a subscription more per connection (10,000 more on the server
+	// of a fleet that size) and whose futures a closed connection leaves
+	// unanswered.
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_, _ = a.publish(ctx, event, id+"-"+a.nonce, data)
+	}()
+	return func() { <-done }
 }
 
 // publish publishes one of the seat's events on this machine's subject,
