@@ -232,14 +232,20 @@ func (f *faultFarm) check(id string) {
 	if rec.Outcome != cascade.OutcomeBuilt || rec.Counts.Built != len(faultGraph) {
 		t.Fatalf("plan %s settled %s %+v, want built with %d modules", id, rec.Outcome, rec.Counts, len(faultGraph))
 	}
-	// A node just restarted may serve the stream before it has caught up:
-	// read again until every module's event is there (a missing one
-	// fails below, after the wait).
+	// A node just restarted may serve the stream, and the plans bucket,
+	// before it has caught up: read again until every module's event is
+	// there and every module is stored built (what is still missing or
+	// stale fails below, after the wait).
 	var built map[string][]mesh.Built
+	var mods map[string]cascade.ModuleStatus
 	all := func() bool {
 		built = f.builtEvents(id)
+		var err error
+		if mods, err = f.store.Modules(context.Background(), id); err != nil {
+			t.Fatal(err)
+		}
 		for m := range faultGraph {
-			if len(built[m]) == 0 {
+			if len(built[m]) == 0 || mods[m].State != cascade.Built {
 				return false
 			}
 		}
@@ -248,10 +254,6 @@ func (f *faultFarm) check(id string) {
 	deadline := time.Now().Add(faultSettle)
 	for !all() && time.Now().Before(deadline) {
 		time.Sleep(500 * time.Millisecond)
-	}
-	mods, err := f.store.Modules(context.Background(), id)
-	if err != nil {
-		t.Fatal(err)
 	}
 	for m := range faultGraph {
 		evs := built[m]
