@@ -2,6 +2,7 @@ package cascade_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"sync"
@@ -83,5 +84,71 @@ func TestANewPlansFirstAsksDoNotWaitForItsWaitingModules(t *testing.T) {
 	rec, got := h.settle(plan, 60*time.Second)
 	if rec.Outcome != cascade.OutcomeBuilt || rec.Counts.Built != n+1 || len(got) != n+1 {
 		t.Fatalf("resumed with the waiting modules unstored: %s, %+v, %d modules stored; want all %d built", rec.Outcome, rec.Counts, len(got), n+1)
+	}
+}
+
+// An ask a build released goes out once its base is stored built, before
+// the rest of what finished with it is written (here the base's current
+// image): a flush of hundreds of builts stored them all first, and the
+// best asks waited for it.
+func TestAReleasedAskWaitsForItsBaseNotForEveryWrite(t *testing.T) {
+	h := newHarness(t, map[string][]string{"root": nil, "d": {"root"}}, 0)
+	h.stopControllerNow()
+	h.startControllerWith(func(c *cascade.Config) { c.Window = 0 }) // published as released
+
+	type msg struct {
+		subject string
+		data    []byte
+	}
+	var mu sync.Mutex
+	var seen []msg
+	sub, err := h.nc.Subscribe(">", func(m *nats.Msg) {
+		mu.Lock()
+		seen = append(seen, msg{m.Subject, m.Data})
+		mu.Unlock()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub.SetPendingLimits(-1, -1)
+	if err := h.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	plan := h.push("c1", "push-c1")
+	h.startAgent("m1")
+	if rec, _ := h.settle(plan, 30*time.Second); rec.Outcome != cascade.OutcomeBuilt {
+		t.Fatalf("plan %s", rec.Outcome)
+	}
+	_ = sub.Unsubscribe()
+
+	ask := strings.TrimSuffix(mesh.BuildSubject(mesh.DefaultPlatform), mesh.PlatformToken(mesh.DefaultPlatform))
+	rootKey, currentKey := "."+cascade.ModuleKey(plan, "root"), "."+cascade.CurrentKey("root")
+	rootBuilt, dAsked, current := -1, -1, -1
+	mu.Lock()
+	defer mu.Unlock()
+	for i, m := range seen {
+		switch {
+		case strings.HasPrefix(m.subject, "$KV.") && strings.HasSuffix(m.subject, rootKey) && rootBuilt < 0:
+			var st cascade.ModuleStatus
+			if json.Unmarshal(m.data, &st) == nil && st.State == cascade.Built {
+				rootBuilt = i
+			}
+		case strings.HasPrefix(m.subject, ask) && dAsked < 0:
+			var a mesh.Ask
+			if json.Unmarshal(m.data, &a) == nil && a.Module == "d" {
+				dAsked = i
+			}
+		case strings.HasPrefix(m.subject, "$KV.") && strings.HasSuffix(m.subject, currentKey) && current < 0:
+			current = i
+		}
+	}
+	if rootBuilt < 0 || dAsked < 0 || current < 0 {
+		t.Fatalf("on the bus: root stored built at %d, d's ask at %d, root's current image at %d: want all three", rootBuilt, dAsked, current)
+	}
+	if dAsked < rootBuilt {
+		t.Errorf("d's ask (message %d) went out before root was stored built (message %d)", dAsked, rootBuilt)
+	}
+	if current < dAsked {
+		t.Errorf("root's current image was written (message %d) before d's ask went out (message %d): the ask waited for every write of what finished", current, dAsked)
 	}
 }
