@@ -232,7 +232,7 @@ func fleetRun(tb testing.TB, sz fleetSize) map[string]float64 {
 		var spans []time.Duration
 		for i := range runs {
 			r := f.run(d, sz.unit, timeout)
-			critChain(tb, f.modules(tb, r.Rec.ID), r.Rec.Created, *f.work.dur.Load())
+			critChain(tb, f.js, r.Rec.ID, f.modules(tb, r.Rec.ID), r.Rec.Created, *f.work.dur.Load())
 			tb.Logf("makespan run %d: %.3f of the bound", i+1, r.Makespan.Seconds()/(lb*sz.unit.Seconds()))
 			spans = append(spans, r.Makespan)
 		}

@@ -214,7 +214,7 @@ func (c *Controller) phases() (finished, released, waiting, records map[string]a
 // firstAsks is how many of a flush's asks go out first, once their
 // modules alone are stored queued: a new plan of 1,000 modules ready at
 // once stored them all before its first ask went out (about 190 ms on
-// three servers with sync always). One round of the store's writes
+// three servers with sync always). Within one round of the store's writes
 // (Store.Parallel).
 const firstAsks = 64
 

@@ -178,7 +178,7 @@ func Record(s *State) PlanRecord {
 type Store struct {
 	kv   jetstream.KeyValue
 	snap *kvsnap.Bucket
-	// Parallel bounds concurrent writes.
+	// Parallel bounds concurrent writes (OpenStore: storeParallel).
 	Parallel int
 }
 
@@ -188,8 +188,15 @@ func OpenStore(ctx context.Context, js jetstream.JetStream, controllerModule str
 	if err != nil {
 		return nil, err
 	}
-	return &Store{kv: kv, snap: kvsnap.New(js, kv), Parallel: 64}, nil
+	return &Store{kv: kv, snap: kvsnap.New(js, kv), Parallel: storeParallel}, nil
 }
+
+// storeParallel is how many writes a Store makes at once. At 64, a flush of
+// a tier ending on a thousand machines (hundreds of modules, their current
+// images, the modules they released) took 0.5 s a second on three servers
+// with sync always, and the controller's events waited up to 0.6 s behind
+// it; at 256, 0.3-0.45 s and 0.4 s.
+const storeParallel = 256
 
 // KV is the bucket.
 func (s *Store) KV() jetstream.KeyValue { return s.kv }
