@@ -282,7 +282,7 @@ func fleetRows(bus string) []row {
 	name := func(agents int) string { return fmt.Sprintf("BenchmarkFleet1000/%s/agents=%d", bus, agents) }
 	on := fleetBus[bus]
 	dispatch := func(m metrics) string {
-		return fmt.Sprintf("200 asks to idle agents, one connection each; p50 %.2f ms, max %.2f ms", m["p50-ms"], m["max-ms"])
+		return fmt.Sprintf("%.0f asks to idle agents, one connection each; p50 %.2f ms, max %.2f ms", m["asks"], m["p50-ms"], m["max-ms"])
 	}
 	throughput := func(m metrics) string {
 		// Between the nodes: forwarded client messages and JetStream's
@@ -463,7 +463,7 @@ var schedulingRows = []row{
 	{figure: "priority: a 3-module chain of priority 10 pushed while a 200-module plan keeps 4 machines busy — its makespan, less one build, ÷ its makespan alone", suite: sched,
 		bench: "BenchmarkScheduling/urgent", metric: "urgent-busy-less-one-build/alone", format: "%.3f", atMost: 1.2,
 		beside: func(m metrics) string {
-			return fmt.Sprintf("alone %.0f ms, beside the big plan %.0f ms (÷ alone %.3f); one build %.0f ms", m["alone-ms"], m["busy-ms"], m["urgent-busy/alone"], m["unit-ms"])
+			return fmt.Sprintf("median of %.0f runs, each on a new farm: alone %.0f ms, beside the big plan %.0f ms (÷ alone %.3f); one build %.0f ms", m["runs"], m["alone-ms"], m["busy-ms"], m["urgent-busy/alone"], m["unit-ms"])
 		}},
 	{figure: "fair share: two repositories of 40 modules pushed together on 4 machines — distance of one's share of the machine-time, while both have work, from a half", suite: sched,
 		bench: "BenchmarkScheduling/fair-share", metric: "share-gap", format: "%.3f", atMost: 0.1,
