@@ -126,9 +126,10 @@
 //	 ▼
 //	ack the batch, back to Run
 //
-// The flush's phases: what finished; the modules of its first asks
-// (firstAsks, the best ranked), stored queued, and those asks published;
-// the rest it released, and their asks; then up to waitingPerFlush of the
+// The flush's phases: of what finished, the bases of its first asks
+// (firstAsks, the best ranked); those asks' modules, stored queued, and
+// the asks published; the rest of what finished (other modules, current
+// images, estimates); the rest it released, and their asks; then up to waitingPerFlush of the
 // modules still waiting, the deepest tiers first, and the plan records. A
 // big new plan's other waiting modules are stored on the loop's later
 // turns, when no event waits or every spareEvery (someWaiting): a module
