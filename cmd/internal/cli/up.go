@@ -54,7 +54,10 @@ directory: a second builds up on it is refused, naming the first's pid.
 With --demo DIR (examples/fleet) it commits DIR/src to a git repository in
 the state directory, pushes a change to the base, shows the plan live and
 prints it tier by tier; it exits 0 when every module was built, 1 otherwise
-(with --stay it keeps running instead).`,
+(with --stay it keeps running instead). A farm started again on that state
+directory, with or without --demo, fetches the demo's remote from that
+repository: the plans it resumes, and changes committed there and pushed
+with builds push, build.`,
 		Example: `  builds up --catalogue examples/fleet/catalogue --agents 3 --demo examples/fleet
   builds up --catalogue examples/fleet/catalogue --state /var/tmp/farm --metrics 127.0.0.1:9464
   builds up --catalogue examples/fleet/catalogue --ephemeral`,
@@ -153,9 +156,7 @@ func runUp(ctx context.Context, g *globals, fl upFlags) (err error) {
 		Log: slog.New(slog.NewTextHandler(logFile, nil)),
 		Out: g.out,
 	}
-	if fl.demo != "" {
-		opts.InsteadOf = demo.InsteadOf(state)
-	}
+	opts.InsteadOf = upInsteadOf(state, fl.demo != "")
 	f, err := farm.Up(ctx, opts)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -193,4 +194,18 @@ func runUp(ctx context.Context, g *globals, fl upFlags) (err error) {
 	case err := <-werr:
 		return err
 	}
+}
+
+// upInsteadOf is the agents' repository rewriting of a farm on state: the
+// demo's (its remote fetched from the repository it keeps in the state
+// directory) with --demo, and also when an earlier --demo left that
+// repository there: a farm resumed without --demo still fetches the plans
+// it resumes, and the pushes made to it by hand.
+func upInsteadOf(state string, withDemo bool) map[string]string {
+	if !withDemo {
+		if fi, err := os.Stat(filepath.Join(demo.Repo(state), ".git")); err != nil || !fi.IsDir() {
+			return nil
+		}
+	}
+	return demo.InsteadOf(state)
 }

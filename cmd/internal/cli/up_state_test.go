@@ -6,13 +6,16 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/meshbuild/meshbuild/cascade"
 	"github.com/meshbuild/meshbuild/cmd/internal/cli"
+	"github.com/meshbuild/meshbuild/cmd/internal/demo"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/registry"
 )
@@ -115,6 +118,54 @@ func TestUpKeepsItsStateByDefault(t *testing.T) {
 		if got, err := registry.NewClient().Resolve(ctx, m.Image); err != nil || got != m.Digest {
 			t.Errorf("after a restart the image %s resolves to %s (%v)", m.Image, got, err)
 		}
+	}
+
+	// A change pushed by hand to the demo's repository builds on the farm
+	// resumed without --demo: its agents still fetch the demo's remote
+	// from the repository in the state directory.
+	repo := demo.Repo(state)
+	if err := os.WriteFile(filepath.Join(repo, "base", "motd"), []byte("resumed without --demo\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	git := func(args ...string) string {
+		cmd := exec.Command("git", append([]string{"-c", "user.email=t@example.com", "-c", "user.name=t"}, args...)...)
+		cmd.Dir = repo
+		b, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("git %v: %v\n%s", args, err, b)
+		}
+		return strings.TrimSpace(string(b))
+	}
+	git("commit", "-qam", "base: a change pushed by hand")
+	commit := git("rev-parse", "HEAD")
+	out.Reset()
+	errw.Reset()
+	if code := cli.Main(ctx, []string{"--nats", natsURL, "push", "--repo", demo.Remote, "--commit", commit, "--path", "base"}, &out, &errw); code != 0 {
+		t.Fatalf("builds push: exit %d: %s", code, errw.String())
+	}
+	m := regexp.MustCompile(`plan (p-[0-9a-f]+)`).FindStringSubmatch(out.String())
+	if m == nil {
+		t.Fatalf("builds push named no plan: %q", out.String())
+	}
+	var base cascade.ModuleStatus
+	testenv.WaitFor(t, 2*time.Minute, "the pushed plan to settle", func() bool {
+		var o, e bytes.Buffer
+		if cli.Main(ctx, []string{"--nats", natsURL, "--json", "show", m[1]}, &o, &e) != 0 {
+			return false
+		}
+		var v cli.PlanView
+		if json.Unmarshal(o.Bytes(), &v) != nil {
+			return false
+		}
+		for _, mv := range v.Modules {
+			if mv.Module == "base" {
+				base = mv
+			}
+		}
+		return base.State == cascade.Built || base.State == cascade.Failed
+	})
+	if base.State != cascade.Built {
+		t.Errorf("a push to the demo's repository on the farm resumed without --demo: base %s (%s)", base.State, base.Message)
 	}
 
 	// --ephemeral and --state together are refused.
