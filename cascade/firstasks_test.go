@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -31,28 +32,13 @@ func TestANewPlansFirstAsksDoNotWaitForItsWaitingModules(t *testing.T) {
 	h.stopControllerNow()
 	h.startControllerWith(func(c *cascade.Config) { c.Window = 0 }) // no holder is idle: publish at once
 
-	var mu sync.Mutex
-	var seen []string
-	sub, err := h.nc.Subscribe(">", func(m *nats.Msg) {
-		mu.Lock()
-		seen = append(seen, m.Subject)
-		mu.Unlock()
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sub.SetPendingLimits(-1, -1)
-	if err := h.nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	tap := tapBus(t, h.nc)
 	plan := h.push("c1", "push-c1")
 	mods := "." + strings.TrimSuffix(cascade.ModulesOf(plan), ">")
 	ask := strings.TrimSuffix(mesh.BuildSubject(mesh.DefaultPlatform), mesh.PlatformToken(mesh.DefaultPlatform))
 	written := func() (before, all int, asked bool) {
-		mu.Lock()
-		defer mu.Unlock()
-		for _, s := range seen {
-			switch {
+		for _, m := range tap.seen() {
+			switch s := m.Subject; {
 			case strings.HasPrefix(s, ask) && !asked:
 				asked, before = true, all
 			case strings.HasPrefix(s, "$KV.") && strings.Contains(s, mods):
@@ -65,7 +51,7 @@ func TestANewPlansFirstAsksDoNotWaitForItsWaitingModules(t *testing.T) {
 		_, all, asked := written()
 		return asked && all >= n+1
 	})
-	_ = sub.Unsubscribe()
+	tap.stop()
 	if before, _, _ := written(); before >= n {
 		t.Fatalf("%d module writes went before the plan's first ask: the %d waiting modules were stored first", before, n)
 	}
@@ -96,49 +82,30 @@ func TestAReleasedAskWaitsForItsBaseNotForEveryWrite(t *testing.T) {
 	h.stopControllerNow()
 	h.startControllerWith(func(c *cascade.Config) { c.Window = 0 }) // published as released
 
-	type msg struct {
-		subject string
-		data    []byte
-	}
-	var mu sync.Mutex
-	var seen []msg
-	sub, err := h.nc.Subscribe(">", func(m *nats.Msg) {
-		mu.Lock()
-		seen = append(seen, msg{m.Subject, m.Data})
-		mu.Unlock()
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sub.SetPendingLimits(-1, -1)
-	if err := h.nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	tap := tapBus(t, h.nc)
 	plan := h.push("c1", "push-c1")
 	h.startAgent("m1")
 	if rec, _ := h.settle(plan, 30*time.Second); rec.Outcome != cascade.OutcomeBuilt {
 		t.Fatalf("plan %s", rec.Outcome)
 	}
-	_ = sub.Unsubscribe()
+	tap.stop()
 
 	ask := strings.TrimSuffix(mesh.BuildSubject(mesh.DefaultPlatform), mesh.PlatformToken(mesh.DefaultPlatform))
 	rootKey, currentKey := "."+cascade.ModuleKey(plan, "root"), "."+cascade.CurrentKey("root")
 	rootBuilt, dAsked, current := -1, -1, -1
-	mu.Lock()
-	defer mu.Unlock()
-	for i, m := range seen {
+	for i, m := range tap.seen() {
 		switch {
-		case strings.HasPrefix(m.subject, "$KV.") && strings.HasSuffix(m.subject, rootKey) && rootBuilt < 0:
+		case strings.HasPrefix(m.Subject, "$KV.") && strings.HasSuffix(m.Subject, rootKey) && rootBuilt < 0:
 			var st cascade.ModuleStatus
-			if json.Unmarshal(m.data, &st) == nil && st.State == cascade.Built {
+			if json.Unmarshal(m.Data, &st) == nil && st.State == cascade.Built {
 				rootBuilt = i
 			}
-		case strings.HasPrefix(m.subject, ask) && dAsked < 0:
+		case strings.HasPrefix(m.Subject, ask) && dAsked < 0:
 			var a mesh.Ask
-			if json.Unmarshal(m.data, &a) == nil && a.Module == "d" {
+			if json.Unmarshal(m.Data, &a) == nil && a.Module == "d" {
 				dAsked = i
 			}
-		case strings.HasPrefix(m.subject, "$KV.") && strings.HasSuffix(m.subject, currentKey) && current < 0:
+		case strings.HasPrefix(m.Subject, "$KV.") && strings.HasSuffix(m.Subject, currentKey) && current < 0:
 			current = i
 		}
 	}
@@ -152,3 +119,39 @@ func TestAReleasedAskWaitsForItsBaseNotForEveryWrite(t *testing.T) {
 		t.Errorf("root's current image was written (message %d) before d's ask went out (message %d): the ask waited for every write of what finished", current, dAsked)
 	}
 }
+
+// busTap records every message on the bus, in the order the server sent
+// them to its connection.
+type busTap struct {
+	mu   sync.Mutex
+	msgs []*nats.Msg
+	sub  *nats.Subscription
+}
+
+func tapBus(t *testing.T, nc *nats.Conn) *busTap {
+	t.Helper()
+	tap := &busTap{}
+	sub, err := nc.Subscribe(">", func(m *nats.Msg) {
+		tap.mu.Lock()
+		tap.msgs = append(tap.msgs, m)
+		tap.mu.Unlock()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub.SetPendingLimits(-1, -1)
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	tap.sub = sub
+	return tap
+}
+
+// seen is what the tap recorded so far.
+func (b *busTap) seen() []*nats.Msg {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return slices.Clone(b.msgs)
+}
+
+func (b *busTap) stop() { _ = b.sub.Unsubscribe() }
