@@ -373,12 +373,14 @@ func (ix *Index) builtFrom(i int32) string {
 }
 
 // matchPaths reports whether a changed path is in module i's build context
-// (or is its Dockerfile), naming the first such path.
+// (or is its Dockerfile), or is a directory that holds either (`builds push
+// --path services` for everything under services/; "/" or "." for the whole
+// repository), naming the first such path.
 func (ix *Index) matchPaths(i int32, paths []string) (string, bool) {
 	dir, file := ix.dir[i], ix.file[i]
 	first, count := "", 0
 	for _, p := range paths {
-		if dir == "." || p == dir || strings.HasPrefix(p, dir+"/") || p == file {
+		if dir == "." || p == dir || strings.HasPrefix(p, dir+"/") || p == file || holds(p, dir) || holds(p, file) {
 			if count == 0 {
 				first = p
 			}
@@ -393,6 +395,12 @@ func (ix *Index) matchPaths(i int32, paths []string) (string, bool) {
 	default:
 		return fmt.Sprintf("changed path %s (and %d more)", first, count-1), true
 	}
+}
+
+// holds reports whether directory p (cleaned, relative; "." the root)
+// holds path q.
+func holds(p, q string) bool {
+	return p == "." || strings.HasPrefix(q, p+"/")
 }
 
 // builtOn is the reason of a module that is in the plan because a base is.

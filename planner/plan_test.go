@@ -209,6 +209,14 @@ func TestPlanPathFiltering(t *testing.T) {
 		{[]string{"docker/svc.Dockerfile"}, []string{"outside", "root", "whole"}},
 		{[]string{"svc/app.py"}, []string{"outside", "root", "whole"}},
 		{[]string{"README.md"}, []string{"root", "whole"}},
+		// A directory that holds a context (or a Dockerfile): everything
+		// under it may have changed.
+		{[]string{"services"}, []string{"nested", "root", "whole"}},
+		{[]string{"services/"}, []string{"nested", "root", "whole"}},
+		{[]string{"docker"}, []string{"outside", "root", "whole"}},
+		{[]string{"serv"}, []string{"root", "whole"}},
+		{[]string{"/"}, []string{"nested", "outside", "root", "runtime", "runtimes", "whole", "tool"}},
+		{[]string{"."}, []string{"nested", "outside", "root", "runtime", "runtimes", "whole", "tool"}},
 		{[]string{"", "  "}, []string{"nested", "outside", "root", "runtime", "runtimes", "whole", "tool"}},
 	}
 	for _, tc := range tests {

@@ -630,7 +630,7 @@ func pushCmd(g *globals) *cobra.Command {
 	c.Flags().StringVar(&repo, "repo", "", "repository URL, as the manifests' build.repo spells it")
 	c.Flags().StringVar(&commit, "commit", "", "the pushed commit (default: the repository's HEAD, via git ls-remote)")
 	c.Flags().StringVar(&ref, "ref", "refs/heads/main", "the pushed ref")
-	c.Flags().StringSliceVar(&paths, "path", nil, "a changed path (repeatable); none means anything may have changed")
+	c.Flags().StringSliceVar(&paths, "path", nil, "a changed path (repeatable): a file, or a directory for everything under it; none means anything may have changed")
 	c.Flags().BoolVar(&watch, "watch", false, "watch the plan until it settles")
 	sf.add(c, true)
 	return c
@@ -864,7 +864,7 @@ func explainCmd(g *globals) *cobra.Command {
 	c.Flags().StringVar(&dir, "catalogue", os.Getenv("MESHBUILD_CATALOGUE"), "catalogue directory (env MESHBUILD_CATALOGUE)")
 	c.Flags().StringVar(&repo, "repo", "", "a pushed repository")
 	c.Flags().StringVar(&commit, "commit", "", "the pushed commit (for display)")
-	c.Flags().StringSliceVar(&paths, "path", nil, "a changed path (repeatable)")
+	c.Flags().StringSliceVar(&paths, "path", nil, "a changed path (repeatable): a file, or a directory for everything under it")
 	c.Flags().StringSliceVar(&modules, "module", nil, "a module to rebuild (repeatable)")
 	return c
 }
