@@ -118,6 +118,7 @@ func (o Options) validate() (Options, error) {
 
 // Buildkitd is a running daemon.
 type Buildkitd struct {
+	opts    Options // as started: the snapshotter that worked, the socket
 	addr    string
 	root    string
 	stopIn  time.Duration
@@ -186,6 +187,8 @@ func start(ctx context.Context, o Options) (*Buildkitd, error) {
 		return nil, fmt.Errorf("buildkitd socket dir: %w", err)
 	}
 	b.addr = "unix://" + sock
+	b.opts = o
+	b.opts.Socket = sock
 
 	conf := filepath.Join(o.Root, "buildkitd.toml")
 	otel := filepath.Join(filepath.Dir(sock), "otel-grpc.sock")
@@ -300,6 +303,50 @@ func Ping(ctx context.Context, addr string) error {
 		return errors.New("no workers")
 	}
 	return nil
+}
+
+// Again starts the daemon anew once it has exited (or been stopped): the
+// same binary, state, snapshotter and configuration, listening at the same
+// address, so that its clients need not be told of another. What the
+// exited daemon left is cleared first, as Stop does (its mounts under
+// Root, its socket); the new daemon owns the socket's directory if this
+// one did. A daemon still running is an error.
+func (b *Buildkitd) Again(ctx context.Context) (*Buildkitd, error) {
+	select {
+	case <-b.exited:
+	default:
+		return nil, fmt.Errorf("buildkitd %s is still running", b.addr)
+	}
+	if err := b.Stop(); err != nil {
+		return nil, fmt.Errorf("clearing what buildkitd left: %w", err)
+	}
+	o := b.opts
+	if fi, err := os.Stat(o.Bin); err != nil || fi.IsDir() {
+		return nil, fmt.Errorf("%w: %s", ErrNoBinary, o.Bin)
+	}
+	if err := os.Remove(o.Socket); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("removing the socket buildkitd left: %w", err)
+	}
+	next, err := start(ctx, o)
+	if err != nil {
+		if b.sockDir != "" {
+			os.RemoveAll(b.sockDir)
+		}
+		return nil, err
+	}
+	next.sockDir = b.sockDir
+	return next, nil
+}
+
+// ExitErr is how the daemon's process ended (cmd.Wait's error: "signal:
+// killed", "exit status 1"), nil before it has.
+func (b *Buildkitd) ExitErr() error {
+	select {
+	case <-b.exited:
+		return b.waitErr
+	default:
+		return nil
+	}
 }
 
 // Addr is the daemon's address for client.New, "unix:///tmp/bk…/buildkitd.sock".

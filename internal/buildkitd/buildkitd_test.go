@@ -191,3 +191,60 @@ func TestStopAfterTheDaemonDiedSignalsNoOtherGroup(t *testing.T) {
 	case <-time.After(time.Second):
 	}
 }
+
+// A daemon killed is started Again at its address, with its state: a
+// client that knew the first finds the second; Again refuses a daemon
+// still running; the last Stop removes the socket's directory Start made.
+func TestAgainListensWhereTheKilledDaemonDid(t *testing.T) {
+	if os.Getenv("MESHBUILD_BUILDKIT") != "1" {
+		t.Skip("needs buildkitd: set MESHBUILD_BUILDKIT=1 (make test does)")
+	}
+	wd, _ := os.Getwd()
+	root := t.TempDir()
+	b, err := Start(context.Background(), Options{Bin: filepath.Join(wd, "..", "..", "bin", "buildkitd"), Root: root, MaxParallelism: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := b.Again(ctx); err == nil {
+		t.Fatal("Again of a daemon still running: no error")
+	}
+	if b.ExitErr() != nil {
+		t.Errorf("ExitErr of a running daemon = %v", b.ExitErr())
+	}
+	if err := syscall.Kill(b.cmd.Process.Pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-b.Exited():
+	case <-time.After(30 * time.Second):
+		t.Fatal("the killed daemon was not seen to exit in 30s")
+	}
+	if err := b.ExitErr(); err == nil || !strings.Contains(err.Error(), "killed") {
+		t.Errorf("ExitErr = %v, want signal: killed", err)
+	}
+	if Ping(ctx, b.Addr()) == nil {
+		t.Fatal("a killed daemon answers")
+	}
+	next, err := b.Again(ctx)
+	if err != nil {
+		t.Fatalf("Again: %v", err)
+	}
+	if next.Addr() != b.Addr() {
+		t.Errorf("Again listens at %s, the first at %s", next.Addr(), b.Addr())
+	}
+	if err := Ping(ctx, b.Addr()); err != nil {
+		t.Fatalf("no answer at %s after Again: %v", b.Addr(), err)
+	}
+	if next.opts.Root != root || next.opts.Snapshotter != b.opts.Snapshotter {
+		t.Errorf("Again's options %+v, want the first's %+v", next.opts, b.opts)
+	}
+	if err := next.Stop(); err != nil {
+		t.Errorf("Stop: %v", err)
+	}
+	dir := filepath.Dir(strings.TrimPrefix(b.Addr(), "unix://"))
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("the socket's directory %s is left after the last Stop: %v", dir, err)
+	}
+}

@@ -25,6 +25,7 @@ import (
 	"github.com/meshbuild/meshbuild/cmd/internal/farm"
 	"github.com/meshbuild/meshbuild/cmd/internal/farm/farmtest"
 	"github.com/meshbuild/meshbuild/cmd/internal/planview"
+	"github.com/meshbuild/meshbuild/internal/buildkitd"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
 	mstate "github.com/meshbuild/meshbuild/state"
@@ -187,7 +188,9 @@ func TestUpDemo(t *testing.T) {
 
 // BuildkitdPerAgent: each agent builds with a buildkitd of its own, with
 // its own state and socket and the max-parallelism asked for, each trusting
-// the registry; a plan builds across them; one that exits fails the farm;
+// the registry; a plan builds across them; one that exits is started again
+// at its address, and the next plan builds; one that keeps exiting fails
+// the farm, naming whose it was;
 // Stop stops them all.
 func TestUpBuildkitdPerAgent(t *testing.T) {
 	testenv.RequireBuildkit(t)
@@ -227,19 +230,54 @@ func TestUpBuildkitdPerAgent(t *testing.T) {
 		t.Fatalf("demo.Run: %v\n%s", err, out.String())
 	}
 
-	// A daemon that exits fails the farm, naming whose it was.
-	if err := farm.StopBuildkitd(f, 1); err != nil {
-		t.Fatalf("stopping the second buildkitd: %v", err)
-	}
+	// A daemon that exits is started again where it listened; the farm
+	// goes on, and builds the next plan.
 	werr := make(chan error, 1)
 	go func() { werr <- f.Wait() }()
-	select {
-	case err := <-werr:
-		if err == nil || !strings.Contains(err.Error(), "the buildkitd of "+machines[1]+" exited") {
-			t.Errorf("Wait = %v, want the buildkitd of %s exited", err, machines[1])
+	again := func() bool {
+		t.Helper()
+		if err := farm.StopBuildkitd(f, 1); err != nil {
+			t.Fatalf("stopping the second buildkitd: %v", err)
 		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("Wait did not return when a buildkitd exited")
+		for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); {
+			select {
+			case err := <-werr:
+				werr <- err
+				return false
+			case <-time.After(200 * time.Millisecond):
+			}
+			pctx, pcancel := context.WithTimeout(ctx, 2*time.Second)
+			err := buildkitd.Ping(pctx, addrs[1])
+			pcancel()
+			if err == nil {
+				return true
+			}
+		}
+		t.Fatalf("the buildkitd of %s neither answered again at %s within a minute nor failed the farm", machines[1], addrs[1])
+		return false
+	}
+	if !again() {
+		t.Fatalf("the farm failed when a buildkitd exited once: %v", <-werr)
+	}
+	out.Reset()
+	if err := demo.Run(ctx, f, src, &out); err != nil {
+		t.Fatalf("demo.Run after the buildkitd of %s was started again: %v\n%s", machines[1], err, out.String())
+	}
+
+	// One that keeps exiting as soon as it is started fails the farm,
+	// naming whose it was.
+	failed := false
+	for range 5 {
+		if !again() {
+			failed = true
+			break
+		}
+	}
+	if !failed {
+		t.Fatalf("a buildkitd that exited again and again did not fail the farm")
+	}
+	if err := <-werr; err == nil || !strings.Contains(err.Error(), "the buildkitd of "+machines[1]+" exited 3 times in a row") {
+		t.Errorf("Wait = %v, want the buildkitd of %s exited 3 times in a row", err, machines[1])
 	}
 
 	if err := f.Stop(); err != nil {

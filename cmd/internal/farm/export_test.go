@@ -5,4 +5,4 @@ var SplitAddr = splitAddr
 
 // StopBuildkitd stops the i-th buildkitd the farm started, as if it had
 // exited on its own.
-func StopBuildkitd(f *Farm, i int) error { return f.bks[i].Stop() }
+func StopBuildkitd(f *Farm, i int) error { return f.buildkitd(i).Stop() }

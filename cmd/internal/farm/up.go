@@ -220,8 +220,12 @@ type Farm struct {
 	// bks are the buildkitds started here: one, one per agent (in the
 	// agents' order), or none when BuildKit names one. bkAddrs[i] is the
 	// buildkitd agent i builds with.
-	bks     []*buildkitd.Buildkitd
-	bkAddrs []string
+	bks []*buildkitd.Buildkitd
+	// bkMu guards bks, whose daemons supervise replaces as it starts
+	// them again; supervisors are those goroutines, which Stop waits for.
+	bkMu        sync.Mutex
+	supervisors sync.WaitGroup
+	bkAddrs     []string
 
 	controller *component
 	agents     []*component
@@ -475,7 +479,8 @@ func (l natsLogger) Debugf(format string, v ...any)  { l.log.Debug(fmt.Sprintf(f
 func (l natsLogger) Tracef(format string, v ...any)  { l.log.Debug(fmt.Sprintf(format, v...)) }
 
 // startBuildkitds starts the farm's buildkitd, or one for each agent
-// (together), and watches them: one that exits before Stop fails the farm.
+// (together), and supervises them: one that exits before Stop is started
+// again at its address (supervise).
 func (f *Farm) startBuildkitds(ctx context.Context) error {
 	bin, err := findBuildkitd(f.opts.BuildkitdBin)
 	if err != nil {
@@ -490,7 +495,7 @@ func (f *Farm) startBuildkitds(ctx context.Context) error {
 		for range f.machines {
 			f.bkAddrs = append(f.bkAddrs, bk.Addr())
 		}
-		f.watch(bk, "buildkitd")
+		f.supervise(0, "buildkitd", f.opts.Log.With("component", "buildkitd"))
 		return nil
 	}
 	bks := make([]*buildkitd.Buildkitd, len(f.machines))
@@ -516,7 +521,7 @@ func (f *Farm) startBuildkitds(ctx context.Context) error {
 	}
 	for i, bk := range bks {
 		f.bkAddrs = append(f.bkAddrs, bk.Addr())
-		f.watch(bk, "the buildkitd of "+f.machines[i])
+		f.supervise(i, "the buildkitd of "+f.machines[i], f.opts.Log.With("component", "buildkitd", "machine", f.machines[i]))
 	}
 	return nil
 }
@@ -545,20 +550,80 @@ func (f *Farm) startBuildkitd(ctx context.Context, bin, dir string, log *slog.Lo
 	return bk, nil
 }
 
-// watch fails the farm when bk exits before Stop.
-func (f *Farm) watch(bk *buildkitd.Buildkitd, name string) {
-	go func() {
-		select {
-		case <-bk.Exited():
-		case <-f.stopping:
-			return
+// A buildkitd the farm started that exits before Stop is started again,
+// at the same address and with its state, as systemd's Restart= does for a
+// machine's own: the agents building with it find it gone (a build in hand
+// fails as the machine's trouble, retried or handed to another machine),
+// take no asks while it does not answer, and go on once it does. One that
+// exits within bkQuickExit of starting, bkQuickExits times running, or
+// that will not start again, fails the farm, naming it, with its log.
+const (
+	bkQuickExit  = 30 * time.Second
+	bkQuickExits = 3
+)
+
+// supervise watches the farm's i-th buildkitd (f.bks[i]) until Stop,
+// starting it again each time it exits.
+func (f *Farm) supervise(i int, name string, log *slog.Logger) {
+	f.supervisors.Go(func() {
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		go func() {
+			select {
+			case <-f.stopping:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+		quick := 0
+		for {
+			bk, started := f.buildkitd(i), time.Now()
+			select {
+			case <-bk.Exited():
+			case <-f.stopping:
+				return
+			}
+			if ctx.Err() != nil {
+				return
+			}
+			if time.Since(started) < bkQuickExit {
+				quick++
+			} else {
+				quick = 0
+			}
+			if quick >= bkQuickExits {
+				f.fail(fmt.Errorf("%s exited %d times in a row within %s of starting (%v); not started again:\n%s", name, quick, bkQuickExit, bk.ExitErr(), bk.Log()))
+				return
+			}
+			log.Warn("buildkitd exited; starting it again at the same address", "addr", bk.Addr(), "exit", fmt.Sprint(bk.ExitErr()),
+				"ran", time.Since(started).Round(time.Millisecond), "log", lastLines(bk.Log(), 5))
+			restart := time.Now()
+			next, err := bk.Again(ctx)
+			if err != nil {
+				if ctx.Err() == nil {
+					f.fail(fmt.Errorf("%s exited (%v) and would not start again: %w", name, bk.ExitErr(), err))
+				}
+				return
+			}
+			f.bkMu.Lock()
+			f.bks[i] = next
+			f.bkMu.Unlock()
+			log.Info("buildkitd running again", "addr", next.Addr(), "took", time.Since(restart).Round(time.Millisecond))
 		}
-		select {
-		case <-f.stopping:
-		default:
-			f.fail(fmt.Errorf("%s exited:\n%s", name, bk.Log()))
-		}
-	}()
+	})
+}
+
+// buildkitd is the farm's i-th buildkitd as it runs now.
+func (f *Farm) buildkitd(i int) *buildkitd.Buildkitd {
+	f.bkMu.Lock()
+	defer f.bkMu.Unlock()
+	return f.bks[i]
+}
+
+// lastLines is the last n lines of s.
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
 
 // pingBuildkit checks that a given buildkitd answers.
@@ -736,6 +801,8 @@ func (f *Farm) Stop() error {
 		for _, m := range f.metricsStop {
 			m()
 		}
+		// No daemon is started again once the supervisors are done.
+		f.supervisors.Wait()
 		bkErrs := make([]error, len(f.bks))
 		var wg sync.WaitGroup
 		for i, bk := range f.bks {
