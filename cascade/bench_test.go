@@ -320,10 +320,10 @@ func (f *benchFarm) failures(plan string) string {
 func policy(window int, estimates bool) sim.Policy {
 	if window == cascade.WindowIdle {
 		// Idle holders take the best held asks: a global priority list.
-		return sim.Policy{Order: sim.Priority, UnitEstimates: !estimates}
+		return sim.Policy{Order: sim.Priority, UnitEstimates: !estimates, Aging: cascade.Aging}
 	}
 	if window > 0 {
-		return sim.Policy{Window: window, UnitEstimates: !estimates}
+		return sim.Policy{Window: window, UnitEstimates: !estimates, Aging: cascade.Aging}
 	}
 	return sim.Policy{Order: sim.Ranked, UnitEstimates: !estimates}
 }

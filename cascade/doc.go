@@ -76,7 +76,10 @@
 // in descending remaining critical path: the longest sum of estimated
 // durations from the module to the end of the plan ([State.SetEstimates];
 // without estimates every module counts 1, i.e. the longest chain of
-// modules); ties go to the lower tier, then the name.
+// modules); ties go to the lower tier, then the name. A module held ready
+// loses half the time it has waited from its rank (Aging), so that at first
+// sight one with a short path is not held behind every longer path to the
+// end: its duration is a guess, and may be the plan's longest.
 //
 // The work queue is first in, first out, so ordering each batch helps
 // little on a deep plan: what is already queued goes first. With a

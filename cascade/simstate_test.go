@@ -153,9 +153,9 @@ func TestSimulateStateMatchesSimulate(t *testing.T) {
 			}{
 				{"estimates", func(s *State) { s.SetEstimates(est) }, sim.Policy{Order: sim.Ranked}},
 				{"no estimates", nil, sim.Policy{Order: sim.Ranked, UnitEstimates: true}},
-				{"window 1", func(s *State) { s.SetEstimates(est); s.Window = 1 }, sim.Policy{Window: 1}},
-				{"window 5", func(s *State) { s.SetEstimates(est); s.Window = 5 }, sim.Policy{Window: 5}},
-				{"window 3, no estimates", func(s *State) { s.Window = 3 }, sim.Policy{Window: 3, UnitEstimates: true}},
+				{"window 1", func(s *State) { s.SetEstimates(est); s.Window = 1 }, sim.Policy{Window: 1, Aging: Aging}},
+				{"window 5", func(s *State) { s.SetEstimates(est); s.Window = 5 }, sim.Policy{Window: 5, Aging: Aging}},
+				{"window 3, no estimates", func(s *State) { s.Window = 3 }, sim.Policy{Window: 3, UnitEstimates: true, Aging: Aging}},
 			} {
 				got, err := simulateState(p, dur, machines, tc.setup)
 				if err != nil {
@@ -209,5 +209,12 @@ func BenchmarkSimulateState1000On50(b *testing.B) {
 			}
 			b.ReportMetric(makespan/lb, "makespan/lb")
 		})
+	}
+}
+
+// The simulator's model ages asks as the controller does.
+func TestTheSimulatorAgesAsTheController(t *testing.T) {
+	if sim.ControllerAging != Aging {
+		t.Errorf("sim.ControllerAging %v, the controller's Aging %v", sim.ControllerAging, Aging)
 	}
 }

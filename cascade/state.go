@@ -486,6 +486,7 @@ func (s *State) Built(ev mesh.Built, now time.Time) []Submit {
 	if m.Duration == 0 && !m.Started.IsZero() {
 		m.Duration = now.Sub(m.Started)
 	}
+	s.ix.built(m.Duration)
 	s.touch(now)
 	s.releaseDependents(i, now)
 	return s.Fill(now)

@@ -58,13 +58,15 @@ func close(a, b []float64) bool {
 
 // BenchmarkFirstSight measures the first-sight estimators (firstsight.go)
 // by the makespan of the controller's default policy (a window of 1: the
-// best held ask published as a machine takes one) ranked by each, divided
+// best held ask published as a machine takes one; aged as the controller
+// ages, ControllerAging) ranked by each, divided
 // by list scheduling with the true durations, longest path first (mean
 // over the DAGs). The DAGs are the scheduling benchmarks': the fan of 35
 // on 4 (3 seeds, lognormal σ 1) and the 1,000-module layered DAG on 50
 // (seed 1, as BenchmarkControllerDAG1000On50, and seeds 0-9). Nothing known
 // (nothing-*), and one module in ten never built among known ones
-// (tenth-*). MESHBUILD_BENCH=tiny: two seeds, 20 draws.
+// (tenth-*); nothing-unit-unaged is the controller's policy without
+// aging. MESHBUILD_BENCH=tiny: two seeds, 20 draws.
 func BenchmarkFirstSight(b *testing.B) {
 	var fan, dag1, dag10 []DAG
 	for seed := range uint64(3) {
@@ -102,12 +104,26 @@ func BenchmarkFirstSight(b *testing.B) {
 						var sum float64
 						for k, d := range set.dags {
 							known := Unknown(d, share.share, uint64(k)+1)
-							est := e.e(d, known)
-							got := Simulate(d, set.machines, Policy{Window: 1, Estimates: est}).Makespan
+							p := Policy{Window: 1, Estimates: e.e(d, known), Aging: ControllerAging}
+							if share.share == 1 {
+								// Nothing known: the controller's ranks
+								// count modules (every fill is 1).
+								p.Estimates, p.UnitEstimates = nil, true
+							}
+							got := Simulate(d, set.machines, p).Makespan
 							list := Simulate(d, set.machines, Policy{Order: Priority}).Makespan
 							sum += got / list
 						}
 						b.ReportMetric(sum/float64(len(set.dags)), share.name+"-"+e.name+"/list")
+						if share.share == 1 && e.name == "unit" {
+							// The controller's policy before it aged asks.
+							sum = 0
+							for _, d := range set.dags {
+								sum += Simulate(d, set.machines, Policy{Window: 1, UnitEstimates: true}).Makespan /
+									Simulate(d, set.machines, Policy{Order: Priority}).Makespan
+							}
+							b.ReportMetric(sum/float64(len(set.dags)), "nothing-unit-unaged/list")
+						}
 					}
 				}
 			}

@@ -288,6 +288,11 @@ func (o Order) String() string {
 	return "order(" + strconv.Itoa(int(o)) + ")"
 }
 
+// ControllerAging is the controller's Aging (cascade.Aging, which its
+// tests hold equal to this): the weight the simulations of the
+// controller's policy give Policy.Aging.
+const ControllerAging = 0.5
+
 // Policy is a scheduling policy.
 type Policy struct {
 	// Barrier starts tier k+1 only when every module of tier k is built
@@ -301,6 +306,12 @@ type Policy struct {
 	Estimates []float64
 	// UnitEstimates ranks every module as 1.
 	UnitEstimates bool
+	// Aging weighs how long a ready ask has waited against its rank, as
+	// the controller does (cascade.Aging): the best is the highest rank
+	// less Aging × its ready time, in units of rank — with UnitEstimates,
+	// of the mean duration of the builds done so far (none done: no
+	// aging). For Priority and Window.
+	Aging float64
 	// Window, when positive, is the most asks in the queue at once (see
 	// State.Window): released asks are held by the controller and the one
 	// with the longest remaining critical path is published whenever the
@@ -336,7 +347,7 @@ func Simulate(d DAG, machines int, p Policy) Result {
 	if p.Barrier {
 		r.Makespan, r.Start = simulateBarrier(d, machines, p.Order, rank, tier)
 	} else {
-		r.Makespan, r.Start = simulateCascade(d, machines, p.Order, rank, tier, p.Window)
+		r.Makespan, r.Start = simulateCascade(d, machines, p.Order, rank, tier, p.Window, p.Aging, est == nil)
 	}
 	return r
 }
@@ -357,13 +368,14 @@ func byRank(rank []float64, tier []int) func(a, b int) int {
 	}
 }
 
-func simulateCascade(d DAG, machines int, order Order, rank []float64, tier []int, window int) (float64, []float64) {
+func simulateCascade(d DAG, machines int, order Order, rank []float64, tier []int, window int, aging float64, unit bool) (float64, []float64) {
 	n := len(d.Names)
 	start := make([]float64, n)
 	deps := d.dependents()
 	remaining := make([]int, n)
 	var ready readyQueue
 	ready.order, ready.rank, ready.tier, ready.window = order, rank, tier, window
+	ready.aging, ready.unitRanks = aging, unit
 	if window > 0 {
 		ready.order = Ranked
 	}
@@ -393,6 +405,9 @@ func simulateCascade(d DAG, machines int, order Order, rank []float64, tier []in
 			e := heap.Pop(&running).(event)
 			free++
 			done++
+			ready.now = now
+			ready.doneSum += d.Dur[e.node]
+			ready.doneN++
 			var batch []int
 			for _, x := range deps[e.node] {
 				if remaining[x]--; remaining[x] == 0 {
@@ -452,18 +467,57 @@ type readyQueue struct {
 	prio   prioHeap
 	window int
 	held   prioHeap
+	// aging > 0 (Policy.Aging): prio or held is searched for the best by
+	// rank less aging × ready time (the items' readyAt) in units of rank:
+	// of time when !unitRanks, else of the mean of the doneN durations
+	// done so far (doneSum).
+	aging     float64
+	unitRanks bool
+	now       float64
+	doneSum   float64
+	doneN     int
 }
 
 func (q *readyQueue) fill() {
 	for len(q.fifo)-q.head < q.window && q.held.Len() > 0 {
-		q.fifo = append(q.fifo, heap.Pop(&q.held).(prioItem).node)
+		q.fifo = append(q.fifo, q.pop(&q.held))
 	}
+}
+
+// pop takes the best item of h: the heap's top, or with aging the best by
+// aged rank (a search: the key's unit changes as builds end).
+func (q *readyQueue) pop(h *prioHeap) int {
+	if q.aging <= 0 {
+		return heap.Pop(h).(prioItem).node
+	}
+	unit := 1.0
+	if q.unitRanks {
+		if q.doneN == 0 {
+			unit = math.Inf(1)
+		} else {
+			unit = q.doneSum / float64(q.doneN)
+		}
+	}
+	key := func(p prioItem) prioItem {
+		p.rank -= q.aging * p.readyAt / unit
+		return p
+	}
+	best := 0
+	for k := 1; k < len(*h); k++ {
+		if key((*h)[k]).before(key((*h)[best])) {
+			best = k
+		}
+	}
+	p := (*h)[best]
+	(*h)[best] = (*h)[len(*h)-1]
+	*h = (*h)[:len(*h)-1]
+	return p.node
 }
 
 func (q *readyQueue) release(batch []int) {
 	if q.window > 0 {
 		for _, i := range batch {
-			heap.Push(&q.held, prioItem{node: i, rank: q.rank[i], tier: q.tier[i]})
+			heap.Push(&q.held, prioItem{node: i, rank: q.rank[i], tier: q.tier[i], readyAt: q.now})
 		}
 		q.fill()
 		return
@@ -471,7 +525,7 @@ func (q *readyQueue) release(batch []int) {
 	switch q.order {
 	case Priority:
 		for _, i := range batch {
-			heap.Push(&q.prio, prioItem{node: i, rank: q.rank[i], tier: q.tier[i]})
+			heap.Push(&q.prio, prioItem{node: i, rank: q.rank[i], tier: q.tier[i], readyAt: q.now})
 		}
 	case Ranked:
 		slices.SortFunc(batch, byRank(q.rank, q.tier))
@@ -486,7 +540,7 @@ func (q *readyQueue) Len() int { return len(q.fifo) - q.head + q.prio.Len() }
 
 func (q *readyQueue) next() int {
 	if q.order == Priority && q.window == 0 {
-		return heap.Pop(&q.prio).(prioItem).node
+		return q.pop(&q.prio)
 	}
 	i := q.fifo[q.head]
 	q.head++
@@ -524,9 +578,10 @@ func (e event) before(o event) bool {
 }
 
 type prioItem struct {
-	node int
-	rank float64
-	tier int
+	node    int
+	rank    float64
+	tier    int
+	readyAt float64
 }
 
 // prioHeap pops the highest rank, then the lowest tier, then the lowest
