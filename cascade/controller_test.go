@@ -91,6 +91,7 @@ type harness struct {
 	cat *mesh.Catalogue
 	w   *work
 	log *slog.Logger // the controller's; nil discards
+	c   *cascade.Controller
 
 	// stopControllerNow stops the controller and waits for it.
 	stopControllerNow func()
@@ -98,9 +99,15 @@ type harness struct {
 
 func newHarness(t *testing.T, graph map[string][]string, agents int) *harness {
 	t.Helper()
+	return newHarnessOf(t, meshtest.Catalogue(t, graph), agents)
+}
+
+// newHarnessOf is newHarness with a catalogue of the caller's.
+func newHarnessOf(t *testing.T, cat *mesh.Catalogue, agents int) *harness {
+	t.Helper()
 	s := natstest.Server(t, nil)
 	nc, js := natstest.Connect(t, s)
-	h := &harness{t: t, s: s, nc: nc, js: js, cat: meshtest.Catalogue(t, graph), w: newWork()}
+	h := &harness{t: t, s: s, nc: nc, js: js, cat: cat, w: newWork()}
 	h.startController()
 	for i := range agents {
 		h.startAgent(fmt.Sprintf("m%d", i+1))
@@ -127,6 +134,7 @@ func (h *harness) startControllerWith(tweak func(*cascade.Config)) {
 	if err != nil {
 		h.t.Fatal(err)
 	}
+	h.c = c
 	h.stopControllerNow = cascadetest.Background(h.t, "controller", func(ctx context.Context) error {
 		defer nc.Close()
 		return c.Run(ctx)

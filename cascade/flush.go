@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -36,6 +37,16 @@ func (c *Controller) touch(st *State, modules ...string) {
 // state settled unchanged on the way.
 func (c *Controller) enqueue(st *State, subs []Submit) {
 	for _, s := range subs {
+		if ask, why := c.unbuildable(s); why != "" {
+			// Its asks would be refused by the bus (no queue takes the
+			// subject, or no holder may), and the flush would retry them
+			// while every other plan waited: the module fails instead.
+			blocked := st.Failed(mesh.Failed{Plan: st.Plan, Module: s.Module, Ask: ask, Reason: mesh.ReasonAsk, Message: why}, time.Now().UTC())
+			c.log.Error("not submitted: the catalogue changed since the plan was made", "plan", st.Plan, "module", s.Module, "why", why)
+			c.touch(st, s.Module)
+			c.touch(st, blocked...)
+			continue
+		}
 		c.touch(st, s.Module)
 		c.submits = append(c.submits, s)
 	}
@@ -43,6 +54,37 @@ func (c *Controller) enqueue(st *State, subs []Submit) {
 		c.touch(st, m)
 		c.setCurrent(st, m)
 	}
+}
+
+// unbuildable says why the catalogue in use cannot take sub's asks, with
+// the ask to fail: its module is no longer in it, or one of its platforms
+// is no longer built by any module (the seat's queue has no subject for
+// it once the catalogue changed). A plan is made from the catalogue of its
+// time; a change made while it runs must not leave it asking for what no
+// queue takes. "" when it can.
+func (c *Controller) unbuildable(sub Submit) (ask, why string) {
+	if c.cat == nil {
+		return "", ""
+	}
+	if _, ok := c.cat.Module(sub.Module); !ok {
+		return sub.AskID, fmt.Sprintf("%s is no longer in the catalogue (it was when the plan was made); not built", sub.Module)
+	}
+	platforms := sub.Source.Platforms
+	if len(platforms) == 0 {
+		platforms = []string{mesh.DefaultPlatform}
+	}
+	for _, p := range platforms {
+		if slices.Contains(c.catPlatforms, p) {
+			continue
+		}
+		ask = sub.AskID
+		if len(platforms) > 1 {
+			ask = PlatformAskID(sub.Plan, sub.Module, p, sub.Attempt) // as Asks names it
+		}
+		return ask, fmt.Sprintf("the catalogue no longer builds %s for %s (it builds for %s): the seat's queue has no subject for it; not built",
+			sub.Module, p, strings.Join(c.catPlatforms, ", "))
+	}
+	return "", ""
 }
 
 // flush makes a batch's effects durable and visible, retrying (with

@@ -171,6 +171,13 @@ func (c *Controller) load(ctx context.Context, r PlanRecord) (*State, error) {
 	if err != nil {
 		return nil, err
 	}
+	for name, m := range mods {
+		if _, ok := st.Module(name); !ok {
+			// Planned again from a catalogue that no longer has it: its
+			// record stays as it was, outside the plan's counts.
+			c.log.Warn("a module of a resumed plan is no longer in the catalogue: left out of the plan", "plan", r.ID, "module", name, "state", m.State)
+		}
+	}
 	st.SetKnown(c.known)
 	for _, m := range st.Modules {
 		if m.State == Waiting && m.Tree == "" {
