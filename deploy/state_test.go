@@ -123,10 +123,14 @@ func TestModuleStateIsLiveAcrossNodes(t *testing.T) {
 	if fi, err := os.Stat(filepath.Dir(sock)); err != nil || fi.Mode().Perm() != 0o700 {
 		t.Fatalf("owner's socket directory on n4: %v %v, want 0700", fi.Mode(), err)
 	}
-	c, err := state.Dial(b.ctx, sock)
-	if err != nil {
-		t.Fatal(err)
-	}
+	// The file is there from the socket's bind, a moment before it
+	// listens (a dial between the two was refused once in CI).
+	var c *state.Client
+	testenv.WaitFor(t, 10*time.Second, "n4's socket to answer", func() bool {
+		var err error
+		c, err = state.Dial(b.ctx, sock)
+		return err == nil
+	})
 	if _, err := c.Put(b.ctx, "builds", "greeting", []byte(`{"from":"n4"}`)); err != nil {
 		t.Fatalf("owner's put through n4's socket: %v", err)
 	}
