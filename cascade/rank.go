@@ -171,7 +171,7 @@ func (s *State) MeanEstimate() float64 {
 // done: no aging). At first sight a module's duration is a guess, and one
 // of the heavy tail (25 times the median, say) ranked low for its short
 // path would wait behind every longer path until the end: in
-// internal/sim, the 1,000-module DAG of BenchmarkControllerDAG1000On50
+// cascade/sim, the 1,000-module DAG of BenchmarkControllerDAG1000On50
 // (seed 1) ends at 1.151 of list scheduling with the true durations
 // without aging, 1.019 with it (ten seeds: 1.047, 1.041; 25 DAGs of other
 // shapes: 1.106, 1.105; with learned estimates no change, 1.000). Ranks
