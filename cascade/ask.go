@@ -45,10 +45,7 @@ func Asks(registry string, s Submit) []mesh.Ask {
 	for _, b := range slices.Sorted(maps.Keys(s.Bases)) {
 		a.Bases = append(a.Bases, mesh.Base{Module: b, Image: Image(registry, b), Digest: s.Bases[b]})
 	}
-	platforms := s.Source.Platforms
-	if len(platforms) == 0 {
-		platforms = []string{mesh.DefaultPlatform}
-	}
+	platforms, ids := s.platformAsks()
 	if len(platforms) == 1 {
 		a.Platform = platforms[0]
 		return []mesh.Ask{a}
@@ -57,11 +54,29 @@ func Asks(registry string, s Submit) []mesh.Ask {
 	for i, p := range platforms {
 		out[i] = a
 		out[i].Bases = slices.Clone(a.Bases)
-		out[i].ID = PlatformAskID(s.Plan, s.Module, p, s.Attempt)
+		out[i].ID = ids[i]
 		out[i].Platform = p
 		out[i].Cache = a.Cache + "-" + mesh.PlatformToken(p)
 	}
 	return out
+}
+
+// platformAsks are the platforms s is built for (the default platform
+// when it names none), each with its ask's id: the submit's own for one
+// platform, PlatformAskID's for several.
+func (s Submit) platformAsks() (platforms, ids []string) {
+	platforms = s.Source.Platforms
+	if len(platforms) == 0 {
+		platforms = []string{mesh.DefaultPlatform}
+	}
+	if len(platforms) == 1 {
+		return platforms, []string{s.AskID}
+	}
+	ids = make([]string, len(platforms))
+	for i, p := range platforms {
+		ids[i] = PlatformAskID(s.Plan, s.Module, p, s.Attempt)
+	}
+	return platforms, ids
 }
 
 // Push announces a push as mesh-git does, and returns the id of the plan

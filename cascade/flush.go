@@ -69,19 +69,12 @@ func (c *Controller) unbuildable(sub Submit) (ask, why string) {
 	if _, ok := c.cat.Module(sub.Module); !ok {
 		return sub.AskID, fmt.Sprintf("%s is no longer in the catalogue (it was when the plan was made); not built", sub.Module)
 	}
-	platforms := sub.Source.Platforms
-	if len(platforms) == 0 {
-		platforms = []string{mesh.DefaultPlatform}
-	}
-	for _, p := range platforms {
+	platforms, ids := sub.platformAsks()
+	for i, p := range platforms {
 		if slices.Contains(c.catPlatforms, p) {
 			continue
 		}
-		ask = sub.AskID
-		if len(platforms) > 1 {
-			ask = PlatformAskID(sub.Plan, sub.Module, p, sub.Attempt) // as Asks names it
-		}
-		return ask, fmt.Sprintf("the catalogue no longer builds %s for %s (it builds for %s): the seat's queue has no subject for it; not built",
+		return ids[i], fmt.Sprintf("the catalogue no longer builds %s for %s (it builds for %s): the seat's queue has no subject for it; not built",
 			sub.Module, p, strings.Join(c.catPlatforms, ", "))
 	}
 	return "", ""

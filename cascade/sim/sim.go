@@ -514,10 +514,20 @@ func (q *readyQueue) pop(h *prioHeap) int {
 	return p.node
 }
 
+// push adds an item to h: a heap's, or with aging an unordered list's
+// (pop searches it).
+func (q *readyQueue) push(h *prioHeap, p prioItem) {
+	if q.aging <= 0 {
+		heap.Push(h, p)
+		return
+	}
+	*h = append(*h, p)
+}
+
 func (q *readyQueue) release(batch []int) {
 	if q.window > 0 {
 		for _, i := range batch {
-			heap.Push(&q.held, prioItem{node: i, rank: q.rank[i], tier: q.tier[i], readyAt: q.now})
+			q.push(&q.held, prioItem{node: i, rank: q.rank[i], tier: q.tier[i], readyAt: q.now})
 		}
 		q.fill()
 		return
@@ -525,7 +535,7 @@ func (q *readyQueue) release(batch []int) {
 	switch q.order {
 	case Priority:
 		for _, i := range batch {
-			heap.Push(&q.prio, prioItem{node: i, rank: q.rank[i], tier: q.tier[i], readyAt: q.now})
+			q.push(&q.prio, prioItem{node: i, rank: q.rank[i], tier: q.tier[i], readyAt: q.now})
 		}
 	case Ranked:
 		slices.SortFunc(batch, byRank(q.rank, q.tier))
