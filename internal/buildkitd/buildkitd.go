@@ -116,6 +116,14 @@ func (o Options) validate() (Options, error) {
 	return o, nil
 }
 
+// binary checks that Bin is a file (ErrNoBinary).
+func (o Options) binary() error {
+	if fi, err := os.Stat(o.Bin); err != nil || fi.IsDir() {
+		return fmt.Errorf("%w: %s", ErrNoBinary, o.Bin)
+	}
+	return nil
+}
+
 // Buildkitd is a running daemon.
 type Buildkitd struct {
 	opts    Options // as started: the snapshotter that worked, the socket
@@ -147,8 +155,8 @@ func Start(ctx context.Context, opts Options) (*Buildkitd, error) {
 	if err != nil {
 		return nil, err
 	}
-	if fi, err := os.Stat(o.Bin); err != nil || fi.IsDir() {
-		return nil, fmt.Errorf("%w: %s", ErrNoBinary, o.Bin)
+	if err := o.binary(); err != nil {
+		return nil, err
 	}
 	if _, err := exec.LookPath("runc"); err != nil {
 		return nil, ErrNoRunc
@@ -321,8 +329,8 @@ func (b *Buildkitd) Again(ctx context.Context) (*Buildkitd, error) {
 		return nil, fmt.Errorf("clearing what buildkitd left: %w", err)
 	}
 	o := b.opts
-	if fi, err := os.Stat(o.Bin); err != nil || fi.IsDir() {
-		return nil, fmt.Errorf("%w: %s", ErrNoBinary, o.Bin)
+	if err := o.binary(); err != nil {
+		return nil, err
 	}
 	if err := os.Remove(o.Socket); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("removing the socket buildkitd left: %w", err)
