@@ -340,7 +340,16 @@ func (a *Agent) bindPlatform(ctx context.Context, p string, firsts chan<- bindFi
 	try := func(n int) (jetstream.Consumer, error) {
 		tctx, cancel := context.WithTimeout(ctx, bindWait.Delay(n))
 		defer cancel()
-		cons, err := a.js.Consumer(tctx, stream, name)
+		cons, err := a.js.Consumer(tctx, stream, mesh.BuildConsumer(p))
+		if err == nil {
+			// A platform whose queue has shards says how many on its
+			// consumer (shard 0); this machine pulls from its own.
+			shards := mesh.ShardsOfMetadata(cons.CachedInfo().Config.Metadata)
+			if k := mesh.ShardOf(a.cfg.Machine, shards); k > 0 {
+				name = mesh.BuildShardConsumer(p, k)
+				cons, err = a.js.Consumer(tctx, stream, name)
+			}
+		}
 		if err == nil {
 			err = roomFor(cons.CachedInfo(), a.cfg.Slots)
 		}

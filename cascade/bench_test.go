@@ -94,7 +94,9 @@ type benchFarm struct {
 	kv    jetstream.KeyValue
 	work  *sleeper
 	slots int
-	seq   int
+	// shards is how many shards the seat's queue has (0: one).
+	shards int
+	seq    int
 	// firstStart reads the plan's modules after a run for FirstStart.
 	firstStart bool
 	stops      []func()
@@ -204,18 +206,39 @@ func (f *benchFarm) waitIdle() {
 	ctx := context.Background()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		c, err := f.js.Consumer(ctx, mesh.SeatStream(mesh.BuildSeat), mesh.BuildConsumer(mesh.DefaultPlatform))
-		if err == nil {
-			info, err := c.Info(ctx)
-			if err == nil && info.NumWaiting >= f.slots && info.NumPending == 0 && info.NumAckPending == 0 {
-				return
-			}
+		l, err := seatLook(ctx, f.js, f.shards)
+		if err == nil && l.Waiting >= f.slots && l.Pending == 0 && l.AckPending == 0 {
+			return
 		}
 		if time.Now().After(deadline) {
 			f.tb.Fatalf("the %d slots are not all idle after 30s", f.slots)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// seatTotals are the default platform's holders' consumers' figures,
+// summed over the queue's shards.
+type seatTotals struct{ Waiting, Pending, AckPending int }
+
+// seatLook reads every shard's consumer of the default platform (shards 0
+// is one).
+func seatLook(ctx context.Context, js jetstream.JetStream, shards int) (seatTotals, error) {
+	var t seatTotals
+	for k := range max(shards, 1) {
+		c, err := js.Consumer(ctx, mesh.SeatStream(mesh.BuildSeat), mesh.BuildShardConsumer(mesh.DefaultPlatform, k))
+		if err != nil {
+			return t, err
+		}
+		info, err := c.Info(ctx)
+		if err != nil {
+			return t, err
+		}
+		t.Waiting += info.NumWaiting
+		t.Pending += int(info.NumPending)
+		t.AckPending += info.NumAckPending
+	}
+	return t, nil
 }
 
 // planRun is one plan run through the farm.

@@ -5,8 +5,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/meshbuild/meshbuild/mesh"
 )
 
 // Fill submits ready modules, best first, while the plan's window has
@@ -106,21 +104,13 @@ func (c *Controller) fillIdle(ctx context.Context) bool { return c.schedule(ctx)
 func (c *Controller) idleHolders(ctx context.Context) (int, error) {
 	idle := 0
 	for _, p := range c.catPlatforms {
-		info, err := c.platformInfo(ctx, p)
+		h, err := c.platformHolders(ctx, p)
 		if err != nil {
 			return 0, err
 		}
-		idle += max(0, info.NumWaiting-int(info.NumPending))
+		idle += max(0, h.Waiting-h.Pending)
 	}
 	return idle, nil
-}
-
-// platformInfo reads the build seat's holders' consumer of a platform.
-func (c *Controller) platformInfo(ctx context.Context, platform string) (*jetstream.ConsumerInfo, error) {
-	cons := c.seatConsumers[platform]
-	info, err := c.consumerInfo(ctx, &cons, mesh.SeatStream(mesh.BuildSeat), mesh.BuildConsumer(platform))
-	c.seatConsumers[platform] = cons
-	return info, err
 }
 
 // consumerInfo reads a consumer of stream, bound once into *cons.

@@ -165,7 +165,7 @@ func fleetRun(tb testing.TB, sz fleetSize) map[string]float64 {
 	d := sim.RandomLayeredDAG(sz.modules, 10, 1)
 	cfg := cascade.DefaultConfig()
 	cfg.Replicas = sz.nodes
-	f, warns := newFleetFarm(tb, bus, benchCatalogue(tb, d), cfg, sz.agents)
+	f, warns := newFleetFarm(tb, bus, fleetCatalogue(tb, d, sz.agents), cfg, sz.agents)
 	out["fleet-ready-s"] = f.ready.Seconds()
 
 	// MaxWaiting covers every slot with a quarter to spare (SCALE.md).
@@ -261,6 +261,25 @@ func fleetRun(tb testing.TB, sz fleetSize) map[string]float64 {
 	}
 	out["server-api-dropped"] = float64(bus.apiDropped(tb))
 	return out
+}
+
+// fleetCatalogue is benchCatalogue with the build seat split into the
+// shards a fleet of agents machines of one slot wants
+// (mesh.FleetSettingsOf).
+func fleetCatalogue(tb testing.TB, d sim.DAG, agents int) *mesh.Catalogue {
+	shards := mesh.FleetSettingsOf(mesh.Fleet{Machines: agents, Slots: 1}).Shards
+	if n, err := strconv.Atoi(os.Getenv("MESHBUILD_FLEET_SHARDS")); err == nil && n > 0 {
+		shards = n // a diagnostic: another split of the same fleet
+	}
+	cat := benchCatalogue(tb, d)
+	for _, m := range cat.Modules {
+		for i := range m.Seats {
+			if m.Seats[i].Seat == mesh.BuildSeat {
+				m.Seats[i].Shards = shards
+			}
+		}
+	}
+	return mesh.NewCatalogue(cat.Modules)
 }
 
 func msOf(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
@@ -682,7 +701,7 @@ func (f *fleetFarm) connect() (*nats.Conn, jetstream.JetStream) {
 // with the default config, each on its own connection.
 func newFleetFarm(tb testing.TB, bus *natsProcs, cat *mesh.Catalogue, cfg cascade.Config, agents int) (*fleetFarm, *fetchWarnings) {
 	tb.Helper()
-	f := &fleetFarm{benchFarm: &benchFarm{tb: tb, work: &sleeper{}, slots: agents}, urls: bus.urls}
+	f := &fleetFarm{benchFarm: &benchFarm{tb: tb, work: &sleeper{}, slots: agents, shards: cat.BuildShards()}, urls: bus.urls}
 	f.work.dur.Store(&map[string]time.Duration{})
 	tb.Cleanup(f.Close)
 	var tnc *nats.Conn
@@ -715,15 +734,12 @@ func (f *fleetFarm) waitFleetIdle(timeout time.Duration, warns *fetchWarnings) t
 	waiting, looked := 0, 0
 	var lastErr error
 	for time.Now().Before(deadline) {
-		c, err := f.js.Consumer(ctx, mesh.SeatStream(mesh.BuildSeat), mesh.BuildConsumer(mesh.DefaultPlatform))
+		l, err := seatLook(ctx, f.js, f.shards)
 		if err == nil {
-			var info *jetstream.ConsumerInfo
-			if info, err = c.Info(ctx); err == nil {
-				looked++
-				waiting = info.NumWaiting
-				if waiting >= f.slots && info.NumPending == 0 && info.NumAckPending == 0 {
-					return time.Now()
-				}
+			looked++
+			waiting = l.Waiting
+			if waiting >= f.slots && l.Pending == 0 && l.AckPending == 0 {
+				return time.Now()
 			}
 		}
 		if err != nil {
@@ -772,7 +788,10 @@ func fleetDispatch(tb testing.TB, f *fleetFarm, nc *nats.Conn, n int) []time.Dur
 			tb.Fatal(err)
 		}
 		t0 := time.Now()
-		if _, err := f.js.Publish(context.Background(), mesh.BuildSubject(mesh.DefaultPlatform), data, jetstream.WithMsgID(id)); err != nil {
+		// Every shard has machines idle: in turn, as the controller's
+		// routing does (shardFor).
+		subj := mesh.BuildShardSubject(mesh.DefaultPlatform, i%max(f.shards, 1))
+		if _, err := f.js.Publish(context.Background(), subj, data, jetstream.WithMsgID(id)); err != nil {
 			tb.Fatal(err)
 		}
 		for _, ch := range []chan string{started, builtc} {

@@ -507,7 +507,9 @@ func (c *Controller) publish(ctx context.Context, asks []mesh.Ask) error {
 	for _, a := range asks {
 		a.Secret = c.askSecret(a.ID)
 		data, _ := json.Marshal(a)
-		f, err := c.js.PublishAsync(mesh.BuildSubject(a.Platform), data, jetstream.WithMsgID(a.ID))
+		shard := c.shardFor(ctx, a.Platform)
+		c.askShard[a.ID] = shard
+		f, err := c.js.PublishAsync(mesh.BuildShardSubject(a.Platform, shard), data, jetstream.WithMsgID(a.ID))
 		if err != nil {
 			return fmt.Errorf("submitting %s: %w", a.ID, err)
 		}

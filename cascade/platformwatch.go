@@ -49,16 +49,16 @@ func (c *Controller) watchPlatforms(ctx context.Context) bool {
 	now := time.Now()
 	holders := 0
 	for _, p := range c.catPlatforms {
-		info, err := c.platformInfo(ctx, p)
+		h, err := c.platformHolders(ctx, p)
 		if err != nil {
 			c.log.Warn("reading a platform's holders", "platform", p, "err", err)
 			c.platforms.seen[p] = now // unknown is not absent
 			continue
 		}
-		if info.NumWaiting > 0 || info.NumAckPending > 0 {
+		if h.Waiting > 0 || h.AckPending > 0 {
 			c.platforms.seen[p] = now
 		}
-		holders += info.NumWaiting + info.NumAckPending
+		holders += h.Waiting + h.AckPending
 	}
 	c.platforms.holders = holders
 	within := c.servedWithin()

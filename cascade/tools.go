@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/planner"
@@ -209,18 +208,20 @@ func (c *Controller) withdraw(ctx context.Context, st *State, asks []string, now
 	}
 	// Read after the deletes: a message deleted beyond the last sequence
 	// its platform's consumer delivered can no longer be delivered.
-	infos := map[string]*jetstream.ConsumerInfo{}
+	looks := map[string]*holders{}
 	for a, seq := range deleted {
 		p := c.askPlatform[a]
 		if p == "" {
 			continue
 		}
-		info, ok := infos[p]
+		h, ok := looks[p]
 		if !ok {
-			info, _ = c.platformInfo(ctx, p)
-			infos[p] = info
+			if got, err := c.platformHolders(ctx, p); err == nil {
+				h = &got
+			}
+			looks[p] = h
 		}
-		if info != nil && seq > info.Delivered.Stream {
+		if h != nil && !h.delivered(c.askShard[a], seq) {
 			st.Withdrawn(a, now)
 		}
 	}

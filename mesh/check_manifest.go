@@ -151,6 +151,13 @@ func (c *checker) seat(m *Manifest, i int) {
 	case s.Scope != ScopeNode && s.Scope != ScopeMesh:
 		c.refuse(m, base+".scope", "%q is not a scope: write `scope: node` or `scope: mesh`", s.Scope)
 	}
+	switch {
+	case s.Shards == 0:
+	case !SplitsByPlatform(s.Seat):
+		c.refuse(m, base+".shards", "only the build seat (%s) splits its queue into shards: remove `shards`", BuildSeat)
+	case s.Shards < 1 || s.Shards > MaxShards:
+		c.refuse(m, base+".shards", "shards %d: write 1 to %d, one for each %d machine slots or so (mesh.FleetSettingsOf)", s.Shards, MaxShards, ShardPulls)
+	}
 	verbs := make([]string, len(s.Accepts))
 	for j, a := range s.Accepts {
 		if c.wire(m, base+".accepts", j, a, wireName) {

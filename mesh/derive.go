@@ -1,8 +1,10 @@
 package mesh
 
 import (
+	"fmt"
 	"slices"
 	"sort"
+	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -294,6 +296,11 @@ type FleetSettings struct {
 	// as the fleet started, and in a second run kept dropping its
 	// machines' retries for more than 2 minutes (issue #23).
 	APIQueueLimit int
+	// Shards is how many shards the build seat's queue of each platform
+	// wants (the seat's `shards`): one up to ShardAbove pulls waiting,
+	// beyond it one per ShardPulls, so that no consumer walks more than
+	// that many each time it runs dry (see ShardPulls).
+	Shards int
 }
 
 // StartInfoRequests is how many requests of the JetStream API's info
@@ -306,6 +313,9 @@ type FleetSettings struct {
 // raised is asked again FetchWait later, not in the burst.
 // cmd/internal/daemon TestAStartAsksTheInfoQueueAtMostStartInfoRequests
 // counts them on a real server (nine on a v4 host, where 8 was exceeded).
+// On a seat of shards a machine outside shard 0 asks its own shard's
+// consumer too, one more a platform (14): APIQueueLimit's retry of each
+// covers it.
 const StartInfoRequests = 9
 
 // ServerAPIQueueLimit is nats-server's default JetStream API queue limit
@@ -356,8 +366,11 @@ const (
 //     each (an asker that times out asks again while the server still
 //     holds its first request).
 //
+//   - Shards = 1 up to ShardAbove pulls, beyond it ⌈machines × slots ÷
+//     ShardPulls⌉ (at most MaxShards; see ShardPulls for the measure).
+//
 // At DefaultFleet: MaxWaiting 12,500, NoFile 11,280, FetchWait 100 s,
-// APIQueueLimit 180,000.
+// APIQueueLimit 180,000, Shards 40.
 func FleetSettingsOf(f Fleet) FleetSettings {
 	machines, slots := max(f.Machines, 1), max(f.Slots, 1)
 	return FleetSettings{
@@ -366,7 +379,16 @@ func FleetSettingsOf(f Fleet) FleetSettings {
 		FetchWait:  max(MinFetchWait, time.Duration(2*machines*slots)*time.Second/FleetPullEvents),
 		// Infos are asked per machine, not per slot.
 		APIQueueLimit: max(ServerAPIQueueLimit, 2*machines*StartInfoRequests),
+		Shards:        shardsFor(machines * slots),
 	}
+}
+
+// shardsFor is FleetSettingsOf's Shards for a fleet of pulls pulls.
+func shardsFor(pulls int) int {
+	if pulls <= ShardAbove {
+		return 1
+	}
+	return min(MaxShards, (pulls+ShardPulls-1)/ShardPulls)
 }
 
 // ConnectionsFor is how many client connections a server whose open files
@@ -403,9 +425,11 @@ func SeatConsumerSpec(s Seat, replicas int) ConsumerSpec {
 
 // SeatConsumerSpecs derives the holders' consumers of seat s: the one
 // SeatConsumerSpec for a seat that does not split by platform; for one that
-// does (SplitsByPlatform), one per platform, filtering that platform's
-// subject of every verb the seat accepts, so that a holder bound to the
-// consumers of its platforms only ever receives asks it can build.
+// does (SplitsByPlatform), one per platform and shard (ShardCount),
+// filtering that platform's (and shard's) subject of every verb the seat
+// accepts, so that a holder bound to the consumers of its platforms only
+// ever receives asks it can build. A platform of several shards says how
+// many in its consumers' metadata (ShardsMetadata).
 func SeatConsumerSpecs(s Seat, platforms []string, replicas int) []ConsumerSpec {
 	if !SplitsByPlatform(s.Seat) {
 		return []ConsumerSpec{SeatConsumerSpec(s, replicas)}
@@ -417,17 +441,25 @@ func SeatConsumerSpecs(s Seat, platforms []string, replicas int) []ConsumerSpec 
 		}
 	}
 	sort.Strings(verbs)
-	out := make([]ConsumerSpec, 0, len(platforms))
+	shards := s.ShardCount()
+	out := make([]ConsumerSpec, 0, len(platforms)*shards)
 	for _, p := range platforms {
-		filters := make([]string, len(verbs))
-		for i, v := range verbs {
-			filters[i] = SeatPlatformSubject(s.Seat, v, p)
+		for k := range shards {
+			filters := make([]string, len(verbs))
+			for i, v := range verbs {
+				filters[i] = SeatShardSubject(s.Seat, v, p, k)
+			}
+			why := "the holders of " + s.Seat + " that build " + p + " pull from it"
+			if shards > 1 {
+				why += fmt.Sprintf(" (shard %d of %d)", k, shards)
+			}
+			cfg := holderConsumer(SeatShardConsumer(s.Seat, p, k), replicas, filters...)
+			if shards > 1 {
+				// A machine binding shard 0 reads how many there are here.
+				cfg.Metadata = map[string]string{ShardsMetadata: strconv.Itoa(shards)}
+			}
+			out = append(out, ConsumerSpec{Stream: SeatStream(s.Seat), Why: why, Config: cfg})
 		}
-		out = append(out, ConsumerSpec{
-			Stream: SeatStream(s.Seat),
-			Why:    "the holders of " + s.Seat + " that build " + p + " pull from it",
-			Config: holderConsumer(SeatPlatformConsumer(s.Seat, p), replicas, filters...),
-		})
 	}
 	return out
 }

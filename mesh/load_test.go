@@ -97,7 +97,7 @@ state:
 `},
 		want: []want{
 			{file: "x.yaml", field: "consume", text: `unknown key "consume": write "consumes"`, line: 3},
-			{file: "x.yaml", field: "seats[0].accept", text: `write "accepts" (the keys of a seat are accepts, emits, scope, seat, serves)`, line: 7},
+			{file: "x.yaml", field: "seats[0].accept", text: `write "accepts" (the keys of a seat are accepts, emits, scope, seat, serves, shards)`, line: 7},
 			{file: "x.yaml", field: "build.context", text: "the keys of build are compression, dockerfile, on, path, platforms, priority, provenance, repo, sbom", line: 10},
 			{file: "x.yaml", field: "state[0].size", text: "the keys of a state entry are history, name, ttl", line: 12},
 		},

@@ -83,6 +83,12 @@ type Seat struct {
 	Accepts []string `yaml:"accepts,omitempty" json:"accepts,omitempty"`
 	Emits   []string `yaml:"emits,omitempty" json:"emits,omitempty"`
 	Serves  []string `yaml:"serves,omitempty" json:"serves,omitempty"`
+	// Shards splits the build seat's queue of each platform into this
+	// many, each with its own holders' consumer, a machine pulling from one
+	// (ShardOf): a consumer walks every pull waiting on it each time it runs
+	// dry, so a fleet of many thousand machines wants several
+	// (FleetSettingsOf's Shards). 0 or 1: one queue. Only the build seat.
+	Shards int `yaml:"shards,omitempty" json:"shards,omitempty"`
 }
 
 // Bucket is a piece of state a module owns (ADR 0201).

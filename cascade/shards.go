@@ -1,0 +1,112 @@
+package cascade
+
+import (
+	"context"
+	"time"
+
+	"github.com/meshbuild/meshbuild/mesh"
+)
+
+// A platform's queue split into shards (the build seat's `shards`, see
+// mesh.ShardOf) has a holders' consumer per shard, each pulled from by its
+// own machines. The controller publishes each ask to the shard with the
+// most machines idle: at a look (ShardLook at most old, or the scheduler's
+// look at idle holders) it reads each shard's consumer, and counts each ask
+// it publishes after against its shard until the next look.
+
+// ShardLook is how old a look at a platform's shards may be when the
+// controller routes an ask to one.
+const ShardLook = 100 * time.Millisecond
+
+// shardView is what the controller knows of a platform's shards.
+type shardView struct {
+	at time.Time
+	// load is each shard's asks queued less its pulls waiting at the
+	// look (negative: machines idle), plus the asks published to it
+	// since.
+	load []int
+	// live says a holder waited or worked on the shard at the look.
+	live []bool
+	next int // where the search for the least loaded starts
+}
+
+// holders is what the holders' consumers of one platform say, over its
+// shards.
+type holders struct {
+	Waiting, Pending, AckPending int
+	// Delivered is each shard's last stream sequence delivered.
+	Delivered []uint64
+}
+
+// platformHolders reads every shard's consumer of platform p (one without
+// shards has one) and takes the look for routing.
+func (c *Controller) platformHolders(ctx context.Context, p string) (holders, error) {
+	n := c.cat.BuildShards()
+	h := holders{Delivered: make([]uint64, n)}
+	v := &shardView{at: time.Now(), load: make([]int, n), live: make([]bool, n)}
+	for k := range n {
+		name := mesh.BuildShardConsumer(p, k)
+		cons := c.seatConsumers[name]
+		info, err := c.consumerInfo(ctx, &cons, mesh.SeatStream(mesh.BuildSeat), name)
+		c.seatConsumers[name] = cons
+		if err != nil {
+			return holders{}, err
+		}
+		h.Waiting += info.NumWaiting
+		h.Pending += int(info.NumPending)
+		h.AckPending += info.NumAckPending
+		h.Delivered[k] = info.Delivered.Stream
+		v.load[k] = int(info.NumPending) - info.NumWaiting
+		v.live[k] = info.NumWaiting > 0 || info.NumAckPending > 0
+	}
+	if old := c.shardViews[p]; old != nil {
+		v.next = old.next
+	}
+	c.shardViews[p] = v
+	return h, nil
+}
+
+// shardFor routes an ask for platform p: shard 0 when its queue has no
+// shards; otherwise the least loaded shard a holder is on (any shard when
+// none is), looked at again when the look is older than ShardLook, ties
+// taken in turn.
+func (c *Controller) shardFor(ctx context.Context, p string) int {
+	n := c.cat.BuildShards()
+	if n <= 1 {
+		return 0
+	}
+	v := c.shardViews[p]
+	if v == nil || len(v.load) != n || time.Since(v.at) > ShardLook {
+		if _, err := c.platformHolders(ctx, p); err != nil {
+			c.log.Warn("reading the shards of a platform's queue; routing by the last look", "platform", p, "err", err)
+		}
+		if v = c.shardViews[p]; v == nil || len(v.load) != n {
+			// Never looked: in turn.
+			v = &shardView{at: time.Now(), load: make([]int, n), live: make([]bool, n)}
+			c.shardViews[p] = v
+		}
+	}
+	best := -1
+	for i := range n {
+		k := (v.next + i) % n
+		switch {
+		case best < 0:
+			best = k
+		case v.live[k] != v.live[best]:
+			if v.live[k] {
+				best = k
+			}
+		case v.load[k] < v.load[best]:
+			best = k
+		}
+	}
+	v.load[best]++
+	v.next = (best + 1) % n
+	return best
+}
+
+// delivered reports whether an ask published at seq to a shard may have
+// been delivered at the look.
+func (h holders) delivered(shard int, seq uint64) bool {
+	return shard < len(h.Delivered) && seq <= h.Delivered[shard]
+}
