@@ -285,6 +285,19 @@ seats:
 			{file: "x.yaml", field: "seats[0].seat", text: "write `seat: NAME`"},
 			{file: "x.yaml", field: "seats[2].seat", text: "declared twice in this manifest"},
 		},
+	}, {
+		name: "shards on a seat that does not split, or too many",
+		files: map[string]string{"x.yaml": `module: x
+seats:
+  - {seat: shop, scope: node, shards: 4}
+`, "agent.yaml": `module: agent
+seats:
+  - {seat: node-build-agent, scope: node, accepts: [build], shards: 65}
+`},
+		want: []want{
+			{file: "x.yaml", field: "seats[0].shards", text: "only the build seat (node-build-agent) splits its queue into shards: remove `shards`", line: 3},
+			{file: "agent.yaml", field: "seats[0].shards", text: "shards 65: write 1 to 64", line: 3},
+		},
 	}})
 }
 

@@ -346,21 +346,25 @@ const (
 )
 
 // FleetSettingsOf derives the server settings fleet f needs, on one server:
+//
 //   - MaxWaiting ≥ 1.25 × machines × slots: an idle slot keeps one pull
 //     waiting and renews it, the quarter covers a renewal that arrives before
 //     the pull it replaces expires (SCALE.md). Beyond the cap the server
 //     answers a Fetch "409 Exceeded MaxWaiting" and drops a Consume's pull
 //     without an error: the machine sits idle.
+//
 //   - NoFile ≥ machines + FleetOtherConnections + ServerFiles: with 1,024
 //     and 1,100 machines the server accepted 1,010 connections and
 //     JetStream could no longer open its files; the stream stopped
 //     (SCALE.md).
+//
 //   - FetchWait = max(MinFetchWait, 2 × machines × slots ÷
 //     FleetPullEvents seconds): a pull of 10 s or more is also heard from
 //     half way (agent.PullHeartbeat), two events a pull, so the fleet's
 //     come to FleetPullEvents a second. A pull lost to a
 //     reconnect is noticed within the wait (the heartbeat's double): a
 //     fleet that large always has another machine idle.
+//
 //   - APIQueueLimit = max(ServerAPIQueueLimit, 2 × machines ×
 //     StartInfoRequests): every machine's start at once, and a retry of
 //     each (an asker that times out asks again while the server still

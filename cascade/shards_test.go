@@ -1,0 +1,111 @@
+package cascade_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/meshbuild/meshbuild/cascade"
+	"github.com/meshbuild/meshbuild/internal/natstest"
+	"github.com/meshbuild/meshbuild/internal/testenv"
+	"github.com/meshbuild/meshbuild/mesh"
+	"github.com/meshbuild/meshbuild/mesh/meshtest"
+)
+
+// A build seat split into shards, on a real server: each machine pulls
+// from its own shard's consumer (mesh.ShardOf), and the controller
+// publishes every ask to a shard with a machine on it — none to a shard
+// nobody pulls from, where it would wait for ever — and the plan builds:
+// with the default window (asks released as machines are idle) and with
+// --window 0 (every ask at once, more than the machines idle).
+func TestAShardedSeatRoutesAsksToTheShardsWithMachines(t *testing.T) {
+	for _, window := range []int{cascade.DefaultConfig().Window, 0} {
+		t.Run(fmt.Sprintf("window=%d", window), func(t *testing.T) { shardedRun(t, window) })
+	}
+}
+
+func shardedRun(t *testing.T, window int) {
+	const shards = 3
+	graph := map[string][]string{"base": nil}
+	for i := range 16 {
+		graph[fmt.Sprintf("leaf-%02d", i)] = []string{"base"}
+	}
+	cat := meshtest.Catalogue(t, graph)
+	ms := cat.Modules
+	for _, m := range ms {
+		for i := range m.Seats {
+			if m.Seats[i].Seat == mesh.BuildSeat {
+				m.Seats[i].Shards = shards
+			}
+		}
+	}
+	cat = mesh.NewCatalogue(ms)
+	if cat.BuildShards() != shards {
+		t.Fatalf("the catalogue's build seat has %d shards, want %d", cat.BuildShards(), shards)
+	}
+	s := natstest.Server(t, nil)
+	nc, js := natstest.Connect(t, s)
+	h := &harness{t: t, s: s, nc: nc, js: js, cat: cat, w: newWork()}
+	h.startControllerWith(func(c *cascade.Config) { c.Window = window })
+	for _, leaf := range []string{"leaf-00", "leaf-05", "leaf-10"} {
+		h.w.sleep[leaf] = 200 * time.Millisecond
+	}
+
+	// Two machines on shard 0, two on shard 1, none on shard 2.
+	per := map[int][]string{}
+	for i := 1; len(per[0]) < 2 || len(per[1]) < 2; i++ {
+		name := fmt.Sprintf("m%d", i)
+		if k := mesh.ShardOf(name, shards); k < 2 && len(per[k]) < 2 {
+			per[k] = append(per[k], name)
+			h.startAgent(name)
+		}
+	}
+	ctx := context.Background()
+	info := func(k int) (waiting, delivered int) {
+		c, err := h.js.Consumer(ctx, mesh.SeatStream(mesh.BuildSeat), mesh.BuildShardConsumer(mesh.DefaultPlatform, k))
+		if err != nil {
+			t.Fatalf("shard %d's consumer: %v", k, err)
+		}
+		i, err := c.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := mesh.ShardsOfMetadata(i.Config.Metadata); got != shards {
+			t.Fatalf("shard %d's consumer says %d shards, want %d", k, got, shards)
+		}
+		return i.NumWaiting, int(i.Delivered.Consumer)
+	}
+	testenv.WaitFor(t, 10*time.Second, "each machine's pull waiting on its own shard", func() bool {
+		w0, _ := info(0)
+		w1, _ := info(1)
+		w2, _ := info(2)
+		return w0 == 2 && w1 == 2 && w2 == 0
+	})
+
+	plan := h.push("5ha4d5", "push-shards")
+	rec, mods := h.settle(plan, 30*time.Second)
+	if rec.Outcome != cascade.OutcomeBuilt {
+		t.Fatalf("plan %s: %s, counts %+v", plan, rec.Outcome, rec.Counts)
+	}
+	machines := map[string]bool{}
+	for _, names := range per {
+		for _, n := range names {
+			machines[n] = true
+		}
+	}
+	for name, m := range mods {
+		if !machines[m.On] {
+			t.Errorf("%s built on %q, not one of the machines %v", name, m.On, per)
+		}
+	}
+	_, d0 := info(0)
+	_, d1 := info(1)
+	_, d2 := info(2)
+	if d2 != 0 {
+		t.Errorf("shard 2, with no machine, was given %d asks", d2)
+	}
+	if d0 == 0 || d1 == 0 || d0+d1 != len(graph) {
+		t.Errorf("shards 0 and 1 delivered %d and %d asks, want both some and %d in all", d0, d1, len(graph))
+	}
+}
