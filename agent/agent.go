@@ -206,13 +206,22 @@ type bound struct {
 	mu        sync.Mutex
 	cons      []jetstream.Consumer
 	platforms []string // of each consumer
+	// shards is how many shards each consumer's platform queue has, and
+	// own the one the consumer is (mesh.ShardOf); steals are the other
+	// shards' consumers bound to take from (stealFrom), by name.
+	shards, own, stole []int
+	steals             map[string]jetstream.Consumer
 }
 
-func (b *bound) add(platform string, c jetstream.Consumer) {
+func (b *bound) add(platform string, c jetstream.Consumer, machine string) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.cons = append(b.cons, c)
 	b.platforms = append(b.platforms, platform)
+	n := mesh.ShardsOfMetadata(c.CachedInfo().Config.Metadata)
+	b.shards = append(b.shards, n)
+	b.own = append(b.own, mesh.ShardOf(machine, n))
+	b.stole = append(b.stole, 0)
 }
 
 func (b *bound) all() []jetstream.Consumer {
@@ -278,7 +287,7 @@ func (a *Agent) bind(ctx context.Context) (*bound, error) {
 	for _, p := range a.cfg.Platforms {
 		go func() {
 			if cons, ok := a.bindPlatform(ctx, p, firsts, func() bool { return len(b.all()) > 0 }); ok {
-				b.add(p, cons)
+				b.add(p, cons, a.cfg.Machine)
 				once.Do(func() { close(ready) })
 			}
 		}()
@@ -437,16 +446,28 @@ func (a *Agent) slot(ctx, work context.Context, b *bound, slot int) {
 			_ = backoff.Wait(ctx, time.Second)
 			continue
 		}
-		for msg := range batch.Messages() {
-			if ctx.Err() != nil {
-				// Stopping: an ask that arrived now goes straight back.
-				_ = msg.Nak()
-				continue
+		take := func(batch jetstream.MessageBatch) bool {
+			got := false
+			for msg := range batch.Messages() {
+				if ctx.Err() != nil {
+					// Stopping: an ask that arrived now goes straight back.
+					_ = msg.Nak()
+					continue
+				}
+				a.obs.IdleWaited(time.Since(idle))
+				tail = a.handOver(work, msg, tail)
+				idle = time.Now()
+				got = true
 			}
-			a.obs.IdleWaited(time.Since(idle))
-			tail = a.handOver(work, msg, tail)
-			idle = time.Now()
+			return got
+		}
+		if take(batch) {
 			turn-- // the same platform again: it may have more
+		} else if other := a.stealFrom(ctx, b, turn); other != nil && ctx.Err() == nil {
+			// Nothing in this machine's shard: an ask left in another.
+			if left, err := other.FetchNoWait(1); err == nil && take(left) {
+				turn--
+			}
 		}
 		done()
 		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {

@@ -96,6 +96,8 @@ type Controller struct {
 	shardViews map[string]*shardView
 	// askShard is the shard each ask was published to (with askSeq).
 	askShard map[string]int
+	// shardAdvised is the most shards advised for each platform.
+	shardAdvised map[string]int
 	// events is the controller's own consumer of the events stream (read
 	// by caughtUp); eventsSeen is the latest stream sequence of an event
 	// worked; behind is what schedule holds its hand-out for (nil: none).
@@ -191,7 +193,7 @@ func New(cfg Config, js jetstream.JetStream, cat *mesh.Catalogue, log *slog.Logg
 		fetched: make(chan prefetched, 16),
 		keys:    map[string]KeyRecord{}, trees: treeCache(cfg),
 		seatConsumers: map[string]jetstream.Consumer{}, askPlatform: map[string]string{},
-		shardViews: map[string]*shardView{}, askShard: map[string]int{},
+		shardViews: map[string]*shardView{}, askShard: map[string]int{}, shardAdvised: map[string]int{},
 		platforms: platformWatch{since: time.Now(), seen: map[string]time.Time{}},
 		attempts:  map[string]int{},
 		sched:     scheduler{shares: map[string]Share{}, held: map[string]string{}},

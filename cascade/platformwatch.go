@@ -59,6 +59,7 @@ func (c *Controller) watchPlatforms(ctx context.Context) bool {
 			c.platforms.seen[p] = now
 		}
 		holders += h.Waiting + h.AckPending
+		c.adviseShards(p, h.Waiting+h.AckPending)
 	}
 	c.platforms.holders = holders
 	within := c.servedWithin()

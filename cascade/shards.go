@@ -110,3 +110,17 @@ func (c *Controller) shardFor(ctx context.Context, p string) int {
 func (h holders) delivered(shard int, seq uint64) bool {
 	return shard < len(h.Delivered) && seq <= h.Delivered[shard]
 }
+
+// adviseShards logs, once for each size it reaches, a platform whose
+// machines (pulls waiting and asks held, at a look) want more shards than
+// its queue has (mesh.FleetSettingsOf): each consumer then walks more
+// waiting pulls each time it runs dry, and dispatch slows.
+func (c *Controller) adviseShards(p string, slots int) {
+	have, want := c.cat.BuildShards(), mesh.FleetSettingsOf(mesh.Fleet{Machines: slots, Slots: 1}).Shards
+	if want <= have || c.shardAdvised[p] >= want {
+		return
+	}
+	c.shardAdvised[p] = want
+	c.log.Warn("the build seat's queue has too few shards for the machines holding it: write `shards: N` on the seat (mesh.FleetSettingsOf), raise the catalogue and issue the machines' credentials again",
+		"platform", p, "machines", slots, "shards", have, "want", want)
+}

@@ -2,9 +2,12 @@ package cascade_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/meshbuild/meshbuild/cascade"
 	"github.com/meshbuild/meshbuild/internal/natstest"
@@ -108,4 +111,40 @@ func shardedRun(t *testing.T, window int) {
 	if d0 == 0 || d1 == 0 || d0+d1 != len(graph) {
 		t.Errorf("shards 0 and 1 delivered %d and %d asks, want both some and %d in all", d0, d1, len(graph))
 	}
+}
+
+// An ask left in a shard no machine pulls from — its one machine killed
+// while building it, the ask delivered again there — is taken by a
+// machine of another shard whose pull ended with nothing (agent
+// stealFrom). Here the ask is published to shard 1 while the one machine
+// is on shard 0.
+func TestAnAskLeftInAShardWithNoMachineIsBuiltByAnother(t *testing.T) {
+	const shards = 2
+	cat := meshtest.Catalogue(t, map[string][]string{"a": nil})
+	for _, m := range cat.Modules {
+		for i := range m.Seats {
+			if m.Seats[i].Seat == mesh.BuildSeat {
+				m.Seats[i].Shards = shards
+			}
+		}
+	}
+	cat = mesh.NewCatalogue(cat.Modules)
+	h := newHarnessOf(t, cat, 0)
+	name := "m1"
+	for i := 2; mesh.ShardOf(name, shards) != 0; i++ {
+		name = fmt.Sprintf("m%d", i)
+	}
+	h.startAgent(name)
+	ask := mesh.Ask{Version: mesh.AskVersion, ID: "left-1", Plan: "p-left", Module: "left",
+		Source: mesh.Source{Repo: "https://git.example/x.git", Commit: "abc"}, Image: "127.0.0.1:1/left"}
+	data, err := json.Marshal(ask)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.js.Publish(context.Background(), mesh.BuildShardSubject(mesh.DefaultPlatform, 1), data, jetstream.WithMsgID(ask.ID)); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 10*time.Second, "the ask left in shard 1 to be taken by "+name+" of shard 0", func() bool {
+		return len(h.w.asksOf("left")) > 0
+	})
 }
