@@ -356,7 +356,12 @@ func (a *Agent) bindPlatform(ctx context.Context, p string, firsts chan<- bindFi
 			shards := mesh.ShardsOfMetadata(cons.CachedInfo().Config.Metadata)
 			if k := mesh.ShardOf(a.cfg.Machine, shards); k > 0 {
 				name = mesh.BuildShardConsumer(p, k)
-				cons, err = a.js.Consumer(tctx, stream, name)
+				if cons, err = a.js.Consumer(tctx, stream, name); err != nil && !notRaised(err) {
+					// Credentials issued before the seat had shards
+					// grant shard 0 only: the server then answers
+					// nothing (a permission violation).
+					err = fmt.Errorf("this machine's shard %d of %d: %w (credentials grant the shards of the catalogue they were issued from: after changing the seat's shards, issue them again)", k, shards, err)
+				}
 			}
 		}
 		if err == nil {

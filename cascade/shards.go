@@ -4,6 +4,9 @@ import (
 	"context"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sync/errgroup"
+
 	"github.com/meshbuild/meshbuild/mesh"
 )
 
@@ -42,16 +45,53 @@ type holders struct {
 // shards has one) and takes the look for routing.
 func (c *Controller) platformHolders(ctx context.Context, p string) (holders, error) {
 	n := c.cat.BuildShards()
-	h := holders{Delivered: make([]uint64, n)}
-	v := &shardView{at: time.Now(), load: make([]int, n), live: make([]bool, n)}
-	for k := range n {
-		name := mesh.BuildShardConsumer(p, k)
+	stream := mesh.SeatStream(mesh.BuildSeat)
+	infos := make([]*jetstream.ConsumerInfo, n)
+	if n == 1 {
+		name := mesh.BuildShardConsumer(p, 0)
 		cons := c.seatConsumers[name]
-		info, err := c.consumerInfo(ctx, &cons, mesh.SeatStream(mesh.BuildSeat), name)
+		info, err := c.consumerInfo(ctx, &cons, stream, name)
 		c.seatConsumers[name] = cons
 		if err != nil {
 			return holders{}, err
 		}
+		infos[0] = info
+	} else {
+		// Bound once each (here, on the controller's goroutine), then
+		// read at once: a look at 40 shards one after the other held
+		// the controller for 40 round trips.
+		cons := make([]jetstream.Consumer, n)
+		for k := range n {
+			name := mesh.BuildShardConsumer(p, k)
+			if c.seatConsumers[name] == nil {
+				bctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+				bound, err := c.js.Consumer(bctx, stream, name)
+				cancel()
+				if err != nil {
+					return holders{}, err
+				}
+				c.seatConsumers[name] = bound
+			}
+			cons[k] = c.seatConsumers[name]
+		}
+		g, gctx := errgroup.WithContext(ctx)
+		g.SetLimit(shardLooks)
+		for k := range n {
+			g.Go(func() error {
+				ictx, cancel := context.WithTimeout(gctx, 2*time.Second)
+				defer cancel()
+				info, err := cons[k].Info(ictx)
+				infos[k] = info
+				return err
+			})
+		}
+		if err := g.Wait(); err != nil {
+			return holders{}, err
+		}
+	}
+	h := holders{Delivered: make([]uint64, n)}
+	v := &shardView{at: time.Now(), load: make([]int, n), live: make([]bool, n)}
+	for k, info := range infos {
 		h.Waiting += info.NumWaiting
 		h.Pending += int(info.NumPending)
 		h.AckPending += info.NumAckPending
@@ -65,6 +105,9 @@ func (c *Controller) platformHolders(ctx context.Context, p string) (holders, er
 	c.shardViews[p] = v
 	return h, nil
 }
+
+// shardLooks is how many shards' consumers a look reads at once.
+const shardLooks = 16
 
 // shardFor routes an ask for platform p: shard 0 when its queue has no
 // shards; otherwise the least loaded shard a holder is on (any shard when

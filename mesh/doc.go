@@ -113,7 +113,9 @@
 // mesh.seat.node-build-agent.accept.build.linux-amd64 (one subject per
 // platform the catalogue builds for, exactly its consumers' filters),
 // keeping an ask for 7 days; the agents' shared consumer
-// holders-node-build-agent-linux-amd64; the events
+// holders-node-build-agent-linux-amd64 (with `shards: N` on the seat, N
+// subjects and consumers a platform, shard k ≥ 1 suffixed ".s<k>" and
+// "-s<k>": shard.go); the events
 // mesh.seat.node-build-agent.event.built (in EVENTS) and
 // mesh.seat.node-build-agent.event.log.<ask> (in LOGS); the controller's
 // consumer module-build-controller on EVENTS, filtering
