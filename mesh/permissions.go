@@ -40,6 +40,33 @@ func consumerGrants(stream, consumer string) []string {
 	return []string{consumerInfo(stream, consumer), consumerNext(stream, consumer), AckSubject(stream, consumer)}
 }
 
+// holderGrants are what holding seat s's queue takes: consumerGrants of
+// each of its holders' consumers; beyond HolderGrantsEach of them (a seat
+// of shards, a catalogue of many platforms), those of every consumer of
+// its stream (whose only consumers are its holders'), as three subjects.
+// A consumer's grants are some 340 bytes of the credentials' JWT, which
+// the client sends in its CONNECT, and a server refuses a CONNECT longer
+// than its max_control_line (4 KB by default: "maximum control line
+// exceeded"): a catalogue of four platforms made a 3.9 KB JWT, and no
+// agent could connect; three shards of two platforms, 4.6 KB. A machine of
+// a seat of shards holds the other shards' consumers too, to take an ask
+// left in one (agent stealFrom).
+func holderGrants(c *Catalogue, s Seat) []string {
+	stream := SeatStream(s.Seat)
+	if s.ShardCount() > 1 || len(c.HolderConsumers(s)) > HolderGrantsEach {
+		return consumerGrants(stream, "*")
+	}
+	var out []string
+	for _, cons := range c.HolderConsumers(s) {
+		out = append(out, consumerGrants(stream, cons)...)
+	}
+	return out
+}
+
+// HolderGrantsEach is how many holders' consumers of a seat credentials
+// grant one by one (holderGrants).
+const HolderGrantsEach = 2
+
 // bucketReadGrants are what reading and watching a bucket takes.
 func bucketReadGrants(bucket string) []string {
 	st := KVStream(bucket)
@@ -155,10 +182,8 @@ func (c *Catalogue) heldSeatPermissions(p permSet, s Seat, machine string) {
 		p.sub[HolderStatusSubject(s.Seat, AnyHolder)] = true
 	}
 	if len(s.Accepts) > 0 && (!node || machine != "") {
-		for _, cons := range c.HolderConsumers(s) {
-			for _, g := range consumerGrants(SeatStream(s.Seat), cons) {
-				p.pub[g] = true
-			}
+		for _, g := range holderGrants(c, s) {
+			p.pub[g] = true
 		}
 		// Before it builds, a holder claims the ask in the bucket the
 		// seat's holders share: under its own keys on a machine.
