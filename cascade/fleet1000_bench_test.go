@@ -167,6 +167,7 @@ func fleetRun(tb testing.TB, sz fleetSize) map[string]float64 {
 	cfg.Replicas = sz.nodes
 	f, warns := newFleetFarm(tb, bus, fleetCatalogue(tb, d, sz.agents), cfg, sz.agents)
 	out["fleet-ready-s"] = f.ready.Seconds()
+	out["shards"] = float64(max(f.shards, 1))
 
 	// MaxWaiting covers every slot with a quarter to spare (SCALE.md).
 	cons, err := f.js.Consumer(context.Background(), mesh.SeatStream(mesh.BuildSeat), mesh.BuildConsumer(mesh.DefaultPlatform))

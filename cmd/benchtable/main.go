@@ -281,8 +281,15 @@ var fleetBus = map[string]string{"single": "one server", "cluster3": "a three-no
 func fleetRows(bus string) []row {
 	name := func(agents int) string { return fmt.Sprintf("BenchmarkFleet1000/%s/agents=%d", bus, agents) }
 	on := fleetBus[bus]
+	// A fleet beyond mesh.ShardAbove has its seat's queue in shards.
+	sharded := func(m metrics) string {
+		if m["shards"] > 1 {
+			return fmt.Sprintf("the queue in %.0f shards (mesh.FleetSettingsOf); ", m["shards"])
+		}
+		return ""
+	}
 	dispatch := func(m metrics) string {
-		return fmt.Sprintf("%.0f asks to idle agents, one connection each; p50 %.2f ms, max %.2f ms", m["asks"], m["p50-ms"], m["max-ms"])
+		return fmt.Sprintf("%s%.0f asks to idle agents, one connection each; p50 %.2f ms, max %.2f ms", sharded(m), m["asks"], m["p50-ms"], m["max-ms"])
 	}
 	throughput := func(m metrics) string {
 		// Between the nodes: forwarded client messages and JetStream's
@@ -291,7 +298,7 @@ func fleetRows(bus string) []row {
 		if r, ok := m["server-route-in-msgs/module"]; ok && bus == "cluster3" {
 			routes = fmt.Sprintf("%.1f of them between the nodes; ", r)
 		}
-		return fmt.Sprintf("median of %s; slowest %.0f/s · per module: server CPU %.3f ms, this process's CPU (controller and every agent) %.3f ms, %.1f messages into the server (%s%.2f JetStream API requests)%s · server peak RSS %.0f MiB",
+		return sharded(m) + fmt.Sprintf("median of %s; slowest %.0f/s · per module: server CPU %.3f ms, this process's CPU (controller and every agent) %.3f ms, %.1f messages into the server (%s%.2f JetStream API requests)%s · server peak RSS %.0f MiB",
 			map[string]string{"single": "3 plans", "cluster3": "1 plan"}[bus], m["slowest-modules/s"], m["server-cpu-ms/module"], m["bench-cpu-ms/module"], m["server-in-msgs/module"], routes, m["server-js-api/module"], cpuCeiling(m), m["server-rss-MiB"])
 	}
 	// The cluster's targets are issue 23's for R3 with sync: always on

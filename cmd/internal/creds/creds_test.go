@@ -196,3 +196,72 @@ func TestEmptySetDeniesAll(t *testing.T) {
 		t.Fatal("a publish under an empty set was not refused")
 	}
 }
+
+// A machine's credentials for a catalogue of many platforms, or a build
+// seat of shards, fit a CONNECT a default server accepts (4 KB: with four
+// platforms granted consumer by consumer none did, "maximum control line
+// exceeded"), and let the machine bind its platforms' consumers, every
+// shard's — and nothing beyond the seat's stream.
+func TestManyPlatformsAndShardsCredentialsConnect(t *testing.T) {
+	k, opts := newKeys(t)
+	s := natstest.Server(t, opts)
+	platforms := []string{"linux/amd64", "linux/arm64", "linux/arm/v7", "linux/386", "linux/ppc64le", "linux/s390x"}
+	for _, shards := range []int{0, 40} {
+		ms := meshtest.MeshManifests(t)
+		for _, m := range ms {
+			for i := range m.Seats {
+				if m.Seats[i].Seat == mesh.BuildSeat {
+					m.Seats[i].Shards = shards
+				}
+			}
+		}
+		ms = append(ms, &mesh.Manifest{Module: "wide", Build: &mesh.Build{Repo: meshtest.FleetRepo, Path: "wide", Platforms: platforms}})
+		cat := mesh.NewCatalogue(ms)
+		issue := func(kind, name string) string {
+			p, err := cat.PrincipalPermissions(kind, name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			path := filepath.Join(t.TempDir(), kind+".creds")
+			if err := k.IssueFile(p, kind+" "+name, path); err != nil {
+				t.Fatal(err)
+			}
+			return path
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		ctrl := issue(mesh.KindController, "")
+		_, cjs := natstest.Connect(t, s, nats.UserCredentials(ctrl), nats.CustomInboxPrefix(mesh.InboxPrefix(mesh.ControllerPrincipal)))
+		if _, err := mesh.Raise(ctx, cjs, cat, 1); err != nil {
+			t.Fatalf("shards %d: raising: %v", shards, err)
+		}
+		machine := "build-machine-eu-west-1a-0042"
+		agentCreds := issue(mesh.KindAgent, machine)
+		refused := make(chan error, 4)
+		_, ajs := natstest.Connect(t, s, nats.UserCredentials(agentCreds), nats.CustomInboxPrefix(mesh.InboxPrefix(mesh.PrincipalID(mesh.KindAgent, machine))),
+			nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { refused <- err }))
+		n := max(shards, 1)
+		for _, p := range platforms {
+			for _, k := range []int{0, n - 1} {
+				if _, err := ajs.Consumer(ctx, mesh.SeatStream(mesh.BuildSeat), mesh.BuildShardConsumer(p, k)); err != nil {
+					t.Errorf("shards %d: the machine binding %s: %v", shards, mesh.BuildShardConsumer(p, k), err)
+				}
+			}
+		}
+		// Another stream's consumer stays out of reach.
+		bctx, bcancel := context.WithTimeout(ctx, 2*time.Second)
+		_, err := ajs.Consumer(bctx, mesh.EventsStream, "module-build-controller")
+		bcancel()
+		if err == nil {
+			t.Errorf("shards %d: the machine bound the controller's consumer of %s", shards, mesh.EventsStream)
+		}
+		select {
+		case err := <-refused:
+			if !errors.Is(err, nats.ErrPermissionViolation) {
+				t.Errorf("shards %d: %v, want a permissions violation", shards, err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Errorf("shards %d: binding the controller's consumer was not refused", shards)
+		}
+	}
+}
