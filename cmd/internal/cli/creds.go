@@ -6,7 +6,6 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/nats-io/jwt/v2"
 	"github.com/spf13/cobra"
 
 	"github.com/meshbuild/meshbuild/cmd/internal/creds"
@@ -149,7 +148,7 @@ build-agent by default): their own state to write, their reads to read.`,
 			}
 			fmt.Fprintf(g.out, "%s: credentials of %s%s (account %s): may publish %d subject(s), subscribe %d\n",
 				out, who, carrying, k.Account(), len(perms.Publish), len(perms.Subscribe))
-			if n, err := jwtSize(out); err == nil && n > connectJWTBudget {
+			if n, err := creds.JWTSize(out); err == nil && n > creds.ConnectJWTBudget {
 				fmt.Fprintf(g.errw, "warning: %s: its JWT is %d bytes; a client sends it in its CONNECT, which a server refuses beyond its max_control_line (4096 bytes by default: \"maximum control line exceeded\"): set max_control_line: %d on every server\n",
 					out, n, (n+1024+1023)/1024*1024)
 			}
@@ -184,22 +183,4 @@ func includeLine(conf, serverConf string) (string, error) {
 		return "", fmt.Errorf("%s cannot be named relative to %s: %w", absConf, filepath.Dir(absServer), err)
 	}
 	return "include " + filepath.ToSlash(rel), nil
-}
-
-// connectJWTBudget is the longest JWT a CONNECT carries within nats-server's
-// default max_control_line (4096 bytes), leaving room for the nonce's
-// signature and the client's other options.
-const connectJWTBudget = 3700
-
-// jwtSize is the length of the JWT in the credentials file.
-func jwtSize(file string) (int, error) {
-	data, err := os.ReadFile(file)
-	if err != nil {
-		return 0, err
-	}
-	token, err := jwt.ParseDecoratedJWT(data)
-	if err != nil {
-		return 0, err
-	}
-	return len(token), nil
 }

@@ -304,3 +304,24 @@ func UserClaims(path string) (*jwt.UserClaims, error) {
 	}
 	return uc, nil
 }
+
+// ConnectJWTBudget is the longest JWT whose CONNECT nats-server's default
+// max_control_line (4096 bytes) is sure to take: the CONNECT also carries
+// the nonce's signature, the client's options and the connection's name (a
+// daemon's is its module and machine, daemon.Connect). Credentials past it
+// need max_control_line raised on every server (`builds creds issue` says
+// so).
+const ConnectJWTBudget = 3700
+
+// JWTSize is the length of the JWT in the credentials file at path.
+func JWTSize(path string) (int, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, fmt.Errorf("credentials %s: %w", path, err)
+	}
+	token, err := jwt.ParseDecoratedJWT(b)
+	if err != nil {
+		return 0, fmt.Errorf("credentials %s: %w", path, err)
+	}
+	return len(token), nil
+}

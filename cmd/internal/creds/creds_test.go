@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 
 	"github.com/meshbuild/meshbuild/cmd/internal/creds"
 	"github.com/meshbuild/meshbuild/internal/natstest"
+	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/mesh/meshtest"
 )
@@ -262,6 +264,63 @@ func TestManyPlatformsAndShardsCredentialsConnect(t *testing.T) {
 			}
 		case <-time.After(5 * time.Second):
 			t.Errorf("shards %d: binding the controller's consumer was not refused", shards)
+		}
+	}
+}
+
+// Credentials a server of the default max_control_line refuses (a CONNECT
+// carries the JWT) are past creds.ConnectJWTBudget, so that `creds issue`
+// warns of them: for every principal of the mesh's own catalogue, of the
+// example fleet's, and of one with a module built for six platforms. A
+// machine's always connect.
+func TestEveryPrincipalsCredentialsConnect(t *testing.T) {
+	k, opts := newKeys(t)
+	s := natstest.Server(t, opts)
+	base := meshtest.MeshManifests(t)
+	wide := append(meshtest.MeshManifests(t), &mesh.Manifest{Module: "wide", Build: &mesh.Build{Repo: meshtest.FleetRepo, Path: "wide",
+		Platforms: []string{"linux/amd64", "linux/arm64", "linux/arm/v7", "linux/386", "linux/ppc64le", "linux/s390x"}}})
+	root, err := testenv.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	fleet, _, err := mesh.Load(filepath.Join(root, "examples/fleet/catalogue"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, ms := range map[string][]*mesh.Manifest{"mesh": base, "six platforms": wide, "examples/fleet": fleet.Modules} {
+		cat := mesh.NewCatalogue(ms)
+		kinds := [][2]string{{mesh.KindController, ""}, {mesh.KindOperator, ""}, {mesh.KindAgent, "build-machine-eu-west-1a-0042"}}
+		for _, m := range cat.Modules {
+			kinds = append(kinds, [2]string{mesh.KindModule, m.Module})
+		}
+		for _, kn := range kinds {
+			p, err := cat.PrincipalPermissions(kn[0], kn[1])
+			if err != nil {
+				t.Fatal(err)
+			}
+			path := filepath.Join(t.TempDir(), "p.creds")
+			if err := k.IssueFile(p, strings.TrimSpace(kn[0]+" "+kn[1]), path); err != nil {
+				t.Fatal(err)
+			}
+			// A daemon names its connection (the machine's or module's
+			// name, daemon.Connect): the CONNECT carries that too.
+			nc, err := nats.Connect(s.ClientURL(), nats.UserCredentials(path), nats.Name("build-controller on build-machine-eu-west-1a-0042"))
+			size, serr := creds.JWTSize(path)
+			if serr != nil {
+				t.Fatal(serr)
+			}
+			if err != nil {
+				if size <= creds.ConnectJWTBudget {
+					t.Errorf("%s: %s %s's credentials, a JWT of %d bytes within ConnectJWTBudget (no warning): %v", name, kn[0], kn[1], size, err)
+				} else {
+					t.Logf("%s: %s %s's credentials, %d bytes, need max_control_line raised (creds issue warns): %v", name, kn[0], kn[1], size, err)
+				}
+				if kn[0] == mesh.KindAgent {
+					t.Errorf("%s: a machine's credentials do not connect: %v", name, err)
+				}
+				continue
+			}
+			nc.Close()
 		}
 	}
 }
