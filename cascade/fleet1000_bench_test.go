@@ -30,6 +30,7 @@ import (
 	"github.com/meshbuild/meshbuild/cascade/sim"
 	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/mesh"
+	"github.com/meshbuild/meshbuild/mesh/meshtest"
 )
 
 // A thousand machines on one seat. The NATS server runs in its own process
@@ -272,15 +273,7 @@ func fleetCatalogue(tb testing.TB, d sim.DAG, agents int) *mesh.Catalogue {
 	if n, err := strconv.Atoi(os.Getenv("MESHBUILD_FLEET_SHARDS")); err == nil && n > 0 {
 		shards = n // a diagnostic: another split of the same fleet
 	}
-	cat := benchCatalogue(tb, d)
-	for _, m := range cat.Modules {
-		for i := range m.Seats {
-			if m.Seats[i].Seat == mesh.BuildSeat {
-				m.Seats[i].Shards = shards
-			}
-		}
-	}
-	return mesh.NewCatalogue(cat.Modules)
+	return mesh.NewCatalogue(meshtest.Sharded(benchCatalogue(tb, d).Modules, shards))
 }
 
 func msOf(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

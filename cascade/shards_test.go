@@ -34,16 +34,7 @@ func shardedRun(t *testing.T, window int) {
 	for i := range 16 {
 		graph[fmt.Sprintf("leaf-%02d", i)] = []string{"base"}
 	}
-	cat := meshtest.Catalogue(t, graph)
-	ms := cat.Modules
-	for _, m := range ms {
-		for i := range m.Seats {
-			if m.Seats[i].Seat == mesh.BuildSeat {
-				m.Seats[i].Shards = shards
-			}
-		}
-	}
-	cat = mesh.NewCatalogue(ms)
+	cat := mesh.NewCatalogue(meshtest.Sharded(meshtest.Catalogue(t, graph).Modules, shards))
 	if cat.BuildShards() != shards {
 		t.Fatalf("the catalogue's build seat has %d shards, want %d", cat.BuildShards(), shards)
 	}
@@ -120,15 +111,7 @@ func shardedRun(t *testing.T, window int) {
 // is on shard 0.
 func TestAnAskLeftInAShardWithNoMachineIsBuiltByAnother(t *testing.T) {
 	const shards = 2
-	cat := meshtest.Catalogue(t, map[string][]string{"a": nil})
-	for _, m := range cat.Modules {
-		for i := range m.Seats {
-			if m.Seats[i].Seat == mesh.BuildSeat {
-				m.Seats[i].Shards = shards
-			}
-		}
-	}
-	cat = mesh.NewCatalogue(cat.Modules)
+	cat := mesh.NewCatalogue(meshtest.Sharded(meshtest.Catalogue(t, map[string][]string{"a": nil}).Modules, shards))
 	h := newHarnessOf(t, cat, 0)
 	name := "m1"
 	for i := 2; mesh.ShardOf(name, shards) != 0; i++ {

@@ -59,3 +59,16 @@ func MeshManifests(tb testing.TB) []*mesh.Manifest {
 	}
 	return ms
 }
+
+// Sharded sets the build seat of the manifests that declare it to shards
+// shards (its `shards`), in place, and returns them.
+func Sharded(ms []*mesh.Manifest, shards int) []*mesh.Manifest {
+	for _, m := range ms {
+		for i := range m.Seats {
+			if m.Seats[i].Seat == mesh.BuildSeat {
+				m.Seats[i].Shards = shards
+			}
+		}
+	}
+	return ms
+}

@@ -209,14 +209,7 @@ func TestManyPlatformsAndShardsCredentialsConnect(t *testing.T) {
 	s := natstest.Server(t, opts)
 	platforms := []string{"linux/amd64", "linux/arm64", "linux/arm/v7", "linux/386", "linux/ppc64le", "linux/s390x"}
 	for _, shards := range []int{0, 40} {
-		ms := meshtest.MeshManifests(t)
-		for _, m := range ms {
-			for i := range m.Seats {
-				if m.Seats[i].Seat == mesh.BuildSeat {
-					m.Seats[i].Shards = shards
-				}
-			}
-		}
+		ms := meshtest.Sharded(meshtest.MeshManifests(t), shards)
 		ms = append(ms, &mesh.Manifest{Module: "wide", Build: &mesh.Build{Repo: meshtest.FleetRepo, Path: "wide", Platforms: platforms}})
 		cat := mesh.NewCatalogue(ms)
 		issue := func(kind, name string) string {
