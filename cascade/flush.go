@@ -508,7 +508,9 @@ func (c *Controller) publish(ctx context.Context, asks []mesh.Ask) error {
 		a.Secret = c.askSecret(a.ID)
 		data, _ := json.Marshal(a)
 		shard := c.shardFor(ctx, a.Platform)
-		c.askShard[a.ID] = shard
+		if shard > 0 {
+			c.askShard[a.ID] = shard // absent is shard 0
+		}
 		f, err := c.js.PublishAsync(mesh.BuildShardSubject(a.Platform, shard), data, jetstream.WithMsgID(a.ID))
 		if err != nil {
 			return fmt.Errorf("submitting %s: %w", a.ID, err)
