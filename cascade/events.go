@@ -166,6 +166,7 @@ func (c *Controller) outcome(m jetstream.Msg, event string, now time.Time) (sett
 		// says: that is where the fence found the digest.
 		ev.Image = c.Image(ev.Module) + "@" + ev.Digest
 		delete(c.attempts, ev.Ask)
+		c.forgetAsk(ev.Ask)
 		st := c.plans[ev.Plan]
 		if st == nil {
 			return false
@@ -181,6 +182,7 @@ func (c *Controller) outcome(m jetstream.Msg, event string, now time.Time) (sett
 			return true
 		}
 		delete(c.attempts, ev.Ask)
+		c.forgetAsk(ev.Ask)
 		if st := c.plans[ev.Plan]; st != nil {
 			blocked := st.Failed(ev, now)
 			c.touch(st, ev.Module)

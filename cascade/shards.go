@@ -167,3 +167,13 @@ func (c *Controller) adviseShards(p string, slots int) {
 	c.log.Warn("the build seat's queue has too few shards for the machines holding it: write `shards: N` on the seat (mesh.FleetSettingsOf), raise the catalogue and issue the machines' credentials again",
 		"platform", p, "machines", slots, "shards", have, "want", want)
 }
+
+// forgetAsk drops what the controller kept of an ask it published (its
+// sequence, platform and shard, for a cancel) once the ask has its outcome:
+// kept for ever they grew by every ask a long-running controller
+// published.
+func (c *Controller) forgetAsk(id string) {
+	delete(c.askSeq, id)
+	delete(c.askPlatform, id)
+	delete(c.askShard, id)
+}
