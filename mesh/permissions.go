@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strings"
 
 	"github.com/nats-io/nats-server/v2/server"
 )
@@ -59,6 +60,18 @@ func holderGrants(c *Catalogue, s Seat) []string {
 	var out []string
 	for _, cons := range c.HolderConsumers(s) {
 		out = append(out, consumerGrants(stream, cons)...)
+	}
+	return out
+}
+
+// HolderAckGrants are the ack subjects holding seat s's queue grants
+// (holderGrants): one a consumer, or one for every consumer of its stream.
+func (c *Catalogue) HolderAckGrants(s Seat) []string {
+	var out []string
+	for _, g := range holderGrants(c, s) {
+		if strings.HasPrefix(g, "$JS.ACK.") {
+			out = append(out, g)
+		}
 	}
 	return out
 }

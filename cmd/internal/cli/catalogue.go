@@ -230,10 +230,8 @@ func DeriveView(c *mesh.Catalogue) WireView {
 		}
 		if len(s.Accepts) > 0 {
 			sv.Stream = mesh.SeatStream(s.Seat)
-			for _, name := range c.HolderConsumers(s) {
-				sv.Consumers = append(sv.Consumers, name)
-				sv.AckGrants = append(sv.AckGrants, mesh.AckSubject(sv.Stream, name))
-			}
+			sv.Consumers = c.HolderConsumers(s)
+			sv.AckGrants = c.HolderAckGrants(s)
 		}
 		v.Seats = append(v.Seats, sv)
 	}
