@@ -121,13 +121,16 @@ func (c *Controller) shardFor(ctx context.Context, p string) int {
 	v := c.shardViews[p]
 	if v == nil || len(v.load) != n || time.Since(v.at) > ShardLook {
 		if _, err := c.platformHolders(ctx, p); err != nil {
+			// Routed by the last look (never looked: in turn), and
+			// looked at again a ShardLook later, not at every ask.
 			c.log.Warn("reading the shards of a platform's queue; routing by the last look", "platform", p, "err", err)
+			if v == nil || len(v.load) != n {
+				v = &shardView{load: make([]int, n), live: make([]bool, n)}
+				c.shardViews[p] = v
+			}
+			v.at = time.Now()
 		}
-		if v = c.shardViews[p]; v == nil || len(v.load) != n {
-			// Never looked: in turn.
-			v = &shardView{at: time.Now(), load: make([]int, n), live: make([]bool, n)}
-			c.shardViews[p] = v
-		}
+		v = c.shardViews[p]
 	}
 	best := -1
 	for i := range n {
