@@ -146,10 +146,19 @@ func (h *harness) startControllerWith(tweak func(*cascade.Config)) {
 
 func (h *harness) startAgent(machine string) {
 	h.t.Helper()
+	h.startAgentWith(machine, nil)
+}
+
+// startAgentWith is startAgent with the agent's config tweaked.
+func (h *harness) startAgentWith(machine string, tweak func(*agent.Config)) {
+	h.t.Helper()
 	nc, js := natstest.Dial(h.t, h.s.ClientURL())
 	cfg := agent.DefaultConfig()
 	cfg.Machine = machine
 	cfg.FetchWait = 500 * time.Millisecond
+	if tweak != nil {
+		tweak(&cfg)
+	}
 	a, err := agent.New(cfg, js, h.w, nil, nil)
 	if err != nil {
 		h.t.Fatal(err)

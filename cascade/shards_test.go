@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/meshbuild/meshbuild/agent"
 	"github.com/meshbuild/meshbuild/cascade"
 	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/internal/testenv"
@@ -130,4 +131,72 @@ func TestAnAskLeftInAShardWithNoMachineIsBuiltByAnother(t *testing.T) {
 	testenv.WaitFor(t, 10*time.Second, "the ask left in shard 1 to be taken by "+name+" of shard 0", func() bool {
 		return len(h.w.asksOf("left")) > 0
 	})
+}
+
+// A cancel on a seat of shards: every ask still queued in any shard is
+// withdrawn at once (whether a shard's consumer delivered it is read from
+// that shard's own consumer), the ones building stop, and nothing is left
+// in the queue.
+func TestCancelWithdrawsTheAsksQueuedInEveryShard(t *testing.T) {
+	const shards = 2
+	graph := map[string][]string{"a": nil}
+	for i := range 8 {
+		graph[fmt.Sprintf("t%d", i)] = []string{"a"}
+	}
+	cat := mesh.NewCatalogue(meshtest.Sharded(meshtest.Catalogue(t, graph).Modules, shards))
+	s := natstest.Server(t, nil)
+	nc, js := natstest.Connect(t, s)
+	h := &harness{t: t, s: s, nc: nc, js: js, cat: cat, w: newWork()}
+	h.startControllerWith(func(c *cascade.Config) { c.Window = 0 })
+	for m := range graph {
+		h.w.sleep[m] = 3 * time.Second
+	}
+	h.w.sleep["a"] = 10 * time.Millisecond
+	// Shard 0's machine has four slots, shard 1's one: shard 0's
+	// consumer delivers asks published after those still queued in
+	// shard 1, which only shard 1's consumer can say are undelivered.
+	per := map[int]bool{}
+	for i := 1; len(per) < shards; i++ {
+		name := fmt.Sprintf("m%d", i)
+		if k := mesh.ShardOf(name, shards); !per[k] {
+			per[k] = true
+			h.startAgentWith(name, func(c *agent.Config) { c.Slots = 4 - 3*k })
+		}
+	}
+	plan := h.push("c2", "push-c2")
+	testenv.WaitFor(t, 10*time.Second, "five dependents building", func() bool {
+		mods, _ := h.store().Modules(context.Background(), plan)
+		n := 0
+		for _, m := range mods {
+			if m.State == cascade.Building && m.Module != "a" {
+				n++
+			}
+		}
+		return n == 5
+	})
+	r, err := cascade.Call(context.Background(), h.nc, "build-controller", cascade.ToolCancel, cascade.Request{Plan: plan})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Record.Counts.Cancelling != 5 || r.Record.Counts.Cancelled != 3 {
+		t.Errorf("right after the cancel: %+v, want 5 cancelling (building) and 3 cancelled (withdrawn from shard 1)", r.Record.Counts)
+	}
+	rec, _ := h.settle(plan, 10*time.Second)
+	if rec.Outcome != cascade.OutcomeCancelled || rec.Counts.Cancelled != 8 {
+		t.Fatalf("plan %+v", rec)
+	}
+	time.Sleep(time.Second)
+	h.w.mu.Lock()
+	n := len(h.w.asks)
+	h.w.mu.Unlock()
+	if n != 6 {
+		t.Errorf("%d asks were worked, want 6 (a and the five in flight)", n)
+	}
+	info, err := h.js.Stream(context.Background(), mesh.SeatStream(mesh.BuildSeat))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if msgs := info.CachedInfo().State.Msgs; msgs != 0 {
+		t.Errorf("%d asks left in the queue", msgs)
+	}
 }
