@@ -402,23 +402,32 @@ func TestCancelStopsQueuedAndRunningBuilds(t *testing.T) {
 	if r.Record.Outcome != cascade.OutcomeRunning || r.Record.Counts.Cancelling != 1 || r.Record.Counts.Cancelled != 6 {
 		t.Errorf("right after the cancel: %s %+v, want running with 1 cancelling and 6 cancelled", r.Record.Outcome, r.Record.Counts)
 	}
+	h.cancelledCleanly(plan, 7, 2)
+}
+
+// cancelledCleanly checks a cancelled plan settles cancelled with
+// cancelled modules, that worked asks (the one built before and those in
+// flight at the cancel) were all the worker was given, a second on, and
+// that no ask is left in the seat's queue.
+func (h *harness) cancelledCleanly(plan string, cancelled, worked int) {
+	h.t.Helper()
 	rec, _ := h.settle(plan, 10*time.Second)
-	if rec.Outcome != cascade.OutcomeCancelled || rec.Counts.Cancelled != 7 {
-		t.Fatalf("plan %+v", rec)
+	if rec.Outcome != cascade.OutcomeCancelled || rec.Counts.Cancelled != cancelled {
+		h.t.Fatalf("plan %+v, want cancelled with %d modules cancelled", rec, cancelled)
 	}
 	time.Sleep(time.Second)
 	h.w.mu.Lock()
 	n := len(h.w.asks)
 	h.w.mu.Unlock()
-	if n != 2 {
-		t.Errorf("%d asks were worked, want 2 (a and the one in flight)", n)
+	if n != worked {
+		h.t.Errorf("%d asks were worked, want %d (the ones built before the cancel and in flight at it)", n, worked)
 	}
 	info, err := h.js.Stream(context.Background(), mesh.SeatStream(mesh.BuildSeat))
 	if err != nil {
-		t.Fatal(err)
+		h.t.Fatal(err)
 	}
 	if msgs := info.CachedInfo().State.Msgs; msgs != 0 {
-		t.Errorf("%d asks left in the queue", msgs)
+		h.t.Errorf("%d asks left in the queue", msgs)
 	}
 }
 

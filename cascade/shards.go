@@ -47,47 +47,36 @@ func (c *Controller) platformHolders(ctx context.Context, p string) (holders, er
 	n := c.cat.BuildShards()
 	stream := mesh.SeatStream(mesh.BuildSeat)
 	infos := make([]*jetstream.ConsumerInfo, n)
-	if n == 1 {
-		name := mesh.BuildShardConsumer(p, 0)
-		cons := c.seatConsumers[name]
-		info, err := c.consumerInfo(ctx, &cons, stream, name)
-		c.seatConsumers[name] = cons
-		if err != nil {
-			return holders{}, err
-		}
-		infos[0] = info
-	} else {
-		// Bound once each (here, on the controller's goroutine), then
-		// read at once: a look at 40 shards one after the other held
-		// the controller for 40 round trips.
-		cons := make([]jetstream.Consumer, n)
-		for k := range n {
-			name := mesh.BuildShardConsumer(p, k)
-			if c.seatConsumers[name] == nil {
-				bctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-				bound, err := c.js.Consumer(bctx, stream, name)
-				cancel()
-				if err != nil {
-					return holders{}, err
-				}
-				c.seatConsumers[name] = bound
+	// Bound once each (here, on the controller's goroutine), then read at
+	// once: a look at 40 shards one after the other held the controller
+	// for 40 round trips.
+	cons := make([]jetstream.Consumer, n)
+	for k := range n {
+		name := mesh.BuildShardConsumer(p, k)
+		if c.seatConsumers[name] == nil {
+			bctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			bound, err := c.js.Consumer(bctx, stream, name)
+			cancel()
+			if err != nil {
+				return holders{}, err
 			}
-			cons[k] = c.seatConsumers[name]
+			c.seatConsumers[name] = bound
 		}
-		g, gctx := errgroup.WithContext(ctx)
-		g.SetLimit(shardLooks)
-		for k := range n {
-			g.Go(func() error {
-				ictx, cancel := context.WithTimeout(gctx, 2*time.Second)
-				defer cancel()
-				info, err := cons[k].Info(ictx)
-				infos[k] = info
-				return err
-			})
-		}
-		if err := g.Wait(); err != nil {
-			return holders{}, err
-		}
+		cons[k] = c.seatConsumers[name]
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(shardLooks)
+	for k := range n {
+		g.Go(func() error {
+			ictx, cancel := context.WithTimeout(gctx, 2*time.Second)
+			defer cancel()
+			info, err := cons[k].Info(ictx)
+			infos[k] = info
+			return err
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return holders{}, err
 	}
 	h := holders{Delivered: make([]uint64, n)}
 	v := &shardView{at: time.Now(), load: make([]int, n), live: make([]bool, n)}

@@ -181,22 +181,5 @@ func TestCancelWithdrawsTheAsksQueuedInEveryShard(t *testing.T) {
 	if r.Record.Counts.Cancelling != 5 || r.Record.Counts.Cancelled != 3 {
 		t.Errorf("right after the cancel: %+v, want 5 cancelling (building) and 3 cancelled (withdrawn from shard 1)", r.Record.Counts)
 	}
-	rec, _ := h.settle(plan, 10*time.Second)
-	if rec.Outcome != cascade.OutcomeCancelled || rec.Counts.Cancelled != 8 {
-		t.Fatalf("plan %+v", rec)
-	}
-	time.Sleep(time.Second)
-	h.w.mu.Lock()
-	n := len(h.w.asks)
-	h.w.mu.Unlock()
-	if n != 6 {
-		t.Errorf("%d asks were worked, want 6 (a and the five in flight)", n)
-	}
-	info, err := h.js.Stream(context.Background(), mesh.SeatStream(mesh.BuildSeat))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if msgs := info.CachedInfo().State.Msgs; msgs != 0 {
-		t.Errorf("%d asks left in the queue", msgs)
-	}
+	h.cancelledCleanly(plan, 8, 6) // a and the five in flight worked
 }

@@ -72,6 +72,24 @@ func newKeys(t *testing.T) (*creds.Keys, *server.Options) {
 	return k, opts
 }
 
+// issueFile issues principal kind name's credentials derived from cat into
+// a file of its own, mode 0600, and returns its path and the set.
+func issueFile(t *testing.T, k *creds.Keys, cat *mesh.Catalogue, kind, name string) (string, mesh.Permissions) {
+	t.Helper()
+	p, err := cat.PrincipalPermissions(kind, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), kind+".creds")
+	if err := k.IssueFile(p, strings.TrimSpace(kind+" "+name), path); err != nil {
+		t.Fatal(err)
+	}
+	if fi, _ := os.Stat(path); fi.Mode().Perm() != 0o600 {
+		t.Errorf("%s has mode %v, want 0600", path, fi.Mode().Perm())
+	}
+	return path, p
+}
+
 // Credentials issued from a key directory, on a server configured from its
 // server.conf: the user's JWT carries exactly the derived set, the server
 // admits it with JetStream on and enforces the set; credentials from other
@@ -85,20 +103,7 @@ func TestIssuedCredentialsAreEnforced(t *testing.T) {
 	s := natstest.Server(t, opts)
 
 	cat := meshtest.Catalogue(t, map[string][]string{"a": nil})
-	issue := func(kind, name string) (string, mesh.Permissions) {
-		p, err := cat.PrincipalPermissions(kind, name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		path := filepath.Join(t.TempDir(), kind+".creds")
-		if err := k.IssueFile(p, kind+" "+name, path); err != nil {
-			t.Fatal(err)
-		}
-		if fi, _ := os.Stat(path); fi.Mode().Perm() != 0o600 {
-			t.Errorf("%s has mode %v, want 0600", path, fi.Mode().Perm())
-		}
-		return path, p
-	}
+	issue := func(kind, name string) (string, mesh.Permissions) { return issueFile(t, k, cat, kind, name) }
 
 	// The JWT's permissions are the derived set, nothing added.
 	nodeCreds, nodePerms := issue(mesh.KindNode, "m1")
@@ -213,14 +218,7 @@ func TestManyPlatformsAndShardsCredentialsConnect(t *testing.T) {
 		ms = append(ms, &mesh.Manifest{Module: "wide", Build: &mesh.Build{Repo: meshtest.FleetRepo, Path: "wide", Platforms: platforms}})
 		cat := mesh.NewCatalogue(ms)
 		issue := func(kind, name string) string {
-			p, err := cat.PrincipalPermissions(kind, name)
-			if err != nil {
-				t.Fatal(err)
-			}
-			path := filepath.Join(t.TempDir(), kind+".creds")
-			if err := k.IssueFile(p, kind+" "+name, path); err != nil {
-				t.Fatal(err)
-			}
+			path, _ := issueFile(t, k, cat, kind, name)
 			return path
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -287,14 +285,7 @@ func TestEveryPrincipalsCredentialsConnect(t *testing.T) {
 			kinds = append(kinds, [2]string{mesh.KindModule, m.Module})
 		}
 		for _, kn := range kinds {
-			p, err := cat.PrincipalPermissions(kn[0], kn[1])
-			if err != nil {
-				t.Fatal(err)
-			}
-			path := filepath.Join(t.TempDir(), "p.creds")
-			if err := k.IssueFile(p, strings.TrimSpace(kn[0]+" "+kn[1]), path); err != nil {
-				t.Fatal(err)
-			}
+			path, _ := issueFile(t, k, cat, kn[0], kn[1])
 			// A daemon names its connection (the machine's or module's
 			// name, daemon.Connect): the CONNECT carries that too.
 			nc, err := nats.Connect(s.ClientURL(), nats.UserCredentials(path), nats.Name("build-controller on build-machine-eu-west-1a-0042"))
