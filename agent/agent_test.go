@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -170,6 +171,9 @@ func startObservedAt(t testing.TB, url, machine string, w agent.Worker, tweak fu
 	cfg.Heartbeat = testAckWait / 4
 	cfg.FetchWait = 500 * time.Millisecond
 	cfg.RetryDelay, cfg.MaxRetryDelay = 100*time.Millisecond, 200*time.Millisecond
+	// Every attempt announces started, however short (these tests count
+	// attempts by it); the default delay is TestAShortBuildAnnouncesOnlyItsOutcome's.
+	cfg.StartedDelay = 0
 	// The claim lease is the default: four of the consumer's ack waits, so
 	// that a killed agent's ask is taken by another within about five.
 	if tweak != nil {
@@ -749,5 +753,51 @@ func TestALongPullIsHeardFromEveryHalfOfItsWait(t *testing.T) {
 	<-ra.done
 	if took := time.Since(t0); took > 3*time.Second {
 		t.Errorf("stopping took %s: the long pull was waited out", took)
+	}
+}
+
+// TestAShortBuildAnnouncesOnlyItsOutcome: with the default StartedDelay, a
+// build that ends within it announces its built and no started; one that
+// goes on longer announces started while it builds, stored before its
+// built; and a build that fails as soon announces only its failed.
+func TestAShortBuildAnnouncesOnlyItsOutcome(t *testing.T) {
+	s, js := bus(t)
+	startAgent(t, s, "m1", workerFunc(func(ctx context.Context, a mesh.Ask, _ func(string)) (agent.Result, error) {
+		switch a.ID {
+		case "slow":
+			time.Sleep(3 * agent.DefaultStartedDelay)
+		case "broken":
+			return agent.Result{}, fmt.Errorf("%w: Dockerfile:1: unknown instruction: FORM", agent.ErrBuild)
+		}
+		return instant{}.Work(ctx, a, nil)
+	}), func(c *agent.Config) { c.StartedDelay = agent.DefaultStartedDelay })
+	for _, id := range []string{"quick", "slow", "broken"} {
+		submit(t, js, ask(id))
+		testenv.WaitFor(t, 10*time.Second, id+" settled", func() bool {
+			r := events(t, js)
+			return slices.ContainsFunc(r.Built, func(b mesh.Built) bool { return b.Ask == id }) ||
+				slices.ContainsFunc(r.Failed, func(f mesh.Failed) bool { return f.Ask == id })
+		})
+	}
+	var order []string // "<event> <ask>", as stored
+	cons, err := js.OrderedConsumer(context.Background(), mesh.EventsStream, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, err := cons.Fetch(100, jetstream.FetchMaxWait(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for m := range batch.Messages() {
+		_, _, event, _ := mesh.SplitHolderEventSubject(m.Subject())
+		var v struct {
+			Ask string `json:"ask"`
+		}
+		_ = json.Unmarshal(m.Data(), &v)
+		order = append(order, event+" "+v.Ask)
+	}
+	want := []string{"built quick", "started slow", "built slow", "failed broken"}
+	if !slices.Equal(order, want) {
+		t.Fatalf("the stream holds %q, want %q", order, want)
 	}
 }

@@ -44,6 +44,15 @@ type Config struct {
 	// and failed{build}, once, naming the bound, so that it does not hold
 	// the machine for ever. 0: no bound.
 	BuildTimeout time.Duration
+	// StartedDelay is how long a build goes on before its started is
+	// announced: a build that ends sooner (a cached rebuild takes tens of
+	// milliseconds) announces only its outcome, which tells the
+	// controller the machine, when it began (At − Duration) and how it
+	// ended; on the bus that is a stored event, its delivery, its
+	// acknowledgement and the controller's read of the claim fewer per
+	// build. 0 or less announces started at once. Default
+	// DefaultStartedDelay.
+	StartedDelay time.Duration
 	// Stopping, when set, is done when the process stops (its signal).
 	// Run's context ending with its seat's claim lapsed (claim.ErrLapsed:
 	// the bus did not answer for the seat's lease) is then no stop: no new
@@ -123,6 +132,12 @@ type Config struct {
 // source.
 const DefaultBuildTimeout = 6 * time.Hour
 
+// DefaultStartedDelay is Config.StartedDelay's default: as long as the
+// controller lets a started's store write wait for the module's next
+// change (cascade.DefaultStartedStoreDelay), which covers a fully cached
+// build; a build shown building that long after it began.
+const DefaultStartedDelay = 250 * time.Millisecond
+
 // DefaultConfig returns a Config with every default set.
 func DefaultConfig() Config {
 	host, _ := os.Hostname()
@@ -132,6 +147,7 @@ func DefaultConfig() Config {
 		Overlap:        true,
 		Grace:          30 * time.Second,
 		BuildTimeout:   DefaultBuildTimeout,
+		StartedDelay:   DefaultStartedDelay,
 		RetryFor:       5 * time.Minute,
 		RetryDelay:     2 * time.Second,
 		MaxRetryDelay:  time.Minute,

@@ -90,7 +90,9 @@ func registryGoneToFailed(b *testing.B, budget time.Duration) time.Duration {
 	bk := testenv.Buildkitd(b, addr)
 	git, commit := testenv.GitRepo(b, map[string]string{"app/Dockerfile": "FROM scratch\nCOPY Dockerfile /\n"})
 	s, js := bus(b)
-	cfg := func(c *agent.Config) { c.RetryFor, c.ProbeEvery = budget, 0 }
+	// Each attempt announces started, however soon it fails: the budget
+	// is measured from the first.
+	cfg := func(c *agent.Config) { c.RetryFor, c.ProbeEvery, c.StartedDelay = budget, 0, 0 }
 	startAgent(b, s, "m1", realWorker(b, bk, git), cfg)
 	startAgent(b, s, "m2", realWorker(b, bk, git), cfg)
 	srv.Close() // gone for good

@@ -150,10 +150,12 @@ func (a *Agent) work(ctx context.Context, msg jetstream.Msg, ask mesh.Ask, attem
 	defer a.inFlight.Add(-1)
 	begun := time.Now()
 	// started goes out beside the build, not before it: the build does
-	// not wait a round trip of the bus (on a cluster, a replicated write).
-	// Its outcome is announced only once started has been published
+	// not wait a round trip of the bus (on a cluster, a replicated write);
+	// and only once the build has gone on for Config.StartedDelay: one
+	// that ends sooner (a cached rebuild) announces only its outcome.
+	// An outcome is announced only once a started sent has been published
 	// (reported), so that the stream still holds started first.
-	reported := a.reportAside(ctx, mesh.EventStarted, fmt.Sprintf("%s-started-%d", ask.ID, attempt), mesh.Started{
+	reported := a.reportAfter(ctx, a.cfg.StartedDelay, mesh.EventStarted, fmt.Sprintf("%s-started-%d", ask.ID, attempt), mesh.Started{
 		Version: mesh.AskVersion, Ask: ask.ID, Plan: ask.Plan, Module: ask.Module,
 		On: a.cfg.Machine, Attempt: attempt, At: begun.UTC(), Proof: a.proof(ask),
 	})

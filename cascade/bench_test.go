@@ -113,6 +113,13 @@ func (f *benchFarm) Close() {
 
 func newBenchFarm(tb testing.TB, cat *mesh.Catalogue, cfg cascade.Config, agents, slots int) *benchFarm {
 	tb.Helper()
+	return newBenchFarmWith(tb, cat, cfg, agents, slots, nil)
+}
+
+// newBenchFarmWith is newBenchFarm with tweak, when set, applied to every
+// agent's config.
+func newBenchFarmWith(tb testing.TB, cat *mesh.Catalogue, cfg cascade.Config, agents, slots int, tweak func(*agent.Config)) *benchFarm {
+	tb.Helper()
 	s := natstest.Server(tb, nil)
 	_, js := natstest.Connect(tb, s)
 	f := &benchFarm{tb: tb, s: s, js: js, work: &sleeper{}, slots: agents * slots}
@@ -126,6 +133,9 @@ func newBenchFarm(tb testing.TB, cat *mesh.Catalogue, cfg cascade.Config, agents
 		acfg.Machine = fmt.Sprintf("sim-%03d", i+1)
 		acfg.Slots = slots
 		acfg.FetchWait = 250 * time.Millisecond
+		if tweak != nil {
+			tweak(acfg)
+		}
 	})
 	f.waitIdle()
 	return f

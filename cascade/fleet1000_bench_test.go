@@ -47,8 +47,10 @@ import (
 //
 // Each sub-benchmark reports:
 //   - dispatch p50/p99/max: fleetAsks (1,000) asks published one at a time (a JetStream
-//     publish, as the controller's) to idle agents, until the started
-//     arrives on a core subscription (as agent.BenchmarkDispatch);
+//     publish, as the controller's) to idle agents, until a machine's
+//     claim of it is stored (seen by a watch of the ask claims bucket,
+//     meshtest.Claims: the build begins once it is; its started is
+//     announced only after the agent's StartedDelay);
 //   - modules/s: a 10,000-module plan with zero-length builds through the
 //     controller, median of 3 plans (1 on the cluster), as
 //     BenchmarkControllerThroughput10000;
@@ -747,26 +749,25 @@ func (f *fleetFarm) waitFleetIdle(timeout time.Duration, warns *fetchWarnings) t
 }
 
 // fleetDispatch publishes n asks one at a time to idle agents and returns
-// the publish → started latencies, sorted.
+// the publish → claimed latencies (meshtest.Claims), sorted; each ask's
+// built is awaited before the next is published.
 func fleetDispatch(tb testing.TB, f *fleetFarm, nc *nats.Conn, n int) []time.Duration {
 	tb.Helper()
-	started := make(chan string, 1)
+	claims := meshtest.WatchClaims(tb, f.js)
 	builtc := make(chan string, 1)
 	var want atomic.Pointer[string]
-	for ev, ch := range map[string]chan string{mesh.EventStarted: started, mesh.EventBuilt: builtc} {
-		sub, err := nc.Subscribe(mesh.HolderEventSubject(mesh.BuildSeat, mesh.AnyHolder, ev), func(m *nats.Msg) {
-			if w := want.Load(); w != nil && strings.Contains(string(m.Data), `"`+*w+`"`) {
-				select {
-				case ch <- *w:
-				default:
-				}
+	sub, err := nc.Subscribe(mesh.HolderEventSubject(mesh.BuildSeat, mesh.AnyHolder, mesh.EventBuilt), func(m *nats.Msg) {
+		if w := want.Load(); w != nil && strings.Contains(string(m.Data), `"`+*w+`"`) {
+			select {
+			case builtc <- *w:
+			default:
 			}
-		})
-		if err != nil {
-			tb.Fatal(err)
 		}
-		defer sub.Unsubscribe()
+	})
+	if err != nil {
+		tb.Fatal(err)
 	}
+	defer sub.Unsubscribe()
 	if err := nc.Flush(); err != nil {
 		tb.Fatal(err)
 	}
@@ -788,15 +789,11 @@ func fleetDispatch(tb testing.TB, f *fleetFarm, nc *nats.Conn, n int) []time.Dur
 		if _, err := f.js.Publish(context.Background(), subj, data, jetstream.WithMsgID(id)); err != nil {
 			tb.Fatal(err)
 		}
-		for _, ch := range []chan string{started, builtc} {
-			select {
-			case <-ch:
-			case <-time.After(30 * time.Second):
-				tb.Fatalf("ask %s: no event within 30s", id)
-			}
-			if ch == started {
-				lat = append(lat, time.Since(t0))
-			}
+		lat = append(lat, claims.Wait(tb, id, 30*time.Second).Sub(t0))
+		select {
+		case <-builtc:
+		case <-time.After(30 * time.Second):
+			tb.Fatalf("ask %s: not built within 30s", id)
 		}
 	}
 	slices.Sort(lat)

@@ -52,6 +52,7 @@ func (s *State) HandedBack(ev mesh.HandedBack) bool {
 		return false
 	}
 	m.HandedBack = note
+	m.held(ev.On) // it may have given the ask back sooner than its started was due
 	switch {
 	case multi:
 		if p := &m.Platforms[k]; p.State == Building && p.On == ev.On {

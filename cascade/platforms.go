@@ -130,6 +130,14 @@ func (s *State) platformBuilt(i, k int, ev mesh.Built, now time.Time) {
 		p.State = Cancelled
 		s.platformStopped(m, ev.On, "", "built after the plan was cancelled: "+ev.Image, now)
 	case (m.State == Queued || m.State == Building) && (p.State == Queued || p.State == Building):
+		if m.State == Queued {
+			// No platform announced started (each ended within the
+			// agent's StartedDelay): building, since its first platform
+			// began.
+			s.set(m, Building)
+			s.builtUnstarted(m, ev.On, ev.At, ev.Duration)
+		}
+		m.held(ev.On) // its started may not have been due (builtUnstarted)
 		p.State, p.Digest, p.Attestations = Built, ev.Digest, ev.Attestations
 		m.Commit = ev.Commit
 		if ev.On != "" {

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/planner"
@@ -28,6 +29,54 @@ func twoPlatforms(t *testing.T) *State {
 
 func platformEvent(sub Submit, platform string) (id string) {
 	return PlatformAskID(sub.Plan, sub.Module, platform, sub.Attempt)
+}
+
+// Builds that announce no started (shorter than the agents'
+// StartedDelay) are still seen begun: a module's first platform built
+// makes it building on that machine since the build began (its built's
+// At less its Duration, by the machine's clock), and a module of one
+// platform built from queued is built, on its machine, begun as its built
+// says; either counts as dispatched.
+func TestBuildsThatAnnouncedNoStartedAreSeenBegun(t *testing.T) {
+	s := twoPlatforms(t)
+	base := byModule(t, s.Start(at(0)), "base")
+	ev := built(base, 5)
+	ev.Ask, ev.Digest, ev.On, ev.Duration = platformEvent(base, "linux/amd64"), "sha256:"+strings.Repeat("a", 64), "x86", 2*time.Second
+	s.Built(ev, at(5))
+	ms := stateOf(t, s, "base")
+	if ms.State != Building || ms.On != "x86" || !ms.Started.Equal(at(3)) || !ms.HeldBy("x86") {
+		t.Fatalf("base %s on %q since %s: want building on x86 since %s", ms.State, ms.On, ms.Started, at(3))
+	}
+	if d := s.Dispatched(); !slices.Equal(d, []string{"base"}) {
+		t.Fatalf("dispatched %v, want base", d)
+	}
+	ev.Ask, ev.Digest, ev.On = platformEvent(base, "linux/arm64"), "sha256:"+strings.Repeat("b", 64), "pi"
+	s.Built(ev, at(6))
+	if ms := stateOf(t, s, "base"); ms.State != Building || !ms.Started.Equal(at(3)) || ms.On != "pi,x86" || !ms.HeldBy("pi") {
+		t.Fatalf("base %s on %q since %s: want building since %s on both machines", ms.State, ms.On, ms.Started, at(3))
+	}
+
+	one := NewState(plan(t, "solo:"), t0)
+	solo := byModule(t, one.Start(at(0)), "solo")
+	one.Built(built(solo, 10), at(10))
+	ms = stateOf(t, one, "solo")
+	if ms.State != Built || ms.On != "m1" || !ms.Started.Equal(at(7)) || ms.Duration != 3*time.Second {
+		t.Fatalf("solo %s on %q since %s, took %s: want built on m1 since %s, in 3s", ms.State, ms.On, ms.Started, ms.Duration, at(7))
+	}
+	if d := one.Dispatched(); !slices.Equal(d, []string{"solo"}) {
+		t.Fatalf("dispatched %v, want solo", d)
+	}
+
+	// Failed or handed back as soon: the machine held it (its output is
+	// the module's, as builds logs shows).
+	two := NewState(plan(t, "a:", "b:"), t0)
+	subs := two.Start(at(0))
+	a, b := byModule(t, subs, "a"), byModule(t, subs, "b")
+	two.HandedBack(mesh.HandedBack{Ask: a.AskID, Plan: a.Plan, Module: "a", On: "m3", Attempt: 1, Why: "registry down", At: at(1)})
+	two.Failed(failed(b, 1), at(1))
+	if ma, mb := stateOf(t, two, "a"), stateOf(t, two, "b"); !ma.HeldBy("m3") || !mb.HeldBy("m2") {
+		t.Fatalf("a held by %v, b by %v: want m3 and m2", ma.Held, mb.Held)
+	}
 }
 
 // A module of two platforms is built when both are and its index is: the

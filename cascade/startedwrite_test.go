@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -93,7 +95,10 @@ func TestAShortBuildsStartedAndBuiltAreOneWrite(t *testing.T) {
 			if delay != 0 {
 				cfg.StartedStoreDelay = delay
 			}
-			f := newBenchFarm(t, benchCatalogue(t, d), cfg, 3, 1)
+			// The agents announce started at once (their StartedDelay
+			// would leave the short builds' unsent): this is the
+			// controller's delay.
+			f := newBenchFarmWith(t, benchCatalogue(t, d), cfg, 3, 1, func(c *agent.Config) { c.StartedDelay = 0 })
 			writes := watchModuleWrites(t, f)
 			r := f.run(d, unit, time.Minute)
 			mods := f.modules(t, r.Rec.ID)
@@ -195,4 +200,72 @@ func TestAStartedWaitingForItsWriteIsGivenBackOnStop(t *testing.T) {
 		info, err := c.Info(ctx)
 		return err == nil && info.NumAckPending == 0
 	})
+}
+
+// TestABuildShorterThanItsStartedDelayAnnouncesOnlyItsOutcome: with the
+// agents' default StartedDelay, a build that ends within it announces no
+// started — the stream holds its built alone — and one that runs longer
+// announces started, stored before its built; the controller stores every
+// module built, on its machine, with when it began (a short one's from its
+// built: At less Duration) before it finished. Real server, controller
+// and agents; the builds sleep.
+func TestABuildShorterThanItsStartedDelayAnnouncesOnlyItsOutcome(t *testing.T) {
+	d := sim.Fan(4)
+	const unit = 4 * agent.DefaultStartedDelay
+	for i := range d.Dur {
+		d.Dur[i] = float64(20*time.Millisecond) / float64(unit)
+	}
+	d.Dur[1] = 1 // well past the delay
+	f := newBenchFarm(t, benchCatalogue(t, d), cascade.DefaultConfig(), 2, 1)
+	r := f.run(d, unit, time.Minute)
+	mods := f.modules(t, r.Rec.ID)
+
+	ctx := context.Background()
+	cons, err := f.js.OrderedConsumer(ctx, mesh.EventsStream, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{
+			mesh.HolderEventSubject(mesh.BuildSeat, mesh.AnyHolder, mesh.EventStarted),
+			mesh.HolderEventSubject(mesh.BuildSeat, mesh.AnyHolder, mesh.EventBuilt),
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := cons.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, err := cons.Fetch(int(info.NumPending), jetstream.FetchMaxWait(2*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var order []string // "<event> <module>", as stored
+	for m := range batch.Messages() {
+		var ev struct {
+			Module string `json:"module"`
+		}
+		if err := json.Unmarshal(m.Data(), &ev); err != nil {
+			t.Fatal(err)
+		}
+		_, _, event, _ := mesh.SplitHolderEventSubject(m.Subject())
+		order = append(order, event+" "+ev.Module)
+	}
+	for i, name := range d.Names {
+		started := slices.Index(order, mesh.EventStarted+" "+name)
+		built := slices.Index(order, mesh.EventBuilt+" "+name)
+		switch {
+		case built < 0:
+			t.Errorf("%s: no built in the stream: %v", name, order)
+		case i == 1 && (started < 0 || started > built):
+			t.Errorf("%s built for %s, longer than the agents' StartedDelay: want its started stored before its built: %v", name, unit, order)
+		case i != 1 && started >= 0:
+			// Under load a 20 ms build may stall past the delay; the
+			// delay is 250 ms: not this far.
+			t.Errorf("%s built in %s, within the agents' StartedDelay %s: want no started: %v", name, time.Duration(d.Dur[i]*float64(unit)), agent.DefaultStartedDelay, order)
+		}
+		m := mods[name]
+		if m.State != cascade.Built || !strings.HasPrefix(m.On, "sim-") || m.Started.IsZero() || m.Started.After(m.Finished) || m.Duration <= 0 {
+			t.Errorf("%s stored %s on %q, started %s, finished %s, took %s: want built on its machine, begun before it finished",
+				name, m.State, m.On, m.Started, m.Finished, m.Duration)
+		}
+	}
 }

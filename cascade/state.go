@@ -424,6 +424,19 @@ func (s *State) Started(ev mesh.Started) bool {
 	return true
 }
 
+// builtUnstarted notes the start of a module built before its machine
+// announced it started (a build shorter than agent.Config.StartedDelay
+// announces only its outcome): on that machine, at its outcome's time less
+// the build's duration, both by the machine's clock as a started's are.
+func (s *State) builtUnstarted(m *ModuleStatus, on string, at time.Time, took time.Duration) {
+	if on == "" || at.IsZero() {
+		return
+	}
+	m.Started = at.Add(-max(0, took))
+	m.held(on)
+	s.dispatched = append(s.dispatched, m.Module)
+}
+
 // HolderOf is the machine the plan saw start ask (module's ask, or one of
 // its platforms') and still building it: the machine whose started was
 // applied last. Empty when the ask is not the module's current one, or no
@@ -475,6 +488,9 @@ func (s *State) Built(ev mesh.Built, now time.Time) []Submit {
 	if m.State != Queued && m.State != Building {
 		return nil
 	}
+	if m.State == Queued {
+		s.builtUnstarted(m, ev.On, ev.At, ev.Duration)
+	}
 	s.set(m, Built)
 	m.Commit, m.Digest, m.Image = ev.Commit, ev.Digest, ev.Image
 	m.Attestations = ev.Attestations
@@ -513,6 +529,10 @@ func (s *State) Failed(ev mesh.Failed, now time.Time) []string {
 	if m.State != Queued && m.State != Building {
 		return nil
 	}
+	// A build that failed sooner than its agent's StartedDelay announced
+	// no started: its machine held the ask all the same (its output is
+	// the module's, builtUnstarted).
+	m.held(ev.On)
 	s.set(m, Failed)
 	m.Reason, m.Message = ev.Reason, cut(ev.Message, maxMessage)
 	m.Log = trimLog(ev.Log)

@@ -313,7 +313,7 @@ func fleetRows(bus string) []row {
 	}
 	var out []row
 	for _, agents := range sizes {
-		out = append(out, row{figure: fmt.Sprintf("dispatch p99, ask published → started, %d machines on one seat, %s", agents, on), suite: thousand,
+		out = append(out, row{figure: fmt.Sprintf("dispatch p99, ask published → claimed by a machine, %d machines on one seat, %s", agents, on), suite: thousand,
 			bench: name(agents), metric: "p99-ms", format: "%.2f", beside: dispatch, atMost: p99})
 	}
 	for _, agents := range sizes {
@@ -399,13 +399,13 @@ var rows = []row{
 			return fmt.Sprintf("median of 3 plans; slowest %.0f/s; first ask started %.0f ms after the push", m["slowest-modules/s"], m["first-start-ms"])
 		},
 		atLeast: 2000},
-	{figure: "dispatch, ask published → started, idle agents: p50", suite: disp,
+	{figure: "dispatch, ask published → claimed by a machine, idle agents: p50", suite: disp,
 		bench: "BenchmarkDispatch", metric: "p50-ms", format: "%.2f",
 		beside: func(m metrics) string {
 			return fmt.Sprintf("200 asks, 4 idle agents; p99 %.2f ms, max %.2f ms", m["p99-ms"], m["max-ms"])
 		},
 		atMost: 5},
-	{figure: "dispatch, ask published → started, idle agents: p99", suite: disp,
+	{figure: "dispatch, ask published → claimed by a machine, idle agents: p99", suite: disp,
 		bench: "BenchmarkDispatch", metric: "p99-ms", format: "%.2f",
 		beside: func(m metrics) string {
 			return fmt.Sprintf("200 asks, 4 idle agents; p50 %.2f ms, max %.2f ms", m["p50-ms"], m["max-ms"])
@@ -478,7 +478,7 @@ var schedulingRows = []row{
 	{figure: "the scheduler's own work handing 1,000 idle machines across 20 running plans of 1,000 ready modules (Allot and each plan's Fill), in process: p99 of a round", suite: sched,
 		bench: "BenchmarkScheduling/cost-1000", metric: "round-p99-ms", format: "%.2f", atMost: 5,
 		beside: func(m metrics) string {
-			return fmt.Sprintf("%.0f rounds; %.2f µs per dispatch at p99: what each dispatch of the rows above (ask published → started) gains from the scheduler", m["rounds"], m["p99-us/dispatch"])
+			return fmt.Sprintf("%.0f rounds; %.2f µs per dispatch at p99: what each dispatch of the rows above (ask published → claimed) gains from the scheduler", m["rounds"], m["p99-us/dispatch"])
 		}},
 }
 

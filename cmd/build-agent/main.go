@@ -51,6 +51,7 @@ func run() int {
 	fs.BoolVar(&cfg.Overlap, "overlap", daemon.Env("MESHBUILD_OVERLAP", "true") != "false", "a slot pulls its next ask once its build's own steps are done, while the image and its cache are exported and pushed; --overlap=false: once the build has settled (MESHBUILD_OVERLAP=false)")
 	fs.DurationVar(&cfg.Grace, "grace", cfg.Grace, "on SIGTERM, how long builds in hand may finish before their asks are handed back")
 	fs.DurationVar(&cfg.BuildTimeout, "build-timeout", envDuration("MESHBUILD_BUILD_TIMEOUT", cfg.BuildTimeout), "how long one build may go on: one still going after it (a RUN that never ends) is stopped and failed{build}, once; 0: no bound (MESHBUILD_BUILD_TIMEOUT)")
+	fs.DurationVar(&cfg.StartedDelay, "started-delay", envDuration("MESHBUILD_STARTED_DELAY", cfg.StartedDelay), "how long a build goes on before its started is announced: one that ends sooner (a cached rebuild) announces only its outcome, a write and a delivery fewer on the bus; 0: at once (MESHBUILD_STARTED_DELAY)")
 	var bkOpts agent.BuildKitOptions
 	fs.Int64Var(&bkOpts.SourceDateEpoch, "source-date-epoch", int64(envInt("MESHBUILD_SOURCE_DATE_EPOCH", 0)), "SOURCE_DATE_EPOCH every image is built reproducibly to, seconds since 1970 (MESHBUILD_SOURCE_DATE_EPOCH)")
 	fs.StringVar(&bkOpts.Provenance, "provenance", daemon.Env("MESHBUILD_PROVENANCE", agent.ProvenanceMax), "provenance attestation pushed with every image: max, min or off; a module's build.provenance: false turns it off for that module (MESHBUILD_PROVENANCE)")
