@@ -214,16 +214,19 @@ type ModuleStatus struct {
 	// silent, another machine taking it (the latest few).
 	Lost []Lost `json:"lost,omitempty"`
 	// Held are the machines whose started of the module's current ask
-	// (or one of its platforms') the controller applied, each once, in
-	// the order they started it (the latest few): its build output is
-	// theirs, and a log batch from any other machine is not shown.
+	// (or one of its platforms') the controller applied — or, for a build
+	// that ended within its agent's StartedDelay, its outcome — each
+	// once, in the order they started it (the latest few): its build
+	// output is theirs, and a log batch from any other machine is not
+	// shown.
 	Held []string `json:"held,omitempty"`
 }
 
 // maxHeld is how many machines a module's Held keeps: the latest.
 const maxHeld = 8
 
-// held notes that machine on started the module's current ask.
+// held notes that machine on held the module's current ask (its started,
+// or an outcome that came without one, was applied).
 func (m *ModuleStatus) held(on string) {
 	if on == "" || slices.Contains(m.Held, on) {
 		return

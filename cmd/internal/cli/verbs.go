@@ -179,10 +179,11 @@ func logsCmd(g *globals) *cobra.Command {
 // says.
 //
 // Any machine may publish on log.<ask> of its own subject, so only the
-// output of the machines the plan saw start the ask (ModuleStatus.Held:
-// their started carried the ask's proof of delivery) is shown. A batch from
-// another machine waits until the plan names it (its started may be
-// applied a moment after its first output); what no holder sent is left
+// output of the machines the plan saw hold the ask (ModuleStatus.Held:
+// their started, or for a build shorter than the agent's StartedDelay its
+// outcome, carried the ask's proof of delivery) is shown. A batch from
+// another machine waits until the plan names it (its started or outcome
+// may be applied a moment after its first output); what no holder sent is left
 // out, and a line on stderr says how much and from whom.
 func printLogs(ctx context.Context, js jetstream.JetStream, m cascade.ModuleStatus, follow bool, g *globals, now func(context.Context) (cascade.ModuleStatus, error)) error {
 	// A module built for several platforms is built as one ask per
