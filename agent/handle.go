@@ -180,6 +180,10 @@ func (a *Agent) work(ctx context.Context, msg jetstream.Msg, ask mesh.Ask, attem
 	logs.Close()
 	release() // its claim as the watch left it (holdContext)
 	took := time.Since(begun)
+	// A started due is stored before the claim is looked at: its publish
+	// may have retried through a bus outage, long enough for the claim to
+	// lapse (then taken again below, or the ask given back).
+	reported()
 
 	if lerr := c.lost(); lerr != nil {
 		// Cut off or stalled for a lease: claimed again if nobody took

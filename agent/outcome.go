@@ -377,14 +377,15 @@ const handedBackWait = 2 * time.Second
 // acknowledgement and a claim read fewer on the bus per build.)
 func (a *Agent) reportAfter(ctx context.Context, delay time.Duration, event, id string, v any) (settle func()) {
 	var mu sync.Mutex
-	dropped := false
+	sent, dropped := false, false
 	done := make(chan struct{})
 	send := func() {
 		mu.Lock()
+		defer mu.Unlock()
 		if dropped {
-			mu.Unlock()
 			return
 		}
+		sent = true
 		go func() {
 			defer close(done)
 			data, err := json.Marshal(v)
@@ -398,20 +399,21 @@ func (a *Agent) reportAfter(ctx context.Context, delay time.Duration, event, id 
 			// futures a closed connection leaves unanswered.
 			_, _ = a.publish(ctx, event, id+"-"+a.nonce, data)
 		}()
-		mu.Unlock()
 	}
-	var sent func() bool
+	var timer *time.Timer
 	if delay <= 0 {
 		send()
-		sent = func() bool { return true }
 	} else {
-		t := time.AfterFunc(delay, send)
-		sent = func() bool { return !t.Stop() }
+		timer = time.AfterFunc(delay, send)
 	}
+	// Called again, it does what it did the first time.
 	return func() {
 		mu.Lock()
-		if !sent() {
+		if !sent {
 			dropped = true
+			if timer != nil {
+				timer.Stop()
+			}
 			mu.Unlock()
 			return
 		}

@@ -89,7 +89,9 @@ func (c *Controller) event(ctx context.Context, m jetstream.Msg, verdicts map[je
 	if !checked {
 		v = c.check(ctx, m, nil)
 	}
+	var decoded any
 	if v.through() {
+		decoded = v.o.decoded
 		v = c.taken(ctx, m, event, v.o)
 	}
 	switch {
@@ -101,7 +103,7 @@ func (c *Controller) event(ctx context.Context, m jetstream.Msg, verdicts map[je
 		c.refuse(m, v)
 		return true
 	}
-	return c.outcome(m, event, now)
+	return c.outcome(m, event, decoded, now)
 }
 
 // pushed plans a push (a plan that exists already is not made again). A
@@ -133,14 +135,24 @@ func (c *Controller) pushed(ctx context.Context, m jetstream.Msg, now time.Time)
 	return false
 }
 
+// decodedAs is the event the fence read (decoded), else data decoded
+// again.
+func decodedAs[E mesh.Event](decoded any, data []byte) E {
+	if e, ok := decoded.(E); ok {
+		return e
+	}
+	e, _ := mesh.DecodeEvent[E](data)
+	return e
+}
+
 // outcome applies a fenced event of the build seat (started, built,
 // failed, handed back) to its plan. An event of an attempt older than one
 // already started is refused (RefusedStale). It reports whether it settled
 // the message itself.
-func (c *Controller) outcome(m jetstream.Msg, event string, now time.Time) (settled bool) {
+func (c *Controller) outcome(m jetstream.Msg, event string, decoded any, now time.Time) (settled bool) {
 	switch event {
 	case mesh.EventStarted:
-		ev, _ := mesh.DecodeEvent[mesh.Started](m.Data())
+		ev := decodedAs[mesh.Started](decoded, m.Data())
 		if c.stale(ev.Ask, ev.Attempt) {
 			c.refuse(m, &verdict{reason: RefusedStale, err: fmt.Errorf("attempt %d of ask %s started after attempt %d", ev.Attempt, ev.Ask, c.attempts[ev.Ask])})
 			return true
@@ -157,7 +169,7 @@ func (c *Controller) outcome(m jetstream.Msg, event string, now time.Time) (sett
 			}
 		}
 	case mesh.EventBuilt:
-		ev, _ := mesh.DecodeEvent[mesh.Built](m.Data())
+		ev := decodedAs[mesh.Built](decoded, m.Data())
 		if c.stale(ev.Ask, ev.Attempt) {
 			c.refuse(m, &verdict{reason: RefusedStale, err: fmt.Errorf("built by attempt %d of ask %s, after attempt %d started", ev.Attempt, ev.Ask, c.attempts[ev.Ask])})
 			return true
@@ -176,7 +188,7 @@ func (c *Controller) outcome(m jetstream.Msg, event string, now time.Time) (sett
 		}
 		c.built(st, ev, now)
 	case mesh.EventFailed:
-		ev, _ := mesh.DecodeEvent[mesh.Failed](m.Data())
+		ev := decodedAs[mesh.Failed](decoded, m.Data())
 		if c.stale(ev.Ask, ev.Attempt) {
 			c.refuse(m, &verdict{reason: RefusedStale, err: fmt.Errorf("failed by attempt %d of ask %s, after attempt %d started", ev.Attempt, ev.Ask, c.attempts[ev.Ask])})
 			return true
@@ -191,7 +203,7 @@ func (c *Controller) outcome(m jetstream.Msg, event string, now time.Time) (sett
 	case mesh.EventHandedBack:
 		// A note on the module, not an outcome: the ask is back in the
 		// queue, to be retried or waiting for a healthy machine.
-		ev, _ := mesh.DecodeEvent[mesh.HandedBack](m.Data())
+		ev := decodedAs[mesh.HandedBack](decoded, m.Data())
 		if c.stale(ev.Ask, ev.Attempt) {
 			c.refuse(m, &verdict{reason: RefusedStale, err: fmt.Errorf("attempt %d of ask %s handed back, after attempt %d started", ev.Attempt, ev.Ask, c.attempts[ev.Ask])})
 			return true

@@ -148,6 +148,9 @@ const fenceRegistryParallel = 32
 type outcomeOf struct {
 	event, plan, ask, on, module, digest, proof string
 	attempt                                     int
+	// decoded is the event as read (a mesh.Started, Built, Failed or
+	// HandedBack): applied as it is, not decoded again.
+	decoded any
 }
 
 // fence checks the outcomes in a batch at once (in parallel: each takes a
@@ -348,19 +351,19 @@ func readOutcome(event string, data []byte) (outcomeOf, error) {
 	switch event {
 	case mesh.EventStarted:
 		ev, err := mesh.DecodeEvent[mesh.Started](data)
-		return outcomeOf{event: event, plan: ev.Plan, ask: ev.Ask, on: ev.On, module: ev.Module, attempt: ev.Attempt, proof: ev.Proof}, err
+		return outcomeOf{event: event, plan: ev.Plan, ask: ev.Ask, on: ev.On, module: ev.Module, attempt: ev.Attempt, proof: ev.Proof, decoded: ev}, err
 	case mesh.EventBuilt:
 		ev, err := mesh.DecodeEvent[mesh.Built](data)
 		if err == nil && !strings.HasPrefix(ev.Digest, "sha256:") {
 			err = fmt.Errorf("%w: built digest %q", mesh.ErrMalformedEvent, ev.Digest)
 		}
-		return outcomeOf{event: event, plan: ev.Plan, ask: ev.Ask, on: ev.On, module: ev.Module, digest: ev.Digest, attempt: ev.Attempt, proof: ev.Proof}, err
+		return outcomeOf{event: event, plan: ev.Plan, ask: ev.Ask, on: ev.On, module: ev.Module, digest: ev.Digest, attempt: ev.Attempt, proof: ev.Proof, decoded: ev}, err
 	case mesh.EventFailed:
 		ev, err := mesh.DecodeEvent[mesh.Failed](data)
-		return outcomeOf{event: event, plan: ev.Plan, ask: ev.Ask, on: ev.On, module: ev.Module, attempt: ev.Attempt, proof: ev.Proof}, err
+		return outcomeOf{event: event, plan: ev.Plan, ask: ev.Ask, on: ev.On, module: ev.Module, attempt: ev.Attempt, proof: ev.Proof, decoded: ev}, err
 	case mesh.EventHandedBack:
 		ev, err := mesh.DecodeEvent[mesh.HandedBack](data)
-		return outcomeOf{event: event, plan: ev.Plan, ask: ev.Ask, on: ev.On, module: ev.Module, attempt: ev.Attempt, proof: ev.Proof}, err
+		return outcomeOf{event: event, plan: ev.Plan, ask: ev.Ask, on: ev.On, module: ev.Module, attempt: ev.Attempt, proof: ev.Proof, decoded: ev}, err
 	}
 	return outcomeOf{}, fmt.Errorf("%w: the build seat has no event %q", mesh.ErrMalformedEvent, event)
 }
