@@ -754,6 +754,7 @@ func (f *fleetFarm) waitFleetIdle(timeout time.Duration, warns *fetchWarnings) t
 func fleetDispatch(tb testing.TB, f *fleetFarm, nc *nats.Conn, n int) []time.Duration {
 	tb.Helper()
 	claims := meshtest.WatchClaims(tb, f.js)
+	defer claims.Stop() // not to cost the throughput phase
 	builtc := make(chan string, 1)
 	var want atomic.Pointer[string]
 	sub, err := nc.Subscribe(mesh.HolderEventSubject(mesh.BuildSeat, mesh.AnyHolder, mesh.EventBuilt), func(m *nats.Msg) {

@@ -22,9 +22,11 @@ type Claims struct {
 	mu      sync.Mutex
 	claimed map[string]time.Time
 	notify  chan struct{}
+	stop    func()
 }
 
-// WatchClaims watches the build seat's ask claims bucket until tb ends.
+// WatchClaims watches the build seat's ask claims bucket until Stop, or tb
+// ends.
 func WatchClaims(tb testing.TB, js jetstream.JetStream) *Claims {
 	tb.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -61,13 +63,21 @@ func WatchClaims(tb testing.TB, js jetstream.JetStream) *Claims {
 			}
 		}
 	}()
-	tb.Cleanup(func() {
-		_ = w.Stop()
-		cancel()
-		<-done
-	})
+	var once sync.Once
+	c.stop = func() {
+		once.Do(func() {
+			_ = w.Stop()
+			cancel()
+			<-done
+		})
+	}
+	tb.Cleanup(c.stop)
 	return c
 }
+
+// Stop ends the watch: its consumer costs the server a delivery per claim
+// written (two per build).
+func (c *Claims) Stop() { c.stop() }
 
 // Wait returns when ask was first claimed, waiting at most d for it.
 func (c *Claims) Wait(tb testing.TB, ask string, d time.Duration) time.Time {
