@@ -19,6 +19,11 @@ type Current struct {
 	Created time.Time `json:"created"`
 	// Inputs are the components of the input key it was built from.
 	Inputs *KeyInputs `json:"inputs,omitempty"`
+	// Duration is how long its build took: the module's estimate (asks
+	// are ranked by it) for a restarted controller, when no estimate key
+	// holds one (Controller.built writes that only when the current
+	// record does not carry the build's duration).
+	Duration time.Duration `json:"duration,omitempty"`
 }
 
 // Newer reports whether a may replace b as a module's current image: a's
@@ -39,19 +44,23 @@ func (s *State) Current(module string) (Current, bool) {
 		return Current{}, false
 	}
 	return Current{Module: m.Module, Digest: m.Digest, Image: m.Image, Commit: m.Commit, Plan: s.Plan,
-		Seq: s.Seq, Created: s.Created, Inputs: m.Inputs}, true
+		Seq: s.Seq, Created: s.Created, Inputs: m.Inputs, Duration: m.Duration}, true
 }
 
 // setCurrent makes a module's image in a plan its current one, if the plan
-// is newer than the one that made the current one.
-func (c *Controller) setCurrent(st *State, module string) {
-	if cur, ok := st.Current(module); ok && Newer(cur, c.current[module]) {
-		c.current[module] = cur
-		if c.dirty == nil {
-			c.dirty, c.dirtyRun = map[string]any{}, map[string]bool{}
-		}
-		c.dirty[CurrentKey(module)] = cur
+// is newer than the one that made the current one. It reports whether it
+// did (the record is to be written).
+func (c *Controller) setCurrent(st *State, module string) bool {
+	cur, ok := st.Current(module)
+	if !ok || !Newer(cur, c.current[module]) {
+		return false
 	}
+	c.current[module] = cur
+	if c.dirty == nil {
+		c.dirty, c.dirtyRun = map[string]any{}, map[string]bool{}
+	}
+	c.dirty[CurrentKey(module)] = cur
+	return true
 }
 
 // currentDigest is a base's current digest: the newest plan's result, or

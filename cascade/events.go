@@ -230,9 +230,18 @@ func (c *Controller) built(st *State, ev mesh.Built, now time.Time) {
 	if ms, _ := st.Module(ev.Module); ms.State == Built && before.State != Built {
 		c.charge(st, ev.Duration, now)
 	}
+	carried := false // the module's current record written carries the duration
+	if cur, ok := st.Current(ev.Module); ok && cur.Digest == ev.Digest {
+		carried = c.setCurrent(st, ev.Module) && cur.Duration == ev.Duration
+	}
 	if ev.Duration > 0 {
 		c.lastBuild[ev.Module] = ev.Duration
-		if estimateMoved(c.storedBuild[ev.Module], ev.Duration) {
+		// The estimate key is written when it moved, but not for a
+		// module that has none while its current record carries the
+		// duration (a first build: one write of the module fewer). A
+		// restarted controller reads the key, else the current's.
+		stored, keyed := c.storedBuild[ev.Module]
+		if (keyed || !carried) && estimateMoved(stored, ev.Duration) {
 			c.storedBuild[ev.Module] = ev.Duration
 			c.dirty[EstimateKey(ev.Module)] = ev.Duration
 		}
@@ -241,9 +250,6 @@ func (c *Controller) built(st *State, ev mesh.Built, now time.Time) {
 		rec := KeyRecord{Digest: ms.Digest, Image: ms.Image, Module: ms.Module, Plan: st.Plan, Commit: ms.Commit}
 		c.keys[ms.Key] = rec
 		c.dirty[InputKeyKey(ms.Key)] = rec
-	}
-	if cur, ok := st.Current(ev.Module); ok && cur.Digest == ev.Digest {
-		c.setCurrent(st, ev.Module)
 	}
 	c.enqueue(st, next)
 }

@@ -67,3 +67,45 @@ func TestAControllerWithoutEstimatesLearnsThemFromTheAgentsRecords(t *testing.T)
 	}
 	h.settle(plan, 30*time.Second)
 }
+
+// A module's first build writes no estimate key: its current record
+// carries the build's duration, and a restarted controller ranks and
+// forecasts by it (no agent records here to learn from instead).
+func TestAFirstBuildsEstimateRidesInItsCurrentRecord(t *testing.T) {
+	h := newHarness(t, map[string][]string{"a": nil, "b": {"a"}}, 1)
+	h.w.sleep["a"] = 2 * time.Second
+	h.w.sleep["b"] = 300 * time.Millisecond
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	h.settle(h.push("c1", "push-c1"), 30*time.Second)
+	if est, err := h.store().Estimates(ctx); err != nil || len(est) != 0 {
+		t.Fatalf("estimate keys after the first builds: %v, %v; want none", est, err)
+	}
+	cur, err := h.store().Currents(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cur["a"].Duration < 2*time.Second || cur["b"].Duration < 300*time.Millisecond {
+		t.Fatalf("current records a %+v, b %+v: want each carrying its build's duration", cur["a"], cur["b"])
+	}
+
+	h.stopControllerNow()
+	h.startController()
+	plan := h.push("c2", "push-c2")
+	var f *cascade.Forecast
+	testenv.WaitFor(t, 20*time.Second, "the running plan's forecast to name a building", func() bool {
+		r, err := h.store().Plan(ctx, plan)
+		if err != nil || r.Forecast == nil {
+			return false
+		}
+		f = r.Forecast
+		hold, ok := f.Holding()
+		return ok && hold.Module == "a" && hold.State == cascade.Building
+	})
+	for _, step := range f.Path {
+		if d := cur[step.Module].Duration; step.Estimate != d || step.Guessed {
+			t.Errorf("%s: estimate %s (guessed %v), want %s from its current record", step.Module, step.Estimate, step.Guessed, d)
+		}
+	}
+	h.settle(plan, 30*time.Second)
+}

@@ -95,6 +95,13 @@ func (c *Controller) loadKept(ctx context.Context) error {
 			c.lastBuild[m] = d
 		}
 	}
+	// A module with no estimate key has its last build's duration in its
+	// current record (built).
+	for m, cur := range c.current {
+		if _, ok := c.lastBuild[m]; !ok && cur.Duration > 0 {
+			c.lastBuild[m] = cur.Duration
+		}
+	}
 	c.seedEstimates(ctx)
 	return nil
 }

@@ -30,7 +30,8 @@ import (
 //	plan.<plan>            PlanRecord: trigger, sequence, outcome, counts
 //	mod.<plan>.<module>    ModuleStatus
 //	current.<module>       Current: the module's current image (newer plan wins)
-//	estimate.<module>      the module's last build duration (asks are ranked by it)
+//	estimate.<module>      the module's last build duration (asks are ranked by it),
+//	                       when current.<module> does not carry it (its duration)
 //	key.<input key>        KeyRecord: the digest an input key was built to, and the plan
 //
 // The plan's modules are not stored: a plan is a pure function of the
