@@ -325,7 +325,9 @@ func TestABuildInHandGoesOnThroughABusOutageLongerThanTheSeatsLease(t *testing.T
 		InsteadOf: map[string]string{repo: gitDir}, Lease: 2 * time.Second, Log: slog.New(slog.NewTextHandler(&log, nil))},
 		// A grace far shorter than the outage and the build: the build
 		// may not be stopped by it.
-		func(c *agent.Config) { c.Grace, c.Slots = time.Second, 2 })
+		// Every build announces started, the quick one too (the stream's
+		// order is read below).
+		func(c *agent.Config) { c.Grace, c.Slots, c.StartedDelay = time.Second, 2, 0 })
 	testenv.WaitFor(t, 30*time.Second, "the agent to claim m1", func() bool {
 		_, ok := holder(t, srv, mesh.BuildSeat, claim.Node("m1"))
 		return ok
