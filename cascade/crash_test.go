@@ -89,6 +89,10 @@ const (
 	chaosShortPlans = 8
 	// chaosAckWait is the consumers' ack wait during the test.
 	chaosAckWait = time.Second
+	// chaosClaimLease is the agents' claims' lease: a killed agent's ask
+	// claim lapses that soon, and so does a live one's while the bus is
+	// away for longer.
+	chaosClaimLease = time.Second
 	// chaosSettle bounds one round.
 	chaosSettle = 45 * time.Second
 )
@@ -246,7 +250,7 @@ func newChaosFarm(t *testing.T, seed uint64) *chaosFarm {
 		t: t, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), faults: rand.New(rand.NewPCG(seed^0xfa175, seed)),
 		bus: bus, nc: nc, js: js,
 		cat: meshtest.Catalogue(t, chaosGraph), reg: newCountingRegistry(t), kills: &killCounts{n: map[string]int{}},
-		builds: &chaosBuilds{calls: map[string]int{}, orphans: map[string]int{}, holding: map[string]string{}, retried: map[string]int{}},
+		builds: &chaosBuilds{calls: map[string]int{}, orphans: map[string]int{}, holding: map[string]map[string]bool{}, retried: map[string]int{}},
 		built:  map[string][]mesh.Built{},
 	}
 	f.ctrl = f.supervise("controller", false, f.runController)
@@ -310,7 +314,7 @@ func (sv *supervisor) incarnation(parent context.Context, ready func()) {
 		close(died)
 	}
 	if sv.agent {
-		tp.onAck = func() { sv.f.builds.released(sv.name) }
+		tp.onSettled = func(ask string) { sv.f.builds.released(sv.name, ask) }
 	}
 	sv.mu.Lock()
 	if len(sv.targets) > 0 {
@@ -467,7 +471,7 @@ func (f *chaosFarm) runAgent(machine string) func(ctx context.Context, nc *nats.
 		// A killed agent's claim of its ask lapses as soon as the
 		// shortened ack wait hands the ask to another (the same
 		// redelivery, sooner, as the ack waits below).
-		cfg.ClaimLease = time.Second
+		cfg.ClaimLease = chaosClaimLease
 		a, err := agent.New(cfg, js, &chaosBuilder{f: f, machine: machine, tap: tp}, nil, nil)
 		if err != nil {
 			return err
@@ -483,10 +487,14 @@ func (f *chaosFarm) runAgent(machine string) func(ctx context.Context, nc *nats.
 type chaosBuilds struct {
 	mu    sync.Mutex
 	calls map[string]int // ask id -> builds
-	// orphans counts, by ask, the agents killed while holding it: each may
-	// make one more build of it (the ask is redelivered).
+	// orphans counts, by ask, the agents killed while holding it, and the
+	// bus's outages long enough for its claim to lapse while it was held:
+	// each may make one more build of it (the ask is redelivered).
 	orphans map[string]int
-	holding map[string]string // machine -> ask in hand
+	// holding is each machine's asks in hand: from its builder's start
+	// until its claim is settled (an outcome announced, or handed back):
+	// an agent starts its next build while it announces the last.
+	holding map[string]map[string]bool
 	// retried counts, by ask, the builds whose push found the registry
 	// away: each is tried again.
 	retried map[string]int
@@ -511,7 +519,10 @@ func (b *chaosBuilder) Work(ctx context.Context, a mesh.Ask, log func(string)) (
 	bs.mu.Lock()
 	bs.calls[a.ID]++
 	bs.total++
-	bs.holding[b.machine] = a.ID
+	if bs.holding[b.machine] == nil {
+		bs.holding[b.machine] = map[string]bool{}
+	}
+	bs.holding[b.machine][a.ID] = true
 	bs.mu.Unlock()
 	select {
 	case <-time.After(time.Duration(5+rand.IntN(30)) * time.Millisecond):
@@ -721,7 +732,16 @@ func (f *chaosFarm) round(round, n int) {
 		outages = append(outages, f.outage(round, "the registry", func() { f.reg.down.Store(true) }, func() { f.reg.down.Store(false) }))
 	}
 	if f.faults.IntN(4) == 0 {
-		outages = append(outages, f.outage(round, "the bus", func() { f.bus.Stop(0) }, func() { f.bus.Restart(0) }))
+		// Away for longer than a claim outlives its last renewal (a
+		// third of the lease before), the claims of the asks in hand
+		// lapse, and another machine may build each again.
+		var away time.Time
+		outages = append(outages, f.outage(round, "the bus", func() { away = time.Now(); f.bus.Stop(0) }, func() {
+			if time.Since(away) > chaosClaimLease/2 {
+				f.builds.lapsed()
+			}
+			f.bus.Restart(0)
+		}))
 	}
 	endOutages := func() {
 		for _, end := range outages {
@@ -980,20 +1000,34 @@ func (bs *chaosBuilds) of(ask string) (calls, orphans int) {
 	return bs.calls[ask], bs.orphans[ask] + bs.retried[ask]
 }
 
-// released: the machine settled the ask in hand (its ack is on the wire).
-func (bs *chaosBuilds) released(machine string) {
+// released: the machine settled its claim of ask (the write went out
+// whole): a redelivery of it is not built again.
+func (bs *chaosBuilds) released(machine, ask string) {
 	bs.mu.Lock()
 	defer bs.mu.Unlock()
-	delete(bs.holding, machine)
+	delete(bs.holding[machine], ask)
 }
 
-// killed: the machine died; the ask in its hands may be built again.
+// killed: the machine died; the asks in its hands may be built again.
 func (bs *chaosBuilds) killed(machine string) {
 	bs.mu.Lock()
 	defer bs.mu.Unlock()
-	if a, ok := bs.holding[machine]; ok {
+	for a := range bs.holding[machine] {
 		bs.orphans[a]++
-		delete(bs.holding, machine)
+	}
+	delete(bs.holding, machine)
+}
+
+// lapsed: the bus was away long enough for the claims of the asks in
+// hand to lapse (no renewal can reach it): another machine may be given
+// each of them and build it while its holder does.
+func (bs *chaosBuilds) lapsed() {
+	bs.mu.Lock()
+	defer bs.mu.Unlock()
+	for _, asks := range bs.holding {
+		for a := range asks {
+			bs.orphans[a]++
+		}
 	}
 }
 
@@ -1119,9 +1153,11 @@ var errKilled = errors.New("killed by the test")
 // messages, as a process killed at that instant would.
 type tap struct {
 	who string
-	// onKill is called once, when the tap kills; onAck after an ack (or
-	// nak, term) went out whole.
-	onKill, onAck func()
+	// onKill is called once, when the tap kills; onSettled after a
+	// write settling the machine's claim of an ask (an outcome announced,
+	// or handed back) went out whole.
+	onKill    func()
+	onSettled func(ask string)
 
 	mu     sync.Mutex
 	conn   net.Conn
@@ -1168,7 +1204,7 @@ func (t *tap) write(c net.Conn, b []byte) (int, error) {
 		return 0, errKilled
 	}
 	cut := -1
-	acks := 0
+	var settled []string
 	t.p.feed(b, func(kind string, start, end int) bool {
 		t.counts[kind]++
 		if t.target.kind == kind && t.counts[kind] == t.target.n {
@@ -1178,21 +1214,23 @@ func (t *tap) write(c net.Conn, b []byte) (int, error) {
 				return false
 			}
 		}
-		if kind == kindAck {
-			acks++
+		if t.p.settled != "" {
+			settled = append(settled, t.p.settled)
 		}
 		return cut < 0
 	})
-	if cut < 0 {
-		n, err := c.Write(b)
-		if acks > 0 && err == nil && t.onAck != nil {
-			t.onAck()
-		}
-		return n, err
+	wrote := b
+	if cut >= 0 {
+		wrote = b[:cut]
 	}
-	n, err := c.Write(b[:cut])
-	if acks > 0 && err == nil && t.onAck != nil {
-		t.onAck()
+	n, err := c.Write(wrote)
+	if err == nil && t.onSettled != nil {
+		for _, ask := range settled {
+			t.onSettled(ask)
+		}
+	}
+	if cut < 0 {
+		return n, err
 	}
 	t.dieLocked(t.target.String())
 	return n, errKilled
@@ -1241,6 +1279,9 @@ type protoParser struct {
 	payload []byte
 	subject string
 	start   int // where the current op began in the current write; -1: in an earlier one
+	// settled is the ask whose claim the op just parsed settles
+	// (settledAsk); empty for none.
+	settled string
 }
 
 // feed parses b, calling fn at the end of each op with its kind and its
@@ -1257,6 +1298,7 @@ func (p *protoParser) feed(b []byte, fn func(kind string, start, end int) bool) 
 			i += k
 			if p.need == 0 {
 				kind := classify(p.subject, p.payload)
+				p.settled = settledAsk(p.subject, p.payload)
 				p.payload = p.payload[:0]
 				if !fn(kind, p.start, i) {
 					return
@@ -1287,11 +1329,26 @@ func (p *protoParser) feed(b []byte, fn func(kind string, start, end int) bool) 
 			}
 			p.subject, p.need = f[1], n+2
 		default:
+			p.settled = ""
 			if !fn(kindOther, p.start, i) {
 				return
 			}
 		}
 	}
+}
+
+// settledAsk is the ask whose claim a message settles: a write of a
+// machine's key in the ask claims bucket recording an outcome or a hand
+// back (claim.AskRecord's Outcome, Released); empty for any other.
+func settledAsk(subject string, payload []byte) string {
+	key, ok := strings.CutPrefix(subject, mesh.KVKeySubject(mesh.AskClaimsBucket(mesh.BuildSeat), ""))
+	if !ok || !(bytes.Contains(payload, []byte(`"outcome":"`)) || bytes.Contains(payload, []byte(`"released":"`))) {
+		return ""
+	}
+	if i := strings.LastIndexByte(key, '.'); i > 0 { // mesh.AskClaimKey: <ask>.<machine>
+		return key[:i]
+	}
+	return ""
 }
 
 // classify names a message by its subject (and, for the KV, its headers).

@@ -43,16 +43,7 @@ func TestAControllerWithoutEstimatesLearnsThemFromTheAgentsRecords(t *testing.T)
 	}
 	h.startController()
 	plan := h.push("c1", "push-c1")
-	var f *cascade.Forecast
-	testenv.WaitFor(t, 20*time.Second, "the running plan's forecast to name a building", func() bool {
-		r, err := h.store().Plan(ctx, plan)
-		if err != nil || r.Forecast == nil {
-			return false
-		}
-		f = r.Forecast
-		hold, ok := f.Holding()
-		return ok && hold.Module == "a" && hold.State == cascade.Building
-	})
+	f := h.forecastHolding(plan, "a")
 	want := map[string]time.Duration{"a": 7 * time.Second, "b": 5 * time.Second}
 	if len(f.Path) != 3 || f.Unknown {
 		t.Fatalf("forecast %+v: want the path a → b → c, with estimates", f)
@@ -92,20 +83,28 @@ func TestAFirstBuildsEstimateRidesInItsCurrentRecord(t *testing.T) {
 	h.stopControllerNow()
 	h.startController()
 	plan := h.push("c2", "push-c2")
-	var f *cascade.Forecast
-	testenv.WaitFor(t, 20*time.Second, "the running plan's forecast to name a building", func() bool {
-		r, err := h.store().Plan(ctx, plan)
-		if err != nil || r.Forecast == nil {
-			return false
-		}
-		f = r.Forecast
-		hold, ok := f.Holding()
-		return ok && hold.Module == "a" && hold.State == cascade.Building
-	})
+	f := h.forecastHolding(plan, "a")
 	for _, step := range f.Path {
 		if d := cur[step.Module].Duration; step.Estimate != d || step.Guessed {
 			t.Errorf("%s: estimate %s (guessed %v), want %s from its current record", step.Module, step.Estimate, step.Guessed, d)
 		}
 	}
 	h.settle(plan, 30*time.Second)
+}
+
+// forecastHolding waits for a running plan's forecast to name module as
+// the building it holds on, and returns that forecast.
+func (h *harness) forecastHolding(plan, module string) *cascade.Forecast {
+	h.t.Helper()
+	var f *cascade.Forecast
+	testenv.WaitFor(h.t, 20*time.Second, "the running plan's forecast to name "+module+" building", func() bool {
+		r, err := h.store().Plan(context.Background(), plan)
+		if err != nil || r.Forecast == nil {
+			return false
+		}
+		f = r.Forecast
+		hold, ok := f.Holding()
+		return ok && hold.Module == module && hold.State == cascade.Building
+	})
+	return f
 }
