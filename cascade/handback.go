@@ -71,9 +71,13 @@ func (s *State) HandedBack(ev mesh.HandedBack) bool {
 // another machine started it (no hand-back said why: a machine that gives
 // an ask back is a HandedBack). Kept with the module after it finishes, so
 // that `builds show` says why its build ran twice and on which machines.
+// On is empty when the machine is not known: it went silent before it
+// announced a start (silentBefore), and the next delivery's attempt says
+// an earlier one was lost.
 type Lost struct {
-	// On is the machine that went silent; Platform the platform it was
-	// building, for a module built for several.
+	// On is the machine that went silent, empty when not known (it had
+	// announced no start); Platform the platform it was building, for a
+	// module built for several.
 	On       string `json:"on"`
 	Platform string `json:"platform,omitempty"`
 	// Started is when it started the ask; Taken when the next machine,
@@ -82,6 +86,24 @@ type Lost struct {
 	Started time.Time `json:"started,omitzero"`
 	Taken   time.Time `json:"taken"`
 	TakenBy string    `json:"taken_by"`
+}
+
+// silentBefore notes, when a module's (or platform's) ask is first heard
+// of from its attempt-th delivery — started, or built by a machine that
+// announced no start (a build shorter than agent.Config.StartedDelay) —
+// that an earlier delivery ended without a word: its machine neither
+// announced a start nor an outcome nor gave the ask back (the deliveries
+// given back are counted from the module's HandedBack). It was killed, or
+// cut off, in the first moments of the build; which machine is not known
+// (no event of it was heard). taken is when ev's machine began it.
+func (m *ModuleStatus) silentBefore(platform string, attempt int, taken time.Time, on string) {
+	want := 1
+	if m.HandedBack != nil {
+		want = m.HandedBack.Attempt + 1
+	}
+	if attempt > want && !taken.IsZero() {
+		m.lost("", platform, time.Time{}, mesh.Started{At: taken, On: on})
+	}
 }
 
 // maxLost is how many lost holders a module keeps: the latest.

@@ -101,6 +101,9 @@ func (s *State) platformStarted(i, k int, ev mesh.Started) bool {
 			// The platform's machine went silent (see Started).
 			m.lost(p.On, p.Platform, time.Time{}, ev)
 		}
+		if p.State == Queued {
+			m.silentBefore(p.Platform, ev.Attempt, ev.At, ev.On)
+		}
 		p.State, p.On = Building, ev.On
 		if m.State == Queued {
 			s.set(m, Building)
@@ -138,6 +141,9 @@ func (s *State) platformBuilt(i, k int, ev mesh.Built, now time.Time) {
 			s.builtUnstarted(m, ev.On, ev.At, ev.Duration)
 		}
 		m.held(ev.On) // its started may not have been due (builtUnstarted)
+		if p.State == Queued {
+			m.silentBefore(p.Platform, ev.Attempt, ev.At.Add(-max(0, ev.Duration)), ev.On)
+		}
 		p.State, p.Digest, p.Attestations = Built, ev.Digest, ev.Attestations
 		m.Commit = ev.Commit
 		if ev.On != "" {

@@ -316,6 +316,51 @@ func TestTheMachinesThatStartedAnAskAreKeptWithIt(t *testing.T) {
 	}
 }
 
+// A module first heard of from a later delivery of its ask (a started, or
+// a built announcing no start) lost an earlier one without a word: a lost
+// holder whose machine is not known. Deliveries given back (HandedBack)
+// are no loss, nor is a first delivery; a platform's ask is judged alone.
+func TestAnAskFirstHeardOfFromALaterDeliveryNotesALostHolder(t *testing.T) {
+	s := NewState(plan(t, "a:", "b:", "c:", "d:"), t0)
+	subs := s.Start(t0)
+	a, b, c, d := byModule(t, subs, "a"), byModule(t, subs, "b"), byModule(t, subs, "c"), byModule(t, subs, "d")
+	ev := started(a, "m2", 9)
+	ev.Attempt = 2
+	s.Started(ev)
+	if got, want := stateOf(t, s, "a").Lost, []Lost{{Taken: at(9), TakenBy: "m2"}}; !slices.Equal(got, want) {
+		t.Fatalf("a started at its second delivery: lost %+v, want %+v", got, want)
+	}
+	bt := built(b, 10) // 3 s long, by m1, announced no start
+	bt.Attempt = 3
+	s.Built(bt, at(10))
+	if got, want := stateOf(t, s, "b").Lost, []Lost{{Taken: at(7), TakenBy: "m1"}}; !slices.Equal(got, want) {
+		t.Fatalf("b built at its third delivery: lost %+v, want %+v", got, want)
+	}
+	s.HandedBack(mesh.HandedBack{Ask: c.AskID, Plan: c.Plan, Module: "c", On: "m3", Attempt: 1, Why: "registry down", At: at(1)})
+	ev = started(c, "m4", 5)
+	ev.Attempt = 2
+	s.Started(ev)
+	ev = started(d, "m4", 6)
+	ev.Attempt = 1
+	s.Started(ev)
+	for _, m := range []string{"c", "d"} {
+		if got := stateOf(t, s, m).Lost; len(got) != 0 {
+			t.Errorf("%s: lost %+v, want none (given back, or a first delivery)", m, got)
+		}
+	}
+
+	p := twoPlatforms(t)
+	base := byModule(t, p.Start(at(0)), "base")
+	p.Started(mesh.Started{Ask: platformEvent(base, "linux/amd64"), Plan: base.Plan, Module: "base", On: "x86", Attempt: 1, At: at(1)})
+	pb := built(base, 6)
+	pb.Ask, pb.Digest, pb.On, pb.Attempt = platformEvent(base, "linux/arm64"), "sha256:"+strings.Repeat("b", 64), "pi", 2
+	p.Built(pb, at(6))
+	if got, want := stateOf(t, p, "base").Lost, []Lost{{Platform: "linux/arm64", Taken: at(3), TakenBy: "pi"}}; !slices.Equal(got, want) {
+		t.Fatalf("base: lost %+v, want %+v", got, want)
+	}
+	checkInvariants(t, s)
+}
+
 // A machine that starts an ask and goes silent (kill -9: no hand-back)
 // loses its claim, and the next machine's start is noted on the module as
 // a lost holder, kept after the module is built; a machine that gave the

@@ -269,3 +269,91 @@ func TestABuildShorterThanItsStartedDelayAnnouncesOnlyItsOutcome(t *testing.T) {
 		}
 	}
 }
+
+// silentWorker is a machine killed in a build's first moments: the first
+// ask it is given closes its connection (nothing more leaves it: no
+// started, no outcome, no hand-back) and never ends.
+type silentWorker struct {
+	nc   interface{ Close() }
+	once sync.Once
+	took chan string
+}
+
+func (w *silentWorker) Work(ctx context.Context, a mesh.Ask, _ func(string)) (agent.Result, error) {
+	w.once.Do(func() {
+		w.nc.Close()
+		w.took <- a.Module
+	})
+	<-ctx.Done()
+	return agent.Result{}, context.Cause(ctx)
+}
+
+// A machine that goes silent with an ask before its started is due (killed
+// within agent.Config.StartedDelay of taking it: the plan never heard of
+// it) is still noted lost: the machine that builds the ask next announces
+// a later delivery of it, and the module keeps a lost holder whose machine
+// is not known, taken by the one that built it. Its dependent, asked once,
+// has none.
+func TestAMachineSilentBeforeItsStartedIsNotedLost(t *testing.T) {
+	d := sim.Fan(1)
+	f := newBenchFarm(t, benchCatalogue(t, d), cascade.DefaultConfig(), 0, 1)
+	ctx := context.Background()
+	// Redelivered after a second, not the default ack wait.
+	cons, err := f.js.Consumer(ctx, mesh.SeatStream(mesh.BuildSeat), mesh.BuildConsumer(mesh.DefaultPlatform))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc := cons.CachedInfo().Config
+	cc.AckWait = time.Second
+	if _, err := f.js.UpdateConsumer(ctx, mesh.SeatStream(mesh.BuildSeat), cc); err != nil {
+		t.Fatal(err)
+	}
+
+	nc, sjs := f.connect()
+	w := &silentWorker{nc: nc, took: make(chan string, 1)}
+	scfg := agent.DefaultConfig()
+	scfg.Machine, scfg.FetchWait, scfg.ClaimLease = "silent", 250*time.Millisecond, time.Second
+	sa, err := agent.New(scfg, sjs, w, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sctx, stop := context.WithCancel(ctx)
+	defer stop()
+	go func() { _ = sa.Run(sctx) }()
+	testenv.WaitFor(t, 10*time.Second, "the silent machine's slot waiting", func() bool {
+		l, err := seatLook(ctx, f.js, 0)
+		return err == nil && l.Waiting >= 1
+	})
+	got := make(chan planRun, 1)
+	go func() { got <- f.run(d, time.Millisecond, time.Minute) }()
+	var first string
+	select {
+	case first = <-w.took:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the silent machine was given no ask")
+	}
+	// Another machine, once the first is gone.
+	f.startAgents(f.connect, 1, nil, func(_ int, c *agent.Config) {
+		c.Machine, c.FetchWait = "sim-001", 250*time.Millisecond
+	})
+	r := <-got
+	mods := f.modules(t, r.Rec.ID)
+	for _, name := range d.Names {
+		m := mods[name]
+		if name != first {
+			if len(m.Lost) != 0 {
+				t.Errorf("%s, asked once: lost %+v, want none", name, m.Lost)
+			}
+			continue
+		}
+		if m.State != cascade.Built || m.On != "sim-001" || len(m.Lost) != 1 {
+			t.Fatalf("%s %s on %q, lost %+v: want built on sim-001 with one lost holder", name, m.State, m.On, m.Lost)
+		}
+		if l := m.Lost[0]; l.On != "" || l.TakenBy != "sim-001" || l.Taken.IsZero() || !l.Started.IsZero() || l.Taken.After(m.Finished) {
+			t.Errorf("%s lost %+v: want a machine not known, its ask taken by sim-001 before it was built (%s)", name, l, m.Finished)
+		}
+		if m.HeldBy("silent") {
+			t.Errorf("%s held by the silent machine, which the plan never heard of", name)
+		}
+	}
+}

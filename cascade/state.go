@@ -407,6 +407,7 @@ func (s *State) Started(ev mesh.Started) bool {
 	m := &s.Modules[i]
 	switch {
 	case m.State == Queued:
+		m.silentBefore("", ev.Attempt, ev.At, ev.On)
 		s.set(m, Building)
 		s.dispatched = append(s.dispatched, m.Module)
 	case m.State == Building && ev.At.After(m.Started) && ev.On != m.On:
@@ -493,6 +494,7 @@ func (s *State) Built(ev mesh.Built, now time.Time) []Submit {
 	}
 	if m.State == Queued {
 		s.builtUnstarted(m, ev.On, ev.At, ev.Duration)
+		m.silentBefore("", ev.Attempt, m.Started, ev.On)
 	}
 	s.set(m, Built)
 	m.Commit, m.Digest, m.Image = ev.Commit, ev.Digest, ev.Image

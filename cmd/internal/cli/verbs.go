@@ -495,6 +495,9 @@ func machinesCmd(g *globals) *cobra.Command {
 				// A machine that went silent building a module was seen
 				// when it started it.
 				for _, l := range m.Lost {
+					if l.On == "" {
+						continue // not known (it announced no start)
+					}
 					row := rows[l.On]
 					if row == nil {
 						row = &Machine{Machine: l.On}

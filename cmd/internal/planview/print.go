@@ -157,13 +157,18 @@ func HandedBackNote(h cascade.HandedBack, now time.Time) string {
 // LostNote says that a machine went silent while it built a module and
 // another took its ask: "vm-x went silent building it (started 01:39:21);
 // vm-a1 took the ask at 01:39:29, 8s later", the platform first for a
-// module built for several.
+// module built for several. A machine not known (it went silent before
+// it announced a start) is said so.
 func LostNote(l cascade.Lost) string {
 	var b strings.Builder
 	if l.Platform != "" {
 		b.WriteString(l.Platform + ": ")
 	}
-	b.WriteString(l.On + " went silent building it")
+	if l.On == "" {
+		b.WriteString("a machine went silent with its ask before it announced a start (killed or cut off; which one is not known)")
+	} else {
+		b.WriteString(l.On + " went silent building it")
+	}
 	if !l.Started.IsZero() {
 		fmt.Fprintf(&b, " (started %s)", l.Started.UTC().Format(time.TimeOnly))
 	}

@@ -192,3 +192,23 @@ func TestAHandedBackModuleIsCountedQueued(t *testing.T) {
 		t.Errorf("PrintPlan shows the handed-back module as:\n%s", b.String())
 	}
 }
+
+// A lost holder names its machine and when it started; one not known (it
+// went silent before it announced a start) is said so, with who took the
+// ask and when.
+func TestLostNote(t *testing.T) {
+	start := time.Date(2026, 1, 2, 1, 39, 21, 0, time.UTC)
+	for _, c := range []struct {
+		l    cascade.Lost
+		want string
+	}{
+		{cascade.Lost{On: "vm-x", Started: start, Taken: start.Add(8 * time.Second), TakenBy: "vm-a1"},
+			"vm-x went silent building it (started 01:39:21); vm-a1 took the ask at 01:39:29, 8s later"},
+		{cascade.Lost{Platform: "linux/arm64", Taken: start, TakenBy: "pi"},
+			"linux/arm64: a machine went silent with its ask before it announced a start (killed or cut off; which one is not known); pi took the ask at 01:39:21"},
+	} {
+		if got := LostNote(c.l); got != c.want {
+			t.Errorf("LostNote(%+v)\n got %q\nwant %q", c.l, got, c.want)
+		}
+	}
+}
