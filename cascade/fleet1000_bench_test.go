@@ -653,7 +653,10 @@ func (sc *subjectCounter) report(tb testing.TB, modules int) {
 		total += sc.by[k]
 		fmt.Fprintf(&sb, "\n  %8.3f  %s", float64(sc.by[k])/float64(modules), k)
 	}
-	tb.Logf("messages per module by subject (%.3f in all):%s", float64(total)/float64(modules), sb.String())
+	// On stderr as well: a benchmark's log is cut to its first lines.
+	msg := fmt.Sprintf("messages per module by subject (%.3f in all):%s", float64(total)/float64(modules), sb.String())
+	tb.Log(msg)
+	fmt.Fprintf(os.Stderr, "%s: %s\n", tb.Name(), msg)
 }
 
 // cpu is the nodes' CPU time so far (user + system).
