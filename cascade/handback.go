@@ -93,9 +93,12 @@ type Lost struct {
 // announced no start (a build shorter than agent.Config.StartedDelay) —
 // that an earlier delivery ended without a word: its machine neither
 // announced a start nor an outcome nor gave the ask back (the deliveries
-// given back are counted from the module's HandedBack). It was killed, or
-// cut off, in the first moments of the build; which machine is not known
-// (no event of it was heard). taken is when ev's machine began it.
+// given back are counted from the module's HandedBack). It was killed or
+// cut off in the first moments of the build (or its agent stopped then,
+// and handed the ask back without a handed-back event); which machine is
+// not known (no event of it was heard). A hand-back of another platform's
+// ask can hide one of a module built for several (HandedBack is the
+// module's). taken is when ev's machine began it.
 func (m *ModuleStatus) silentBefore(platform string, attempt int, taken time.Time, on string) {
 	want := 1
 	if m.HandedBack != nil {

@@ -165,7 +165,7 @@ func LostNote(l cascade.Lost) string {
 		b.WriteString(l.Platform + ": ")
 	}
 	if l.On == "" {
-		b.WriteString("a machine went silent with its ask before it announced a start (killed or cut off; which one is not known)")
+		b.WriteString("a machine went silent with its ask before it announced a start (killed, cut off or stopping; which one is not known)")
 	} else {
 		b.WriteString(l.On + " went silent building it")
 	}
