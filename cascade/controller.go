@@ -232,16 +232,29 @@ func (c *Controller) Image(module string) string { return Image(c.cfg.Registry, 
 // the bus does not answer in time: a controller that starts while a
 // cluster elects its leaders waits for them instead of stopping. A refusal
 // is returned at once.
-func (c *Controller) raise(ctx context.Context, cat *mesh.Catalogue) (mesh.RaiseReport, error) {
+func (c *Controller) raise(ctx context.Context, cat *mesh.Catalogue) (r mesh.RaiseReport, err error) {
+	err = c.answered(ctx, "raising the catalogue", func() error {
+		r, err = mesh.Raise(ctx, c.js, cat, c.cfg.Replicas)
+		return err
+	})
+	return r, err
+}
+
+// answered calls fn again, with backoff and saying so in the log, while
+// what it returns is the bus not answering in time (unanswered): a
+// controller that starts while the bus is away, or a cluster elects its
+// leaders, waits for it instead of stopping. Any other error is returned at
+// once; fn's last error when ctx ends.
+func (c *Controller) answered(ctx context.Context, what string, fn func() error) error {
 	retry := backoff.Policy{First: 250 * time.Millisecond, Max: 5 * time.Second}
 	for attempt := 1; ; attempt++ {
-		r, err := mesh.Raise(ctx, c.js, cat, c.cfg.Replicas)
+		err := fn()
 		if err == nil || ctx.Err() != nil || !unanswered(err) {
-			return r, err
+			return err
 		}
-		c.log.Warn("raising the catalogue: the bus did not answer; retrying", "err", err, "attempt", attempt)
+		c.log.Warn(what+": the bus did not answer; retrying", "err", err, "attempt", attempt)
 		if backoff.Wait(ctx, retry.Delay(attempt)) != nil {
-			return r, err
+			return err
 		}
 	}
 }
@@ -364,19 +377,34 @@ func (c *Controller) start(ctx context.Context) (*runInputs, error) {
 		return nil, err
 	}
 	c.logRaise(r)
-	if c.store, err = OpenStore(ctx, c.js, c.module); err != nil {
+	// Each step below waits for a bus that does not answer (answered),
+	// as the raise does: a controller started in an outage, or taking its
+	// seat over as the bus comes back, works once it answers.
+	if err := c.answered(ctx, "opening the plan store", func() (err error) {
+		c.store, err = OpenStore(ctx, c.js, c.module)
+		return err
+	}); err != nil {
 		return nil, err
 	}
-	if c.askKey, err = c.store.AskKey(ctx); err != nil {
+	if err := c.answered(ctx, "reading the asks' key", func() (err error) {
+		c.askKey, err = c.store.AskKey(ctx)
+		return err
+	}); err != nil {
 		return nil, err
 	}
-	if c.asks, err = c.js.KeyValue(ctx, mesh.AskClaimsBucket(mesh.BuildSeat)); err != nil {
+	if err := c.answered(ctx, "opening the ask claims", func() (err error) {
+		c.asks, err = c.js.KeyValue(ctx, mesh.AskClaimsBucket(mesh.BuildSeat))
+		return err
+	}); err != nil {
 		// Raised above with the catalogue; a catalogue without the build
 		// seat has no outcomes to fence.
 		c.log.Warn("no ask claims bucket: every outcome of the build seat is refused", "err", err)
 		c.asks = nil
 	}
-	if c.seatClaims, err = c.js.KeyValue(ctx, mesh.ClaimsBucket()); err != nil {
+	if err := c.answered(ctx, "opening the seat claims", func() (err error) {
+		c.seatClaims, err = c.js.KeyValue(ctx, mesh.ClaimsBucket())
+		return err
+	}); err != nil {
 		c.log.Warn("no seat claims bucket: an ask claim is judged on its own lease", "err", err)
 		c.seatClaims = nil
 	}
@@ -394,16 +422,24 @@ func (c *Controller) start(ctx context.Context) (*runInputs, error) {
 	}}}
 	// The asks the server gave up on, from the stream that kept its
 	// advisories while no controller ran as well as now.
-	gaveUp, stopGaveUp, err := c.consumeGaveUp(ctx)
-	if err != nil {
+	var gaveUp <-chan jetstream.Msg
+	var stopGaveUp func()
+	if err := c.answered(ctx, "consuming the given-up asks", func() (err error) {
+		gaveUp, stopGaveUp, err = c.consumeGaveUp(ctx)
+		return err
+	}); err != nil {
 		in.stop()
 		return nil, err
 	}
 	in.gaveUp, in.stops = gaveUp, append(in.stops, stopGaveUp)
 	// On the way out, events fetched and not worked go back at once, so
 	// the next holder of mesh-controller has them without an ack wait.
-	events, stopEvents, err := c.consume(ctx, mesh.EventsStream, mesh.ModuleConsumer(c.module), c.cfg.Batch, "events")
-	if err != nil {
+	var events <-chan jetstream.Msg
+	var stopEvents func()
+	if err := c.answered(ctx, "consuming the events", func() (err error) {
+		events, stopEvents, err = c.consume(ctx, mesh.EventsStream, mesh.ModuleConsumer(c.module), c.cfg.Batch, "events")
+		return err
+	}); err != nil {
 		in.stop()
 		return nil, err
 	}

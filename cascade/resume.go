@@ -13,11 +13,16 @@ import (
 // resume loads every running plan, re-submits what was queued and releases
 // what a built recorded before the stop had made ready: level-triggered.
 func (c *Controller) resume(ctx context.Context) error {
-	recs, err := c.store.Plans(ctx)
-	if err := Readable(err, c.unreadable); err != nil {
+	var recs []PlanRecord
+	if err := c.answered(ctx, "reading the stored plans", func() (err error) {
+		recs, err = c.store.Plans(ctx)
+		return Readable(err, c.unreadable)
+	}); err != nil {
 		return err
 	}
-	if err := c.loadKept(ctx); err != nil {
+	if err := c.answered(ctx, "reading the current images, keys, shares and estimates", func() error {
+		return c.loadKept(ctx)
+	}); err != nil {
 		return err
 	}
 	var since time.Time
@@ -26,7 +31,11 @@ func (c *Controller) resume(ctx context.Context) error {
 		if r.Outcome != OutcomeRunning {
 			continue
 		}
-		st, err := c.load(ctx, r)
+		var st *State
+		err := c.answered(ctx, "loading a stored plan", func() (err error) {
+			st, err = c.load(ctx, r)
+			return err
+		})
 		if err != nil {
 			c.log.Error("cannot load a stored plan; leaving it", "plan", r.ID, "err", err)
 			continue
