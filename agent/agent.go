@@ -130,6 +130,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.beat = heartbeatEvery(a.cfg.Heartbeat, ackWait)
 	a.lease = claimLease(a.cfg.ClaimLease, ackWait)
 	a.claims = a.askClaims(ctx)
+	if a.claims != nil && a.cfg.Succeeds != "" && a.cfg.Succeeds != a.cfg.SeatToken {
+		go a.handBackLeft(ctx)
+	}
 	status, err := a.serveStatus()
 	if err != nil {
 		return err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -32,6 +33,9 @@ type hold struct {
 	// machine; zero until it has.
 	infraSince time.Time
 	found      claim.AskFound
+	// reply is the delivery's reply subject, kept in the claim
+	// (claim.AskRecord.Reply).
+	reply string
 }
 
 // claimVerdict is what claiming an ask found.
@@ -73,15 +77,16 @@ func (a *Agent) askClaims(ctx context.Context) *claim.Asks {
 	}
 }
 
-// claim claims ask id, delivered for the attempt-th time, for this machine.
+// claim claims ask id, delivered for the attempt-th time with reply subject
+// reply, for this machine.
 // A first delivery is claimed in one write; a redelivery first reads every
 // machine's claim of the ask: one settled says the ask is done, one alive
 // (and bound to a machine that still holds its seat) leaves it to its
 // holder, and the earliest infrastructure failure in any is the ask's
 // budget so far.
-func (a *Agent) claim(ctx context.Context, ask mesh.Ask, attempt int) (*hold, claimVerdict, error) {
+func (a *Agent) claim(ctx context.Context, ask mesh.Ask, attempt int, reply string) (*hold, claimVerdict, error) {
 	id := ask.ID
-	h := &hold{}
+	h := &hold{reply: reply}
 	if a.claims == nil {
 		return h, claimed, nil
 	}
@@ -118,7 +123,7 @@ func (a *Agent) claim(ctx context.Context, ask mesh.Ask, attempt int) (*hold, cl
 			return h, claimHeld, nil
 		}
 	}
-	l, err := a.claims.Claim(ctx, id, ask.Secret, attempt, h.infraSince)
+	l, err := a.claims.Claim(ctx, id, ask.Secret, attempt, h.infraSince, h.reply)
 	if err != nil {
 		a.troubled()
 		return h, claimFailed, err
@@ -352,7 +357,7 @@ func (a *Agent) claimAgain(ctx context.Context, ask mesh.Ask, attempt int, h *ho
 	case f.Held != nil:
 		return nil, fmt.Errorf("%w: its claim lapsed, and %s holds it now", errTaken, f.Held.Machine)
 	}
-	return a.claims.Claim(ctx, ask.ID, ask.Secret, attempt, h.infraSince)
+	return a.claims.Claim(ctx, ask.ID, ask.Secret, attempt, h.infraSince, h.reply)
 }
 
 // claimLease is the lease of an ask's claim: lease when set, else three
@@ -378,3 +383,52 @@ func claimedBy(r *claim.AskRecord) error {
 	}
 	return fmt.Errorf("claimed by %s (%s, attempt %d)", r.Machine, r.Holder, r.Attempt)
 }
+
+// handBackLeft hands back the asks this machine's previous holder of its
+// seat (Config.Succeeds) left claimed. A process killed with asks in hand
+// says nothing: each would wait out the holders' ack wait from its last
+// heartbeat before the server delivers it again, though the claim of it is
+// void the moment this holder took the seat (it is bound to the previous
+// seat claim). Each is naked through the reply of the delivery its claim
+// recorded (claim.AskRecord.Reply), unless it was settled since or another
+// holder has it now: the server delivers it again at once. A reply that is
+// not an acknowledgement of the seat's queue is left alone.
+func (a *Agent) handBackLeft(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, handBackLeftFor)
+	defer cancel()
+	left, err := a.claims.Left(ctx, a.cfg.Succeeds)
+	if err != nil {
+		a.log.Warn("reading the asks this machine's previous holder left claimed: each goes back after the ack wait", "err", err)
+		return
+	}
+	stream := "." + mesh.SeatStream(mesh.BuildSeat) + "."
+	for _, rec := range left {
+		log := a.log.With("ask", rec.Ask, "attempt", rec.Attempt, "claimed", rec.Since.Format(time.RFC3339), "holder", rec.Holder)
+		if !strings.HasPrefix(rec.Reply, "$JS.ACK.") || !strings.Contains(rec.Reply, stream) {
+			log.Warn("an ask this machine's previous holder left claimed, without the acknowledgement of its delivery: it goes back after the ack wait", "reply", rec.Reply)
+			continue
+		}
+		f, err := a.claims.Look(ctx, rec.Ask, "", func(claim.AskRecord) bool { return false })
+		switch {
+		case err != nil:
+			log.Warn("an ask this machine's previous holder left claimed: its claims cannot be read; it goes back after the ack wait", "err", err)
+			continue
+		case f.Done != nil || f.Held != nil:
+			continue // settled since, or another holder's now
+		}
+		if err := a.nc.Publish(rec.Reply, []byte(nakBody)); err != nil {
+			log.Warn("handing back an ask this machine's previous holder left claimed", "err", err)
+			continue
+		}
+		log.Info("handed back an ask this machine's previous holder left claimed (it stopped without handing it back): the server delivers it again now, not after the ack wait")
+	}
+	if err := a.nc.FlushWithContext(ctx); err != nil {
+		a.log.Warn("handing back the asks this machine's previous holder left claimed", "err", err)
+	}
+}
+
+// handBackLeftFor bounds handBackLeft.
+const handBackLeftFor = 30 * time.Second
+
+// nakBody is JetStream's negative acknowledgement: deliver it again.
+const nakBody = "-NAK"

@@ -89,6 +89,14 @@ type Config struct {
 	// machine whose seat claim lapsed are another machine's at once. Empty
 	// binds them to nothing.
 	SeatToken string
+	// Succeeds is the token of the seat claim this machine's holder held
+	// before SeatToken's, when the seat was taken over from it: a process
+	// that died holding it (killed, crashed; restarted by its supervisor)
+	// or this process before its claim lapsed in an outage. The asks its
+	// ask claims still hold are handed back as the agent starts
+	// (handBackLeft), so that a holder takes each at once instead of after
+	// the holders' ack wait. Empty: the seat was free.
+	Succeeds string
 	// ProbeTimeout bounds one probe of the machine (its BuildKit answers).
 	ProbeTimeout time.Duration
 	// ProbeEvery is how often an idle, healthy machine is probed before it

@@ -29,14 +29,14 @@ func (a *Agent) handle(work context.Context, msg jetstream.Msg) {
 		if mesh.ValidAskID(ask.ID) && ask.Plan != "" {
 			// Refused by its holder: claimed first, so that the
 			// controller takes the refusal as this machine's word.
-			if c, verdict, _ := a.claim(work, ask, attempt); verdict == claimed {
+			if c, verdict, _ := a.claim(work, ask, attempt, msg.Reply()); verdict == claimed {
 				a.settle(work, msg, log, out, c)
 				return
 			}
 		}
 	default:
 		log = log.With("ask", ask.ID, "module", ask.Module, "plan", ask.Plan)
-		c, verdict, err := a.claim(work, ask, attempt)
+		c, verdict, err := a.claim(work, ask, attempt, msg.Reply())
 		switch verdict {
 		case claimDone:
 			// Its outcome was recorded (its holder lost the ack, or died
@@ -90,7 +90,7 @@ func (a *Agent) adopt(ctx context.Context, ask mesh.Ask, attempt int, c *hold) (
 		// Announced by this machine, with its own proof of delivery
 		// (the recorded one is the first holder's).
 		body["on"], body["attempt"], body["proof"] = a.cfg.Machine, attempt, a.proof(ask)
-		l, err := a.claims.Claim(ctx, ask.ID, ask.Secret, attempt, rec.InfraSince)
+		l, err := a.claims.Claim(ctx, ask.ID, ask.Secret, attempt, rec.InfraSince, c.reply)
 		if err != nil {
 			return handedBack(0, a.cfg.RetryDelay, err), true
 		}

@@ -109,6 +109,10 @@ func (m *ModuleStatus) silentBefore(platform string, attempt int, taken time.Tim
 	}
 }
 
+// later reports whether delivery, a started's, is a later delivery of the
+// ask than began, the one its machine began (0: not known).
+func later(delivery, began int) bool { return began > 0 && delivery > began }
+
 // maxLost is how many lost holders a module keeps: the latest.
 const maxLost = 4
 

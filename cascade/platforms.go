@@ -33,6 +33,9 @@ type PlatformStatus struct {
 	// Digest is the platform's manifest, from its built event.
 	Digest string `json:"digest,omitempty"`
 	On     string `json:"on,omitempty"`
+	// Delivery is the delivery of the platform's ask its machine began
+	// (ModuleStatus.Delivery).
+	Delivery int `json:"delivery,omitempty"`
 	// Attestations are what the platform's image was pushed with (its
 	// provenance and SBOM, by digest). The module's index, assembled from
 	// the platforms' image manifests, does not carry them: it is a pure
@@ -94,7 +97,7 @@ func (s *State) platformStarted(i, k int, ev mesh.Started) bool {
 	p := &m.Platforms[k]
 	switch {
 	case m.State == Queued || m.State == Building:
-		if p.State != Queued && (p.State != Building || ev.On == p.On) {
+		if p.State != Queued && (p.State != Building || ev.On == p.On && !later(ev.Attempt, p.Delivery)) {
 			return false
 		}
 		if p.State == Building && p.On != "" {
@@ -104,7 +107,7 @@ func (s *State) platformStarted(i, k int, ev mesh.Started) bool {
 		if p.State == Queued {
 			m.silentBefore(p.Platform, ev.Attempt, ev.At, ev.On)
 		}
-		p.State, p.On = Building, ev.On
+		p.State, p.On, p.Delivery = Building, ev.On, ev.Attempt
 		if m.State == Queued {
 			s.set(m, Building)
 			m.Started = ev.At

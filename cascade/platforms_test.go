@@ -361,6 +361,47 @@ func TestAnAskFirstHeardOfFromALaterDeliveryNotesALostHolder(t *testing.T) {
 	checkInvariants(t, s)
 }
 
+// A machine whose agent is killed with an ask in hand and restarted begins
+// the ask again from a later delivery: its holder there went silent, noted
+// lost with the machine taking it again. The same delivery's start again
+// (a duplicate) or an earlier one's (late) notes nothing. So for a
+// platform's ask.
+func TestAMachineBeginningItsAskAgainFromALaterDeliveryIsNotedLost(t *testing.T) {
+	s := NewState(plan(t, "a:"), t0)
+	a := s.Start(t0)[0]
+	ev := func(attempt, sec int) mesh.Started {
+		e := started(a, "m1", sec)
+		e.Attempt = attempt
+		return e
+	}
+	s.Started(ev(1, 1))
+	if !s.Started(ev(2, 5)) {
+		t.Fatal("m1's start of a later delivery changed nothing")
+	}
+	want := []Lost{{On: "m1", Started: at(1), Taken: at(5), TakenBy: "m1"}}
+	if got := stateOf(t, s, "a"); !slices.Equal(got.Lost, want) || got.Delivery != 2 || !got.Started.Equal(at(5)) {
+		t.Fatalf("a %+v: want m1 lost, begun again at its second delivery", got)
+	}
+	if s.Started(ev(2, 6)) || s.Started(ev(1, 7)) {
+		t.Fatal("a duplicate or late start changed the module")
+	}
+	if got := stateOf(t, s, "a").Lost; !slices.Equal(got, want) {
+		t.Fatalf("lost %+v, want %+v", got, want)
+	}
+	checkInvariants(t, s)
+
+	p := twoPlatforms(t)
+	base := byModule(t, p.Start(at(0)), "base")
+	amd := platformEvent(base, "linux/amd64")
+	p.Started(mesh.Started{Ask: amd, Plan: base.Plan, Module: "base", On: "x86", Attempt: 1, At: at(1)})
+	if !p.Started(mesh.Started{Ask: amd, Plan: base.Plan, Module: "base", On: "x86", Attempt: 2, At: at(4)}) {
+		t.Fatal("x86's start of a later delivery of its platform's ask changed nothing")
+	}
+	if got, want := stateOf(t, p, "base").Lost, []Lost{{Platform: "linux/amd64", On: "x86", Taken: at(4), TakenBy: "x86"}}; !slices.Equal(got, want) {
+		t.Fatalf("base: lost %+v, want %+v", got, want)
+	}
+}
+
 // A machine that starts an ask and goes silent (kill -9: no hand-back)
 // loses its claim, and the next machine's start is noted on the module as
 // a lost holder, kept after the module is built; a machine that gave the

@@ -156,6 +156,11 @@ type ModuleStatus struct {
 	State   ModuleState `json:"state"`
 	Ask     string      `json:"ask,omitempty"`
 	Attempt int         `json:"attempt,omitempty"`
+	// Delivery is the delivery of the ask its machine began it from (the
+	// started's attempt: 1 the first); 0 when not known. A later delivery
+	// begun by the same machine says the holder there went silent (a
+	// process killed and restarted).
+	Delivery int `json:"delivery,omitempty"`
 	// Tree is the git tree id of the module's build context at its
 	// commit (State.Address); empty when it is not known, and then the
 	// module has no input key and is always submitted.
@@ -410,9 +415,10 @@ func (s *State) Started(ev mesh.Started) bool {
 		m.silentBefore("", ev.Attempt, ev.At, ev.On)
 		s.set(m, Building)
 		s.dispatched = append(s.dispatched, m.Module)
-	case m.State == Building && ev.At.After(m.Started) && ev.On != m.On:
+	case m.State == Building && ev.At.After(m.Started) && (ev.On != m.On || later(ev.Attempt, m.Delivery)):
 		// Its claim moved: the machine that had it went silent (one that
-		// gave the ask back is no longer the module's, On is empty).
+		// gave the ask back is no longer the module's, On is empty), or
+		// its holder there did and the machine began it again.
 		if m.On != "" {
 			m.lost(m.On, "", m.Started, ev)
 		}
@@ -422,7 +428,7 @@ func (s *State) Started(ev mesh.Started) bool {
 	default:
 		return false
 	}
-	m.On, m.Started, m.HandedBack = ev.On, ev.At, nil
+	m.On, m.Started, m.HandedBack, m.Delivery = ev.On, ev.At, nil, ev.Attempt
 	m.held(ev.On)
 	s.touch(ev.At)
 	return true

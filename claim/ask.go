@@ -65,6 +65,12 @@ type AskRecord struct {
 	// (mesh.AskProof): every machine may write its own claim of any ask,
 	// so a claim without it is not a holder's, and Look passes it over.
 	Proof string `json:"proof,omitempty"`
+	// Reply is the subject that acknowledges the delivery claimed (the
+	// reply JetStream gave it): a holder that takes the machine's seat
+	// after this one died with the ask hands it back through it
+	// (Asks.Left), so that another takes it at once, not after the ack
+	// wait. Empty for a claim made outside a delivery.
+	Reply string `json:"reply,omitempty"`
 }
 
 // Held reports whether the record is a holder's claim still working (not
@@ -209,6 +215,74 @@ func (a *Asks) Look(ctx context.Context, ask, secret string, mine func(AskRecord
 	return f, nil
 }
 
+// Left reads this machine's claims still held and bound to seat, the token
+// of a seat claim this machine held before the one it holds now — a process
+// that died with them, or this process before its seat claim lapsed in an
+// outage: their asks wait for the ack wait unless handed back (through
+// AskRecord.Reply). Only recent writes are read: a held claim is renewed
+// every third of its lease and lapses without, so one written longer ago
+// than two leases (and LeftClockSkew for the server's clock against this
+// machine's) is gone or settled.
+func (a *Asks) Left(ctx context.Context, seat string) ([]AskRecord, error) {
+	if seat == "" {
+		return nil, nil // claims bound to nothing: nothing tells the previous holder's
+	}
+	start := time.Now().Add(-2*a.o.lease - LeftClockSkew)
+	cons, err := a.js.OrderedConsumer(ctx, mesh.KVStream(mesh.AskClaimsBucket(a.seat)), jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{mesh.MachineAskClaims(a.seat, a.machine)},
+		DeliverPolicy:  jetstream.DeliverByStartTimePolicy,
+		OptStartTime:   &start,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("reading the ask claims %s left: %w", a.machine, err)
+	}
+	if cons.CachedInfo().NumPending == 0 {
+		return nil, nil
+	}
+	// The last write of each key is what the claim says.
+	last := map[string]AskRecord{}
+	var order []string
+	for done := false; !done; {
+		batch, err := cons.Fetch(256, jetstream.FetchMaxWait(2*time.Second))
+		if err != nil {
+			return nil, fmt.Errorf("reading the ask claims %s left: %w", a.machine, err)
+		}
+		n := 0
+		for m := range batch.Messages() {
+			n++
+			if md, err := m.Metadata(); err == nil && md.NumPending == 0 {
+				done = true
+			}
+			var rec AskRecord
+			if _, seen := last[m.Subject()]; !seen {
+				order = append(order, m.Subject())
+			}
+			if removed(m.Headers()) || json.Unmarshal(m.Data(), &rec) != nil {
+				rec = AskRecord{} // deleted, purged, or the server's marker of a lapse
+			}
+			last[m.Subject()] = rec
+		}
+		if err := batch.Error(); err != nil {
+			return nil, fmt.Errorf("reading the ask claims %s left: %w", a.machine, err)
+		}
+		done = done || n == 0
+	}
+	var out []AskRecord
+	for _, subj := range order {
+		if rec := last[subj]; rec.Held() && rec.Ask != "" && rec.Machine == a.machine && rec.Seat == seat {
+			out = append(out, rec)
+		}
+	}
+	return out, nil
+}
+
+// LeftClockSkew is how far ahead of a machine's clock Left allows the
+// server's to be.
+const LeftClockSkew = 5 * time.Minute
+
+// kvOperation is the header a key-value bucket marks a delete or purge with.
+const kvOperation = "KV-Operation"
+
 // bound reports whether a held claim's machine still holds the seat claim
 // it is bound to. A claim bound to nothing is judged on its own lease.
 func (a *Asks) bound(ctx context.Context, rec AskRecord) bool {
@@ -263,14 +337,15 @@ type AskLease struct {
 
 // Claim claims ask for this machine at attempt, carrying infraSince (the
 // ask's budget so far, from Look) and the machine's proof that it was
-// delivered the ask (mesh.AskProof of secret, the ask's). It writes the
-// machine's own key, with the lease as its TTL, and renews it until Finish
-// or Release, or until it is lost (Lost, Context).
-func (a *Asks) Claim(ctx context.Context, ask, secret string, attempt int, infraSince time.Time) (*AskLease, error) {
+// delivered the ask (mesh.AskProof of secret, the ask's) and the delivery's
+// reply subject (AskRecord.Reply). It writes the machine's own key, with the
+// lease as its TTL, and renews it until Finish or Release, or until it is
+// lost (Lost, Context).
+func (a *Asks) Claim(ctx context.Context, ask, secret string, attempt int, infraSince time.Time, reply string) (*AskLease, error) {
 	now := a.o.clock().UTC()
 	rec := AskRecord{Ask: ask, Machine: a.machine, Holder: a.holder, Attempt: attempt, Since: now, Renewed: now,
 		Lease: a.o.lease.String(), Token: rand.Text(), Seat: a.seatToken, InfraSince: infraSince,
-		Proof: mesh.AskProof(secret, ask, a.machine)}
+		Proof: mesh.AskProof(secret, ask, a.machine), Reply: reply}
 	data, _ := json.Marshal(rec)
 	key := mesh.AskClaimKey(ask, a.machine)
 	sent := time.Now()

@@ -46,7 +46,7 @@ func TestAskClaimsAreJudgedOnTheServersClock(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := a.Claim(ctx, "ask-1", "", 1, time.Time{})
+	l, err := a.Claim(ctx, "ask-1", "", 1, time.Time{}, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,7 +70,7 @@ func TestAskClaimsAreJudgedOnTheServersClock(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("m1's lease did not say it was lost")
 	}
-	if _, err := b.Claim(ctx, "ask-1", "", 2, time.Time{}); err != nil {
+	if _, err := b.Claim(ctx, "ask-1", "", 2, time.Time{}, ""); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -91,7 +91,7 @@ func TestASettledClaimRemovedAfterItIsWrittenAgain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := a.Claim(ctx, "ask-1", "", 1, time.Time{})
+	l, err := a.Claim(ctx, "ask-1", "", 1, time.Time{}, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -139,7 +139,7 @@ func TestClaimsWithoutAProofOfDeliveryArePassedOver(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := m1.Claim(ctx, ask, secret, 2, time.Time{})
+	l, err := m1.Claim(ctx, ask, secret, 2, time.Time{}, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,5 +177,63 @@ func TestClaimsWithoutAProofOfDeliveryArePassedOver(t *testing.T) {
 	f, err = other.Look(ctx, ask, secret, func(claim.AskRecord) bool { return false })
 	if err != nil || f.Done == nil || f.Done.Machine != "m1" || f.Done.MsgID != "ask-1-built-m1" || f.Held != nil {
 		t.Fatalf("after m1 settled: %+v (%v), want m1's outcome", f, err)
+	}
+}
+
+// A holder that takes a machine's seat after another died finds the claims
+// that one left held (Left): those bound to its seat claim's token, not
+// settled, with the reply of the delivery each was made for; not a claim it
+// settled, nor one bound to another seat claim, nor another machine's.
+func TestLeftFindsTheHeldClaimsOfAPreviousSeatClaim(t *testing.T) {
+	dial := askBus(t)
+	ctx := context.Background()
+	js := dial()
+	if err := mesh.RaiseClaims(ctx, js, 1); err != nil {
+		t.Fatal(err)
+	}
+	lease := claim.WithLease(time.Minute)
+	open := func(machine, seat string) *claim.Asks {
+		t.Helper()
+		a, err := claim.OpenAsks(ctx, dial(), mesh.BuildSeat, machine, "agent", seat, lease)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return a
+	}
+	before, other, m2 := open("m1", "seat-before"), open("m1", "seat-other"), open("m2", "seat-before")
+	claimed := func(a *claim.Asks, ask, reply string) *claim.AskLease {
+		t.Helper()
+		l, err := a.Claim(ctx, ask, "", 1, time.Time{}, reply)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	claimed(before, "ask-held", "$JS.ACK.held")
+	claimed(before, "ask-held-2", "$JS.ACK.held-2")
+	if err := claimed(before, "ask-built", "$JS.ACK.built").Finish(ctx, mesh.EventBuilt); err != nil {
+		t.Fatal(err)
+	}
+	if err := claimed(before, "ask-back", "$JS.ACK.back").Release(ctx, "handed back", time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	claimed(other, "ask-other-seat", "$JS.ACK.other")
+	claimed(m2, "ask-m2", "$JS.ACK.m2")
+
+	now := open("m1", "seat-now")
+	left, err := now.Left(ctx, "seat-before")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, r := range left {
+		got[r.Ask] = r.Reply
+	}
+	want := map[string]string{"ask-held": "$JS.ACK.held", "ask-held-2": "$JS.ACK.held-2"}
+	if len(got) != len(want) || got["ask-held"] != want["ask-held"] || got["ask-held-2"] != want["ask-held-2"] {
+		t.Fatalf("Left found %v, want %v", got, want)
+	}
+	if left, err := now.Left(ctx, ""); err != nil || len(left) != 0 {
+		t.Fatalf("Left of no seat claim: %v (%v), want nothing", left, err)
 	}
 }

@@ -58,7 +58,7 @@ func readLeader(ctx context.Context, js jetstream.JetStream, bucket, key string)
 		if err != nil {
 			return nil, fmt.Errorf("asking the leader of %s for %s: %w", bucket, key, err)
 		}
-		if h.Get("KV-Operation") != "" || h.Get(jetstream.MarkerReasonHeader) != "" {
+		if removed(h) {
 			return nil, jetstream.ErrKeyDeleted
 		}
 	}
@@ -68,4 +68,10 @@ func readLeader(ctx context.Context, js jetstream.JetStream, bucket, key string)
 // gone reports whether err says a key is not there.
 func gone(err error) bool {
 	return errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted)
+}
+
+// removed reports whether a key-value message's headers h say its key was
+// deleted, purged or lapsed (the server's marker) rather than written.
+func removed(h nats.Header) bool {
+	return h.Get(kvOperation) != "" || h.Get(jetstream.MarkerReasonHeader) != ""
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/meshbuild/meshbuild/cmd/internal/cli"
 	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/internal/testenv"
+	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/registry/registrytest"
 )
 
@@ -60,24 +61,7 @@ func TestAMachineKilledMidBuildIsShownLostInShowLogsAndMachines(t *testing.T) {
 	ctx, errs := registryFarm(t, s, catDir, reg, 1)
 	f := &backFarm{t: t, ctx: ctx, url: s.ClientURL(), commit: commit}
 
-	// m1: build-agent, a process of its own.
-	var m1log testenv.Buffer
-	m1 := exec.Command(bin, "--nats", s.ClientURL(), "--machine", "m1", "--buildkit", bk, "--workspace", t.TempDir(),
-		"--git-instead-of", fleetRepo+"="+gitDir, "--registry-insecure", "--fetch-wait", "500ms", "--grace", "0s")
-	m1.Stdout, m1.Stderr = &m1log, &m1log
-	if err := m1.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = m1.Process.Kill(); _ = m1.Wait() })
-	testenv.WaitFor(t, 30*time.Second, "m1 online", func() bool {
-		for _, m := range machines(t, f.url) {
-			if m.Machine == "m1" && m.Online {
-				return true
-			}
-		}
-		return false
-	})
-
+	m1, _ := startAgentProcess(t, bin, s.ClientURL(), "m1", bk, gitDir)
 	plan := f.push()
 	var watched bytes.Buffer
 	watchDone := make(chan int, 1)
@@ -85,19 +69,7 @@ func TestAMachineKilledMidBuildIsShownLostInShowLogsAndMachines(t *testing.T) {
 		var errw bytes.Buffer
 		watchDone <- cli.Main(ctx, []string{"--nats", f.url, "watch", plan}, &watched, &errw)
 	}()
-	poll(t, 60*time.Second, "m1 running app's RUN step", func() bool {
-		// Once the store says m1 builds it (push answers with the plan's
-		// id before its record is stored, and the controller stores a
-		// started with the module's next change or a moment later).
-		if f.app(plan).On != "m1" {
-			return false
-		}
-		code, out := f.builds("logs", "--follow=false", plan, "app")
-		if code != 0 {
-			t.Fatalf("builds logs --follow=false of a build in flight: exit %d", code)
-		}
-		return strings.Contains(out, "step one")
-	})
+	f.running(plan, "m1")
 	// m2 (idle all along from here) beside it; then m1 is killed.
 	cfg := agent.DefaultConfig()
 	cfg.Machine, cfg.FetchWait = "m2", 500*time.Millisecond
@@ -154,5 +126,112 @@ func TestAMachineKilledMidBuildIsShownLostInShowLogsAndMachines(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second):
 		t.Error("builds watch did not end once the plan settled")
+	}
+}
+
+// startAgentProcess starts build-agent bin as machine on the bus at url, a
+// process of its own, and waits until the machine is online.
+func startAgentProcess(t *testing.T, bin, url, machine, bk, gitDir string) (*exec.Cmd, *testenv.Buffer) {
+	t.Helper()
+	var log testenv.Buffer
+	cmd := exec.Command(bin, "--nats", url, "--machine", machine, "--buildkit", bk, "--workspace", t.TempDir(),
+		"--git-instead-of", fleetRepo+"="+gitDir, "--registry-insecure", "--fetch-wait", "500ms", "--grace", "0s")
+	cmd.Stdout, cmd.Stderr = &log, &log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	testenv.WaitFor(t, 30*time.Second, machine+" online", func() bool {
+		for _, m := range machines(t, url) {
+			if m.Machine == machine && m.Online {
+				return true
+			}
+		}
+		return false
+	})
+	return cmd, &log
+}
+
+// running waits until machine runs app's RUN step in plan.
+func (f *backFarm) running(plan, machine string) {
+	f.t.Helper()
+	poll(f.t, 60*time.Second, machine+" running app's RUN step", func() bool {
+		// Once the store says the machine builds it (push answers with
+		// the plan's id before its record is stored, and the controller
+		// stores a started with the module's next change or a moment
+		// later).
+		if f.app(plan).On != machine {
+			return false
+		}
+		code, out := f.builds("logs", "--follow=false", plan, "app")
+		if code != 0 {
+			f.t.Fatalf("builds logs --follow=false of a build in flight: exit %d", code)
+		}
+		return strings.Contains(out, "step one")
+	})
+}
+
+// A build agent killed with SIGKILL in the middle of a build and started
+// again at once (as a supervisor restarts it) takes its seat over from its
+// dead predecessor and hands back the ask that one held: the server
+// delivers it again at once, and the restarted machine builds it, instead
+// of the ask waiting out the holders' ack wait (8 s from the dead
+// process's last heartbeat; seen by hand: the restarted agent idle, the
+// ask started 8.0 s after it was queued).
+func TestARestartedAgentHandsBackTheAskItsKilledPredecessorHeld(t *testing.T) {
+	testenv.RequireBuildkit(t)
+	bin := agentBinary(t)
+	reg := registrytest.Registry(t)
+	bk := testenv.Buildkitd(t, reg)
+	busybox := testenv.Busybox(t, reg)
+	s := natstest.Server(t, nil)
+	catDir := meshCatalogue(t)
+	addModule(t, catDir, "app", "module: app\nbuild:\n  repo: "+fleetRepo+"\n  path: app\n")
+	gitDir, _ := testenv.GitRepo(t, map[string]string{
+		"app/Dockerfile": "FROM " + busybox + "\nCOPY hello.txt /hello.txt\nRUN echo step one && sleep 4 && echo step two\n",
+		"app/hello.txt":  "hello\n",
+	})
+	commit := testenv.Commit(t, gitDir, map[string]string{"app/VERSION": "2\n"})
+	ctx, _ := registryFarm(t, s, catDir, reg, 0)
+	f := &backFarm{t: t, ctx: ctx, url: s.ClientURL(), commit: commit}
+
+	m1, _ := startAgentProcess(t, bin, s.ClientURL(), "m1", bk, gitDir)
+	plan := f.push()
+	f.running(plan, "m1")
+	if err := m1.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = m1.Wait()
+	killed := time.Now()
+	_, again := startAgentProcess(t, bin, s.ClientURL(), "m1", bk, gitDir)
+
+	poll(t, 90*time.Second, "app built", func() bool { return f.app(plan).State == cascade.Built })
+	m := f.app(plan)
+	if m.On != "m1" || len(m.Lost) != 1 || m.Lost[0].On != "m1" || m.Lost[0].TakenBy != "m1" {
+		t.Fatalf("app %+v: want built on m1 again, its first holder noted lost", m)
+	}
+	// Without the hand-back the server delivers the ask again once the
+	// ack wait has passed since the dead process's last heartbeat (a
+	// third of it): not before two thirds of it after the kill.
+	took := m.Lost[0].Taken.Sub(killed)
+	t.Logf("the ask started again %s after the kill", took.Round(time.Millisecond))
+	if limit := mesh.HolderAckWait * 2 / 3; took >= limit {
+		t.Errorf("the ask started again %s after the kill: want within %s, handed back by the restarted agent, not redelivered after the ack wait", took, limit)
+	}
+	if l := again.String(); !strings.Contains(l, "handed back an ask this machine's previous holder left claimed") {
+		t.Errorf("the restarted agent does not say it handed the ask back:\n%s", l)
+	}
+	if code, shown := f.builds("show", plan); code != 0 || !strings.Contains(shown, "app: m1 went silent building it (started ") ||
+		!strings.Contains(shown, "; its agent, restarted, began it again at ") {
+		t.Errorf("builds show (exit %d) does not say m1 went silent and began the ask again:\n%s", code, shown)
+	}
+	code, logs := f.builds("logs", plan, "app")
+	cut := strings.Index(logs, "── m1's output stops here: it went silent; its agent, restarted, began the ask again")
+	if code != 0 || cut < 0 {
+		t.Fatalf("builds logs (exit %d) does not say where the killed agent's output stops:\n%s", code, logs)
+	}
+	if before, after := logs[:cut], logs[cut:]; !strings.Contains(before, "step one") || strings.Contains(before, "exporting to image") ||
+		!strings.Contains(after, "step two") || !strings.Contains(after, "exporting to image") {
+		t.Errorf("builds logs: want the killed agent's output cut short, then the restarted one's to its end:\n%s", logs)
 	}
 }

@@ -412,6 +412,8 @@ func (u *unheldLogs) report(w io.Writer, ask string) {
 // was given back or retried) or stopped short (its machine went silent).
 func attemptLine(from, on string, ended bool) string {
 	switch {
+	case !ended && on == from:
+		return fmt.Sprintf("── %s's output stops here: it went silent; its agent, restarted, began the ask again; its output follows ──", on)
 	case !ended:
 		return fmt.Sprintf("── %s's output stops here: it went silent, and %s took the ask; its output follows ──", from, on)
 	case on == from:

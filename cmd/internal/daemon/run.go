@@ -346,7 +346,7 @@ func RunAgent(ctx context.Context, o AgentOptions) error {
 	st := seat{js: js, seat: mesh.BuildSeat, scope: claim.Node(o.Agent.Machine), holder: claim.Process("build-agent"),
 		opts: []claim.Option{claim.WithLease(o.Lease), claim.WithResume(), claim.WithTrouble(busFailed)}, log: o.Log, refuse: true}
 	stopping := ctx
-	err = st.hold(ctx, func(ctx context.Context, lease *claim.Lease) error {
+	err = st.hold(ctx, func(ctx context.Context, lease *claim.Lease, succeeds *claim.Record) error {
 		cfg := o.Agent
 		// A seat lost to a bus outage does not cut the builds in hand
 		// short; the process stopping does, after its grace.
@@ -354,6 +354,11 @@ func RunAgent(ctx context.Context, o AgentOptions) error {
 		// The machine's ask claims are bound to its seat claim: when it
 		// lapses they are void, and another machine takes its asks at once.
 		cfg.SeatToken = lease.Token()
+		// The asks a holder that died with the seat left claimed go
+		// back at once, not after the ack wait.
+		if succeeds != nil {
+			cfg.Succeeds = succeeds.Token
+		}
 		if cfg.State == nil {
 			cfg.State = agentState(ctx, js, cfg.Machine, o.Log)
 		}
@@ -458,7 +463,7 @@ func RunController(ctx context.Context, o ControllerOptions) error {
 	})
 	st := seat{js: js, seat: mesh.ControllerSeat, scope: claim.Mesh(), holder: claim.Process("build-controller"),
 		opts: []claim.Option{claim.WithLease(o.Lease)}, log: o.Log}
-	return st.hold(ctx, func(ctx context.Context, _ *claim.Lease) error {
+	return st.hold(ctx, func(ctx context.Context, _ *claim.Lease, _ *claim.Record) error {
 		// Taking the seat over: the catalogue as it is now.
 		if now, err := fingerprint(o.Catalogue); err == nil && now != loaded {
 			if fresh, err := LoadCatalogue(o.Catalogue, o.Log); err == nil {

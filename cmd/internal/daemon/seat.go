@@ -39,15 +39,18 @@ type seat struct {
 }
 
 // hold runs fn as the seat's holder, with a context cancelled the moment
-// the claim is lost. After a loss (the bus did not answer for a lease) it
-// says so, stands by while the bus is away, takes the seat back — its own
-// stale claim at once — and runs fn again. It returns when ctx is done
+// the claim is lost, and the claim it succeeds: the one this holder took
+// the seat over from (its own, left behind by a process that died or lost
+// by this one in an outage, or one it stood by for), nil when the seat was
+// free. After a loss (the bus did not answer for a lease) it says so,
+// stands by while the bus is away, takes the seat back — its own stale
+// claim at once — and runs fn again. It returns when ctx is done
 // (nil), when fn returns while the claim is held (fn's error), or when the
 // first claim is refused.
-func (s seat) hold(ctx context.Context, fn func(context.Context, *claim.Lease) error) error {
+func (s seat) hold(ctx context.Context, fn func(ctx context.Context, l *claim.Lease, succeeds *claim.Record) error) error {
 	var lost *claim.Record
 	for first := true; ; first = false {
-		l, err := s.take(ctx, lost, first && s.refuse)
+		l, succeeds, err := s.take(ctx, lost, first && s.refuse)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
@@ -55,7 +58,7 @@ func (s seat) hold(ctx context.Context, fn func(context.Context, *claim.Lease) e
 			return err
 		}
 		hctx, cancel := l.Context(ctx)
-		err = fn(hctx, l)
+		err = fn(hctx, l, succeeds)
 		cancel()
 		lostErr := l.Err()
 		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
@@ -76,46 +79,52 @@ func (s seat) hold(ctx context.Context, fn func(context.Context, *claim.Lease) e
 	}
 }
 
-// take claims the seat. A claim held there that is this holder's own and
-// stale (ownStale) is removed — only if it is still that claim — and the
-// seat claimed at once, said in the log. While the bus does not answer it
+// take claims the seat, and says which claim it succeeds (hold). A claim
+// held there that is this holder's own and stale (ownStale) is removed —
+// only if it is still that claim — and the seat claimed at once, said in
+// the log. While the bus does not answer it
 // waits, saying so. Another live holder's claim is refused when refuse,
 // else waited for (claim.Standby).
-func (s seat) take(ctx context.Context, lost *claim.Record, refuse bool) (*claim.Lease, error) {
+func (s seat) take(ctx context.Context, lost *claim.Record, refuse bool) (*claim.Lease, *claim.Record, error) {
 	retry := backoff.Policy{First: 250 * time.Millisecond, Max: 5 * time.Second}
+	succeeds := lost
 	for attempt := 1; ; attempt++ {
 		l, err := claim.Claim(ctx, s.js, s.seat, s.scope, s.holder, append(s.opts, claim.WithLogger(s.log))...)
 		if err == nil {
 			if lost != nil {
 				s.log.Info("took the seat back", "seat", s.seat, "scope", s.scope.String())
 			}
-			return l, nil
+			return l, succeeds, nil
 		}
 		var ce *claim.ClaimedError
 		switch {
 		case ctx.Err() != nil:
-			return nil, ctx.Err()
+			return nil, nil, ctx.Err()
 		case errors.As(err, &ce):
-			why, stale := ownStale(ce.Record, s.holder, lost)
+			prev := ce.Record
+			why, stale := ownStale(prev, s.holder, lost)
 			if !stale {
 				if refuse {
-					return nil, err
+					return nil, nil, err
 				}
-				return claim.Standby(ctx, s.js, s.seat, s.scope, s.holder, append(s.opts, claim.WithLogger(s.log))...)
+				l, err := claim.Standby(ctx, s.js, s.seat, s.scope, s.holder, append(s.opts, claim.WithLogger(s.log))...)
+				return l, &prev, err
 			}
 			s.log.Warn("the seat's claim is this holder's own, left behind: taking it now instead of waiting out its lease",
-				"seat", s.seat, "scope", s.scope.String(), "claim", ce.Record.Holder, "since", ce.Record.Since.Format(time.RFC3339), "why", why)
-			if err := s.clear(ctx, ce.Record); err != nil {
-				s.log.Warn("removing our own stale claim failed; it lapses within its lease", "seat", s.seat, "lease", ce.Record.Lease, "err", err)
-				return claim.Standby(ctx, s.js, s.seat, s.scope, s.holder, append(s.opts, claim.WithLogger(s.log))...)
+				"seat", s.seat, "scope", s.scope.String(), "claim", prev.Holder, "since", prev.Since.Format(time.RFC3339), "why", why)
+			if err := s.clear(ctx, prev); err != nil {
+				s.log.Warn("removing our own stale claim failed; it lapses within its lease", "seat", s.seat, "lease", prev.Lease, "err", err)
+				l, err := claim.Standby(ctx, s.js, s.seat, s.scope, s.holder, append(s.opts, claim.WithLogger(s.log))...)
+				return l, &prev, err
 			}
+			succeeds = &prev
 			continue
 		case lost == nil && refuse:
-			return nil, err // the first claim of a process: say why at once
+			return nil, nil, err // the first claim of a process: say why at once
 		}
 		s.log.Warn("the bus does not answer: standing by to take the seat back", "seat", s.seat, "scope", s.scope.String(), "err", err, "attempt", attempt)
 		if err := backoff.Wait(ctx, retry.Delay(attempt)); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
 }

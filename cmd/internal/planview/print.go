@@ -172,7 +172,12 @@ func LostNote(l cascade.Lost) string {
 	if !l.Started.IsZero() {
 		fmt.Fprintf(&b, " (started %s)", l.Started.UTC().Format(time.TimeOnly))
 	}
-	fmt.Fprintf(&b, "; %s took the ask at %s", l.TakenBy, l.Taken.UTC().Format(time.TimeOnly))
+	if l.TakenBy == l.On {
+		// The machine's agent went silent and began it again: restarted.
+		fmt.Fprintf(&b, "; its agent, restarted, began it again at %s", l.Taken.UTC().Format(time.TimeOnly))
+	} else {
+		fmt.Fprintf(&b, "; %s took the ask at %s", l.TakenBy, l.Taken.UTC().Format(time.TimeOnly))
+	}
 	if !l.Started.IsZero() && l.Taken.After(l.Started) {
 		fmt.Fprintf(&b, ", %s later", duration(l.Taken.Sub(l.Started)))
 	}

@@ -204,6 +204,8 @@ func TestLostNote(t *testing.T) {
 	}{
 		{cascade.Lost{On: "vm-x", Started: start, Taken: start.Add(8 * time.Second), TakenBy: "vm-a1"},
 			"vm-x went silent building it (started 01:39:21); vm-a1 took the ask at 01:39:29, 8s later"},
+		{cascade.Lost{On: "m1", Started: start, Taken: start.Add(2 * time.Second), TakenBy: "m1"},
+			"m1 went silent building it (started 01:39:21); its agent, restarted, began it again at 01:39:23, 2s later"},
 		{cascade.Lost{Platform: "linux/arm64", Taken: start, TakenBy: "pi"},
 			"linux/arm64: a machine went silent with its ask before it announced a start (killed, cut off or stopping; which one is not known); pi took the ask at 01:39:21"},
 	} {
