@@ -228,44 +228,45 @@ func (a *Asks) Left(ctx context.Context, seat string) ([]AskRecord, error) {
 		return nil, nil // claims bound to nothing: nothing tells the previous holder's
 	}
 	start := time.Now().Add(-2*a.o.lease - LeftClockSkew)
-	cons, err := a.js.OrderedConsumer(ctx, mesh.KVStream(mesh.AskClaimsBucket(a.seat)), jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{mesh.MachineAskClaims(a.seat, a.machine)},
-		DeliverPolicy:  jetstream.DeliverByStartTimePolicy,
-		OptStartTime:   &start,
-	})
+	// Read as a bucket is watched (an ordered push consumer: what a
+	// machine's credentials grant on a bucket it reads; they grant no
+	// pull), from start.
+	legacy, err := a.js.Conn().JetStream()
 	if err != nil {
 		return nil, fmt.Errorf("reading the ask claims %s left: %w", a.machine, err)
 	}
-	if cons.CachedInfo().NumPending == 0 {
-		return nil, nil
+	msgs := make(chan *nats.Msg, 256)
+	sub, err := legacy.ChanSubscribe(mesh.MachineAskClaims(a.seat, a.machine), msgs,
+		nats.BindStream(mesh.KVStream(mesh.AskClaimsBucket(a.seat))), nats.OrderedConsumer(), nats.StartTime(start))
+	if err != nil {
+		return nil, fmt.Errorf("reading the ask claims %s left: %w", a.machine, err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	pending, err := sub.InitialConsumerPending()
+	if err != nil {
+		return nil, fmt.Errorf("reading the ask claims %s left: %w", a.machine, err)
 	}
 	// The last write of each key is what the claim says.
 	last := map[string]AskRecord{}
 	var order []string
-	for done := false; !done; {
-		batch, err := cons.Fetch(256, jetstream.FetchMaxWait(2*time.Second))
-		if err != nil {
-			return nil, fmt.Errorf("reading the ask claims %s left: %w", a.machine, err)
+	for n := uint64(0); n < pending; n++ {
+		var m *nats.Msg
+		select {
+		case m = <-msgs:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("reading the ask claims %s left: %w", a.machine, ctx.Err())
 		}
-		n := 0
-		for m := range batch.Messages() {
-			n++
-			if md, err := m.Metadata(); err == nil && md.NumPending == 0 {
-				done = true
-			}
-			var rec AskRecord
-			if _, seen := last[m.Subject()]; !seen {
-				order = append(order, m.Subject())
-			}
-			if removed(m.Headers()) || json.Unmarshal(m.Data(), &rec) != nil {
-				rec = AskRecord{} // deleted, purged, or the server's marker of a lapse
-			}
-			last[m.Subject()] = rec
+		var rec AskRecord
+		if _, seen := last[m.Subject]; !seen {
+			order = append(order, m.Subject)
 		}
-		if err := batch.Error(); err != nil {
-			return nil, fmt.Errorf("reading the ask claims %s left: %w", a.machine, err)
+		if removed(m.Header) || json.Unmarshal(m.Data, &rec) != nil {
+			rec = AskRecord{} // deleted, purged, or the server's marker of a lapse
 		}
-		done = done || n == 0
+		last[m.Subject] = rec
+		if md, err := m.Metadata(); err == nil && md.NumPending == 0 {
+			break
+		}
 	}
 	var out []AskRecord
 	for _, subj := range order {

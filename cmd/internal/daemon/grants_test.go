@@ -2,16 +2,21 @@ package daemon
 
 import (
 	"context"
+	"encoding/json"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/meshbuild/meshbuild/agent"
+	"github.com/meshbuild/meshbuild/claim"
 	"github.com/meshbuild/meshbuild/cmd/internal/creds"
 	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/internal/testenv"
@@ -182,5 +187,89 @@ func TestAnAgentGivenANodesCredentialsIsToldWhichItTakes(t *testing.T) {
 	}
 	if m, err := AgentMachine(issueAgentM1(t, keys, cat), "vm", false); err != nil || m != "m1" {
 		t.Errorf("AgentMachine with agent m1's credentials = %q, %v; want m1", m, err)
+	}
+}
+
+// The hand-back of a killed predecessor's ask works under the machine's own
+// credentials, on a server that enforces them. The predecessor, with m1's
+// credentials, holds m1's seat (a pid that no longer runs), fetches an ask
+// and claims it as the agent does, then its connection goes without a word
+// (kill -9). m1's agent, started at once, takes the seat over and hands the
+// ask back: the server delivers it again well inside the holders' ack wait
+// (8 s), and nothing it did was refused.
+func TestARestartedAgentHandsBackItsPredecessorsAskUnderItsCredentials(t *testing.T) {
+	bk := testenv.Buildkitd(t)
+	keys, err := creds.Init(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts, err := keys.ServerOptions()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := natstest.Server(t, opts)
+	cat := meshtest.Catalogue(t, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	_, cjs := natstest.Connect(t, s, nats.UserCredentials(issueFor(t, keys, cat, mesh.KindController, "")),
+		nats.CustomInboxPrefix(mesh.InboxPrefix(mesh.ControllerPrincipal)))
+	if _, err := mesh.Raise(ctx, cjs, cat, 1); err != nil {
+		t.Fatal(err)
+	}
+	m1 := issueAgentM1(t, keys, cat)
+	pnc, pjs := natstest.Connect(t, s, nats.UserCredentials(m1), nats.CustomInboxPrefix(mesh.InboxPrefix(mesh.PrincipalID(mesh.KindAgent, "m1"))))
+	host, _ := os.Hostname()
+	holder := "build-agent on " + host + " pid " + strconv.Itoa(deadPid(t))
+	seat := leaveClaim(t, pjs, "m1", holder, time.Minute)
+
+	a := mesh.Ask{Version: mesh.AskVersion, ID: "p1-tool-1", Plan: "p1", Module: "tool", Secret: "s3cret",
+		Source: mesh.Source{Repo: "https://git.example/x.git", Commit: "abc"}, Image: "127.0.0.1:1/tool"}
+	data, _ := json.Marshal(a)
+	if _, err := cjs.Publish(ctx, mesh.BuildSubject(mesh.DefaultPlatform), data, jetstream.WithMsgID(a.ID)); err != nil {
+		t.Fatal(err)
+	}
+	cons, err := pjs.Consumer(ctx, mesh.SeatStream(mesh.BuildSeat), mesh.BuildConsumer(mesh.DefaultPlatform))
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg := <-batch.Messages()
+	if msg == nil {
+		t.Fatalf("the predecessor fetched no ask: %v", batch.Error())
+	}
+	fetched := time.Now()
+	asks, err := claim.OpenAsks(ctx, pjs, mesh.BuildSeat, "m1", holder, seat.Token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := asks.Claim(ctx, a.ID, a.Secret, 1, time.Time{}, msg.Reply()); err != nil {
+		t.Fatal(err)
+	}
+	pnc.Close() // killed: no hand-back, no renewal
+
+	var logs testenv.Buffer
+	done := startAgent(t, ctx, "m1", AgentOptions{NATS: s.ClientURL(), Creds: m1, BuildKit: bk,
+		Log: slog.New(slog.NewTextHandler(&logs, nil))})
+	awaitLog(t, "the agent to hand the ask back", &logs, done, "handed back an ask this machine's previous holder left claimed")
+	ccons, err := cjs.Consumer(ctx, mesh.SeatStream(mesh.BuildSeat), mesh.BuildConsumer(mesh.DefaultPlatform))
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 10*time.Second, "the ask delivered again", func() bool {
+		info, err := ccons.Info(ctx)
+		return err == nil && info.Delivered.Consumer >= 2
+	})
+	if took, limit := time.Since(fetched), mesh.HolderAckWait*2/3; took >= limit {
+		t.Errorf("the ask was delivered again %s after the predecessor fetched it: want within %s (handed back, not redelivered after the ack wait)", took, limit)
+	}
+	if l := logs.String(); strings.Contains(strings.ToLower(l), "permissions violation") || !strings.Contains(l, "ask="+a.ID) {
+		t.Errorf("the agent met refusals, or did not name the ask:\n%s", l)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("RunAgent: %v", err)
 	}
 }
