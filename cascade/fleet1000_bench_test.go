@@ -76,9 +76,10 @@ import (
 // is logged).
 //
 // single/agents=10000 is issue #23's 10,000 machines on one server: the
-// dispatch and throughput figures and the server's memory, no makespan
-// (the consumer's MaxWaiting, the open files limit and the agents' pull
-// wait come from mesh.FleetSettingsOf).
+// dispatch and throughput figures, the server's memory and what builds in
+// hand cost it (fleetBusy), no makespan (the consumer's MaxWaiting, the
+// open files limit and the agents' pull wait come from
+// mesh.FleetSettingsOf).
 //
 // TestFleet1000Tiny runs the same at 20 agents under `make test`.
 
@@ -113,7 +114,8 @@ func BenchmarkFleet1000(b *testing.B) {
 			// throughput plan there.
 			plans := map[int]int{1: 3, 3: 1}[bus]
 			b.Run(name, func(b *testing.B) {
-				fleetBench(b, fleetSize{nodes: bus, agents: agents, asks: fleetAsks, modules: 10000, plans: plans, makespan: agents == 1000, makespans: 3})
+				fleetBench(b, fleetSize{nodes: bus, agents: agents, asks: fleetAsks, modules: 10000, plans: plans, makespan: agents == 1000, makespans: 3,
+					busy: map[bool]time.Duration{true: busyWindow}[bus == 1 && agents == 10000]})
 			})
 		}
 	}
@@ -124,8 +126,11 @@ func BenchmarkFleet1000(b *testing.B) {
 func TestFleet1000Tiny(t *testing.T) {
 	for _, nodes := range []int{1, 3} {
 		t.Run(fmt.Sprintf("nodes=%d", nodes), func(t *testing.T) {
-			m := fleetRun(t, fleetSize{nodes: nodes, agents: 20, asks: 20, modules: 200, plans: 1, makespan: true, unit: 50 * time.Millisecond})
-			for _, k := range []string{"p50-ms", "p99-ms", "modules/s", "makespan/lb", "server-rss-MiB"} {
+			m := fleetRun(t, fleetSize{nodes: nodes, agents: 20, asks: 20, modules: 200, plans: 1, makespan: true, unit: 50 * time.Millisecond,
+				busy: time.Second})
+			// (The busy figures less the idle ones are noise at this size:
+			// fleetBusy's own check, every build in hand throughout, runs.)
+			for _, k := range []string{"p50-ms", "p99-ms", "modules/s", "makespan/lb", "server-rss-MiB", "busy-builds", "busy-server-msgs/s"} {
 				if m[k] <= 0 {
 					t.Errorf("%s = %v, want a measurement", k, m[k])
 				}
@@ -139,6 +144,7 @@ type fleetSize struct {
 	nodes, agents, asks, modules, plans int
 	makespan                            bool
 	makespans                           int           // runs of the makespan plan, the median reported (default 1)
+	busy                                time.Duration // measure what builds in hand cost the server over this window (fleetBusy); 0 does not
 	unit                                time.Duration // default fleetUnit
 }
 
@@ -226,6 +232,12 @@ func fleetRun(tb testing.TB, sz fleetSize) map[string]float64 {
 	out["cores"] = float64(runtime.NumCPU())
 	if subjects != nil {
 		subjects.report(tb, int(built))
+	}
+
+	if sz.busy > 0 {
+		for k, v := range fleetBusy(tb, f, bus, d, sz.busy) {
+			out[k] = v
+		}
 	}
 
 	// Makespan once the durations are known: the median of sz.makespans
@@ -837,4 +849,84 @@ func (w *fetchWarnings) fetchErrors() (int, string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.n, w.sample
+}
+
+// busyWindow is how long fleetBusy measures the fleet idle, then building,
+// in make bench.
+const busyWindow = 5 * time.Second
+
+// fleetBusy measures what builds in hand cost the server beside plan
+// progress: each one's ask claim renewed every third of its lease and its
+// heartbeat (InProgress) every third of the ack wait, which no throughput
+// figure sees (their builds take no time). The server's CPU and messages
+// over window with the fleet idle, then with every build of a plan's first
+// tier in hand (builds of 4 windows, the other modules none):
+// their difference, per build in hand, and what 10,000 builds in hand
+// would cost at that rate. The agents hold no seat claim here (a seat
+// claim is renewed every third of --lease, 5 s by default, idle or not).
+func fleetBusy(tb testing.TB, f *fleetFarm, bus *natsProcs, d sim.DAG, busyWindow time.Duration) map[string]float64 {
+	long := d
+	long.Dur = make([]float64, d.Len())
+	first := 0
+	for i := range d.Len() {
+		if len(d.Bases[i]) == 0 {
+			long.Dur[i], first = 4, first+1
+		}
+	}
+	window := func() (time.Duration, float64) {
+		cpu0, ops0 := bus.cpu(), bus.ops(tb)
+		time.Sleep(busyWindow)
+		return bus.cpu() - cpu0, bus.ops(tb).In - ops0.In
+	}
+	f.waitIdle()
+	time.Sleep(time.Second) // the last plan's stores after its settle
+	idleCPU, idleIn := window()
+	type sample struct {
+		cpu  time.Duration
+		in   float64
+		held int
+		err  error
+	}
+	got := make(chan sample, 1)
+	go func() {
+		ctx := context.Background()
+		deadline := time.Now().Add(3 * busyWindow)
+		for {
+			l, err := seatLook(ctx, f.js, f.shards)
+			if err == nil && l.AckPending >= first {
+				break
+			}
+			if time.Now().After(deadline) {
+				got <- sample{err: fmt.Errorf("%d of the first tier's %d builds in hand after %s (%v)", l.AckPending, first, 3*busyWindow, err)}
+				return
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		// The builds' started events (after the agents' --started-delay) and
+		// their stores are over; claims and heartbeats are in their rhythm.
+		time.Sleep(max(busyWindow/5, time.Second))
+		cpu, in := window()
+		l, err := seatLook(ctx, f.js, f.shards)
+		got <- sample{cpu: cpu, in: in, held: l.AckPending, err: err}
+	}()
+	f.run(long, busyWindow, 10*time.Minute)
+	b := <-got
+	if b.err != nil {
+		tb.Fatalf("measuring the fleet busy: %v", b.err)
+	}
+	if b.held < first {
+		tb.Fatalf("measuring the fleet busy: %d of %d builds still in hand at the window's end", b.held, first)
+	}
+	perCPU := (b.cpu - idleCPU).Seconds() / busyWindow.Seconds() / float64(first)
+	perIn := (b.in - idleIn) / busyWindow.Seconds() / float64(first)
+	return map[string]float64{
+		"busy-builds":              float64(first),
+		"busy-server-cores":        b.cpu.Seconds() / busyWindow.Seconds(),
+		"idle-server-cores":        idleCPU.Seconds() / busyWindow.Seconds(),
+		"busy-server-us/build-s":   1e6 * perCPU,
+		"busy-server-msgs/build-s": perIn,
+		"busy-10000-server-cores":  10000 * perCPU,
+		"idle-server-msgs/s":       idleIn / busyWindow.Seconds(),
+		"busy-server-msgs/s":       b.in / busyWindow.Seconds(),
+	}
 }

@@ -331,6 +331,14 @@ func fleetRows(bus string) []row {
 				return fmt.Sprintf("%.1f s against a bound of %.1f s (1 unit = 400 ms)", m["makespan-s"], m["lb-s"])
 			}},
 	)
+	if bus == "single" {
+		out = append(out, row{figure: "builds in hand: the server's CPU for each, beside plan progress (its ask claim renewed every third of the claim's lease, its heartbeat every third of the ack wait), 10,000 machines, one server (µs a second)", suite: thousand,
+			bench: name(10000), metric: "busy-server-us/build-s", format: "%.0f",
+			beside: func(m metrics) string {
+				return fmt.Sprintf("%.0f builds of 20 s in hand, measured over 5 s against the fleet idle: %.2f messages a second into the server for each; the server %.3f cores with them in hand, %.3f idle; at that rate 10,000 builds in hand take %.2f cores of the server (seat claims, renewed every 5 s by each machine, not included)",
+					m["busy-builds"], m["busy-server-msgs/build-s"], m["busy-server-cores"], m["idle-server-cores"], m["busy-10000-server-cores"])
+			}})
+	}
 	for _, agents := range sizes[1:] {
 		out = append(out, row{figure: fmt.Sprintf("server memory, peak resident set, %s machines, %s (MiB)", thousands(agents), on), suite: thousand,
 			bench: name(agents), metric: "server-rss-MiB", format: "%.0f",
