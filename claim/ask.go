@@ -249,12 +249,17 @@ func (a *Asks) Left(ctx context.Context, seat string) ([]AskRecord, error) {
 	// The last write of each key is what the claim says.
 	last := map[string]AskRecord{}
 	var order []string
+read:
 	for n := uint64(0); n < pending; n++ {
 		var m *nats.Msg
 		select {
 		case m = <-msgs:
 		case <-ctx.Done():
 			return nil, fmt.Errorf("reading the ask claims %s left: %w", a.machine, ctx.Err())
+		case <-time.After(leftIdle):
+			// The rest lapsed (their TTL) or was removed before it was
+			// delivered: no message of them comes.
+			break read
 		}
 		var rec AskRecord
 		if _, seen := last[m.Subject]; !seen {
@@ -265,7 +270,7 @@ func (a *Asks) Left(ctx context.Context, seat string) ([]AskRecord, error) {
 		}
 		last[m.Subject] = rec
 		if md, err := m.Metadata(); err == nil && md.NumPending == 0 {
-			break
+			break read
 		}
 	}
 	var out []AskRecord
@@ -276,6 +281,10 @@ func (a *Asks) Left(ctx context.Context, seat string) ([]AskRecord, error) {
 	}
 	return out, nil
 }
+
+// leftIdle is how long Left waits for the next of the claims it counted:
+// one removed after it was counted is never delivered.
+const leftIdle = 2 * time.Second
 
 // LeftClockSkew is how far ahead of a machine's clock Left allows the
 // server's to be.

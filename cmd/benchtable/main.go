@@ -333,10 +333,10 @@ func fleetRows(bus string) []row {
 	)
 	if bus == "single" {
 		out = append(out, row{figure: "builds in hand: the server's CPU for each, beside plan progress (its ask claim renewed every third of the claim's lease, its heartbeat every third of the ack wait), 10,000 machines, one server (µs a second)", suite: thousand,
-			bench: name(10000), metric: "busy-server-us/build-s", format: "%.0f",
+			bench: name(10000), metric: "busy-server-us-per-build", format: "%.0f",
 			beside: func(m metrics) string {
 				return fmt.Sprintf("%.0f builds of 20 s in hand, measured over 5 s against the fleet idle: %.2f messages a second into the server for each; the server %.3f cores with them in hand, %.3f idle; at that rate 10,000 builds in hand take %.2f cores of the server (seat claims, renewed every 5 s by each machine, not included)",
-					m["busy-builds"], m["busy-server-msgs/build-s"], m["busy-server-cores"], m["idle-server-cores"], m["busy-10000-server-cores"])
+					m["busy-builds"], m["busy-server-msgs-per-build"], m["busy-server-cores"], m["idle-server-cores"], m["busy-10000-server-cores"])
 			}})
 	}
 	for _, agents := range sizes[1:] {
