@@ -920,13 +920,13 @@ func fleetBusy(tb testing.TB, f *fleetFarm, bus *natsProcs, d sim.DAG, busyWindo
 	perCPU := (b.cpu - idleCPU).Seconds() / busyWindow.Seconds() / float64(first)
 	perIn := (b.in - idleIn) / busyWindow.Seconds() / float64(first)
 	return map[string]float64{
-		"busy-builds":              float64(first),
-		"busy-server-cores":        b.cpu.Seconds() / busyWindow.Seconds(),
-		"idle-server-cores":        idleCPU.Seconds() / busyWindow.Seconds(),
+		"busy-builds":                float64(first),
+		"busy-server-cores":          b.cpu.Seconds() / busyWindow.Seconds(),
+		"idle-server-cores":          idleCPU.Seconds() / busyWindow.Seconds(),
 		"busy-server-us-per-build":   1e6 * perCPU,
 		"busy-server-msgs-per-build": perIn,
-		"busy-10000-server-cores":  10000 * perCPU,
-		"idle-server-msgs/s":       idleIn / busyWindow.Seconds(),
-		"busy-server-msgs/s":       b.in / busyWindow.Seconds(),
+		"busy-10000-server-cores":    10000 * perCPU,
+		"idle-server-msgs/s":         idleIn / busyWindow.Seconds(),
+		"busy-server-msgs/s":         b.in / busyWindow.Seconds(),
 	}
 }
