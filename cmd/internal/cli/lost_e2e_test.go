@@ -2,12 +2,16 @@ package cli_test
 
 import (
 	"bytes"
+	"context"
+	"fmt"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/meshbuild/meshbuild/agent"
 	"github.com/meshbuild/meshbuild/cascade"
@@ -44,22 +48,8 @@ func agentBinary(t *testing.T) string {
 // machines` shows the killed machine offline, last seen when it started
 // the build.
 func TestAMachineKilledMidBuildIsShownLostInShowLogsAndMachines(t *testing.T) {
-	testenv.RequireBuildkit(t)
-	bin := agentBinary(t)
-	reg := registrytest.Registry(t)
-	bk := testenv.Buildkitd(t, reg)
-	busybox := testenv.Busybox(t, reg)
-	s := natstest.Server(t, nil)
-	catDir := meshCatalogue(t)
-	addModule(t, catDir, "app", "module: app\nbuild:\n  repo: "+fleetRepo+"\n  path: app\n")
-	gitDir, _ := testenv.GitRepo(t, map[string]string{
-		"app/Dockerfile": "FROM " + busybox + "\nCOPY hello.txt /hello.txt\nRUN echo step one && sleep 6 && echo step two\n",
-		"app/hello.txt":  "hello\n",
-	})
-	commit := testenv.Commit(t, gitDir, map[string]string{"app/VERSION": "2\n"})
-
-	ctx, errs := registryFarm(t, s, catDir, reg, 1)
-	f := &backFarm{t: t, ctx: ctx, url: s.ClientURL(), commit: commit}
+	a := newAppFarm(t, 6*time.Second, 1)
+	s, bk, gitDir, bin, ctx, errs, f := a.s, a.bk, a.gitDir, a.bin, a.ctx, a.errs, a.f
 
 	m1, _ := startAgentProcess(t, bin, s.ClientURL(), "m1", bk, gitDir)
 	plan := f.push()
@@ -129,6 +119,41 @@ func TestAMachineKilledMidBuildIsShownLostInShowLogsAndMachines(t *testing.T) {
 	}
 }
 
+// appFarm is a controller on a server, a registry and a buildkitd, with one
+// module, app, whose RUN step echoes "step one", sleeps and echoes "step
+// two", and build-agent built to run as processes of their own.
+type appFarm struct {
+	s          *server.Server
+	bk, gitDir string
+	bin        string
+	ctx        context.Context
+	errs       chan<- error
+	f          *backFarm
+}
+
+// newAppFarm starts an appFarm whose app sleeps sleep; agents is how many
+// agents the test runs in process (registryFarm's daemons beside the
+// controller).
+func newAppFarm(t *testing.T, sleep time.Duration, agents int) appFarm {
+	t.Helper()
+	testenv.RequireBuildkit(t)
+	bin := agentBinary(t)
+	reg := registrytest.Registry(t)
+	bk := testenv.Buildkitd(t, reg)
+	busybox := testenv.Busybox(t, reg)
+	s := natstest.Server(t, nil)
+	catDir := meshCatalogue(t)
+	addModule(t, catDir, "app", "module: app\nbuild:\n  repo: "+fleetRepo+"\n  path: app\n")
+	gitDir, _ := testenv.GitRepo(t, map[string]string{
+		"app/Dockerfile": fmt.Sprintf("FROM %s\nCOPY hello.txt /hello.txt\nRUN echo step one && sleep %d && echo step two\n", busybox, int(sleep.Seconds())),
+		"app/hello.txt":  "hello\n",
+	})
+	commit := testenv.Commit(t, gitDir, map[string]string{"app/VERSION": "2\n"})
+	ctx, errs := registryFarm(t, s, catDir, reg, agents)
+	return appFarm{s: s, bk: bk, gitDir: gitDir, bin: bin, ctx: ctx, errs: errs,
+		f: &backFarm{t: t, ctx: ctx, url: s.ClientURL(), commit: commit}}
+}
+
 // startAgentProcess starts build-agent bin as machine on the bus at url, a
 // process of its own, and waits until the machine is online.
 func startAgentProcess(t *testing.T, bin, url, machine, bk, gitDir string) (*exec.Cmd, *testenv.Buffer) {
@@ -179,21 +204,8 @@ func (f *backFarm) running(plan, machine string) {
 // process's last heartbeat; seen by hand: the restarted agent idle, the
 // ask started 8.0 s after it was queued).
 func TestARestartedAgentHandsBackTheAskItsKilledPredecessorHeld(t *testing.T) {
-	testenv.RequireBuildkit(t)
-	bin := agentBinary(t)
-	reg := registrytest.Registry(t)
-	bk := testenv.Buildkitd(t, reg)
-	busybox := testenv.Busybox(t, reg)
-	s := natstest.Server(t, nil)
-	catDir := meshCatalogue(t)
-	addModule(t, catDir, "app", "module: app\nbuild:\n  repo: "+fleetRepo+"\n  path: app\n")
-	gitDir, _ := testenv.GitRepo(t, map[string]string{
-		"app/Dockerfile": "FROM " + busybox + "\nCOPY hello.txt /hello.txt\nRUN echo step one && sleep 4 && echo step two\n",
-		"app/hello.txt":  "hello\n",
-	})
-	commit := testenv.Commit(t, gitDir, map[string]string{"app/VERSION": "2\n"})
-	ctx, _ := registryFarm(t, s, catDir, reg, 0)
-	f := &backFarm{t: t, ctx: ctx, url: s.ClientURL(), commit: commit}
+	a := newAppFarm(t, 4*time.Second, 0)
+	s, bk, gitDir, bin, f := a.s, a.bk, a.gitDir, a.bin, a.f
 
 	m1, _ := startAgentProcess(t, bin, s.ClientURL(), "m1", bk, gitDir)
 	plan := f.push()

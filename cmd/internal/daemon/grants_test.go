@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -46,6 +47,20 @@ func issueFor(t *testing.T, keys *creds.Keys, cat *mesh.Catalogue, kind, name st
 	return file
 }
 
+// enforcingServer is a server that enforces the credentials keys issue.
+func enforcingServer(t *testing.T) (*creds.Keys, *server.Server) {
+	t.Helper()
+	keys, err := creds.Init(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts, err := keys.ServerOptions()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return keys, natstest.Server(t, opts)
+}
+
 // Credentials issued from a catalogue grant its platforms' queues only:
 // grantedPlatforms keeps those, and refuses, naming the file and what to
 // do, when none of the machine's is granted.
@@ -78,15 +93,7 @@ func TestAnAgentTakesOnlyThePlatformsItsCredentialsGrant(t *testing.T) {
 // violation, no bind timing out on a queue it may not read.
 func TestAnAgentBindsOnlyTheQueuesItsCredentialsGrant(t *testing.T) {
 	bk := testenv.Buildkitd(t)
-	keys, err := creds.Init(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	opts, err := keys.ServerOptions()
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := natstest.Server(t, opts)
+	keys, s := enforcingServer(t)
 	cat := meshtest.Catalogue(t, nil)
 	file := func(kind string) string {
 		name := ""
@@ -199,15 +206,7 @@ func TestAnAgentGivenANodesCredentialsIsToldWhichItTakes(t *testing.T) {
 // (8 s), and nothing it did was refused.
 func TestARestartedAgentHandsBackItsPredecessorsAskUnderItsCredentials(t *testing.T) {
 	bk := testenv.Buildkitd(t)
-	keys, err := creds.Init(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	opts, err := keys.ServerOptions()
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := natstest.Server(t, opts)
+	keys, s := enforcingServer(t)
 	cat := meshtest.Catalogue(t, nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
