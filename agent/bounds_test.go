@@ -547,6 +547,70 @@ func TestAnAskIsBuiltOnceAcrossAFrozenBus(t *testing.T) {
 	g.notBegunAgain(t)
 }
 
+// The same trial with an outage shorter than the ask claim's lease but
+// longer than the seat claim's (as in the defaults: a seat claim's lease is
+// 15 s, an ask claim's three quarters of a 30 s ack wait): m1's claim of
+// its ask is still there as the bus thaws, but void, m1's seat claim gone
+// (here: taken away by the test, as its lease would). m2, handed the ask
+// again, saw the bus fail too: it leaves the ask to m1 (claim.AskFound's
+// SeatLapsed), which claims its seat again, and the module is built once.
+// Before, m2 took the void claim for a dead machine's and built it.
+func TestAnAskWhoseHoldersSeatLapsedInAnOutageIsLeftToItsHolder(t *testing.T) {
+	s, js := bus(t)
+	fz := testenv.Freeze(t, strings.TrimPrefix(s.ClientURL(), "nats://"))
+	seat1, seat2 := holdSeat(t, js, "m1"), holdSeat(t, js, "m2")
+	g := newGate()
+	startObservedAt(t, "nats://"+fz.Addr(), "m1", g.on("m1"), func(c *agent.Config) {
+		// No heartbeats: the server hands the ask out again after its ack
+		// wait, while m1's claim outlasts the freeze.
+		c.Heartbeat, c.ClaimLease, c.SeatToken = time.Hour, 20*time.Second, seat1.token()
+	}, nil)
+	a := ask("seat-lapsed")
+	submit(t, js, a)
+	if first := recv(t, g.began, 5*time.Second); first != a.ID {
+		t.Fatalf("began %s", first)
+	}
+	// m2 builds an ask of its own on one slot (its claim's renewals fail
+	// in the freeze: it sees the bus fail), and waits with the other.
+	ended := make(ends, 50)
+	startObservedAt(t, "nats://"+fz.Addr(), "m2", g.on("m2"), func(c *agent.Config) {
+		c.Slots, c.Heartbeat, c.ClaimLease, c.SeatToken = 2, time.Hour, 2*time.Second, seat2.token()
+	}, ended)
+	submit(t, js, ask("busy"))
+	if first := recv(t, g.began, 5*time.Second); first != "busy" {
+		t.Fatalf("began %s", first)
+	}
+
+	fz.Freeze()
+	time.Sleep(testAckWait + 2*time.Second)
+	seat1.away()
+	fz.Thaw()
+	for range 2 {
+		if e := ended.next(t, agent.OutcomeHandedBack, 10*time.Second); e.Took != 0 {
+			t.Fatalf("an ask redelivered to m2 was worked on (%s), want it left to its holder", e.Took)
+		}
+	}
+	g.notBegunAgain(t)
+	seat1.back()
+	g.ch(a.ID) <- nil
+	g.ch("busy") <- nil
+	testenv.WaitFor(t, 30*time.Second, "both asks built and acknowledged", func() bool {
+		info := consumerInfo(t, js)
+		return len(events(t, js).Built) == 2 && info.NumAckPending == 0 && info.NumPending == 0
+	})
+	r := events(t, js)
+	for _, id := range []string{a.ID, "busy"} {
+		var built int
+		for _, e := range r.Built {
+			built += btoi(e.Ask == id)
+		}
+		if built != 1 {
+			t.Errorf("%s built %d times, want once", id, built)
+		}
+	}
+	g.notBegunAgain(t)
+}
+
 func btoi(b bool) int {
 	if b {
 		return 1

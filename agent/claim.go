@@ -121,6 +121,16 @@ func (a *Agent) claim(ctx context.Context, ask mesh.Ask, attempt int, reply stri
 			// that holder to claim again (retake), not built twice.
 			h.found.Held = &claim.AskRecord{Ask: id, Machine: "its last holder", Holder: "a claim that lapsed while the bus was away"}
 			return h, claimHeld, nil
+		case f.SeatLapsed != nil && a.lapsedHolder(id):
+			// Its holder's claim is void only because that machine's seat
+			// claim lapsed, while this agent saw the bus fail too: the
+			// same outage, which every seat claim longer than its lease
+			// lapses in. Left a while to that holder to claim its seat
+			// and the ask again.
+			held := *f.SeatLapsed
+			held.Holder = "a claim whose machine's seat lapsed while the bus was away"
+			h.found.Held = &held
+			return h, claimHeld, nil
 		}
 	}
 	l, err := a.claims.Claim(ctx, id, ask.Secret, attempt, h.infraSince, h.reply)

@@ -176,14 +176,19 @@ func (a *Agent) work(ctx context.Context, msg jetstream.Msg, ask mesh.Ask, attem
 	res, err := a.worker.Work(buildCtx, ask, logs.Line)
 	watching()
 	cause := stop() // from here a cancel no longer reaches this build
-	beating()
 	logs.Close()
-	release() // its claim as the watch left it (holdContext)
 	took := time.Since(begun)
 	// A started due is stored before the claim is looked at: its publish
 	// may have retried through a bus outage, long enough for the claim to
-	// lapse (then taken again below, or the ask given back).
+	// lapse (then taken again below, or the ask given back). Meanwhile the
+	// delivery is still heartbeaten and a lapsed claim claimed again as
+	// soon as the bus answers (holdContext's watch): stopped at the build's
+	// end, the ask went to another machine while this one waited out the
+	// started's retries, and was built twice (fresh-clone CI, a cluster
+	// without quorum for a few seconds).
 	reported()
+	beating()
+	release() // its claim as the watch left it (holdContext)
 
 	if lerr := c.lost(); lerr != nil {
 		// Cut off or stalled for a lease: claimed again if nobody took

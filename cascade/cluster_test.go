@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 	"github.com/meshbuild/meshbuild/agent"
 	"github.com/meshbuild/meshbuild/cascade"
 	"github.com/meshbuild/meshbuild/cascade/cascadetest"
+	"github.com/meshbuild/meshbuild/claim"
 	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
@@ -160,16 +162,41 @@ func newFaultFarm(t *testing.T, bus *natstest.TestCluster, replicas int) *faultF
 	}
 	for _, m := range []string{"m1", "m2"} {
 		anc, ajs := bus.Connect(t, nats.Name(m))
+		// Each machine holds its seat as build-agent does (daemon
+		// RunAgent): its ask claims are bound to the seat claim, which is
+		// claimed again after an outage (WithResume), and whose renewals
+		// are how an idle machine sees the bus stop answering
+		// (WithTrouble → BusFailed): it then leaves an ask whose claim
+		// lapsed in the outage to its holder. Without it an idle machine
+		// on the surviving node saw nothing fail, took a-1 redelivered
+		// after the ack wait and built it a second time (fresh-clone CI).
+		var running atomic.Pointer[agent.Agent]
+		seat, err := claim.Claim(context.Background(), ajs, mesh.BuildSeat, claim.Node(m), claim.Process("build-agent"),
+			claim.WithResume(), claim.WithLogger(testenv.Log(t, m+" seat")), claim.WithTrouble(func() {
+				if a := running.Load(); a != nil {
+					a.BusFailed()
+				}
+			}))
+		if err != nil {
+			t.Fatal(err)
+		}
 		acfg := agent.DefaultConfig()
 		acfg.Machine = m
 		acfg.FetchWait = 250 * time.Millisecond
 		acfg.Grace = 0
 		acfg.RetryDelay = 100 * time.Millisecond
 		acfg.ClaimLease = 2 * time.Second
+		acfg.SeatToken = seat.Token()
 		a, err := agent.New(acfg, ajs, f.builds, testenv.Log(t, m), nil)
 		if err != nil {
 			t.Fatal(err)
 		}
+		running.Store(a)
+		t.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_ = seat.Release(ctx)
+		})
 		actx, acancel := context.WithCancel(context.Background())
 		adone := make(chan struct{})
 		go func() { defer close(adone); _ = a.Run(actx) }()

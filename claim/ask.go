@@ -89,6 +89,12 @@ type AskFound struct {
 	InfraSince time.Time
 	// Attempts is the highest attempt any claim records.
 	Attempts int
+	// SeatLapsed is a claim that would be held but for its machine's seat
+	// claim, which lapsed (its key is gone, not another's): void, yet its
+	// holder may be alive — every seat claim lapses in an outage of the bus
+	// longer than its lease — and about to claim its seat and the ask
+	// again. nil for none.
+	SeatLapsed *AskRecord
 }
 
 // Asks is seat's ask claims bucket as machine's holder sees it.
@@ -207,9 +213,15 @@ func (a *Asks) Look(ctx context.Context, ask, secret string, mine func(AskRecord
 		case !rec.Held():
 		case rec.Machine == a.machine && !mine(rec):
 			// This machine's, from an agent that is gone (restarted here).
-		case a.bound(ctx, rec):
+		default:
+			bound, lapsed := seatOf(ctx, a.claims, a.seat, rec)
 			r := rec
-			f.Held = &r
+			switch {
+			case bound:
+				f.Held = &r
+			case lapsed:
+				f.SeatLapsed = &r
+			}
 		}
 	}
 	return f, nil
@@ -314,17 +326,25 @@ func (a *Asks) SeatHeld(ctx context.Context) bool {
 // own lease. A claim bound to nothing (or claims nil) is judged on its own
 // lease, and so is one whose seat claim cannot be read.
 func Bound(ctx context.Context, claims jetstream.KeyValue, seat string, rec AskRecord) bool {
+	bound, _ := seatOf(ctx, claims, seat, rec)
+	return bound
+}
+
+// seatOf reports whether rec is bound to the seat claim its machine holds
+// now (see Bound) and, when it is not, whether that seat claim's key is
+// gone (lapsed or released) rather than another claim's.
+func seatOf(ctx context.Context, claims jetstream.KeyValue, seat string, rec AskRecord) (bound, gone bool) {
 	if rec.Seat == "" || claims == nil {
-		return true
+		return true, false
 	}
 	cur, err := read(ctx, claims, mesh.ClaimKey(seat, rec.Machine))
 	switch {
 	case errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted):
-		return false // the machine's seat lapsed or was released
+		return false, true // the machine's seat lapsed or was released
 	case err != nil:
-		return true // unknown: the claim's own lease decides
+		return true, false // unknown: the claim's own lease decides
 	}
-	return cur.Token == rec.Seat
+	return cur.Token == rec.Seat, false
 }
 
 func cutLast(key string) (string, string, bool) {

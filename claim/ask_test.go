@@ -237,3 +237,57 @@ func TestLeftFindsTheHeldClaimsOfAPreviousSeatClaim(t *testing.T) {
 		t.Fatalf("Left of no seat claim: %v (%v), want nothing", left, err)
 	}
 }
+
+// A claim whose machine's seat claim lapsed is void, not held (another
+// machine may build the ask), and Look says so apart (SeatLapsed): its
+// holder may be alive, its seat lapsed in an outage every seat claim
+// lapsed in. A claim whose machine's seat is another claim's now (the
+// machine's agent restarted) is void and nothing more.
+func TestLookTellsAClaimWhoseSeatLapsedFromOneWhoseSeatIsAnothers(t *testing.T) {
+	dial := askBus(t)
+	ctx := context.Background()
+	js := dial()
+	if err := mesh.RaiseClaims(ctx, js, 1); err != nil {
+		t.Fatal(err)
+	}
+	seat, err := claim.Claim(ctx, js, mesh.BuildSeat, claim.Node("m1"), claim.Process("build-agent"), claim.WithLease(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m1, err := claim.OpenAsks(ctx, dial(), mesh.BuildSeat, "m1", "agent", seat.Token())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m1.Claim(ctx, "ask-1", "", 1, time.Time{}, ""); err != nil {
+		t.Fatal(err)
+	}
+	// m2's claims are bound to a seat claim of its own: it judges the
+	// others' so.
+	m2, err := claim.OpenAsks(ctx, dial(), mesh.BuildSeat, "m2", "agent", "m2-seat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	look := func() claim.AskFound {
+		t.Helper()
+		f, err := m2.Look(ctx, "ask-1", "", func(claim.AskRecord) bool { return false })
+		if err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	if f := look(); f.Held == nil || f.Held.Machine != "m1" || f.SeatLapsed != nil {
+		t.Fatalf("with m1's seat held: %+v, want m1's claim held", f)
+	}
+	if err := seat.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if f := look(); f.Held != nil || f.SeatLapsed == nil || f.SeatLapsed.Machine != "m1" || f.Attempts != 1 {
+		t.Fatalf("with m1's seat claim gone: %+v, want m1's claim void, its seat lapsed", f)
+	}
+	if _, err := claim.Claim(ctx, js, mesh.BuildSeat, claim.Node("m1"), claim.Process("build-agent"), claim.WithLease(time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	if f := look(); f.Held != nil || f.SeatLapsed != nil || f.Attempts != 1 {
+		t.Fatalf("with m1's seat another claim's: %+v, want m1's claim void and nothing more", f)
+	}
+}
