@@ -401,8 +401,10 @@ func claimedBy(r *claim.AskRecord) error {
 // void the moment this holder took the seat (it is bound to the previous
 // seat claim). Each is naked through the reply of the delivery its claim
 // recorded (claim.AskRecord.Reply), unless it was settled since or another
-// holder has it now: the server delivers it again at once. A reply that is
-// not an acknowledgement of the seat's queue is left alone.
+// holder has it now: the server delivers it again at once. So is one whose
+// outcome it recorded, in case it was killed before it acknowledged the
+// delivery. A reply that is not an acknowledgement of the seat's queue is
+// left alone.
 func (a *Agent) handBackLeft(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, handBackLeftFor)
 	defer cancel()
@@ -412,10 +414,28 @@ func (a *Agent) handBackLeft(ctx context.Context) {
 		return
 	}
 	stream := "." + mesh.SeatStream(mesh.BuildSeat) + "."
+	announced := 0
 	for _, rec := range left {
 		log := a.log.With("ask", rec.Ask, "attempt", rec.Attempt, "claimed", rec.Since.Format(time.RFC3339), "holder", rec.Holder)
 		if !strings.HasPrefix(rec.Reply, "$JS.ACK.") || !strings.Contains(rec.Reply, stream) {
-			log.Warn("an ask this machine's previous holder left claimed, without the acknowledgement of its delivery: it goes back after the ack wait", "reply", rec.Reply)
+			if rec.Held() {
+				log.Warn("an ask this machine's previous holder left claimed, without the acknowledgement of its delivery: it goes back after the ack wait", "reply", rec.Reply)
+			}
+			continue
+		}
+		if rec.Outcome != "" {
+			// Its outcome recorded, its delivery perhaps not acknowledged
+			// (killed between the two): given back, it is delivered again
+			// now, and whoever takes it announces the recorded outcome
+			// again under its message id and acknowledges it (claimDone),
+			// building nothing. The server ignores the nak of a delivery
+			// acknowledged already, as most of these are.
+			if err := a.nc.Publish(rec.Reply, []byte(nakBody)); err != nil {
+				log.Warn("handing back an ask whose outcome this machine's previous holder recorded", "err", err)
+				continue
+			}
+			announced++
+			log.Debug("handed back an ask whose outcome this machine's previous holder recorded, in case it was not acknowledged", "outcome", rec.Outcome)
 			continue
 		}
 		f, err := a.claims.Look(ctx, rec.Ask, "", func(claim.AskRecord) bool { return false })
@@ -431,6 +451,9 @@ func (a *Agent) handBackLeft(ctx context.Context) {
 			continue
 		}
 		log.Info("handed back an ask this machine's previous holder left claimed (it stopped without handing it back): the server delivers it again now, not after the ack wait")
+	}
+	if announced > 0 {
+		a.log.Info("handed back the asks whose outcome this machine's previous holder recorded: one it had not acknowledged is announced again now and acknowledged, not after the ack wait (the server ignores the rest)", "asks", announced)
 	}
 	if err := a.nc.FlushWithContext(ctx); err != nil {
 		a.log.Warn("handing back the asks this machine's previous holder left claimed", "err", err)

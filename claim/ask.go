@@ -227,14 +227,17 @@ func (a *Asks) Look(ctx context.Context, ask, secret string, mine func(AskRecord
 	return f, nil
 }
 
-// Left reads this machine's claims still held and bound to seat, the token
-// of a seat claim this machine held before the one it holds now — a process
-// that died with them, or this process before its seat claim lapsed in an
-// outage: their asks wait for the ack wait unless handed back (through
-// AskRecord.Reply). Only recent writes are read: a held claim is renewed
-// every third of its lease and lapses without, so one written longer ago
-// than two leases (and LeftClockSkew for the server's clock against this
-// machine's) is gone or settled.
+// Left reads this machine's claims bound to seat, the token of a seat claim
+// this machine held before the one it holds now — a process that died with
+// them, or this process before its seat claim lapsed in an outage — that
+// are still held, or settled with an outcome (announced, perhaps not
+// acknowledged: a process killed between the two): their asks wait for the
+// ack wait unless handed back (through AskRecord.Reply). A claim handed
+// back (released) is not returned: its delivery was given back with its
+// own delay. Only recent writes are read: a held claim is renewed every
+// third of its lease and lapses without, so one written longer ago than two
+// leases (and LeftClockSkew for the server's clock against this machine's)
+// is gone or settled.
 func (a *Asks) Left(ctx context.Context, seat string) ([]AskRecord, error) {
 	if seat == "" {
 		return nil, nil // claims bound to nothing: nothing tells the previous holder's
@@ -287,7 +290,7 @@ read:
 	}
 	var out []AskRecord
 	for _, subj := range order {
-		if rec := last[subj]; rec.Held() && rec.Ask != "" && rec.Machine == a.machine && rec.Seat == seat {
+		if rec := last[subj]; (rec.Held() || rec.Outcome != "") && rec.Ask != "" && rec.Machine == a.machine && rec.Seat == seat {
 			out = append(out, rec)
 		}
 	}

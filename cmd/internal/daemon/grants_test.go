@@ -221,33 +221,52 @@ func TestARestartedAgentHandsBackItsPredecessorsAskUnderItsCredentials(t *testin
 	holder := "build-agent on " + host + " pid " + strconv.Itoa(deadPid(t))
 	seat := leaveClaim(t, pjs, "m1", holder, time.Minute)
 
+	// Two asks: the predecessor dies building the first, and between
+	// recording the second's outcome in its claim and announcing it.
 	a := mesh.Ask{Version: mesh.AskVersion, ID: "p1-tool-1", Plan: "p1", Module: "tool", Secret: "s3cret",
 		Source: mesh.Source{Repo: "https://git.example/x.git", Commit: "abc"}, Image: "127.0.0.1:1/tool"}
-	data, _ := json.Marshal(a)
-	if _, err := cjs.Publish(ctx, mesh.BuildSubject(mesh.DefaultPlatform), data, jetstream.WithMsgID(a.ID)); err != nil {
-		t.Fatal(err)
+	a2 := a
+	a2.ID, a2.Plan = "p2-tool-1", "p2"
+	for _, ask := range []mesh.Ask{a, a2} {
+		data, _ := json.Marshal(ask)
+		if _, err := cjs.Publish(ctx, mesh.BuildSubject(mesh.DefaultPlatform), data, jetstream.WithMsgID(ask.ID)); err != nil {
+			t.Fatal(err)
+		}
 	}
 	cons, err := pjs.Consumer(ctx, mesh.SeatStream(mesh.BuildSeat), mesh.BuildConsumer(mesh.DefaultPlatform))
 	if err != nil {
 		t.Fatal(err)
 	}
-	batch, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
+	batch, err := cons.Fetch(2, jetstream.FetchMaxWait(5*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
-	msg := <-batch.Messages()
-	if msg == nil {
-		t.Fatalf("the predecessor fetched no ask: %v", batch.Error())
+	var msgs []jetstream.Msg
+	for msg := range batch.Messages() {
+		msgs = append(msgs, msg)
+	}
+	if len(msgs) != 2 {
+		t.Fatalf("the predecessor fetched %d asks, want 2: %v", len(msgs), batch.Error())
 	}
 	fetched := time.Now()
 	asks, err := claim.OpenAsks(ctx, pjs, mesh.BuildSeat, "m1", holder, seat.Token)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := asks.Claim(ctx, a.ID, a.Secret, 1, time.Time{}, msg.Reply()); err != nil {
+	if _, err := asks.Claim(ctx, a.ID, a.Secret, 1, time.Time{}, msgs[0].Reply()); err != nil {
 		t.Fatal(err)
 	}
-	pnc.Close() // killed: no hand-back, no renewal
+	l2, err := asks.Claim(ctx, a2.ID, a2.Secret, 1, time.Time{}, msgs[1].Reply())
+	if err != nil {
+		t.Fatal(err)
+	}
+	built, _ := json.Marshal(mesh.Built{Version: mesh.AskVersion, Ask: a2.ID, Plan: a2.Plan, Module: a2.Module, On: "m1", Attempt: 1,
+		Digest: "sha256:" + strings.Repeat("ab", 32), Proof: mesh.AskProof(a2.Secret, a2.ID, "m1")})
+	builtID := a2.ID + "-built-1"
+	if err := l2.Announce(ctx, mesh.EventBuilt, builtID, built); err != nil {
+		t.Fatal(err)
+	}
+	pnc.Close() // killed: no hand-back, no renewal, no announcement
 
 	var logs testenv.Buffer
 	done := startAgent(t, ctx, "m1", AgentOptions{NATS: s.ClientURL(), Creds: m1, BuildKit: bk,
@@ -263,6 +282,23 @@ func TestARestartedAgentHandsBackItsPredecessorsAskUnderItsCredentials(t *testin
 	})
 	if took, limit := time.Since(fetched), mesh.HolderAckWait*2/3; took >= limit {
 		t.Errorf("the ask was delivered again %s after the predecessor fetched it: want within %s (handed back, not redelivered after the ack wait)", took, limit)
+	}
+	// The second is announced again under its recorded id, by the
+	// restarted agent, and acknowledged: nothing of it waits the ack wait.
+	events, err := cjs.Stream(ctx, mesh.EventsStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 10*time.Second, "the recorded built announced again", func() bool {
+		m, err := events.GetLastMsgForSubject(ctx, mesh.HolderEventSubject(mesh.BuildSeat, "m1", mesh.EventBuilt))
+		return err == nil && m.Header.Get(jetstream.MsgIDHeader) == builtID
+	})
+	testenv.WaitFor(t, 10*time.Second, "the second ask acknowledged", func() bool {
+		info, err := ccons.Info(ctx)
+		return err == nil && info.NumAckPending <= 1 && info.NumPending == 0 && info.Delivered.Consumer >= 4
+	})
+	if took, limit := time.Since(fetched), mesh.HolderAckWait*2/3; took >= limit {
+		t.Errorf("the ask whose outcome was recorded was announced and acknowledged %s after the predecessor fetched it: want within %s", took, limit)
 	}
 	if l := logs.String(); strings.Contains(strings.ToLower(l), "permissions violation") || !strings.Contains(l, "ask="+a.ID) {
 		t.Errorf("the agent met refusals, or did not name the ask:\n%s", l)
