@@ -487,64 +487,8 @@ func TestARedeliveryToTheMachineStillBuildingItIsLeftToThatBuild(t *testing.T) {
 // second time, and m1's build was thrown away. m1's seat is away for a
 // while after the thaw, so that its own claim comes after m2 has decided.
 func TestAnAskIsBuiltOnceAcrossAFrozenBus(t *testing.T) {
-	s, js := bus(t)
-	fz := testenv.Freeze(t, strings.TrimPrefix(s.ClientURL(), "nats://"))
-	seat := holdSeat(t, js, "m1")
 	const lease = 2 * time.Second
-	g := newGate()
-	startObservedAt(t, "nats://"+fz.Addr(), "m1", g.on("m1"), func(c *agent.Config) {
-		// No heartbeats: the server hands the ask out again after its ack
-		// wait.
-		c.Heartbeat, c.ClaimLease, c.SeatToken = time.Hour, lease, seat.token()
-	}, nil)
-	a := ask("frozen")
-	submit(t, js, a)
-	if first := recv(t, g.began, 5*time.Second); first != "frozen" {
-		t.Fatalf("began %s", first)
-	}
-	// m2 builds an ask of its own on one slot, and waits with the other.
-	ended := make(ends, 50)
-	startObservedAt(t, "nats://"+fz.Addr(), "m2", g.on("m2"), func(c *agent.Config) {
-		c.Slots, c.Heartbeat, c.ClaimLease = 2, time.Hour, lease
-	}, ended)
-	submit(t, js, ask("busy"))
-	if first := recv(t, g.began, 5*time.Second); first != "busy" {
-		t.Fatalf("began %s", first)
-	}
-
-	fz.Freeze()
-	time.Sleep(testAckWait + lease + time.Second)
-	seat.away()
-	fz.Thaw()
-	// Both asks are handed out again as the bus thaws; m2 leaves each to
-	// its holder (its own "busy" to that build).
-	for range 2 {
-		if e := ended.next(t, agent.OutcomeHandedBack, 10*time.Second); e.Took != 0 {
-			t.Fatalf("an ask redelivered to m2 was worked on (%s), want it left to its holder", e.Took)
-		}
-	}
-	g.notBegunAgain(t)
-	seat.back()
-	g.ch("frozen") <- nil
-	g.ch("busy") <- nil
-	testenv.WaitFor(t, 30*time.Second, "both asks built and acknowledged", func() bool {
-		info := consumerInfo(t, js)
-		return len(events(t, js).Built) == 2 && info.NumAckPending == 0 && info.NumPending == 0
-	})
-	r := events(t, js)
-	for _, id := range []string{"frozen", "busy"} {
-		var started, built int
-		for _, e := range r.Started {
-			started += btoi(e.Ask == id)
-		}
-		for _, e := range r.Built {
-			built += btoi(e.Ask == id)
-		}
-		if started != 1 || built != 1 {
-			t.Errorf("%s started %d times and built %d, want once each", id, started, built)
-		}
-	}
-	g.notBegunAgain(t)
+	builtOnceAcrossAFreeze(t, lease, lease, testAckWait+lease+time.Second, false)
 }
 
 // The same trial with an outage shorter than the ask claim's lease but
@@ -556,25 +500,39 @@ func TestAnAskIsBuiltOnceAcrossAFrozenBus(t *testing.T) {
 // SeatLapsed), which claims its seat again, and the module is built once.
 // Before, m2 took the void claim for a dead machine's and built it.
 func TestAnAskWhoseHoldersSeatLapsedInAnOutageIsLeftToItsHolder(t *testing.T) {
+	// m1's claim outlasts the freeze; m2's claims are bound to a seat of
+	// its own, so that it judges m1's by m1's seat.
+	builtOnceAcrossAFreeze(t, 20*time.Second, 2*time.Second, testAckWait+2*time.Second, true)
+}
+
+// builtOnceAcrossAFreeze is the frozen-bus trial: m1 builds an ask, its
+// claim leased for lease1 and bound to its seat claim; m2 builds one of its
+// own on one of two slots (its claims leased for lease2: their renewals
+// fail in the freeze, so it sees the bus fail), bound to a seat claim of
+// its own when bound2. The bus is frozen for freeze (no heartbeats: the
+// server hands both asks out again as it thaws), m1's seat claim is away
+// as it thaws (as its lease would have it), and m2 must leave both asks
+// to their holders; with m1's seat back, each is built once.
+func builtOnceAcrossAFreeze(t *testing.T, lease1, lease2, freeze time.Duration, bound2 bool) {
 	s, js := bus(t)
 	fz := testenv.Freeze(t, strings.TrimPrefix(s.ClientURL(), "nats://"))
-	seat1, seat2 := holdSeat(t, js, "m1"), holdSeat(t, js, "m2")
+	seat := holdSeat(t, js, "m1")
+	seat2 := ""
+	if bound2 {
+		seat2 = holdSeat(t, js, "m2").token()
+	}
 	g := newGate()
 	startObservedAt(t, "nats://"+fz.Addr(), "m1", g.on("m1"), func(c *agent.Config) {
-		// No heartbeats: the server hands the ask out again after its ack
-		// wait, while m1's claim outlasts the freeze.
-		c.Heartbeat, c.ClaimLease, c.SeatToken = time.Hour, 20*time.Second, seat1.token()
+		c.Heartbeat, c.ClaimLease, c.SeatToken = time.Hour, lease1, seat.token()
 	}, nil)
-	a := ask("seat-lapsed")
+	a := ask("frozen")
 	submit(t, js, a)
 	if first := recv(t, g.began, 5*time.Second); first != a.ID {
 		t.Fatalf("began %s", first)
 	}
-	// m2 builds an ask of its own on one slot (its claim's renewals fail
-	// in the freeze: it sees the bus fail), and waits with the other.
 	ended := make(ends, 50)
 	startObservedAt(t, "nats://"+fz.Addr(), "m2", g.on("m2"), func(c *agent.Config) {
-		c.Slots, c.Heartbeat, c.ClaimLease, c.SeatToken = 2, time.Hour, 2*time.Second, seat2.token()
+		c.Slots, c.Heartbeat, c.ClaimLease, c.SeatToken = 2, time.Hour, lease2, seat2
 	}, ended)
 	submit(t, js, ask("busy"))
 	if first := recv(t, g.began, 5*time.Second); first != "busy" {
@@ -582,16 +540,18 @@ func TestAnAskWhoseHoldersSeatLapsedInAnOutageIsLeftToItsHolder(t *testing.T) {
 	}
 
 	fz.Freeze()
-	time.Sleep(testAckWait + 2*time.Second)
-	seat1.away()
+	time.Sleep(freeze)
+	seat.away()
 	fz.Thaw()
+	// Both asks are handed out again as the bus thaws; m2 leaves each to
+	// its holder (its own "busy" to that build).
 	for range 2 {
 		if e := ended.next(t, agent.OutcomeHandedBack, 10*time.Second); e.Took != 0 {
 			t.Fatalf("an ask redelivered to m2 was worked on (%s), want it left to its holder", e.Took)
 		}
 	}
 	g.notBegunAgain(t)
-	seat1.back()
+	seat.back()
 	g.ch(a.ID) <- nil
 	g.ch("busy") <- nil
 	testenv.WaitFor(t, 30*time.Second, "both asks built and acknowledged", func() bool {
@@ -600,12 +560,15 @@ func TestAnAskWhoseHoldersSeatLapsedInAnOutageIsLeftToItsHolder(t *testing.T) {
 	})
 	r := events(t, js)
 	for _, id := range []string{a.ID, "busy"} {
-		var built int
+		var started, built int
+		for _, e := range r.Started {
+			started += btoi(e.Ask == id)
+		}
 		for _, e := range r.Built {
 			built += btoi(e.Ask == id)
 		}
-		if built != 1 {
-			t.Errorf("%s built %d times, want once", id, built)
+		if started != 1 || built != 1 {
+			t.Errorf("%s started %d times and built %d, want once each", id, started, built)
 		}
 	}
 	g.notBegunAgain(t)
