@@ -491,14 +491,15 @@ func TestAnAskIsBuiltOnceAcrossAFrozenBus(t *testing.T) {
 	builtOnceAcrossAFreeze(t, lease, lease, testAckWait+lease+time.Second, false)
 }
 
-// The same trial with an outage shorter than the ask claim's lease but
-// longer than the seat claim's (as in the defaults: a seat claim's lease is
-// 15 s, an ask claim's three quarters of a 30 s ack wait): m1's claim of
-// its ask is still there as the bus thaws, but void, m1's seat claim gone
-// (here: taken away by the test, as its lease would). m2, handed the ask
-// again, saw the bus fail too: it leaves the ask to m1 (claim.AskFound's
-// SeatLapsed), which claims its seat again, and the module is built once.
-// Before, m2 took the void claim for a dead machine's and built it.
+// The same trial with an outage that lapses m1's seat claim but not its
+// claim of the ask — a seat lease (--lease) shorter than the ask claims',
+// or, on a cluster, the seat claims' stream without quorum while the ask
+// claims' has it: m1's claim is still there as the bus thaws, but void,
+// m1's seat claim gone (here: taken away by the test, as its lease would).
+// m2, handed the ask again, saw the bus fail too: it leaves the ask to m1
+// (claim.AskFound's SeatLapsed), which claims its seat again, and the
+// module is built once. Before, m2 took the void claim for a dead
+// machine's and built it.
 func TestAnAskWhoseHoldersSeatLapsedInAnOutageIsLeftToItsHolder(t *testing.T) {
 	// m1's claim outlasts the freeze; m2's claims are bound to a seat of
 	// its own, so that it judges m1's by m1's seat.

@@ -124,9 +124,9 @@ func (a *Agent) claim(ctx context.Context, ask mesh.Ask, attempt int, reply stri
 		case f.SeatLapsed != nil && a.lapsedHolder(id):
 			// Its holder's claim is void only because that machine's seat
 			// claim lapsed, while this agent saw the bus fail too: the
-			// same outage, which every seat claim longer than its lease
-			// lapses in. Left a while to that holder to claim its seat
-			// and the ask again.
+			// same outage, longer than the seat claims' lease (or, on a
+			// cluster, their stream's alone). Left a while to that holder
+			// to claim its seat and the ask again.
 			held := *f.SeatLapsed
 			held.Holder = "a claim whose machine's seat lapsed while the bus was away"
 			h.found.Held = &held

@@ -333,7 +333,7 @@ func heartbeatEvery(every, ackWait time.Duration) time.Duration {
 }
 
 // HeartbeatShare is the default heartbeat as a share of the ack wait: with
-// the holders' 30 s ack wait (mesh.HolderAckWait), every 10 s.
+// the holders' 8 s ack wait (mesh.HolderAckWait), every 2.7 s.
 const HeartbeatShare = 3
 
 // ErrStopped is the cause given to a build cut short because its agent is
