@@ -45,6 +45,7 @@ type Agent struct {
 	failedN  atomic.Int64
 	started  time.Time
 	running  running
+	hand     inHand
 	health   health
 	// claims are the seat's ask claims as this machine sees them; nil when
 	// the bucket is not raised.

@@ -92,18 +92,9 @@ func (a *Agent) claim(ctx context.Context, ask mesh.Ask, attempt int, reply stri
 	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if attempt > 1 && a.running.has(id) {
-		// Redelivered to this very machine while it still builds the ask
-		// (the server's ack wait ran out in an outage, or while the bus
-		// was frozen): left to that build, which claims it again itself.
-		// Claimed here as well, the two would share this machine's key,
-		// each overwrite the other's claim, and one be built twice.
-		h.found.Held = &claim.AskRecord{Ask: id, Machine: a.cfg.Machine, Holder: "this machine's build of it, still going on"}
-		return h, claimHeld, nil
-	}
 	if attempt > 1 {
 		a.noteReconnects()
-		f, err := a.claims.Look(ctx, id, ask.Secret, func(r claim.AskRecord) bool { return a.running.has(r.Ask) })
+		f, err := a.claims.Look(ctx, id, ask.Secret)
 		if err != nil {
 			a.troubled()
 			return h, claimFailed, err
@@ -349,6 +340,7 @@ func (a *Agent) retakeEarly(ctx context.Context, ask mesh.Ask, attempt int, h *h
 		if errors.Is(err, errTaken) || a.nc.IsClosed() {
 			return err
 		}
+		a.log.Debug("claiming a lapsed ask claim again while its build goes on: not yet", "ask", ask.ID, "try", try, "err", err)
 		if backoff.Wait(ctx, retakeRetry.Delay(try)) != nil {
 			return ctx.Err()
 		}
@@ -358,7 +350,7 @@ func (a *Agent) retakeEarly(ctx context.Context, ask mesh.Ask, attempt int, h *h
 // claimAgain claims ask for this machine once more after its claim lapsed,
 // unless another holder has claimed or settled it since (errTaken).
 func (a *Agent) claimAgain(ctx context.Context, ask mesh.Ask, attempt int, h *hold) (*claim.AskLease, error) {
-	f, err := a.claims.Look(ctx, ask.ID, ask.Secret, func(claim.AskRecord) bool { return false })
+	f, err := a.claims.Look(ctx, ask.ID, ask.Secret)
 	switch {
 	case err != nil:
 		return nil, err
@@ -438,7 +430,7 @@ func (a *Agent) handBackLeft(ctx context.Context) {
 			log.Debug("handed back an ask whose outcome this machine's previous holder recorded, in case it was not acknowledged", "outcome", rec.Outcome)
 			continue
 		}
-		f, err := a.claims.Look(ctx, rec.Ask, "", func(claim.AskRecord) bool { return false })
+		f, err := a.claims.Look(ctx, rec.Ask, "")
 		switch {
 		case err != nil:
 			log.Warn("an ask this machine's previous holder left claimed: its claims cannot be read; it goes back after the ack wait", "err", err)

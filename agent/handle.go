@@ -22,6 +22,21 @@ func (a *Agent) handle(work context.Context, msg jetstream.Msg) {
 	attempt := attemptOf(msg)
 	log := a.log.With("attempt", attempt)
 	ask, err := a.decode(msg.Data())
+	if mesh.ValidAskID(ask.ID) {
+		if !a.hand.take(ask.ID) {
+			// Delivered again to this very machine while it still has the
+			// ask in hand (the server's ack wait ran out in an outage, or
+			// while the bus was frozen): left to that hand — its build, or
+			// the settling of its outcome — which claims the ask again
+			// itself. Claimed here as well, the two would share this
+			// machine's key, each overwrite the other's claim, and the ask be
+			// built twice.
+			held := &claim.AskRecord{Ask: ask.ID, Machine: a.cfg.Machine, Holder: "this machine, which still has it in hand"}
+			a.settle(work, msg, log.With("ask", ask.ID, "module", ask.Module, "plan", ask.Plan), handedBack(0, max(a.lease/2, time.Second), claimedBy(held)), nil)
+			return
+		}
+		defer a.hand.drop(ask.ID)
+	}
 	var out outcome
 	switch {
 	case err != nil:

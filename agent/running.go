@@ -70,3 +70,38 @@ func (r *running) has(id string) bool {
 	_, ok := r.builds[id]
 	return ok
 }
+
+// inHand is the asks an agent has in hand, by id: from the delivery's
+// claim until its outcome is settled — announced and acknowledged, or
+// handed back. That is longer than its build (running), which ends before
+// the outcome is announced and, Config.Overlap, before the slot pulls its
+// next ask: an ask delivered again meanwhile (its ack wait ran out in an
+// outage) reached the slot while the first delivery was settling, claimed
+// the machine's one key over it, the first's built was refused, and the
+// ask was built and announced twice (cascade
+// TestClusterWithoutQuorumRefusesAndResumes).
+type inHand struct {
+	mu  sync.Mutex
+	ids map[string]bool
+}
+
+// take puts ask id in hand, and reports false when it is in hand already.
+func (h *inHand) take(id string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.ids[id] {
+		return false
+	}
+	if h.ids == nil {
+		h.ids = map[string]bool{}
+	}
+	h.ids[id] = true
+	return true
+}
+
+// drop takes ask id out of hand.
+func (h *inHand) drop(id string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	delete(h.ids, id)
+}

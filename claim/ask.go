@@ -175,18 +175,24 @@ func ReadAsk(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue,
 }
 
 // Look reads every machine's claim of ask. A held claim whose machine's
-// seat claim is gone (or is another's now) is void and not reported held.
-// mine reports whether a held claim of this machine is one of its own
-// slots' (that claim is then reported held too). secret is the ask's
+// seat claim is gone (or is another's now) is void and not reported held;
+// nor is one of this machine's own: an agent has an ask in hand on one of
+// its slots at most, and the one that looks is that slot (its own claim
+// lapsed, or its agent's predecessor's was left). secret is the ask's
 // (mesh.Ask.Secret, delivered with it): a claim that does not carry its
 // machine's proof of delivery is passed over — neither held, nor done, nor
 // counted in the ask's attempts and budget — so a machine that was never
 // delivered the ask cannot keep it from its holders by claiming it, nor
 // have them announce an outcome it made up. An empty secret takes every
 // claim.
-func (a *Asks) Look(ctx context.Context, ask, secret string, mine func(AskRecord) bool) (AskFound, error) {
+func (a *Asks) Look(ctx context.Context, ask, secret string) (AskFound, error) {
 	var f AskFound
-	keys, err := a.snap.Keys(ctx, mesh.AskClaimKeys(ask))
+	// Listed, not watched: the stream leader answers at once when a
+	// cluster regains quorum, when a watch's consumer can take seconds to
+	// be made — a holder whose claim lapsed in the outage must see within
+	// a moment of it that nobody took the ask, and claim it again, before
+	// another machine is handed the ask and builds it (kvsnap.Listed).
+	keys, err := a.snap.Listed(ctx, mesh.AskClaimKeys(ask))
 	if err != nil {
 		return f, fmt.Errorf("listing the claims of ask %s: %w", ask, err)
 	}
@@ -211,8 +217,9 @@ func (a *Asks) Look(ctx context.Context, ask, secret string, mine func(AskRecord
 			r := rec
 			f.Done = &r
 		case !rec.Held():
-		case rec.Machine == a.machine && !mine(rec):
-			// This machine's, from an agent that is gone (restarted here).
+		case rec.Machine == a.machine:
+			// This machine's: lapsed under the slot that looks, or left
+			// by an agent that is gone (restarted here).
 		default:
 			bound, lapsed := seatOf(ctx, a.claims, a.seat, rec)
 			r := rec
@@ -528,7 +535,7 @@ func (l *AskLease) stillOurs(ctx context.Context) error {
 	data, err := readLeader(ctx, l.js, l.kv.Bucket(), l.key)
 	switch {
 	case gone(err):
-		f, lerr := l.asks.Look(ctx, l.rec.Ask, l.secret, func(AskRecord) bool { return false })
+		f, lerr := l.asks.Look(ctx, l.rec.Ask, l.secret)
 		if lerr != nil {
 			return fmt.Errorf("settling %s: %w", l.what, lerr)
 		}

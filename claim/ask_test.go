@@ -53,7 +53,7 @@ func TestAskClaimsAreJudgedOnTheServersClock(t *testing.T) {
 	}
 	// Held across several leases while m1 renews, as m2 sees it.
 	for range 3 {
-		f, err := b.Look(ctx, "ask-1", "", func(claim.AskRecord) bool { return false })
+		f, err := b.Look(ctx, "ask-1", "")
 		if err != nil || f.Held == nil || f.Held.Machine != "m1" {
 			t.Fatalf("m2 sees %+v (%v), want held by m1", f, err)
 		}
@@ -63,7 +63,7 @@ func TestAskClaimsAreJudgedOnTheServersClock(t *testing.T) {
 	// (and a loaded machine's margin) the claim is gone on the server.
 	nc1js.Conn().Close()
 	testenv.WaitFor(t, 2*time.Second+5*time.Second, "m1's claim to lapse", func() bool {
-		f, err := b.Look(ctx, "ask-1", "", func(claim.AskRecord) bool { return false })
+		f, err := b.Look(ctx, "ask-1", "")
 		return err == nil && f.Held == nil
 	})
 	select {
@@ -161,7 +161,7 @@ func TestClaimsWithoutAProofOfDeliveryArePassedOver(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f, err := other.Look(ctx, ask, secret, func(claim.AskRecord) bool { return false })
+	f, err := other.Look(ctx, ask, secret)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -169,13 +169,13 @@ func TestClaimsWithoutAProofOfDeliveryArePassedOver(t *testing.T) {
 		t.Fatalf("looked with the secret: %+v, want m1's claim held, nothing done, no budget spent, attempt 2", f)
 	}
 	// Without the secret every claim counts (asks that carry none).
-	if f, _ := other.Look(ctx, ask, "", func(claim.AskRecord) bool { return false }); f.Done == nil || f.Attempts != 5 {
+	if f, _ := other.Look(ctx, ask, ""); f.Done == nil || f.Attempts != 5 {
 		t.Fatalf("looked with no secret: %+v, want every claim counted", f)
 	}
 	if err := l.Announce(ctx, mesh.EventBuilt, "ask-1-built-m1", []byte(`{"ask":"ask-1"}`)); err != nil {
 		t.Fatal(err)
 	}
-	f, err = other.Look(ctx, ask, secret, func(claim.AskRecord) bool { return false })
+	f, err = other.Look(ctx, ask, secret)
 	if err != nil || f.Done == nil || f.Done.Machine != "m1" || f.Done.MsgID != "ask-1-built-m1" || f.Held != nil {
 		t.Fatalf("after m1 settled: %+v (%v), want m1's outcome", f, err)
 	}
@@ -273,7 +273,7 @@ func TestLookTellsAClaimWhoseSeatLapsedFromOneWhoseSeatIsAnothers(t *testing.T) 
 	}
 	look := func() claim.AskFound {
 		t.Helper()
-		f, err := m2.Look(ctx, "ask-1", "", func(claim.AskRecord) bool { return false })
+		f, err := m2.Look(ctx, "ask-1", "")
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -139,9 +139,12 @@ func WithClock(now func() time.Time) Option {
 }
 
 // WithTrouble has f called each time a renewal, or the write of a lapsed
-// claim again, gets no answer from the bus in time, and when the claim
-// lapses with its holder alive: its holder saw the bus fail (or stood
-// still itself for a lease). A bus that stops answering without dropping
+// claim again, gets no answer from the bus in time, or is answered only
+// after slowRenewal (a bus that stood still — a cluster without quorum —
+// answers the renewal in flight when it returns: how a machine that only
+// waits on its pull sees an outage end), and when the claim lapses with
+// its holder alive: its holder saw the bus fail (or stood still itself
+// for a lease). A bus that stops answering without dropping
 // the connection (a server frozen, a network that drops packets) is seen
 // only so; the holder then knows that every claim on that bus may have
 // lapsed with its own, its holder alive (agent: a redelivered ask with no

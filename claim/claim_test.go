@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -611,4 +613,54 @@ func TestAHolderIsToldOfABusThatStoppedAnswering(t *testing.T) {
 		rec, ok, err := claim.Current(context.Background(), js, "mesh-controller", claim.Mesh())
 		return err == nil && ok && rec.Token == l.Token()
 	})
+}
+
+// An outage shorter than the lease with a renewal sent into it ends with
+// that renewal answered late: the holder is told then (WithTrouble), once
+// the bus answers again, and keeps its claim. It is how a machine that only
+// waits on its pull sees an outage (a cluster without quorum) end: the asks
+// whose claims lapsed in it are left to their holders a while counted from
+// then (agent), not from its start.
+func TestAHolderIsToldOfAnOutageWhenALateRenewalIsAnswered(t *testing.T) {
+	s, _ := bus(t)
+	fz := testenv.Freeze(t, strings.TrimPrefix(s.ClientURL(), "nats://"))
+	_, js := natstest.Dial(t, "nats://"+fz.Addr())
+	_, direct := natstest.Dial(t, s.ClientURL())
+	var mu sync.Mutex
+	var troubles []time.Time
+	// A lease of 6 s: renewed every 2 s, given up 5 s after the last
+	// renewal answered.
+	l := claimAsA(t, js, claim.WithLease(6*time.Second), claim.WithTrouble(func() {
+		mu.Lock()
+		defer mu.Unlock()
+		troubles = append(troubles, time.Now())
+	}))
+	defer l.Release(context.Background())
+	renewed := func() time.Time {
+		rec, ok, err := claim.Current(context.Background(), direct, "mesh-controller", claim.Mesh())
+		if err != nil || !ok {
+			return time.Time{}
+		}
+		return rec.Renewed
+	}
+	first := renewed()
+	var at time.Time
+	testenv.WaitFor(t, 5*time.Second, "a renewal", func() bool { at = renewed(); return at.After(first) })
+	// Frozen just after a renewal: the next, 2 s after it, is sent into
+	// the freeze and answered at the thaw, 1.5 s late.
+	fz.Freeze()
+	time.Sleep(time.Until(at.Add(3500 * time.Millisecond)))
+	thawed := time.Now()
+	fz.Thaw()
+	testenv.WaitFor(t, 5*time.Second, "the renewal sent in the freeze stored", func() bool { return renewed().After(at) })
+	time.Sleep(100 * time.Millisecond)
+	mu.Lock()
+	got := slices.Clone(troubles)
+	mu.Unlock()
+	if !slices.ContainsFunc(got, func(when time.Time) bool { return !when.Before(thawed) }) {
+		t.Fatalf("told of trouble at %v, thawed at %v: want once the late renewal was answered", got, thawed)
+	}
+	if err := l.Err(); err != nil {
+		t.Fatalf("the claim was lost in an outage shorter than its lease: %v", err)
+	}
 }

@@ -205,6 +205,11 @@ func (l *Lease) renew(sent time.Time) {
 		at := time.Now()
 		err := l.renewOnce(ctx, at, giveUp)
 		if err == nil {
+			if took := time.Since(at); took > l.slowRenewal() {
+				// Answered, but late: the bus stood still until now.
+				l.o.troubled()
+				l.o.log.Debug("renewed the claim late: the bus stood still", "claim", l.what, "took", took)
+			}
 			giveUp = at.Add(l.giveUp())
 			deadline.Reset(time.Until(giveUp))
 			continue
@@ -344,6 +349,14 @@ func wrongLastSequence(err error) bool {
 	return errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
 		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
 }
+
+// slowRenewal is how long a renewal's answer may take before the holder
+// takes it for a bus that stood still (WithTrouble): a second, or half a
+// renewal when that is shorter. The last renewal sent in an outage is
+// answered when the bus returns (one sent earlier times out at the next
+// renewal, itself troubled), so an outage longer than a renewal is seen
+// to end within this of its end by every holder of a claim.
+func (l *Lease) slowRenewal() time.Duration { return min(time.Second, l.o.renew/2) }
 
 // giveUp is how long after sending its last successful renewal the holder
 // gives the claim up: half a renewal inside the lease.

@@ -202,9 +202,19 @@ func (b *Bucket) run(ctx context.Context, kw jetstream.KeyWatcher, filters []str
 	}
 }
 
-// unseen gets every key the stream holds under filters that is not in
-// seen and has a value now, in key order.
-func (b *Bucket) unseen(ctx context.Context, filters []string, seen map[string]uint64) ([]jetstream.KeyValueEntry, error) {
+// Listed returns every key the bucket's stream holds a message of under
+// one of filters (">" when none), sorted: the stream leader's answer, one
+// snapshot taken under the stream's lock, with no consumer made — so a key
+// written before the call is in it. A key whose last entry is a deletion,
+// a purge or the server's marker of a lapse is listed too: read each key
+// to know whether it has a value. It asks what a watch asks at its marker
+// (Watch), and is what to use where a listing must answer while a cluster
+// regains quorum: a watch's consumer is made through the cluster's meta
+// leader, and was seen taking longer than a claim's lease to be made then.
+func (b *Bucket) Listed(ctx context.Context, filters ...string) ([]string, error) {
+	if len(filters) == 0 {
+		filters = []string{">"}
+	}
 	st, err := b.streamOf(ctx)
 	if err != nil {
 		return nil, err
@@ -219,16 +229,27 @@ func (b *Bucket) unseen(ctx context.Context, filters []string, seen map[string]u
 			return nil, fmt.Errorf("listing the keys of %s under %s: %w", b.kv.Bucket(), f, err)
 		}
 		for subj := range info.State.Subjects {
-			k, ok := strings.CutPrefix(subj, prefix)
-			if _, had := seen[k]; ok && !had {
+			if k, ok := strings.CutPrefix(subj, prefix); ok {
 				keys = append(keys, k)
 			}
 		}
 	}
 	slices.Sort(keys)
-	keys = slices.Compact(keys)
+	return slices.Compact(keys), nil
+}
+
+// unseen gets every key the stream holds under filters that is not in
+// seen and has a value now, in key order.
+func (b *Bucket) unseen(ctx context.Context, filters []string, seen map[string]uint64) ([]jetstream.KeyValueEntry, error) {
+	keys, err := b.Listed(ctx, filters...)
+	if err != nil {
+		return nil, err
+	}
 	var out []jetstream.KeyValueEntry
 	for _, k := range keys {
+		if _, had := seen[k]; had {
+			continue
+		}
 		e, err := b.kv.Get(ctx, k)
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
 			continue // deleted since

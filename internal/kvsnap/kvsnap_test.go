@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -121,6 +122,16 @@ func TestEveryKeyWhileTheBucketIsWritten(t *testing.T) {
 			if ks[j] != keys[j] {
 				t.Fatalf("read %d: Keys[%d] = %q, want %q (sorted)", i, j, ks[j], keys[j])
 			}
+		}
+		if ls, err := b.Listed(ctx); err != nil {
+			t.Fatal(err)
+		} else if fmt.Sprint(ls) != fmt.Sprint(keys) {
+			t.Fatalf("read %d: Listed %d keys, want the %d that exist, sorted: %v", i, len(ls), len(keys), missing(func(k string) bool { return slices.Contains(ls, k) }, keys))
+		}
+		if ls, err := b.Listed(ctx, keys[7], keys[2], keys[7]); err != nil {
+			t.Fatal(err)
+		} else if want := []string{keys[2], keys[7]}; fmt.Sprint(ls) != fmt.Sprint(want) {
+			t.Fatalf("read %d: Listed under filters %s, %s, %s = %v, want %v (each key once, sorted)", i, keys[7], keys[2], keys[7], ls, want)
 		}
 		raw, err := markerRead(ctx, kv)
 		if err != nil {
