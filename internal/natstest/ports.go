@@ -5,8 +5,11 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 )
 
@@ -53,7 +56,8 @@ func portPool() (lo, hi int) {
 }
 
 // FreePortRun is the first of n consecutive loopback ports that are free,
-// picked at random from outside the ephemeral range (see portPool).
+// picked at random from outside the ephemeral range (see portPool) and
+// reserved for this process (reserve).
 func FreePortRun(tb testing.TB, n int) int {
 	tb.Helper()
 	lo, hi := portPool()
@@ -67,6 +71,9 @@ next:
 			if holder(p+i) != "" {
 				continue next
 			}
+		}
+		if !reserve(p, n) {
+			continue
 		}
 		return p
 	}
@@ -98,4 +105,46 @@ func holder(p int) string {
 	}
 	ln.Close()
 	return ""
+}
+
+// reserve reserves ports p … p+n-1 for this process for as long as it
+// lives (an exclusive flock on a file per port, released by the kernel
+// when the process ends), and reports false when another process holds one
+// of them. A port free when it is picked may be a stopped node's, about to
+// be listened on again: `go test ./...` runs packages in parallel
+// processes, and one of them picking the port of another's node stopped
+// for a restart made that restart fail with "address already in use" for
+// as long as its own server lived (fresh-clone CI, cascade
+// TestClusterPlanSurvivesANodeRestart).
+func reserve(p, n int) bool {
+	dir := filepath.Join(os.TempDir(), "meshbuild-natstest-ports")
+	if err := os.MkdirAll(dir, 0o777); err != nil {
+		return true // nowhere to reserve: the port is free, as far as can be known
+	}
+	var held []*os.File
+	for i := range n {
+		f, err := os.OpenFile(filepath.Join(dir, strconv.Itoa(p+i)), os.O_CREATE|os.O_RDWR, 0o666)
+		if err != nil {
+			return true
+		}
+		if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+			f.Close()
+			for _, h := range held {
+				h.Close() // closing the file releases its lock
+			}
+			return false
+		}
+		held = append(held, f)
+	}
+	reserved.Lock()
+	reserved.files = append(reserved.files, held...)
+	reserved.Unlock()
+	return true
+}
+
+// reserved keeps the files whose locks reserve a process's ports open (and
+// so locked) for as long as the process lives.
+var reserved struct {
+	sync.Mutex
+	files []*os.File
 }

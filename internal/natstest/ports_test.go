@@ -1,8 +1,14 @@
 package natstest
 
 import (
+	"bufio"
+	"fmt"
+	"io"
 	"net"
+	"os"
+	"os/exec"
 	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -44,5 +50,56 @@ func TestFreePortsAreOutsideTheEphemeralRange(t *testing.T) {
 	defer c.Close()
 	if p := c.LocalAddr().(*net.TCPAddr).Port; p < elo || p > ehi {
 		t.Fatalf("an outgoing connection's source port %d is outside %d-%d: the range read is not the kernel's", p, elo, ehi)
+	}
+}
+
+// TestAPortReservedByAnotherProcessIsNotHandedOut: a port another test
+// process reserved (a node of its cluster, stopped for a restart: nothing
+// listens on it) is refused here while that process lives, and free again
+// once it has ended. Before, `go test ./...` once gave a stopped node's
+// port to a server of another package, and the node's restart failed with
+// "address already in use".
+func TestAPortReservedByAnotherProcessIsNotHandedOut(t *testing.T) {
+	if os.Getenv("NATSTEST_RESERVE") != "" {
+		// The other process: a port picked and reserved, held until the
+		// parent closes stdin.
+		fmt.Println(FreePortRun(t, 1))
+		_, _ = io.Copy(io.Discard, os.Stdin)
+		os.Exit(0)
+	}
+	port := FreePortRun(t, 1)
+	cmd := exec.Command(os.Args[0], "-test.run=^TestAPortReservedByAnotherProcessIsNotHandedOut$")
+	cmd.Env = append(os.Environ(), "NATSTEST_RESERVE=1")
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(out).ReadString('\n')
+	other, cerr := strconv.Atoi(strings.TrimSpace(line))
+	if err != nil || cerr != nil {
+		t.Fatalf("the other process: %q %v %v", line, err, cerr)
+	}
+	if h := holder(other); h != "" {
+		t.Fatalf("port %d is listened on (%s); the test wants it free and reserved", other, h)
+	}
+	if reserve(other, 1) {
+		t.Fatalf("port %d, reserved by another process, was reserved here too", other)
+	}
+	if reserve(port, 1) {
+		t.Fatalf("port %d, handed out to this process, was reserved again", port)
+	}
+	stdin.Close()
+	if err := cmd.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if !reserve(other, 1) {
+		t.Fatalf("port %d is still refused after the process that reserved it ended", other)
 	}
 }
