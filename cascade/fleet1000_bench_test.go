@@ -799,8 +799,9 @@ func fleetDispatch(tb testing.TB, f *fleetFarm, nc *nats.Conn, n int) []time.Dur
 			tb.Fatal(err)
 		}
 		t0 := time.Now()
-		// Every shard has machines idle: in turn, as the controller's
-		// routing does (shardFor).
+		// Every shard has machines idle: one ask at a time, each to the
+		// next shard (the controller's routing, shardView.route, keeps a
+		// shard while its machines are idle: the same for one ask).
 		subj := mesh.BuildShardSubject(mesh.DefaultPlatform, i%max(f.shards, 1))
 		if _, err := f.js.Publish(context.Background(), subj, data, jetstream.WithMsgID(id)); err != nil {
 			tb.Fatal(err)
