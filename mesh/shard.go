@@ -32,7 +32,13 @@ const ShardAbove = 2500
 // one consumer (its wake-ups merge under load, one walk serving many asks;
 // a shard's do not, so each pull that arrives costs a walk of its shard);
 // 10 of 1,000: 1.7 ms, 1,600–1,800/s; 20 of 500: 1.2 ms, 2,065/s; 40 of
-// 250: 2.6 ms, 2,290/s.
+// 250: 2.6 ms, 2,290/s. Those runs had the controller spread asks over
+// the shards one by one; since it fills one shard while its machines are
+// idle (cascade's shardView.route, one walk for a burst of asks), the
+// shard count matters less: 4 shards 2.8 ms, 2,160/s; 10: 1.9 ms,
+// 2,421/s; 20: 1.7 ms, 2,393/s; 40: 1.6–3.7 ms, 2,249–2,511/s; 64:
+// 2.1 ms, 2,281/s (one run each, 2026-12-06; the host moves these by a
+// tenth).
 const ShardPulls = 250
 
 // ShardsMetadata is the key of a holders' consumer's metadata that says
