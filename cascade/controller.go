@@ -148,12 +148,9 @@ type Controller struct {
 	heads map[string]string
 
 	// owed are the modules still waiting that a flush left unstored, by
-	// key (someWaiting); spared is when one last stored some, and
-	// eventsWaiting how many events were left waiting when the loop last
-	// took a batch (0 on its other turns).
-	owed          map[string]any
-	spared        time.Time
-	eventsWaiting int
+	// key (someWaiting); spared is when one last stored some.
+	owed   map[string]any
+	spared time.Time
 
 	// a batch's pending effects
 	dirty    map[string]any
@@ -282,14 +279,13 @@ func (c *Controller) Run(ctx context.Context) error {
 	for {
 		var batch []jetstream.Msg
 		var look, forecast, later <-chan time.Time
-		c.eventsWaiting = 0
 		if c.held {
 			look = time.After(c.cfg.IdleLook)
 		}
 		if len(c.owed) > 0 {
-			// Modules still waiting to be stored (someWaiting): a turn
-			// of their own once no event waits, or their next share.
-			if wait := c.spareIn(len(in.events)); wait == 0 {
+			// Modules still waiting to be stored (someWaiting): their
+			// next share, a turn of its own if no event comes first.
+			if wait := c.spareIn(); wait == 0 {
 				look = closedLook
 			} else if look == nil {
 				look = time.After(wait)
@@ -321,7 +317,6 @@ func (c *Controller) Run(ctx context.Context) error {
 				return errors.New("the event consumer stopped")
 			}
 			batch = c.work(ctx, m, in.events)
-			c.eventsWaiting = len(in.events)
 		case cmd := <-c.cmds:
 			if !c.rebuildAside(ctx, cmd) {
 				cmd.Answer(c.command(ctx, cmd.Q))

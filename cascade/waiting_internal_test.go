@@ -9,11 +9,11 @@ import (
 )
 
 // A flush stores the modules still waiting all at once up to
-// waitingPerFlush; beyond, that many of the deepest tiers, none while
-// events wait until spareEvery has passed since the last share, and the
-// rest are owed outside the dirty set; a module's newer state drops its
-// owed waiting write.
-func TestSomeWaitingStoresTheDeepestFirstBetweenEvents(t *testing.T) {
+// waitingPerFlush; beyond, that many of the deepest tiers, none until
+// spareEvery has passed since the last share — whether events wait or not
+// — and the rest are owed outside the dirty set; a module's newer state
+// drops its owed waiting write.
+func TestSomeWaitingStoresTheDeepestFirstAShareAtATime(t *testing.T) {
 	waiting := map[string]any{}
 	for i := range 3 * waitingPerFlush {
 		waiting[fmt.Sprintf("m%04d", i)] = ModuleStatus{Tier: i % 3, State: Waiting}
@@ -43,18 +43,21 @@ func TestSomeWaitingStoresTheDeepestFirstBetweenEvents(t *testing.T) {
 			t.Fatalf("%s is stored this flush and not dirty: a refused write would be lost", k)
 		}
 	}
-	// Events wait and a share was just stored: none now.
-	c.eventsWaiting = 5
+	// A share was just stored: none now, and the loop's next turn for
+	// them is most of spareEvery away.
 	if got := c.someWaiting(nil); len(got) != 0 || len(c.owed) != 2*waitingPerFlush {
-		t.Fatalf("with events waiting, just after a share: stored %d, owed %d", len(got), len(c.owed))
+		t.Fatalf("just after a share: stored %d, owed %d", len(got), len(c.owed))
 	}
-	if d := c.spareIn(5); d <= 0 || d > spareEvery {
-		t.Fatalf("spareIn with events waiting = %s, want within (0, %s]", d, spareEvery)
+	if d := c.spareIn(); d <= spareEvery/2 || d > spareEvery {
+		t.Fatalf("spareIn just after a share = %s, want within (%s, %s]", d, spareEvery/2, spareEvery)
 	}
-	// spareEvery later, a share even though events wait.
+	// spareEvery later, the next share.
 	c.spared = time.Now().Add(-spareEvery)
+	if d := c.spareIn(); d != 0 {
+		t.Fatalf("spareIn a spareEvery after a share = %s, want 0", d)
+	}
 	if got := c.someWaiting(nil); tiersOf(got)[1] != waitingPerFlush {
-		t.Fatalf("a share due with events waiting: stored %v", tiersOf(got))
+		t.Fatalf("a share due: stored %v", tiersOf(got))
 	}
 	// A module released meanwhile: its owed waiting write is dropped.
 	var released string
@@ -69,10 +72,10 @@ func TestSomeWaitingStoresTheDeepestFirstBetweenEvents(t *testing.T) {
 	if _, owed := c.owed[released]; owed {
 		t.Fatalf("%s released and still owed waiting", released)
 	}
-	// No event waits: at once, and then nothing is owed.
-	c.eventsWaiting = 0
-	if got := c.someWaiting(nil); len(got) != waitingPerFlush-1 || len(c.owed) != 0 || c.spareIn(0) != 0 {
-		t.Fatalf("no event waiting: stored %d, owed %d", len(got), len(c.owed))
+	// No more than a share is owed: the rest at once, and then nothing is
+	// owed.
+	if got := c.someWaiting(nil); len(got) != waitingPerFlush-1 || len(c.owed) != 0 {
+		t.Fatalf("the last share: stored %d, owed %d", len(got), len(c.owed))
 	}
 }
 
