@@ -336,12 +336,15 @@ const (
 // most often. A loop that also took a share at every turn with no event
 // waiting — between two batches, most turns of a busy plan — spent most of
 // a busy plan's writes on them: on three servers (R3, sync always), 1,000
-// machines, the first seconds' turns of 250 events took 250–430 ms, the
-// critical path's outcomes waited 0.3–0.6 s each to be worked, and the
-// makespan was 1.05–1.07 of the bound; held to one share every spareEvery,
-// 1.03–1.05, and 10,000 zero-length builds went through at 1,460 a second
-// where 1,170–1,370 did. A module not stored is loaded as waiting on a
-// restart (resume). The share returned stays in c.dirty, so that a write
+// machines, the first seconds' turns of 250 events took 250–430 ms and
+// the critical path's outcomes waited 0.3–0.6 s each to be worked. Held
+// to one share every spareEvery, the module writes fell from 2.9 to 2.4 a
+// module and, in one run, the makespan from 1.05–1.07 of the bound to
+// 1.03–1.05 and 10,000 zero-length builds went through at 1,460 a second
+// where 1,170–1,370 did (cascade BenchmarkFleet1000/cluster3; make bench's
+// quiet run after: 1.052–1.066 and 1,335 a second, the host moving these by
+// as much). A module not stored is loaded as waiting on a restart
+// (resume). The share returned stays in c.dirty, so that a write
 // the store refuses is tried again.
 func (c *Controller) someWaiting(waiting map[string]any) map[string]any {
 	if len(c.owed) == 0 && len(waiting) <= waitingPerFlush {
