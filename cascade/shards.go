@@ -35,6 +35,11 @@ type shardView struct {
 	last int
 }
 
+// newShardView is a look at n shards before anything is known or sent.
+func newShardView(n int) *shardView {
+	return &shardView{load: make([]int, n), live: make([]bool, n), last: -1}
+}
+
 // holders is what the holders' consumers of one platform say, over its
 // shards.
 type holders struct {
@@ -81,7 +86,8 @@ func (c *Controller) platformHolders(ctx context.Context, p string) (holders, er
 		return holders{}, err
 	}
 	h := holders{Delivered: make([]uint64, n)}
-	v := &shardView{at: time.Now(), load: make([]int, n), live: make([]bool, n), last: -1}
+	v := newShardView(n)
+	v.at = time.Now()
 	for k, info := range infos {
 		h.Waiting += info.NumWaiting
 		h.Pending += int(info.NumPending)
@@ -115,7 +121,7 @@ func (c *Controller) shardFor(ctx context.Context, p string) int {
 			// looked at again a ShardLook later, not at every ask.
 			c.log.Warn("reading the shards of a platform's queue; routing by the last look", "platform", p, "err", err)
 			if v == nil || len(v.load) != n {
-				v = &shardView{load: make([]int, n), live: make([]bool, n), last: -1}
+				v = newShardView(n)
 				c.shardViews[p] = v
 			}
 			v.at = time.Now()
