@@ -148,9 +148,13 @@ type Controller struct {
 	heads map[string]string
 
 	// owed are the modules still waiting that a flush left unstored, by
-	// key (someWaiting); spared is when one last stored some.
-	owed   map[string]any
-	spared time.Time
+	// key (someWaiting); spared is when the last share of them was stored;
+	// sharing is the share being stored beside the loop (storeShare), nil
+	// when none is, and writeShare what stores it (nil: the store's Put).
+	owed       map[string]any
+	spared     time.Time
+	sharing    *shareWrite
+	writeShare func(context.Context, map[string]any) error
 
 	// a batch's pending effects
 	dirty    map[string]any
@@ -272,6 +276,9 @@ func (c *Controller) Run(ctx context.Context) error {
 		return err
 	}
 	defer in.stop()
+	// A share of the modules still waiting is not left writing behind a
+	// controller that stopped.
+	defer c.awaitShare()
 	c.log.Info("controller running", "module", c.module, "plans", len(c.plans))
 
 	tick := time.NewTicker(c.cfg.ObserveEvery)
@@ -282,7 +289,7 @@ func (c *Controller) Run(ctx context.Context) error {
 		if c.held {
 			look = time.After(c.cfg.IdleLook)
 		}
-		if len(c.owed) > 0 {
+		if len(c.owed) > 0 && c.sharing == nil {
 			// Modules still waiting to be stored (someWaiting): their
 			// next share, a turn of its own if no event comes first.
 			if wait := c.spareIn(); wait == 0 {
@@ -312,6 +319,8 @@ func (c *Controller) Run(ctx context.Context) error {
 				}
 				delete(c.forecastOwed, id)
 			}
+		case err := <-c.shareDone():
+			c.shareStored(err)
 		case m, ok := <-in.events:
 			if !ok {
 				return errors.New("the event consumer stopped")

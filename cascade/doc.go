@@ -132,11 +132,14 @@
 // The flush's phases: of what finished, the bases of its first asks
 // (firstAsks, the best ranked); those asks' modules, stored queued, and
 // the asks published; the rest of what finished (other modules, current
-// images, estimates); the rest it released, and their asks; then up to waitingPerFlush of the
-// modules still waiting, the deepest tiers first, and the plan records. A
-// big new plan's other waiting modules are stored on the loop's later
-// turns, when no event waits or every spareEvery (someWaiting): a module
-// not stored is loaded as waiting after a restart.
+// images, estimates); the rest it released, and their asks; then the
+// modules still waiting, if no more than waitingPerFlush, and the plan
+// records. A big plan's modules still waiting are stored beside the loop,
+// waitingPerFlush at a time, the deepest tiers first, the next share
+// spareEvery after the last is stored (someWaiting, sharewrite.go): the
+// loop goes on meanwhile, and stores a module of the share in flight again
+// only once the share is stored. A module not stored is loaded as waiting
+// after a restart.
 //
 // One change waits: a started alone is applied at once but stored with
 // its module's next change (a short build's built) or StartedStoreDelay

@@ -146,7 +146,9 @@ func (c *Controller) flushOnce(ctx context.Context) error {
 	}
 	c.submits = append(keep, keepLate...)
 	if perr == nil {
-		perr = c.persist(ctx, c.someWaiting(waiting), records)
+		now, share := c.someWaiting(waiting)
+		c.storeShare(ctx, share)
+		perr = c.persist(ctx, now, records)
 	}
 	held := heldPlans(c.dirty, finished, released, waiting, records)
 	settled := c.settle(ctx, held)
@@ -189,6 +191,7 @@ func (c *Controller) persist(ctx context.Context, phases ...map[string]any) erro
 		if len(phase) == 0 {
 			continue
 		}
+		c.awaitShareOf(phase)
 		err := c.store.Put(ctx, phase)
 		var pe *PutError
 		switch {
@@ -324,31 +327,25 @@ const (
 )
 
 // someWaiting is what a flush stores of the modules still waiting: all of
-// them up to waitingPerFlush, else that many, the deepest tiers first, at
-// most once every spareEvery — whether events wait or not. A new plan of
-// 10,000 modules publishes its first asks and then stores its 9,000 others
-// waiting: on three servers with sync always that held the loop 1.2–1.7 s,
-// while the first builds ended and nobody worked their events. The rest
-// are owed (c.owed, outside c.dirty, so that a flush does not go through
-// them again) for the loop's later turns (spareIn); a module whose state
-// changes meanwhile is stored once, in its new state, and its waiting
-// write is dropped (phases), which the shallow tiers, stored last, are
-// most often. A loop that also took a share at every turn with no event
-// waiting — between two batches, most turns of a busy plan — spent most of
-// a busy plan's writes on them: on three servers (R3, sync always), 1,000
-// machines, the first seconds' turns of 250 events took 250–430 ms and
-// the critical path's outcomes waited 0.3–0.6 s each to be worked. Held
-// to one share every spareEvery, the module writes fell from 2.9 to 2.4 a
-// module and, in one run, the makespan from 1.05–1.07 of the bound to
-// 1.03–1.05 and 10,000 zero-length builds went through at 1,460 a second
-// where 1,170–1,370 did (cascade BenchmarkFleet1000/cluster3; make bench's
-// quiet run after: 1.052–1.066 and 1,335 a second, the host moving these by
-// as much). A module not stored is loaded as waiting on a restart
-// (resume). The share returned stays in c.dirty, so that a write
-// the store refuses is tried again.
-func (c *Controller) someWaiting(waiting map[string]any) map[string]any {
+// them up to waitingPerFlush, with the flush's other writes (now); else a
+// share of that many, the deepest tiers first, stored beside the loop
+// (share: storeShare), one share at a time, the next spareEvery after the
+// last was stored (the last share, of fewer, at once). A new plan of 10,000 modules publishes its first asks
+// and then stores its 9,000 others waiting: on three servers with sync
+// always that held the loop 1.2–1.7 s, while the first builds ended and
+// nobody worked their events; stored a share every spareEvery by the loop
+// itself, they still took a tenth to a fifth of each of its turns for the
+// plan's first seconds (sharewrite.go). The rest are owed (c.owed,
+// outside c.dirty, so that a flush does not go through them again) for
+// the later shares; a module whose state changes meanwhile is stored once,
+// in its new state, and its waiting write is dropped (phases), which the
+// shallow tiers, stored last, are most often: the module writes fell from
+// 2.9 to 2.4 a module (cascade BenchmarkFleet1000/cluster3, 1,000
+// machines). A module not stored is loaded as waiting on a restart
+// (resume).
+func (c *Controller) someWaiting(waiting map[string]any) (now, share map[string]any) {
 	if len(c.owed) == 0 && len(waiting) <= waitingPerFlush {
-		return waiting
+		return waiting, nil
 	}
 	if c.owed == nil {
 		c.owed = map[string]any{}
@@ -357,20 +354,17 @@ func (c *Controller) someWaiting(waiting map[string]any) map[string]any {
 		c.owed[k] = v
 		delete(c.dirty, k)
 	}
-	if len(c.owed) > waitingPerFlush && c.spareIn() > 0 {
-		return nil
+	if c.sharing != nil || len(c.owed) > waitingPerFlush && c.spareIn() > 0 {
+		return nil, nil
 	}
-	c.spared = time.Now()
-	share := deepest(c.owed, waitingPerFlush)
-	for k, v := range share {
+	share = deepest(c.owed, waitingPerFlush)
+	for k := range share {
 		delete(c.owed, k)
 		if p, ok := PlanOfKey(k); ok && c.plans[p] == nil {
 			delete(share, k) // its plan is gone
-			continue
 		}
-		c.dirty[k] = v
 	}
-	return share
+	return nil, share
 }
 
 // deepest is n of the modules of waiting, the deepest tiers first (all of
@@ -408,7 +402,7 @@ func deepest(waiting map[string]any, n int) map[string]any {
 }
 
 // spareIn is how long the modules still waiting to be stored wait for
-// their next share: what is left of spareEvery since the last.
+// their next share: what is left of spareEvery since the last was stored.
 func (c *Controller) spareIn() time.Duration {
 	return max(0, spareEvery-time.Since(c.spared))
 }
@@ -579,6 +573,7 @@ func (c *Controller) prune(ctx context.Context) {
 		return
 	}
 	c.lastPrune = time.Now()
+	c.awaitShare() // none of its keys written after their plan is gone
 	if n, err := c.store.Prune(ctx, c.cfg.KeepPlans); err != nil {
 		c.log.Warn("pruning old plans", "err", err)
 	} else if n > 0 {

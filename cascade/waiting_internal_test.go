@@ -1,26 +1,34 @@
 package cascade
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"slices"
 	"testing"
 	"time"
 )
 
-// A flush stores the modules still waiting all at once up to
-// waitingPerFlush; beyond, that many of the deepest tiers, none until
-// spareEvery has passed since the last share — whether events wait or not
-// — and the rest are owed outside the dirty set; a module's newer state
-// drops its owed waiting write.
+// A flush stores the modules still waiting with its other writes up to
+// waitingPerFlush; beyond, it hands that many of the deepest tiers to be
+// stored beside the loop, one share at a time, the next spareEvery after
+// the last is stored, and owes the rest outside the dirty set; a module's
+// newer state drops its owed waiting write.
 func TestSomeWaitingStoresTheDeepestFirstAShareAtATime(t *testing.T) {
 	waiting := map[string]any{}
 	for i := range 3 * waitingPerFlush {
 		waiting[fmt.Sprintf("m%04d", i)] = ModuleStatus{Tier: i % 3, State: Waiting}
 	}
-	c := Controller{dirty: maps.Clone(waiting)}
-	if got := c.someWaiting(map[string]any{"a": ModuleStatus{State: Waiting}}); len(got) != 1 || len(c.owed) != 0 {
-		t.Fatalf("a few: %v, owed %d", got, len(c.owed))
+	gate := make(chan error)
+	var written []map[string]any
+	c := Controller{dirty: maps.Clone(waiting), writeShare: func(_ context.Context, share map[string]any) error {
+		written = append(written, share)
+		return <-gate
+	}}
+	if now, share := c.someWaiting(map[string]any{"a": ModuleStatus{State: Waiting}}); len(now) != 1 || share != nil || len(c.owed) != 0 {
+		t.Fatalf("a few: stored with the flush %v, a share %v, owed %d", now, share, len(c.owed))
 	}
 	tiersOf := func(m map[string]any) map[int]int {
 		n := map[int]int{}
@@ -29,35 +37,36 @@ func TestSomeWaitingStoresTheDeepestFirstAShareAtATime(t *testing.T) {
 		}
 		return n
 	}
-	got := c.someWaiting(waiting)
-	if n := tiersOf(got); n[2] != waitingPerFlush || len(got) != waitingPerFlush || len(c.owed) != 2*waitingPerFlush {
-		t.Fatalf("stored %v, owed %d; want the %d of tier 2 and the rest owed", n, len(c.owed), waitingPerFlush)
+	now, share := c.someWaiting(waiting)
+	if n := tiersOf(share); len(now) != 0 || n[2] != waitingPerFlush || len(share) != waitingPerFlush || len(c.owed) != 2*waitingPerFlush {
+		t.Fatalf("stored with the flush %d, a share %v, owed %d; want the %d of tier 2 beside the loop and the rest owed", len(now), n, len(c.owed), waitingPerFlush)
 	}
 	for k := range c.owed {
 		if _, in := c.dirty[k]; in {
 			t.Fatalf("%s is owed and still dirty: every flush would go through it", k)
 		}
 	}
-	for k := range got {
-		if _, in := c.dirty[k]; !in {
-			t.Fatalf("%s is stored this flush and not dirty: a refused write would be lost", k)
-		}
+	c.storeShare(context.Background(), share)
+	// While it is stored, no other share, however long ago the last was.
+	c.spared = time.Now().Add(-time.Hour)
+	if now, share := c.someWaiting(nil); len(now)+len(share) != 0 || c.shareDone() == nil {
+		t.Fatalf("a share in flight: another of %d", len(now)+len(share))
 	}
-	// A share was just stored: none now, and the loop's next turn for
-	// them is most of spareEvery away.
-	if got := c.someWaiting(nil); len(got) != 0 || len(c.owed) != 2*waitingPerFlush {
-		t.Fatalf("just after a share: stored %d, owed %d", len(got), len(c.owed))
+	gate <- nil
+	c.shareStored(<-c.shareDone())
+	if c.sharing != nil || len(written) != 1 {
+		t.Fatalf("stored: in flight %v, written %d shares", c.sharing != nil, len(written))
+	}
+	// Just stored: the next is most of spareEvery away.
+	if now, share := c.someWaiting(nil); len(now)+len(share) != 0 {
+		t.Fatalf("just after a share: another of %d", len(now)+len(share))
 	}
 	if d := c.spareIn(); d <= spareEvery/2 || d > spareEvery {
 		t.Fatalf("spareIn just after a share = %s, want within (%s, %s]", d, spareEvery/2, spareEvery)
 	}
-	// spareEvery later, the next share.
 	c.spared = time.Now().Add(-spareEvery)
-	if d := c.spareIn(); d != 0 {
-		t.Fatalf("spareIn a spareEvery after a share = %s, want 0", d)
-	}
-	if got := c.someWaiting(nil); tiersOf(got)[1] != waitingPerFlush {
-		t.Fatalf("a share due: stored %v", tiersOf(got))
+	if _, share := c.someWaiting(nil); tiersOf(share)[1] != waitingPerFlush {
+		t.Fatalf("a share due: %v", tiersOf(share))
 	}
 	// A module released meanwhile: its owed waiting write is dropped.
 	var released string
@@ -74,8 +83,46 @@ func TestSomeWaitingStoresTheDeepestFirstAShareAtATime(t *testing.T) {
 	}
 	// No more than a share is owed: the rest at once, and then nothing is
 	// owed.
-	if got := c.someWaiting(nil); len(got) != waitingPerFlush-1 || len(c.owed) != 0 {
-		t.Fatalf("the last share: stored %d, owed %d", len(got), len(c.owed))
+	if _, share := c.someWaiting(nil); len(share) != waitingPerFlush-1 || len(c.owed) != 0 {
+		t.Fatalf("the last share: %d, owed %d", len(share), len(c.owed))
+	}
+}
+
+// A share the store refused is owed again, each module of it that still
+// waits with no newer state to store; one released since, or of a plan
+// gone, is not.
+func TestARefusedShareIsOwedAgain(t *testing.T) {
+	st := NewState(plan(t, "a:", "b: a", "c: a", "d: a"), t0)
+	st.Start(t0)
+	key := func(m string) string { return ModuleKey(st.Plan, m) }
+	share := map[string]any{}
+	for _, m := range []string{"b", "c", "d"} {
+		share[key(m)] = stateOf(t, st, m)
+	}
+	share[ModuleKey("gone", "x")] = ModuleStatus{Module: "x", State: Waiting}
+	c := Controller{plans: map[string]*State{st.Plan: st}, log: slog.New(slog.DiscardHandler),
+		dirty: map[string]any{key("c"): ModuleStatus{Module: "c", State: Cancelled}},
+		writeShare: func(context.Context, map[string]any) error {
+			failed := map[string]error{}
+			for k := range share {
+				if k != key("d") {
+					failed[k] = errors.New("refused")
+				}
+			}
+			return &PutError{Failed: failed}
+		}}
+	c.storeShare(context.Background(), share)
+	c.awaitShare()
+	if got := slices.Sorted(maps.Keys(c.owed)); !slices.Equal(got, []string{key("b")}) {
+		t.Fatalf("owed again %v, want only %s (c has a newer state, d was stored, x's plan is gone)", got, key("b"))
+	}
+	// Refused as a whole (no PutError): every module that still waits.
+	c.owed = nil
+	c.writeShare = func(context.Context, map[string]any) error { return errors.New("no answer") }
+	c.storeShare(context.Background(), share)
+	c.awaitShare()
+	if got := slices.Sorted(maps.Keys(c.owed)); !slices.Equal(got, []string{key("b"), key("d")}) {
+		t.Fatalf("owed again %v, want b and d", got)
 	}
 }
 
