@@ -299,23 +299,30 @@ func (f *benchFarm) run(d sim.DAG, unit, timeout time.Duration) planRun {
 		f.tb.Fatalf("plan %s: %s, %+v; want all %d built%s", plan, rec.Outcome, rec.Counts, d.Len(), f.failures(plan))
 	}
 	r := planRun{Rec: rec, Makespan: rec.Updated.Sub(t0)}
-	if !f.firstStart {
-		return r
-	}
-	st, err := cascade.OpenStore(context.Background(), f.js, "build-controller")
-	if err != nil {
-		f.tb.Fatal(err)
-	}
-	if mods, err := st.Modules(context.Background(), plan); err == nil {
-		first := time.Time{}
-		for _, m := range mods {
-			if first.IsZero() || m.Started.Before(first) {
-				first = m.Started
-			}
-		}
-		r.FirstStart = first.Sub(t0)
+	if f.firstStart {
+		r.FirstStart = firstStarted(f.tb, f, r)
 	}
 	return r
+}
+
+// firstStarted is how long after its push the first module of r's plan
+// started (its push: the plan record's last update less the makespan).
+func firstStarted(tb testing.TB, f *benchFarm, r planRun) time.Duration {
+	st, err := cascade.OpenStore(context.Background(), f.js, "build-controller")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	mods, err := st.Modules(context.Background(), r.Rec.ID)
+	if err != nil {
+		tb.Fatalf("reading plan %s's modules: %v", r.Rec.ID, err)
+	}
+	first := time.Time{}
+	for _, m := range mods {
+		if first.IsZero() || m.Started.Before(first) {
+			first = m.Started
+		}
+	}
+	return first.Sub(r.Rec.Updated.Add(-r.Makespan))
 }
 
 // failures says why a plan's modules failed: how many for each reason and
