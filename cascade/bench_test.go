@@ -153,7 +153,13 @@ func (f *benchFarm) startController(nc *nats.Conn, cjs jetstream.JetStream, cat 
 		cfg.Registry = "127.0.0.1:1"
 	}
 	cfg.Images = testenv.AnyImage{} // simulated builds push nothing
-	c, err := cascade.New(cfg, cjs, cat, nil, nil)
+	var log *slog.Logger
+	if os.Getenv("MESHBUILD_FLEET_TURNS") != "" {
+		// Each turn's steps and how long they took (the controller's
+		// debug lines), on stderr.
+		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	c, err := cascade.New(cfg, cjs, cat, log, nil)
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -46,13 +46,17 @@ drain:
 		}
 	}
 	c.saw(batch)
+	clk := c.turnClock(ctx)
 	verdicts := c.fence(ctx, batch)
+	clk.lap("fenced", len(verdicts))
 	kept := batch[:0]
 	for _, m := range batch {
 		if !c.event(ctx, m, verdicts) {
 			kept = append(kept, m)
 		}
 	}
+	clk.lap("applied", len(batch))
+	clk.log(c.log, "worked a batch")
 	return kept
 }
 

@@ -73,7 +73,8 @@ import (
 // (natsProcs.profile); MESHBUILD_FLEET_CRIT=1 logs the chain that ended
 // the makespan run, where each module on it waited (critChain);
 // MESHBUILD_FLEET_MAKESPANS=n measures n makespan runs instead of 3 (each
-// is logged).
+// is logged); MESHBUILD_FLEET_TURNS=1 writes the controller's debug lines
+// to stderr: each turn's steps, what they did and how long they took.
 //
 // single/agents=10000 is issue #23's 10,000 machines on one server: the
 // dispatch and throughput figures, the server's memory and what builds in

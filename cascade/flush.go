@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"slices"
 	"strings"
@@ -88,8 +89,11 @@ func (c *Controller) unbuildable(sub Submit) (ask, why string) {
 // bound passes is reported; its writes and asks wait for the next flush,
 // and the other plans go on.
 func (c *Controller) flush(ctx context.Context) error {
+	clk := c.turnClock(ctx)
 	c.assemble(ctx, false)
 	c.fillWindows(ctx)
+	clk.lap("windows filled", len(c.submits))
+	clk.log(c.log, "filled")
 	retry := backoff.Policy{First: 100 * time.Millisecond, Max: 10 * time.Second}
 	deadline := time.Now().Add(c.cfg.StoreRetryFor)
 	for attempt := 1; ; attempt++ {
@@ -131,24 +135,30 @@ func (c *Controller) flushOnce(ctx context.Context) error {
 	// estimate first, and the best asks waited 0.1-0.2 s for it on three
 	// servers.
 	bases, rest := c.basesOf(finished, c.submits[:n])
+	clk := c.turnClock(ctx)
 	perr := c.persist(ctx, bases, early)
+	clk.lap("first asks' bases and modules stored", len(bases)+len(early))
 	seen := map[string]bool{}
 	keep, err := c.submit(ctx, c.submits[:n], heldPlans(c.dirty, bases, early), seen)
 	if err != nil {
 		return err
 	}
+	clk.lap("first asks published", n)
 	if perr == nil {
 		perr = c.persist(ctx, rest, late)
 	}
+	clk.lap("the rest stored", len(rest)+len(late))
 	keepLate, err := c.submit(ctx, c.submits[n:], heldPlans(c.dirty, finished, early, late), seen)
 	if err != nil {
 		return err
 	}
+	clk.lap("the other asks published", len(c.submits)-n)
 	c.submits = append(keep, keepLate...)
 	if perr == nil {
 		now, share := c.someWaiting(waiting)
 		c.storeShare(ctx, share)
 		perr = c.persist(ctx, now, records)
+		clk.lap("waiting modules and records stored", len(now)+len(records))
 	}
 	held := heldPlans(c.dirty, finished, released, waiting, records)
 	settled := c.settle(ctx, held)
@@ -160,7 +170,44 @@ func (c *Controller) flushOnce(ctx context.Context) error {
 	if settled {
 		c.prune(ctx)
 	}
+	clk.log(c.log, "flushed")
 	return perr
+}
+
+// turnLaps are how long the steps of a turn took, in the debug log: a
+// busy plan's outcomes wait for the turns before them, and on a cluster
+// its writes are most of a turn. nil (when the log does not take debug
+// lines) times nothing.
+type turnLaps struct {
+	at    time.Time
+	attrs []any
+	did   bool // a step did something: else nothing is written
+}
+
+// turnClock starts timing a turn's steps if the log takes debug lines.
+func (c *Controller) turnClock(ctx context.Context) *turnLaps {
+	if !c.log.Enabled(ctx, slog.LevelDebug) {
+		return nil
+	}
+	return &turnLaps{at: time.Now()}
+}
+
+// lap notes the step since the last: what it did to how many, how long.
+func (t *turnLaps) lap(step string, n int) {
+	if t == nil {
+		return
+	}
+	now := time.Now()
+	t.attrs = append(t.attrs, step, fmt.Sprintf("%d in %s", n, now.Sub(t.at).Round(100*time.Microsecond)))
+	t.at = now
+	t.did = t.did || n > 0
+}
+
+// log writes the laps as one debug line, if a step did something.
+func (t *turnLaps) log(log *slog.Logger, msg string) {
+	if t != nil && t.did {
+		log.Debug(msg, t.attrs...)
+	}
 }
 
 // persist stores every changed module, estimate, current image and plan

@@ -1,12 +1,15 @@
 package cascade
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"maps"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -163,5 +166,37 @@ func TestSplitReleasedPutsTheFirstAsksModulesFirst(t *testing.T) {
 	}
 	if early, late := splitReleased(released, nil); len(early) != 0 || len(late) != 4 {
 		t.Fatalf("no asks: early %d, late %d", len(early), len(late))
+	}
+}
+
+// A turn's steps are timed only for a log that takes debug lines, and
+// written, if one did something, as one line naming each step, what it
+// did and how long it took.
+func TestTurnLapsAreDebugLines(t *testing.T) {
+	ctx := context.Background()
+	quiet := &Controller{log: slog.New(slog.NewTextHandler(io.Discard, &slog.HandlerOptions{Level: slog.LevelInfo}))}
+	clk := quiet.turnClock(ctx)
+	if clk != nil {
+		t.Fatal("timed a turn for a log without debug lines")
+	}
+	clk.lap("nothing", 1) // nil: no-ops
+	clk.log(quiet.log, "flushed")
+	var out bytes.Buffer
+	c := &Controller{log: slog.New(slog.NewTextHandler(&out, &slog.HandlerOptions{Level: slog.LevelDebug}))}
+	clk = c.turnClock(ctx)
+	clk.lap("nothing to store", 0)
+	clk.log(c.log, "flushed")
+	if out.Len() > 0 {
+		t.Fatalf("a turn that did nothing was written: %s", out.String())
+	}
+	clk = c.turnClock(ctx)
+	clk.lap("first asks published", 64)
+	clk.lap("the rest stored", 700)
+	clk.log(c.log, "flushed")
+	line := out.String()
+	for _, want := range []string{"level=DEBUG", "msg=flushed", `"first asks published"="64 in `, `"the rest stored"="700 in `} {
+		if !strings.Contains(line, want) {
+			t.Errorf("debug line %q: no %q", line, want)
+		}
 	}
 }
