@@ -155,6 +155,9 @@ type Controller struct {
 	spared     time.Time
 	sharing    *shareWrite
 	writeShare func(context.Context, map[string]any) error
+	// busySinceShare is whether the loop worked events since the last
+	// share was taken (spareIn).
+	busySinceShare bool
 
 	// a batch's pending effects
 	dirty    map[string]any

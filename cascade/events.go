@@ -46,6 +46,7 @@ drain:
 		}
 	}
 	c.saw(batch)
+	c.busySinceShare = true
 	clk := c.turnClock(ctx)
 	verdicts := c.fence(ctx, batch)
 	clk.lap("fenced", len(verdicts))

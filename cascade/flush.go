@@ -367,7 +367,8 @@ func (c *Controller) submit(ctx context.Context, subs []Submit, held map[string]
 
 // waitingPerFlush is how many modules still waiting a flush stores at
 // most (someWaiting), and spareEvery how long after a share of them is
-// stored the next is taken. The shares are stored beside the loop, but on
+// stored the next is taken, if the loop worked events meanwhile (else at
+// once: spareIn). The shares are stored beside the loop, but on
 // the same servers as its writes: a 10,000-module plan on three servers
 // (R3, sync always), 1,000 machines, five runs each, ended 1.050-1.157
 // (median 1.071) of its bound with a share every 100 ms after the last,
@@ -459,8 +460,14 @@ func deepest(waiting map[string]any, n int) map[string]any {
 }
 
 // spareIn is how long the modules still waiting to be stored wait for
-// their next share: what is left of spareEvery since the last was stored.
+// their next share: what is left of spareEvery since the last was stored
+// if the loop worked events meanwhile (busySinceShare), else nothing — a
+// loop with no events to work (a big plan's first build running) stores
+// them one share after the other.
 func (c *Controller) spareIn() time.Duration {
+	if !c.busySinceShare {
+		return 0
+	}
 	return max(0, spareEvery-time.Since(c.spared))
 }
 

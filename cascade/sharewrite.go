@@ -20,7 +20,7 @@ import (
 // goes on: its events, its asks, its other writes.
 //
 // One share is in flight at a time, and the next is taken spareEvery after
-// the last was stored. A key of the share in flight is written by the loop
+// the last was stored — at once if the loop worked no event meanwhile. A key of the share in flight is written by the loop
 // only once the share is stored (persist waits for it: awaitShareOf), so
 // a module's newer state is never overwritten by its waiting one; its
 // waiting write is not dropped, only made first. Pruning plans, and Run's
@@ -42,6 +42,7 @@ func (c *Controller) storeShare(ctx context.Context, share map[string]any) {
 	}
 	w := &shareWrite{keys: share, done: make(chan error, 1)}
 	c.sharing = w
+	c.busySinceShare = false
 	write := c.writeShare
 	if write == nil {
 		write = c.store.Put

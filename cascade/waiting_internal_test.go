@@ -60,12 +60,18 @@ func TestSomeWaitingStoresTheDeepestFirstAShareAtATime(t *testing.T) {
 	if c.sharing != nil || len(written) != 1 {
 		t.Fatalf("stored: in flight %v, written %d shares", c.sharing != nil, len(written))
 	}
-	// Just stored: the next is most of spareEvery away.
+	// Just stored, with no event worked since it was taken: the next at
+	// once.
+	if d := c.spareIn(); d != 0 {
+		t.Fatalf("spareIn just after a share, the loop idle = %s, want 0", d)
+	}
+	// With events worked meanwhile: the next is most of spareEvery away.
+	c.busySinceShare = true
 	if now, share := c.someWaiting(nil); len(now)+len(share) != 0 {
-		t.Fatalf("just after a share: another of %d", len(now)+len(share))
+		t.Fatalf("just after a share, the loop busy: another of %d", len(now)+len(share))
 	}
 	if d := c.spareIn(); d <= spareEvery/2 || d > spareEvery {
-		t.Fatalf("spareIn just after a share = %s, want within (%s, %s]", d, spareEvery/2, spareEvery)
+		t.Fatalf("spareIn just after a share, the loop busy = %s, want within (%s, %s]", d, spareEvery/2, spareEvery)
 	}
 	c.spared = time.Now().Add(-spareEvery)
 	if _, share := c.someWaiting(nil); tiersOf(share)[1] != waitingPerFlush {
