@@ -463,6 +463,9 @@ func TestARestartedNodeResumesItsCarriedModules(t *testing.T) {
 	testenv.WaitFor(t, 10*time.Second, "n1 to enrol", func() bool { _, ok := b.nodes()["n1"]; return ok })
 	assign(t, b, mesh.AssignTool, "build-agent", "n1")
 	testenv.WaitFor(t, 10*time.Second, "n1 to start its build agent", func() bool { return n.Running("build-agent") })
+	// The module starts before the node records the revision applied:
+	// read at once, Applied was seen at 0 (fresh-clone CI).
+	testenv.WaitFor(t, 10*time.Second, "n1 to record the declaration applied", func() bool { return n.Applied() > 0 })
 	applied := n.Applied()
 	stop(n, r)
 
