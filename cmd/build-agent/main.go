@@ -62,12 +62,17 @@ func run() int {
 	fs.DurationVar(&cfg.RetryFor, "retry-for", cfg.RetryFor, "how long an ask's infrastructure failures are retried (delays from 2s doubling to 1m) before it is failed{infra}")
 	fs.DurationVar(&cfg.ProbeEvery, "probe-every", cfg.ProbeEvery, "how often an idle machine checks that its buildkitd and its registry answer (a sick one stops taking asks and probes with backoff until they do); a building one pings its buildkitd every third of it, and two pings unanswered stop the build and give its ask to another machine; 0: neither")
 	fs.DurationVar(&cfg.ClaimLease, "claim-lease", cfg.ClaimLease, "how long an ask's claim outlives its holder's last renewal on the server's clock (renewed every third of it): a killed agent's ask is built elsewhere within about the ack wait (8s), and an agent cut off from the bus for longer loses its ask; 0: three quarters of the ack wait (6s)")
+	logLevel := daemon.LogLevelFlag(fs)
 	var insteadOf listFlag
 	fs.Var(&insteadOf, "git-instead-of", "URL=PATH: fetch repositories starting with URL from PATH instead (repeatable)")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		return 2
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	log, err := logLevel.Logger(os.Stderr)
+	if err != nil {
+		slog.Error("bad flag", "err", err)
+		return 2
+	}
 	machineSet := daemon.Env("MESHBUILD_MACHINE", "") != ""
 	fs.Visit(func(f *flag.Flag) { machineSet = machineSet || f.Name == "machine" })
 	m, err := daemon.AgentMachine(*creds, *machine, machineSet)

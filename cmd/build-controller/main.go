@@ -56,6 +56,7 @@ func run() int {
 	fs.BoolVar(&cfg.CancelSuperseded, "cancel-superseded", false, "cancel the builds in flight that a newer plan for the same repository and ref supersedes (they finish otherwise)")
 	fs.DurationVar(&cfg.StoreRetryFor, "store-retry-for", cfg.StoreRetryFor, "how long one flush retries plan state the store refuses before it reports the plans and goes on")
 	metricsAddr := fs.String("metrics", daemon.Env("MESHBUILD_METRICS", ""), "serve /metrics on this address, e.g. :9465 (MESHBUILD_METRICS)")
+	logLevel := daemon.LogLevelFlag(fs)
 	lease := fs.Duration("lease", envDuration("MESHBUILD_LEASE", claim.DefaultLease), "how long this controller's claim of mesh-controller outlives it: a standby controller takes over within it (whole seconds; MESHBUILD_LEASE)")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		return 2
@@ -74,7 +75,11 @@ func run() int {
 		slog.Error("bad flag", "err", err)
 		return 2
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	log, err := logLevel.Logger(os.Stderr)
+	if err != nil {
+		slog.Error("bad flag", "err", err)
+		return 2
+	}
 	if *catalogue == "" {
 		log.Error("no catalogue: set --catalogue DIR")
 		return 2

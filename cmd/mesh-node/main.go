@@ -61,12 +61,17 @@ func run() int {
 	catalogue := fs.String("catalogue", daemon.Env("MESHBUILD_CATALOGUE", ""), "optional catalogue directory: the build agent refuses asks for modules it does not build (MESHBUILD_CATALOGUE)")
 	grace := fs.Duration("grace", 30*time.Second, "when build-agent is unassigned or the node stops, how long builds in hand may finish before their asks are handed back")
 	buildTimeout := fs.Duration("build-timeout", agent.DefaultBuildTimeout, "how long one build of the build agent may go on: one still going after it is stopped and failed{build}, once; 0: no bound")
+	logLevel := daemon.LogLevelFlag(fs)
 	var insteadOf listFlag
 	fs.Var(&insteadOf, "git-instead-of", "URL=PATH: the build agent fetches repositories starting with URL from PATH instead (repeatable)")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		return 2
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	log, err := logLevel.Logger(os.Stderr)
+	if err != nil {
+		slog.Error("bad flag", "err", err)
+		return 2
+	}
 	cfg.Registry = registry.NewClient(registry.WithInsecure(*insecure))
 	cfg.Platforms = daemon.SplitList(*platforms)
 	if err := cfg.Validate(); err != nil {

@@ -32,6 +32,7 @@ type upFlags struct {
 	demo           string
 	window         int
 	cluster        int
+	logLevel       string
 }
 
 func upCmd(g *globals) *cobra.Command {
@@ -76,6 +77,7 @@ with builds push, build.`,
 	f.StringVar(&fl.buildkit, "buildkit", "", "address of a running buildkitd to use instead of starting bin/buildkitd")
 	f.StringVar(&fl.metrics, "metrics", "", "serve /metrics: the controller on this address, agent i on the port i above it (e.g. 127.0.0.1:9464)")
 	f.IntVar(&fl.window, "window", cascade.WindowIdle, daemon.WindowUsage)
+	f.StringVar(&fl.logLevel, "log-level", "info", "debug, info, warn or error: the least severe lines written to the farm's log (debug: the controller's turns, timed)")
 	f.StringVar(&fl.demo, "demo", "", "build the example fleet in DIR (its src/ and catalogue/), then exit with the plan's outcome")
 	return c
 }
@@ -93,6 +95,10 @@ func runUp(ctx context.Context, g *globals, fl upFlags) (err error) {
 	}
 	if fl.catalogue == "" {
 		return errors.New("no catalogue: pass --catalogue DIR (e.g. examples/fleet/catalogue)")
+	}
+	level, err := daemon.LevelOf(fl.logLevel)
+	if err != nil {
+		return fmt.Errorf("--log-level: %w", err)
 	}
 	if fl.stay && fl.demo == "" {
 		return errors.New("--stay goes with --demo: without it the farm stays anyway")
@@ -153,7 +159,7 @@ func runUp(ctx context.Context, g *globals, fl upFlags) (err error) {
 		Catalogue: fl.catalogue, Agents: fl.agents, StateDir: state,
 		ListenNATS: fl.listenNATS, ListenRegistry: fl.listenRegistry,
 		BuildKit: fl.buildkit, MetricsBase: fl.metrics, Window: window, Cluster: fl.cluster,
-		Log: slog.New(slog.NewTextHandler(logFile, nil)),
+		Log: slog.New(slog.NewTextHandler(logFile, &slog.HandlerOptions{Level: level})),
 		Out: g.out,
 	}
 	opts.InsteadOf = upInsteadOf(state, fl.demo != "")

@@ -3,6 +3,8 @@ package daemon
 import (
 	"flag"
 	"fmt"
+	"io"
+	"log/slog"
 	"os"
 	"strings"
 )
@@ -82,4 +84,48 @@ func TLSFlags(fs *flag.FlagSet) *TLS {
 	fs.StringVar(&t.Cert, "tls-cert", Env("MESHBUILD_TLS_CERT", ""), "client certificate (PEM), for a NATS server that verifies clients; with --tls-key (MESHBUILD_TLS_CERT)")
 	fs.StringVar(&t.Key, "tls-key", Env("MESHBUILD_TLS_KEY", ""), "the client certificate's key (PEM) (MESHBUILD_TLS_KEY)")
 	return t
+}
+
+// LogFlag is --log-level (MESHBUILD_LOG_LEVEL): the least severe lines a
+// process writes. Debug adds the controller's turns, each step timed.
+type LogFlag struct {
+	level slog.Level
+	set   bool
+}
+
+// LogLevelFlag adds --log-level to fs.
+func LogLevelFlag(fs *flag.FlagSet) *LogFlag {
+	l := &LogFlag{}
+	fs.Func("log-level", "debug, info, warn or error: the least severe log lines written (default info; MESHBUILD_LOG_LEVEL)", func(v string) error {
+		l.set = true
+		var err error
+		l.level, err = LevelOf(v)
+		return err
+	})
+	return l
+}
+
+// Logger is a text logger on w at the level asked for: the flag's, else
+// MESHBUILD_LOG_LEVEL's, else info. A level that is none of them is an
+// error naming where it came from.
+func (l *LogFlag) Logger(w io.Writer) (*slog.Logger, error) {
+	lvl := l.level
+	if !l.set {
+		if v := Env("MESHBUILD_LOG_LEVEL", ""); v != "" {
+			var err error
+			if lvl, err = LevelOf(v); err != nil {
+				return nil, fmt.Errorf("MESHBUILD_LOG_LEVEL: %w", err)
+			}
+		}
+	}
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: lvl})), nil
+}
+
+// LevelOf is the log level named v (debug, info, warn or error, any case).
+func LevelOf(v string) (slog.Level, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(v)); err != nil {
+		return l, fmt.Errorf("%q is not a log level: write debug, info, warn or error", v)
+	}
+	return l, nil
 }
