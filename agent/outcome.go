@@ -76,7 +76,7 @@ func (nopObserver) Ended(End)                {}
 type settlement int
 
 const (
-	ack  settlement = iota // DoubleAck: done
+	ack  settlement = iota // Ack (not waited for): done
 	term                   // TermWithReason: done, never redeliver
 	nak                    // NakWithDelay: deliver again after the delay (0: at once)
 )
@@ -184,10 +184,14 @@ func (a *Agent) settle(ctx context.Context, msg jetstream.Msg, log *slog.Logger,
 	switch out.how {
 	case ack:
 		// Acknowledged even when the grace has just run out: what was
-		// announced is settled, not built again elsewhere.
-		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		err = msg.DoubleAck(actx)
-		cancel()
+		// announced is settled, not built again elsewhere. Not waited for:
+		// the ack goes ahead of this slot's next pull on the same
+		// connection, and one the server never got (the connection lost)
+		// brings the ask back after the ack wait to a holder that finds
+		// its outcome in the claim and announces it again under the same
+		// id (adopt), not built twice. Waiting cost each build a round to
+		// the consumer's leader (on a cluster, a replicated one).
+		err = msg.Ack()
 	case term:
 		why := out.why
 		if why == "" {
