@@ -224,6 +224,9 @@ func fleetRun(tb testing.TB, sz fleetSize) map[string]float64 {
 	out["server-cpu-ms/module"] = 1000 * (bus.cpu() - cpu0).Seconds() / built
 	out["bench-cpu-ms/module"] = 1000 * (processCPU() - pcpu0).Seconds() / built
 	ops := bus.ops(tb)
+	if subjects != nil {
+		subjects.report(tb, int(built))
+	}
 	// The plans' modules are read for their first start once the farm's
 	// CPU and messages are counted: the benchmark's reads (every module
 	// of every plan) are not the farm's cost.
@@ -237,9 +240,6 @@ func fleetRun(tb testing.TB, sz fleetSize) map[string]float64 {
 	out["server-out-msgs/module"] = (ops.Out - ops0.Out) / built
 	out["server-js-api/module"] = (ops.API - ops0.API) / built
 	out["cores"] = float64(runtime.NumCPU())
-	if subjects != nil {
-		subjects.report(tb, int(built))
-	}
 
 	if sz.busy > 0 {
 		for k, v := range fleetBusy(tb, f, bus, d, sz.busy) {
