@@ -174,3 +174,17 @@ func TestUpKeepsItsStateByDefault(t *testing.T) {
 		t.Errorf("--ephemeral --state: exit %d, %q", code, errw.String())
 	}
 }
+
+// A --log-level that is no level is refused before anything starts, naming
+// the flag and the levels there are.
+func TestUpRefusesALogLevelThatIsNone(t *testing.T) {
+	var out, errw bytes.Buffer
+	state := t.TempDir()
+	code := cli.Main(context.Background(), []string{"up", "--catalogue", "x", "--state", state, "--log-level", "loud"}, &out, &errw)
+	if code == 0 || !strings.Contains(errw.String(), `--log-level: "loud" is not a log level: write debug, info, warn or error`) {
+		t.Fatalf("exit %d, %q", code, errw.String())
+	}
+	if entries, _ := os.ReadDir(state); len(entries) != 0 {
+		t.Errorf("the state directory was written: %v", entries)
+	}
+}
