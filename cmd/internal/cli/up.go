@@ -77,7 +77,7 @@ with builds push, build.`,
 	f.StringVar(&fl.buildkit, "buildkit", "", "address of a running buildkitd to use instead of starting bin/buildkitd")
 	f.StringVar(&fl.metrics, "metrics", "", "serve /metrics: the controller on this address, agent i on the port i above it (e.g. 127.0.0.1:9464)")
 	f.IntVar(&fl.window, "window", cascade.WindowIdle, daemon.WindowUsage)
-	f.StringVar(&fl.logLevel, "log-level", "info", "debug, info, warn or error: the least severe lines written to the farm's log (debug: the controller's turns, timed)")
+	f.StringVar(&fl.logLevel, "log-level", daemon.Env("MESHBUILD_LOG_LEVEL", "info"), "debug, info, warn or error: the least severe lines written to the farm's log (debug: the controller's turns, timed) (MESHBUILD_LOG_LEVEL)")
 	f.StringVar(&fl.demo, "demo", "", "build the example fleet in DIR (its src/ and catalogue/), then exit with the plan's outcome")
 	return c
 }
