@@ -48,6 +48,20 @@ const (
 	claimFailed                     // the bucket could not be reached: hand it back
 )
 
+func (v claimVerdict) String() string {
+	switch v {
+	case claimed:
+		return "claimed"
+	case claimHeld:
+		return "held by another"
+	case claimDone:
+		return "outcome recorded already"
+	case claimFailed:
+		return "claims unreachable"
+	}
+	return fmt.Sprintf("claimVerdict(%d)", int(v))
+}
+
 // askClaims opens the seat's ask claims for this machine; nil if the bucket
 // is not raised (claims are then off, and said so). A bus that does not
 // answer is waited for: an agent that starts during an outage must not

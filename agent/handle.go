@@ -51,7 +51,9 @@ func (a *Agent) handle(work context.Context, msg jetstream.Msg) {
 		}
 	default:
 		log = log.With("ask", ask.ID, "module", ask.Module, "plan", ask.Plan)
+		claiming := time.Now()
 		c, verdict, err := a.claim(work, ask, attempt, msg.Reply())
+		debugClaim(work, log, msg, verdict, time.Since(claiming), err)
 		switch verdict {
 		case claimDone:
 			// Its outcome was recorded (its holder lost the ack, or died
@@ -82,6 +84,24 @@ func (a *Agent) handle(work context.Context, msg jetstream.Msg) {
 		}
 	}
 	a.settle(work, msg, log, out, nil)
+}
+
+// debugClaim writes, at debug level, what claiming an ask found and how
+// long it took, with when the server queued the ask (its clock) and how
+// many times it was delivered: an operator reading a slow fleet sees where
+// an ask's time went between the controller and its build.
+func debugClaim(ctx context.Context, log *slog.Logger, msg jetstream.Msg, v claimVerdict, took time.Duration, err error) {
+	if !log.Enabled(ctx, slog.LevelDebug) {
+		return
+	}
+	attrs := []any{"verdict", v.String(), "took", took.Round(time.Microsecond)}
+	if md, merr := msg.Metadata(); merr == nil {
+		attrs = append(attrs, "queued", md.Timestamp.UTC().Format(time.RFC3339Nano), "delivered", md.NumDelivered)
+	}
+	if err != nil {
+		attrs = append(attrs, "err", err)
+	}
+	log.Debug("claim", attrs...)
 }
 
 // adopt is the outcome of an ask whose outcome another holder (or this

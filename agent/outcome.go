@@ -81,6 +81,18 @@ const (
 	nak                    // NakWithDelay: deliver again after the delay (0: at once)
 )
 
+func (s settlement) String() string {
+	switch s {
+	case ack:
+		return "acknowledged"
+	case term:
+		return "terminated"
+	case nak:
+		return "given back"
+	}
+	return fmt.Sprintf("settlement(%d)", int(s))
+}
+
 // outcome is one ask's end, decided before anything is done about it: the
 // event to announce (if any), how to settle the ask, and what to count.
 // settle carries it out.
@@ -164,10 +176,14 @@ func (a *Agent) failed(ask mesh.Ask, attempt int, reason, dedupe string, took ti
 func (a *Agent) settle(ctx context.Context, msg jetstream.Msg, log *slog.Logger, out outcome, c *hold) {
 	switch {
 	case out.event != "":
+		announcing := time.Now()
 		if err := a.announce(ctx, out, c); err != nil {
 			log.Error(string(out.Outcome)+" but not announced: giving the ask back", "err", err)
 			out = handedBack(out.Took, a.cfg.RetryDelay, err)
 			out.lost = true // the claim keeps the outcome for the next holder
+		} else {
+			// Recorded in its claim, then published and stored.
+			log.Debug("announced", "event", out.event, "took", time.Since(announcing).Round(time.Microsecond))
 		}
 	case c != nil && !out.lost:
 		why := ""
@@ -207,6 +223,8 @@ func (a *Agent) settle(ctx context.Context, msg jetstream.Msg, log *slog.Logger,
 	}
 	if err != nil {
 		log.Warn("settling an ask failed; it will be redelivered after the ack wait", "outcome", out.Outcome, "err", err)
+	} else {
+		log.Debug("settled with the server", "how", out.how.String(), "delay", out.delay)
 	}
 	if out.how != nak {
 		a.keep(ctx, log, out.record)
