@@ -1,12 +1,10 @@
 package agent_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,23 +13,10 @@ import (
 	"github.com/meshbuild/meshbuild/internal/testenv"
 )
 
-// lockedBuffer is a log's output written by several goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) lines() []map[string]any {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+// jsonLines are the JSON log lines written to b.
+func jsonLines(b *testenv.Buffer) []map[string]any {
 	var out []map[string]any
-	for line := range strings.Lines(l.b.String()) {
+	for line := range strings.Lines(b.String()) {
 		var m map[string]any
 		if json.Unmarshal([]byte(line), &m) == nil {
 			out = append(out, m)
@@ -54,7 +39,7 @@ func TestAnAgentTracesEachAskAtDebugLevel(t *testing.T) {
 			cfg := agent.DefaultConfig()
 			cfg.Machine = "m1"
 			cfg.FetchWait = 500 * time.Millisecond
-			out := &lockedBuffer{}
+			out := &testenv.Buffer{}
 			log := slog.New(slog.NewJSONHandler(out, &slog.HandlerOptions{Level: level}))
 			a, err := agent.New(cfg, ajs, instant{}, log, nil)
 			if err != nil {
@@ -98,7 +83,7 @@ func TestAnAgentTracesEachAskAtDebugLevel(t *testing.T) {
 			var seen map[string]bool
 			testenv.WaitFor(t, 5*time.Second, "the ask's lines", func() bool {
 				seen = map[string]bool{}
-				for _, m := range out.lines() {
+				for _, m := range jsonLines(out) {
 					check, ok := want[str(m["msg"])]
 					if !ok || m["ask"] != "a1" {
 						continue
@@ -115,14 +100,14 @@ func TestAnAgentTracesEachAskAtDebugLevel(t *testing.T) {
 			})
 			if level == slog.LevelInfo {
 				testenv.WaitFor(t, 5*time.Second, "a line saying a1 was built", func() bool {
-					for _, m := range out.lines() {
+					for _, m := range jsonLines(out) {
 						if m["msg"] == "built" && m["ask"] == "a1" {
 							return true
 						}
 					}
 					return false
 				})
-				for _, m := range out.lines() {
+				for _, m := range jsonLines(out) {
 					if _, traced := want[str(m["msg"])]; traced {
 						t.Fatalf("at info level, a debug line was written: %v", m)
 					}
