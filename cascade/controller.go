@@ -63,11 +63,13 @@ type Settler interface {
 type Controller struct {
 	cfg     Config
 	settler Settler
-	js      jetstream.JetStream
-	nc      *nats.Conn
-	log     *slog.Logger
-	obs     Observer
-	module  string
+	// seatHeld says whether the controller still holds its seat (SetHeld).
+	seatHeld func() error
+	js       jetstream.JetStream
+	nc       *nats.Conn
+	log      *slog.Logger
+	obs      Observer
+	module   string
 
 	cat *mesh.Catalogue
 	// catPlatforms is cat.Platforms(), kept with cat: every flush that
@@ -217,6 +219,25 @@ func treeCache(cfg Config) *gitcache.Cache {
 // it before Run. Without one, a settled plan is only recorded.
 func (c *Controller) SetSettler(s Settler) { c.settler = s }
 
+// SetHeld sets what says whether this controller still holds its seat
+// (claim.Lease.Held); call it before Run. It is asked before every write
+// to the plan store, every round of asks published and every batch of
+// events acknowledged: a controller that stood still (stopped by hand) for
+// longer than its lease wakes with its work runnable as soon as the
+// goroutine that renews its claim, and without it a write sent before the
+// claim's loss cancelled its context would land on the state of the
+// standby that has the seat by then.
+func (c *Controller) SetHeld(held func() error) { c.seatHeld = held }
+
+// holding is nil while the controller holds its seat (SetHeld), or when
+// nothing says otherwise.
+func (c *Controller) holding() error {
+	if c.seatHeld == nil {
+		return nil
+	}
+	return c.seatHeld()
+}
+
 // controllerModule finds the catalogue module the controller runs as.
 func controllerModule(cat *mesh.Catalogue, name string) (string, error) {
 	if m, ok := seat.ControllerModule(cat, name, StateBucket); ok {
@@ -350,7 +371,7 @@ func (c *Controller) Run(ctx context.Context) error {
 		if err := c.flush(ctx); err != nil {
 			return err
 		}
-		if ctx.Err() != nil {
+		if ctx.Err() != nil || c.holding() != nil {
 			// Stopped (or lost mesh-controller) mid-batch: its state may be
 			// unwritten, so its events stay unacked for the next holder.
 			return nil
@@ -389,6 +410,9 @@ func (c *Controller) start(ctx context.Context) (*runInputs, error) {
 	// seat over as the bus comes back, works once it answers.
 	if err := c.answered(ctx, "opening the plan store", func() (err error) {
 		c.store, err = OpenStore(ctx, c.js, c.module)
+		if err == nil {
+			c.store.Held = c.seatHeld
+		}
 		return err
 	}); err != nil {
 		return nil, err

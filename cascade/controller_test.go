@@ -92,6 +92,8 @@ type harness struct {
 	w   *work
 	log *slog.Logger // the controller's; nil discards
 	c   *cascade.Controller
+	// held, if set, is the next controller's SetHeld.
+	held func() error
 
 	// stopControllerNow stops the controller and waits for it.
 	stopControllerNow func()
@@ -133,6 +135,9 @@ func (h *harness) startControllerWith(tweak func(*cascade.Config)) {
 	c, err := cascade.New(cfg, js, h.cat, h.log, nil)
 	if err != nil {
 		h.t.Fatal(err)
+	}
+	if h.held != nil {
+		c.SetHeld(h.held)
 	}
 	h.c = c
 	h.stopControllerNow = cascadetest.Background(h.t, "controller", func(ctx context.Context) error {

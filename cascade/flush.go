@@ -566,6 +566,9 @@ func (c *Controller) publish(ctx context.Context, asks []mesh.Ask) error {
 	if len(asks) == 0 {
 		return nil
 	}
+	if err := c.holding(); err != nil {
+		return fmt.Errorf("submitting asks: %w", err)
+	}
 	futures := make([]jetstream.PubAckFuture, 0, len(asks))
 	for _, a := range asks {
 		a.Secret = c.askSecret(a.ID)

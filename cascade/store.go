@@ -181,6 +181,9 @@ type Store struct {
 	snap *kvsnap.Bucket
 	// Parallel bounds concurrent writes (OpenStore: storeParallel).
 	Parallel int
+	// Held, if set, is asked before each write: a write is not made once
+	// it says the writer no longer holds its seat (Controller.SetHeld).
+	Held func() error
 }
 
 // OpenStore binds the controller module's plans bucket.
@@ -262,7 +265,14 @@ func (s *Store) Put(ctx context.Context, values map[string]any) error {
 	g.SetLimit(max(1, s.Parallel))
 	for k, v := range values {
 		g.Go(func() error {
-			data, err := json.Marshal(v)
+			var err error
+			if s.Held != nil {
+				err = s.Held()
+			}
+			var data []byte
+			if err == nil {
+				data, err = json.Marshal(v)
+			}
 			if err == nil {
 				// The limits every module's state keeps (package state).
 				err = state.CheckSize(data)

@@ -664,3 +664,53 @@ func TestAHolderIsToldOfAnOutageWhenALateRenewalIsAnswered(t *testing.T) {
 		t.Fatalf("the claim was lost in an outage shorter than its lease: %v", err)
 	}
 }
+
+// A holder that checks Held before a write learns the claim is lost as soon
+// as, by its own clock, a lease has passed without a renewal counted —
+// before its renewing goroutine has run (a process stopped by hand for
+// longer than the lease wakes with both runnable): Held says ErrLost, Lost
+// is closed, and a standby takes the seat. Before that, and with the clock
+// as it is, Held is nil; a released claim says so.
+func TestHeldJudgesTheLeaseByThisProcesssClockAtOnce(t *testing.T) {
+	ctx := context.Background()
+	a, _, js2 := aHolds(t, short...)
+	release(t, a)
+	if err := a.Held(); err != nil {
+		t.Fatalf("Held of a claim just taken: %v", err)
+	}
+	time.Sleep(1500 * time.Millisecond) // past a lease: renewed meanwhile
+	if err := a.Held(); err != nil {
+		t.Fatalf("Held of a claim renewed past its first lease: %v", err)
+	}
+	// The process "wakes" a lease later: its renewals have not run.
+	restore := claim.SetMonotonicNow(func() time.Time { return time.Now().Add(time.Second) })
+	err := a.Held()
+	restore()
+	if !errors.Is(err, claim.ErrLost) {
+		t.Fatalf("Held a lease later by this process's clock = %v, want ErrLost", err)
+	}
+	select {
+	case <-a.Lost():
+	default:
+		t.Fatal("Held said lost, and Lost is not closed")
+	}
+	if !errors.Is(a.Err(), claim.ErrLost) {
+		t.Fatalf("Err after Held said lost = %v", a.Err())
+	}
+	// Its renewals stopped: the claim lapses on the server, and B has it.
+	testenv.WaitFor(t, 5*time.Second, "B claims the seat", func() bool {
+		b, err := claim.Claim(ctx, js2, "mesh-controller", claim.Mesh(), "B", short...)
+		if err != nil {
+			return false
+		}
+		release(t, b)
+		return true
+	})
+	c, _, _ := aHolds(t, short...)
+	if err := c.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Held(); !errors.Is(err, claim.ErrReleased) {
+		t.Fatalf("Held of a released claim = %v, want ErrReleased", err)
+	}
+}

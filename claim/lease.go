@@ -38,6 +38,9 @@ type Lease struct {
 	// claim, a renewal) was acknowledged: the server expires it no later
 	// than a lease after (AskLease.settle looks again after that).
 	ttlAt time.Time
+	// giveUpAt is when, by this process's clock, the claim stops counting
+	// as held unless renewed before (renew keeps it; Held reads it).
+	giveUpAt time.Time
 
 	lost     chan struct{}
 	lostOnce sync.Once
@@ -104,6 +107,37 @@ func (l *Lease) Context(parent context.Context) (context.Context, context.Cancel
 	return ctx, func() { cancel(nil) }
 }
 
+// Held is nil while the claim holds by this process's clock as well as
+// the server's: an error matching ErrLost once the lease is lost or
+// released, or once the moment its renewals stopped counting has passed
+// — whether or not the renewing goroutine has run since. A holder checks
+// it before each write it makes as the holder: a process stopped (by hand,
+// SIGSTOP) for longer than the lease wakes with its work and its renewals
+// runnable at once, and its work may go first; a standby has the seat by
+// then, and a write sent before the renewals noticed would land on its
+// state. Not WithResume: such a claim is claimed again, not given up.
+func (l *Lease) Held() error {
+	l.mu.Lock()
+	err, giveUp := l.err, l.giveUpAt
+	l.mu.Unlock()
+	if err != nil || l.o.resume || giveUp.IsZero() || monotonicNow().Before(giveUp) {
+		return err
+	}
+	l.lose(fmt.Errorf("%w (by this process's clock: it stood still, or the bus did)", l.lapse()))
+	return l.Err()
+}
+
+// monotonicNow is Held's clock: time.Now, whose monotonic reading counts
+// the time a process was stopped.
+var monotonicNow = time.Now
+
+// setGiveUp notes when the claim stops counting as held (Held).
+func (l *Lease) setGiveUp(at time.Time) {
+	l.mu.Lock()
+	l.giveUpAt = at
+	l.mu.Unlock()
+}
+
 func (l *Lease) end(err error) {
 	l.lostOnce.Do(func() {
 		l.mu.Lock()
@@ -168,6 +202,7 @@ func (l *Lease) renew(sent time.Time) {
 		}
 	}()
 	giveUp := sent.Add(l.giveUp())
+	l.setGiveUp(giveUp)
 	deadline := time.NewTimer(time.Until(giveUp))
 	defer deadline.Stop()
 	tick := time.NewTicker(l.o.renew)
@@ -187,6 +222,7 @@ func (l *Lease) renew(sent time.Time) {
 		at, ok := l.resume(ctx, why)
 		if ok {
 			giveUp = at.Add(l.giveUp())
+			l.setGiveUp(giveUp)
 			deadline.Reset(time.Until(giveUp))
 		}
 		return ok
@@ -195,6 +231,8 @@ func (l *Lease) renew(sent time.Time) {
 		select {
 		case <-l.stop:
 			return
+		case <-l.lost:
+			return // lost by its holder's look (Held): renewed no more
 		case <-deadline.C:
 			if !lapsed(l.lapse()) {
 				return
@@ -211,6 +249,7 @@ func (l *Lease) renew(sent time.Time) {
 				l.o.log.Debug("renewed the claim late: the bus stood still", "claim", l.what, "took", took)
 			}
 			giveUp = at.Add(l.giveUp())
+			l.setGiveUp(giveUp)
 			deadline.Reset(time.Until(giveUp))
 			continue
 		}

@@ -463,23 +463,24 @@ func RunController(ctx context.Context, o ControllerOptions) error {
 	})
 	st := seat{js: js, seat: mesh.ControllerSeat, scope: claim.Mesh(), holder: claim.Process("build-controller"),
 		opts: []claim.Option{claim.WithLease(o.Lease)}, log: o.Log}
-	return st.hold(ctx, func(ctx context.Context, _ *claim.Lease, _ *claim.Record) error {
+	return st.hold(ctx, func(ctx context.Context, l *claim.Lease, _ *claim.Record) error {
 		// Taking the seat over: the catalogue as it is now.
 		if now, err := fingerprint(o.Catalogue); err == nil && now != loaded {
 			if fresh, err := LoadCatalogue(o.Catalogue, o.Log); err == nil {
 				cat, loaded = fresh, now
 			}
 		}
-		return runController(ctx, o, nc, js, cat, loaded, ready)
+		return runController(ctx, o, nc, js, cat, loaded, l.Held, ready)
 	})
 }
 
 // runController runs the controller while it holds mesh-controller.
-func runController(ctx context.Context, o ControllerOptions, nc *nats.Conn, js jetstream.JetStream, cat *mesh.Catalogue, fp string, ready func()) error {
+func runController(ctx context.Context, o ControllerOptions, nc *nats.Conn, js jetstream.JetStream, cat *mesh.Catalogue, fp string, held func() error, ready func()) error {
 	c, err := cascade.New(o.Controller, js, cat, o.Log, o.Observer)
 	if err != nil {
 		return err
 	}
+	c.SetHeld(held)
 	// The fleet's side runs beside the cascade, on the same connection:
 	// enrolments, assignments, declarations and the nodes' reports.
 	dc := deploy.DefaultControllerConfig()
