@@ -181,8 +181,9 @@ type Store struct {
 	snap *kvsnap.Bucket
 	// Parallel bounds concurrent writes (OpenStore: storeParallel).
 	Parallel int
-	// Held, if set, is asked before each write: a write is not made once
-	// it says the writer no longer holds its seat (Controller.SetHeld).
+	// Held, if set, is asked before each write and removal: none is made
+	// once it says the writer no longer holds its seat
+	// (Controller.SetHeld).
 	Held func() error
 }
 
@@ -193,6 +194,15 @@ func OpenStore(ctx context.Context, js jetstream.JetStream, controllerModule str
 		return nil, err
 	}
 	return &Store{kv: kv, snap: kvsnap.New(js, kv), Parallel: storeParallel}, nil
+}
+
+// holding is nil while the writer holds its seat (Held), or when nothing
+// says otherwise.
+func (s *Store) holding() error {
+	if s.Held == nil {
+		return nil
+	}
+	return s.Held()
 }
 
 // storeParallel is how many writes a Store makes at once. At 64, a flush of
@@ -214,6 +224,9 @@ func (s *Store) CreatePlan(ctx context.Context, r PlanRecord) (created bool, err
 		return false, err
 	}
 	if err := state.CheckSize(data); err != nil {
+		return false, fmt.Errorf("creating plan %s: %w", r.ID, err)
+	}
+	if err := s.holding(); err != nil {
 		return false, fmt.Errorf("creating plan %s: %w", r.ID, err)
 	}
 	if _, err := s.kv.Create(ctx, PlanKey(r.ID), data); err != nil {
@@ -265,10 +278,7 @@ func (s *Store) Put(ctx context.Context, values map[string]any) error {
 	g.SetLimit(max(1, s.Parallel))
 	for k, v := range values {
 		g.Go(func() error {
-			var err error
-			if s.Held != nil {
-				err = s.Held()
-			}
+			err := s.holding()
 			var data []byte
 			if err == nil {
 				data, err = json.Marshal(v)
@@ -363,12 +373,18 @@ func (s *Store) MarkFetching(ctx context.Context, plan string, f Fetching) error
 	if err != nil {
 		return err
 	}
+	if err := s.holding(); err != nil {
+		return err
+	}
 	_, err = s.kv.Put(ctx, FetchingKey(plan), data)
 	return err
 }
 
 // Fetched removes plan's Fetching record.
 func (s *Store) Fetched(ctx context.Context, plan string) error {
+	if err := s.holding(); err != nil {
+		return err
+	}
 	err := s.kv.Delete(ctx, FetchingKey(plan))
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return nil
@@ -598,6 +614,9 @@ func (s *Store) removePlan(ctx context.Context, id string) (int64, error) {
 	g.SetLimit(max(1, s.Parallel))
 	for _, k := range keys {
 		g.Go(func() error {
+			if err := s.holding(); err != nil {
+				return fmt.Errorf("pruning plan %s: %w", id, err)
+			}
 			if err := s.kv.Purge(ctx, k); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
 				return fmt.Errorf("pruning plan %s: %w", id, err)
 			}
@@ -606,6 +625,9 @@ func (s *Store) removePlan(ctx context.Context, id string) (int64, error) {
 	}
 	if err := g.Wait(); err != nil {
 		return size, err
+	}
+	if err := s.holding(); err != nil {
+		return size, fmt.Errorf("pruning plan %s: %w", id, err)
 	}
 	if err := s.kv.Purge(ctx, PlanKey(id)); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
 		return size, fmt.Errorf("pruning plan %s: %w", id, err)
@@ -656,6 +678,9 @@ func (s *Store) PruneKeys(ctx context.Context) (map[string]KeyRecord, error) {
 		switch {
 		case plans[r.Plan], used[k], ok && cur.Digest == r.Digest:
 			continue
+		}
+		if err := s.holding(); err != nil {
+			return removed, fmt.Errorf("pruning input key %s of plan %s: %w", k, r.Plan, err)
 		}
 		if err := s.kv.Purge(ctx, InputKeyKey(k)); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
 			return removed, fmt.Errorf("pruning input key %s of plan %s: %w", k, r.Plan, err)

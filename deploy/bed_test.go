@@ -115,12 +115,22 @@ func run(ctx context.Context, fn func(context.Context) error) running {
 // it answers its tools.
 func (b *bed) controller(cfg deploy.ControllerConfig) (*deploy.Metrics, running) {
 	b.t.Helper()
+	return b.controllerWith(cfg, nil)
+}
+
+// controllerWith is controller with the controller set up by tweak before
+// it runs.
+func (b *bed) controllerWith(cfg deploy.ControllerConfig, tweak func(*deploy.Controller)) (*deploy.Metrics, running) {
+	b.t.Helper()
 	_, js := b.connect("controller", nil)
 	b.creg = prometheus.NewRegistry()
 	m := deploy.NewMetrics(b.creg, "")
 	c, err := deploy.NewController(cfg, js, b.cat, testLog(b.t), m)
 	if err != nil {
 		b.t.Fatal(err)
+	}
+	if tweak != nil {
+		tweak(c)
 	}
 	r := run(b.ctx, c.Run)
 	b.t.Cleanup(func() { r.cancel() })

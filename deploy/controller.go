@@ -79,7 +79,15 @@ type Controller struct {
 	// current is each module's current image from the plans bucket.
 	current map[string]cascade.Current
 	cmds    seat.Inbox[command, Reply]
+	// held says whether the controller still holds its seat (SetHeld).
+	held func() error
 }
+
+// SetHeld sets what says whether this controller still holds its seat
+// (claim.Lease.Held), asked before every write of the fleet's state and
+// so before every declaration published (cascade.Controller.SetHeld says
+// why); call it before Run.
+func (c *Controller) SetHeld(held func() error) { c.held = held }
 
 // NewController returns the fleet's controller for a checked catalogue.
 func NewController(cfg ControllerConfig, js jetstream.JetStream, cat *mesh.Catalogue, log *slog.Logger, obs Observer) (*Controller, error) {
@@ -142,6 +150,9 @@ func (c *Controller) Run(ctx context.Context) error {
 	}
 	if err := c.retry(ctx, "opening the fleet's store", func(ctx context.Context) (err error) {
 		c.store, err = OpenStore(ctx, c.js, c.module)
+		if err == nil {
+			c.store.held = c.held
+		}
 		return err
 	}); err != nil {
 		return err

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/meshbuild/meshbuild/claim"
 	"github.com/meshbuild/meshbuild/deploy"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
@@ -294,4 +296,45 @@ func (b *bed) applyWithHook(reg, dir, hook string) (digest string, rev uint64) {
 		return v.Applied == rev && v.Outcome == deploy.Applied && len(v.Modules) == 1 && v.Modules[0].Applied == digest
 	})
 	return digest, rev
+}
+
+// A fleet controller whose seat claim says it is no longer held
+// (claim.Lease.Held, by its own clock) writes no assignment and publishes
+// no declaration: the operator's call is refused saying so, and the node's
+// last declaration is the one made while it held the seat.
+func TestAFleetControllerThatNoLongerHoldsItsSeatDeclaresNothing(t *testing.T) {
+	b := newBed(t, []string{"n1"})
+	var lost atomic.Bool
+	b.controllerWith(deploy.DefaultControllerConfig(), func(c *deploy.Controller) {
+		c.SetHeld(func() error {
+			if lost.Load() {
+				return fmt.Errorf("%w: no renewal within the lease (by this process's clock)", claim.ErrLost)
+			}
+			return nil
+		})
+	})
+	n, _ := b.node("n1", t.TempDir(), nil)
+	if err := n.Enrol(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	b.setCurrent("app", "reg.example/app", "sha256:"+strings.Repeat("a", 64))
+	if _, err := b.call(mesh.AssignTool, deploy.Request{Module: "app", Nodes: []string{"n1"}}); err != nil {
+		t.Fatal(err)
+	}
+	before, ok := b.lastDeclaration("n1")
+	if !ok {
+		t.Fatal("n1 was not declared to while the seat was held")
+	}
+	lost.Store(true)
+	_, err := b.call(mesh.UnassignTool, deploy.Request{Module: "app", Nodes: []string{"n1"}})
+	if err == nil || !strings.Contains(err.Error(), "lease") {
+		t.Fatalf("unassign once the seat is lost: %v, want refused naming the lease", err)
+	}
+	// A plan settling with a new digest for app declares nothing either.
+	b.setCurrent("app", "reg.example/app", "sha256:"+strings.Repeat("b", 64))
+	time.Sleep(time.Second)
+	after, _ := b.lastDeclaration("n1")
+	if after.Revision != before.Revision || after.Modules[0].Digest != before.Modules[0].Digest {
+		t.Fatalf("n1 declared to after the seat was lost: revision %d → %d, %s", before.Revision, after.Revision, after.Modules[0].Digest)
+	}
 }

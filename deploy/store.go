@@ -72,6 +72,9 @@ type Status struct {
 type Store struct {
 	kv   jetstream.KeyValue
 	snap *kvsnap.Bucket
+	// held, if set, is asked before each write: none is made once it says
+	// the writer no longer holds its seat (Controller.SetHeld).
+	held func() error
 }
 
 // OpenStore binds the controller module's declarations bucket.
@@ -87,6 +90,9 @@ func OpenStore(ctx context.Context, js jetstream.JetStream, controllerModule str
 func (s *Store) KV() jetstream.KeyValue { return s.kv }
 
 func (s *Store) put(ctx context.Context, key string, v any) error {
+	if err := s.holding(); err != nil {
+		return fmt.Errorf("writing %s: %w", key, err)
+	}
 	data, err := json.Marshal(v)
 	if err != nil {
 		return fmt.Errorf("encoding %s: %w", key, err)
@@ -95,6 +101,15 @@ func (s *Store) put(ctx context.Context, key string, v any) error {
 		return fmt.Errorf("writing %s: %w", key, err)
 	}
 	return nil
+}
+
+// holding is nil while the writer holds its seat, or when nothing says
+// otherwise.
+func (s *Store) holding() error {
+	if s.held == nil {
+		return nil
+	}
+	return s.held()
 }
 
 // Nodes returns every enrolled node, by name.

@@ -493,6 +493,7 @@ func runController(ctx context.Context, o ControllerOptions, nc *nats.Conn, js j
 	if err != nil {
 		return err
 	}
+	fleet.SetHeld(held)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	errc := make(chan error, 2)
