@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/meshbuild/meshbuild/claim"
 	"github.com/meshbuild/meshbuild/internal/backoff"
 	"github.com/meshbuild/meshbuild/internal/gitcache"
 	"github.com/meshbuild/meshbuild/mesh"
@@ -64,7 +65,7 @@ type Controller struct {
 	cfg     Config
 	settler Settler
 	// seatHeld says whether the controller still holds its seat (SetHeld).
-	seatHeld func() error
+	seatHeld claim.Holding
 	js       jetstream.JetStream
 	nc       *nats.Conn
 	log      *slog.Logger
@@ -229,15 +230,6 @@ func (c *Controller) SetSettler(s Settler) { c.settler = s }
 // standby that has the seat by then.
 func (c *Controller) SetHeld(held func() error) { c.seatHeld = held }
 
-// holding is nil while the controller holds its seat (SetHeld), or when
-// nothing says otherwise.
-func (c *Controller) holding() error {
-	if c.seatHeld == nil {
-		return nil
-	}
-	return c.seatHeld()
-}
-
 // controllerModule finds the catalogue module the controller runs as.
 func controllerModule(cat *mesh.Catalogue, name string) (string, error) {
 	if m, ok := seat.ControllerModule(cat, name, StateBucket); ok {
@@ -371,7 +363,7 @@ func (c *Controller) Run(ctx context.Context) error {
 		if err := c.flush(ctx); err != nil {
 			return err
 		}
-		if ctx.Err() != nil || c.holding() != nil {
+		if ctx.Err() != nil || c.seatHeld.Err() != nil {
 			// Stopped (or lost mesh-controller) mid-batch: its state may be
 			// unwritten, so its events stay unacked for the next holder.
 			return nil

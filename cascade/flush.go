@@ -566,7 +566,7 @@ func (c *Controller) publish(ctx context.Context, asks []mesh.Ask) error {
 	if len(asks) == 0 {
 		return nil
 	}
-	if err := c.holding(); err != nil {
+	if err := c.seatHeld.Err(); err != nil {
 		return fmt.Errorf("submitting asks: %w", err)
 	}
 	futures := make([]jetstream.PubAckFuture, 0, len(asks))

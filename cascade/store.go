@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/meshbuild/meshbuild/claim"
 	"github.com/meshbuild/meshbuild/internal/kvsnap"
 	"github.com/meshbuild/meshbuild/planner"
 	"github.com/meshbuild/meshbuild/seat"
@@ -184,7 +185,7 @@ type Store struct {
 	// Held, if set, is asked before each write and removal: none is made
 	// once it says the writer no longer holds its seat
 	// (Controller.SetHeld).
-	Held func() error
+	Held claim.Holding
 }
 
 // OpenStore binds the controller module's plans bucket.
@@ -194,15 +195,6 @@ func OpenStore(ctx context.Context, js jetstream.JetStream, controllerModule str
 		return nil, err
 	}
 	return &Store{kv: kv, snap: kvsnap.New(js, kv), Parallel: storeParallel}, nil
-}
-
-// holding is nil while the writer holds its seat (Held), or when nothing
-// says otherwise.
-func (s *Store) holding() error {
-	if s.Held == nil {
-		return nil
-	}
-	return s.Held()
 }
 
 // storeParallel is how many writes a Store makes at once. At 64, a flush of
@@ -226,7 +218,7 @@ func (s *Store) CreatePlan(ctx context.Context, r PlanRecord) (created bool, err
 	if err := state.CheckSize(data); err != nil {
 		return false, fmt.Errorf("creating plan %s: %w", r.ID, err)
 	}
-	if err := s.holding(); err != nil {
+	if err := s.Held.Err(); err != nil {
 		return false, fmt.Errorf("creating plan %s: %w", r.ID, err)
 	}
 	if _, err := s.kv.Create(ctx, PlanKey(r.ID), data); err != nil {
@@ -278,7 +270,7 @@ func (s *Store) Put(ctx context.Context, values map[string]any) error {
 	g.SetLimit(max(1, s.Parallel))
 	for k, v := range values {
 		g.Go(func() error {
-			err := s.holding()
+			err := s.Held.Err()
 			var data []byte
 			if err == nil {
 				data, err = json.Marshal(v)
@@ -373,7 +365,7 @@ func (s *Store) MarkFetching(ctx context.Context, plan string, f Fetching) error
 	if err != nil {
 		return err
 	}
-	if err := s.holding(); err != nil {
+	if err := s.Held.Err(); err != nil {
 		return err
 	}
 	_, err = s.kv.Put(ctx, FetchingKey(plan), data)
@@ -382,7 +374,7 @@ func (s *Store) MarkFetching(ctx context.Context, plan string, f Fetching) error
 
 // Fetched removes plan's Fetching record.
 func (s *Store) Fetched(ctx context.Context, plan string) error {
-	if err := s.holding(); err != nil {
+	if err := s.Held.Err(); err != nil {
 		return err
 	}
 	err := s.kv.Delete(ctx, FetchingKey(plan))
@@ -614,7 +606,7 @@ func (s *Store) removePlan(ctx context.Context, id string) (int64, error) {
 	g.SetLimit(max(1, s.Parallel))
 	for _, k := range keys {
 		g.Go(func() error {
-			if err := s.holding(); err != nil {
+			if err := s.Held.Err(); err != nil {
 				return fmt.Errorf("pruning plan %s: %w", id, err)
 			}
 			if err := s.kv.Purge(ctx, k); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
@@ -626,7 +618,7 @@ func (s *Store) removePlan(ctx context.Context, id string) (int64, error) {
 	if err := g.Wait(); err != nil {
 		return size, err
 	}
-	if err := s.holding(); err != nil {
+	if err := s.Held.Err(); err != nil {
 		return size, fmt.Errorf("pruning plan %s: %w", id, err)
 	}
 	if err := s.kv.Purge(ctx, PlanKey(id)); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
@@ -679,7 +671,7 @@ func (s *Store) PruneKeys(ctx context.Context) (map[string]KeyRecord, error) {
 		case plans[r.Plan], used[k], ok && cur.Digest == r.Digest:
 			continue
 		}
-		if err := s.holding(); err != nil {
+		if err := s.Held.Err(); err != nil {
 			return removed, fmt.Errorf("pruning input key %s of plan %s: %w", k, r.Plan, err)
 		}
 		if err := s.kv.Purge(ctx, InputKeyKey(k)); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {

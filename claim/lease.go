@@ -127,6 +127,19 @@ func (l *Lease) Held() error {
 	return l.Err()
 }
 
+// Holding says whether a holder still holds its seat — a lease's Held —
+// asked before each write the holder makes as such. A nil Holding says
+// nothing: it holds.
+type Holding func() error
+
+// Err is h's answer: nil while held, and for a nil Holding.
+func (h Holding) Err() error {
+	if h == nil {
+		return nil
+	}
+	return h()
+}
+
 // monotonicNow is Held's clock: time.Now, whose monotonic reading counts
 // the time a process was stopped.
 var monotonicNow = time.Now

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/meshbuild/meshbuild/cascade"
+	"github.com/meshbuild/meshbuild/claim"
 	"github.com/meshbuild/meshbuild/internal/backoff"
 	"github.com/meshbuild/meshbuild/internal/kvsnap"
 	"github.com/meshbuild/meshbuild/mesh"
@@ -80,7 +81,7 @@ type Controller struct {
 	current map[string]cascade.Current
 	cmds    seat.Inbox[command, Reply]
 	// held says whether the controller still holds its seat (SetHeld).
-	held func() error
+	held claim.Holding
 }
 
 // SetHeld sets what says whether this controller still holds its seat

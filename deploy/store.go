@@ -10,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/meshbuild/meshbuild/claim"
 	"github.com/meshbuild/meshbuild/internal/kvsnap"
 	"github.com/meshbuild/meshbuild/seat"
 )
@@ -74,7 +75,7 @@ type Store struct {
 	snap *kvsnap.Bucket
 	// held, if set, is asked before each write: none is made once it says
 	// the writer no longer holds its seat (Controller.SetHeld).
-	held func() error
+	held claim.Holding
 }
 
 // OpenStore binds the controller module's declarations bucket.
@@ -90,7 +91,7 @@ func OpenStore(ctx context.Context, js jetstream.JetStream, controllerModule str
 func (s *Store) KV() jetstream.KeyValue { return s.kv }
 
 func (s *Store) put(ctx context.Context, key string, v any) error {
-	if err := s.holding(); err != nil {
+	if err := s.held.Err(); err != nil {
 		return fmt.Errorf("writing %s: %w", key, err)
 	}
 	data, err := json.Marshal(v)
@@ -101,15 +102,6 @@ func (s *Store) put(ctx context.Context, key string, v any) error {
 		return fmt.Errorf("writing %s: %w", key, err)
 	}
 	return nil
-}
-
-// holding is nil while the writer holds its seat, or when nothing says
-// otherwise.
-func (s *Store) holding() error {
-	if s.held == nil {
-		return nil
-	}
-	return s.held()
 }
 
 // Nodes returns every enrolled node, by name.

@@ -169,7 +169,7 @@ func (c *Controller) change(ctx context.Context, assign bool, req Request) (Assi
 	}
 	a := Assignment{Module: req.Module, Nodes: nodes, Updated: time.Now().UTC()}
 	if len(nodes) == 0 {
-		if err := c.store.holding(); err != nil {
+		if err := c.store.held.Err(); err != nil {
 			return Assignment{}, nil, fmt.Errorf("removing the assignment of %s: %w", req.Module, err)
 		}
 		if err := c.store.kv.Delete(ctx, AssignKey(req.Module)); err != nil {
