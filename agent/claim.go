@@ -97,7 +97,11 @@ func (a *Agent) askClaims(ctx context.Context) *claim.Asks {
 // machine's claim of the ask: one settled says the ask is done, one alive
 // (and bound to a machine that still holds its seat) leaves it to its
 // holder, and the earliest infrastructure failure in any is the ask's
-// budget so far.
+// budget so far. So is a first delivery soon after this agent saw the bus
+// fail: a cluster stopped whole forgets which asks its holders' consumer
+// had delivered (mesh.HolderStateInMemory) and delivers them again at once
+// counting from one, while their holders still work on them or settle
+// them.
 func (a *Agent) claim(ctx context.Context, ask mesh.Ask, attempt int, reply string) (*hold, claimVerdict, error) {
 	id := ask.ID
 	h := &hold{reply: reply}
@@ -106,8 +110,8 @@ func (a *Agent) claim(ctx context.Context, ask mesh.Ask, attempt int, reply stri
 	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if attempt > 1 {
-		a.noteReconnects()
+	a.noteReconnects()
+	if attempt > 1 || a.sawTrouble() {
 		f, err := a.claims.Look(ctx, id, ask.Secret)
 		if err != nil {
 			a.troubled()
@@ -119,6 +123,8 @@ func (a *Agent) claim(ctx context.Context, ask mesh.Ask, attempt int, reply stri
 			return h, claimDone, nil
 		case f.Held != nil:
 			return h, claimHeld, nil
+		case attempt == 1 && len(f.Lapsed) == 0 && f.SeatLapsed == nil:
+			// Nobody ever claimed it: a first delivery indeed.
 		case f.Attempts == 0 && a.lapsedHolder(id):
 			// Delivered before, yet no claim of it is left: its holder's
 			// lapsed, while this agent saw the bus fail too — an outage
@@ -175,8 +181,7 @@ func (a *Agent) noteReconnects() {
 // not left this ask so for lapseGrace leases already. A machine that died
 // is replaced without the wait: nobody else saw the bus fail.
 func (a *Agent) lapsedHolder(id string) bool {
-	now := time.Since(a.started)
-	if t := a.trouble.Load(); t == 0 || now-time.Duration(t) > lapseGrace*a.lease {
+	if !a.sawTrouble() {
 		return false
 	}
 	a.deferMu.Lock()
@@ -191,6 +196,13 @@ func (a *Agent) lapsedHolder(id string) bool {
 	}
 	delete(a.deferred, id)
 	return false
+}
+
+// sawTrouble reports whether this agent saw the bus fail within lapseGrace
+// leases.
+func (a *Agent) sawTrouble() bool {
+	t := a.trouble.Load()
+	return t != 0 && time.Since(a.started)-time.Duration(t) <= lapseGrace*a.lease
 }
 
 // lapseGrace is how many leases after it saw the bus fail an agent leaves

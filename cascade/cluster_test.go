@@ -416,6 +416,42 @@ func TestClusterPlanSurvivesANodeRestart(t *testing.T) {
 	f.check(f.push("after"))
 }
 
+// TestClusterPlanSurvivesAWholeClusterRestart: every node of the cluster
+// is stopped while a plan's first build is in hand, then started again. The
+// holders' consumer keeps its state in memory on a cluster
+// (mesh.HolderStateInMemory), so the cluster comes back not knowing which
+// asks it had delivered: the one in hand is delivered again and left to its
+// holder by its claim (on file), the acknowledged ones are gone from the
+// work queue. The plan completes, every module built once, and so does the
+// next.
+func TestClusterPlanSurvivesAWholeClusterRestart(t *testing.T) {
+	bus := natstest.Cluster(t, 3)
+	f := newFaultFarm(t, bus, 3)
+	stream, name := mesh.SeatStream(mesh.BuildSeat), mesh.BuildConsumer(mesh.DefaultPlatform)
+	cons, err := f.js.Consumer(context.Background(), stream, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg := cons.CachedInfo().Config; !cfg.MemoryStorage || cfg.Replicas != 3 {
+		t.Fatalf("consumer %s/%s: memory storage %v at %d replicas, want its state in memory at 3", stream, name, cfg.MemoryStorage, cfg.Replicas)
+	}
+	f.builds.shut()
+	id := f.push("all-down")
+	f.waitBuilds("the plan's first build in hand", 1, false)
+	for i := range bus.Len() {
+		bus.Stop(i)
+	}
+	t.Log("every node stopped with the plan's first build in hand")
+	for i := range bus.Len() {
+		bus.Restart(i)
+	}
+	bus.WaitReady(3)
+	f.builds.open()
+	f.check(id)
+	f.waitQueueEmpty()
+	f.check(f.push("after"))
+}
+
 // TestClusterWithoutQuorumRefusesAndResumes: with two of three nodes
 // stopped mid-plan, an ask published to the build queue is never
 // acknowledged; when the nodes return, the plan resumes and completes. What

@@ -95,6 +95,12 @@ type AskFound struct {
 	// longer than its lease — and about to claim its seat and the ask
 	// again. nil for none.
 	SeatLapsed *AskRecord
+	// Lapsed are the machines whose claim of the ask lapsed: the bucket
+	// keeps the server's marker where each was (for ClaimMarkerTTL), with
+	// no value. Some machine was delivered the ask before, whatever the
+	// delivery's count says (a cluster that lost the holders' consumer's
+	// state counts from one again: mesh.HolderStateInMemory).
+	Lapsed []string
 }
 
 // Asks is seat's ask claims bucket as machine's holder sees it.
@@ -203,7 +209,9 @@ func (a *Asks) Look(ctx context.Context, ask, secret string) (AskFound, error) {
 			return f, err
 		}
 		if !ok {
-			continue // lapsed while listing
+			// Lapsed: the server's marker (or lapsed while listing).
+			f.Lapsed = append(f.Lapsed, machine)
+			continue
 		}
 		if secret != "" && !mesh.ValidAskProof(rec.Proof, secret, ask, rec.Machine) {
 			continue // not delivered the ask: not a holder's claim

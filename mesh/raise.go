@@ -145,11 +145,38 @@ func (r *RaiseReport) consumer(ctx context.Context, js jetstream.JetStream, cs C
 	} else if !errors.Is(err, jetstream.ErrConsumerNotFound) {
 		return fmt.Errorf("looking up consumer %s on %s: %w", cs.Config.Durable, cs.Stream, err)
 	}
+	if existed && before.MemoryStorage != cs.Config.MemoryStorage {
+		// The server answers "storage type can not be updated".
+		if err := replaceHolders(ctx, js, cs, before.MemoryStorage); err != nil {
+			return err
+		}
+	}
 	cons, err := js.CreateOrUpdateConsumer(ctx, cs.Stream, cs.Config)
 	if err != nil {
 		return fmt.Errorf("asserting consumer %s on %s (%s): %w", cs.Config.Durable, cs.Stream, cs.Why, err)
 	}
 	r.note("consumer", cs.Stream+"/"+cs.Config.Durable, before, cons.CachedInfo().Config, existed)
+	return nil
+}
+
+// replaceHolders deletes a holders' consumer whose state is kept where cs
+// no longer keeps it (in memory on a cluster, on file on one server:
+// HolderStateInMemory), so that the raise makes it anew. Only a consumer on
+// a seat's work queue: what it delivered is in the stream until
+// acknowledged, so the new one delivers again what the old one had
+// delivered and not seen acknowledged (its holders' claims refuse what
+// another holder works), and its holders bind it again on their next pull.
+// Any other consumer keeps where it was: the server refuses the change.
+func replaceHolders(ctx context.Context, js jetstream.JetStream, cs ConsumerSpec, inMemory bool) error {
+	if _, ok := SeatFromStream(cs.Stream); !ok {
+		return nil
+	}
+	err := js.DeleteConsumer(ctx, cs.Stream, cs.Config.Durable)
+	if err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		where := map[bool]string{true: "memory", false: "file"}
+		return fmt.Errorf("replacing consumer %s/%s, its state kept in %s, by one that keeps it in %s: %w",
+			cs.Stream, cs.Config.Durable, where[inMemory], where[!inMemory], err)
+	}
 	return nil
 }
 

@@ -444,3 +444,89 @@ func TestAFullAskClaimsBucketDropsItsOldestClaims(t *testing.T) {
 		t.Errorf("creating a live claim again: %v, want it refused as existing", err)
 	}
 }
+
+// TestRaiseReplacesAHoldersConsumerKeptInTheOtherStore: a holders' consumer
+// keeps its state in memory on a cluster and on file on one server
+// (mesh.HolderStateInMemory). The server refuses to change that in place,
+// so the raise makes the consumer anew; the new one delivers again what the
+// old one had delivered and not seen acknowledged, never what was
+// acknowledged (the queue is a work queue).
+func TestRaiseReplacesAHoldersConsumerKeptInTheOtherStore(t *testing.T) {
+	if mesh.HolderStateInMemory(1) || !mesh.HolderStateInMemory(3) {
+		t.Fatal("HolderStateInMemory: want memory on a cluster of three and file on one server")
+	}
+	s := natstest.Server(t, nil)
+	_, js := natstest.Connect(t, s)
+	c := mesh.NewCatalogue(fixture())
+	if _, err := mesh.Raise(ctx(t), js, c, 1); err != nil {
+		t.Fatal(err)
+	}
+	spec := mesh.BuildConsumerSpec(mesh.DefaultPlatform, 1)
+	if spec.Config.MemoryStorage {
+		t.Fatalf("consumer %s at one replica keeps its state in memory, want on file", spec.Config.Durable)
+	}
+	if cs := mesh.BuildConsumerSpec(mesh.DefaultPlatform, 3); !cs.Config.MemoryStorage {
+		t.Fatalf("consumer %s at three replicas keeps its state on file, want in memory", cs.Config.Durable)
+	}
+	// As a cluster's raise left it: in memory.
+	if err := js.DeleteConsumer(ctx(t), spec.Stream, spec.Config.Durable); err != nil {
+		t.Fatal(err)
+	}
+	mem := spec.Config
+	mem.MemoryStorage = true
+	old, err := js.CreateConsumer(ctx(t), spec.Stream, mem)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ask := range []string{"acknowledged", "held"} {
+		if _, err := js.Publish(ctx(t), mesh.BuildSubject(mesh.DefaultPlatform), []byte(ask)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	batch, err := old.Fetch(2, jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var delivered []string
+	for msg := range batch.Messages() {
+		delivered = append(delivered, string(msg.Data()))
+		if string(msg.Data()) == "acknowledged" {
+			if err := msg.DoubleAck(ctx(t)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if len(delivered) != 2 {
+		t.Fatalf("the old consumer delivered %v, want both asks", delivered)
+	}
+
+	r, err := mesh.Raise(ctx(t), js, c, 1)
+	if err != nil {
+		t.Fatalf("raising over a holders' consumer kept in memory: %v", err)
+	}
+	name := "consumer " + spec.Stream + "/" + spec.Config.Durable
+	if !slices.Contains(r.Updated, name) {
+		t.Errorf("the raise's report updated %v, want %s among them", r.Updated, name)
+	}
+	cons, err := js.Consumer(ctx(t), spec.Stream, spec.Config.Durable)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cons.CachedInfo().Config.MemoryStorage {
+		t.Fatalf("after the raise consumer %s keeps its state in memory, want on file", spec.Config.Durable)
+	}
+	batch, err = cons.Fetch(2, jetstream.FetchMaxWait(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var again []string
+	for msg := range batch.Messages() {
+		again = append(again, string(msg.Data()))
+	}
+	if !slices.Equal(again, []string{"held"}) {
+		t.Fatalf("the new consumer delivered %v, want the held ask again and not the acknowledged one", again)
+	}
+	if second, err := mesh.Raise(ctx(t), js, c, 1); err != nil || second.Changed() {
+		t.Fatalf("raising again: %v, updated %v, want nothing changed", err, second.Updated)
+	}
+}
