@@ -92,17 +92,18 @@ func (a *Agent) askClaims(ctx context.Context) *claim.Asks {
 }
 
 // claim claims ask id, delivered for the attempt-th time with reply subject
-// reply, for this machine.
+// reply and stored by the server at queued, for this machine.
 // A first delivery is claimed in one write; a redelivery first reads every
 // machine's claim of the ask: one settled says the ask is done, one alive
 // (and bound to a machine that still holds its seat) leaves it to its
 // holder, and the earliest infrastructure failure in any is the ask's
-// budget so far. So is a first delivery soon after this agent saw the bus
-// fail: a cluster stopped whole forgets which asks its holders' consumer
+// budget so far. So is a first delivery that may be a redelivery all the
+// same: a cluster stopped whole forgets which asks its holders' consumer
 // had delivered (mesh.HolderStateInMemory) and delivers them again at once
 // counting from one, while their holders still work on them or settle
-// them.
-func (a *Agent) claim(ctx context.Context, ask mesh.Ask, attempt int, reply string) (*hold, claimVerdict, error) {
+// them — read when this agent saw the bus fail lately, or the ask was
+// queued before this agent started (a farm started again whole).
+func (a *Agent) claim(ctx context.Context, ask mesh.Ask, attempt int, queued time.Time, reply string) (*hold, claimVerdict, error) {
 	id := ask.ID
 	h := &hold{reply: reply}
 	if a.claims == nil {
@@ -111,7 +112,7 @@ func (a *Agent) claim(ctx context.Context, ask mesh.Ask, attempt int, reply stri
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	a.noteReconnects()
-	if attempt > 1 || a.sawTrouble() {
+	if attempt > 1 || a.sawTrouble() || queued.Before(a.started) {
 		f, err := a.claims.Look(ctx, id, ask.Secret)
 		if err != nil {
 			a.troubled()

@@ -2,10 +2,13 @@ package agent_test
 
 import (
 	"context"
+	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/meshbuild/meshbuild/agent"
+	"github.com/meshbuild/meshbuild/claim"
 	"github.com/meshbuild/meshbuild/mesh"
 )
 
@@ -71,5 +74,44 @@ func TestAClaimIsRenewedWithinItsLeaseEvenWhenAnAnswerIsLost(t *testing.T) {
 	g.ch("kept") <- nil
 	if r := builtOnce(t, js, 10*time.Second, "kept built and acknowledged"); len(r.Built) != 1 || r.Built[0].On != "m1" || len(r.Started) != 1 {
 		t.Fatalf("started %+v built %+v: want one start and one built, on m1", r.Started, r.Built)
+	}
+}
+
+// An ask queued before the agent started may have been delivered before,
+// whatever its delivery count says: a farm started again whole, on a
+// cluster that kept its holders' consumer's state in memory
+// (mesh.HolderStateInMemory), delivers the asks it had in hand again
+// counting from one. So the agent reads the ask's claims before claiming
+// it: one whose outcome another machine recorded before the stop (and
+// never acknowledged) is announced again under the recorded id, not built.
+func TestAnAskQueuedBeforeTheAgentStartedIsLookedUpBeforeItIsBuilt(t *testing.T) {
+	s, js := bus(t)
+	ctx := context.Background()
+	a := ask("recorded")
+	submit(t, js, a)
+	// m1 built it and recorded its outcome in its claim before the stop.
+	m1, err := claim.OpenAsks(ctx, js, mesh.BuildSeat, "m1", "build-agent", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := m1.Claim(ctx, a.ID, a.Secret, 1, time.Time{}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	digest := "sha256:" + strings.Repeat("ab", 32)
+	ev, _ := json.Marshal(mesh.Built{Version: mesh.AskVersion, Ask: a.ID, Plan: a.Plan, Module: a.Module, Commit: a.Source.Commit,
+		Digest: digest, Image: a.Image + "@" + digest, On: "m1", Attempt: 1, At: time.Now().UTC()})
+	if err := l.Announce(ctx, mesh.EventBuilt, a.ID+"-built-recorded", ev); err != nil {
+		t.Fatal(err)
+	}
+
+	g := newGate()
+	ended := make(ends, 10)
+	startObserved(t, s, "m2", g.on("m2"), nil, ended)
+	ended.next(t, agent.OutcomeDone, 10*time.Second)
+	g.notBegunAgain(t)
+	r := builtOnce(t, js, 10*time.Second, "the recorded built announced again and the ask acknowledged")
+	if b := r.Built[0]; b.Digest != digest || b.On != "m2" {
+		t.Fatalf("built %+v, want m1's recorded digest %s announced by m2", b, digest)
 	}
 }

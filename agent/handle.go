@@ -44,7 +44,7 @@ func (a *Agent) handle(work context.Context, msg jetstream.Msg) {
 		if mesh.ValidAskID(ask.ID) && ask.Plan != "" {
 			// Refused by its holder: claimed first, so that the
 			// controller takes the refusal as this machine's word.
-			if c, verdict, _ := a.claim(work, ask, attempt, msg.Reply()); verdict == claimed {
+			if c, verdict, _ := a.claim(work, ask, attempt, queuedAt(msg), msg.Reply()); verdict == claimed {
 				a.settle(work, msg, log, out, c)
 				return
 			}
@@ -52,7 +52,7 @@ func (a *Agent) handle(work context.Context, msg jetstream.Msg) {
 	default:
 		log = log.With("ask", ask.ID, "module", ask.Module, "plan", ask.Plan)
 		claiming := time.Now()
-		c, verdict, err := a.claim(work, ask, attempt, msg.Reply())
+		c, verdict, err := a.claim(work, ask, attempt, queuedAt(msg), msg.Reply())
 		debugClaim(work, log, msg, verdict, time.Since(claiming), err)
 		switch verdict {
 		case claimDone:
@@ -149,6 +149,14 @@ func (a *Agent) adopt(ctx context.Context, ask mesh.Ask, attempt int, c *hold) (
 func (a *Agent) proof(ask mesh.Ask) string { return mesh.AskProof(ask.Secret, ask.ID, a.cfg.Machine) }
 
 // attemptOf is the ask's delivery count: 1 the first time.
+// queuedAt is when the server stored msg (its clock); zero if unknown.
+func queuedAt(msg jetstream.Msg) time.Time {
+	if md, err := msg.Metadata(); err == nil {
+		return md.Timestamp
+	}
+	return time.Time{}
+}
+
 func attemptOf(msg jetstream.Msg) int {
 	if md, err := msg.Metadata(); err == nil {
 		return int(md.NumDelivered)
