@@ -422,8 +422,9 @@ func TestClusterPlanSurvivesANodeRestart(t *testing.T) {
 // (mesh.HolderStateInMemory), so the cluster comes back not knowing which
 // asks it had delivered: the one in hand is delivered again and left to its
 // holder by its claim (on file), the acknowledged ones are gone from the
-// work queue. The plan completes, every module built once, and so does the
-// next.
+// work queue; the controller's consumer delivers EVENTS again from its
+// start, below its floor acknowledged and not worked. The plan completes,
+// every module built once, and so does the next.
 func TestClusterPlanSurvivesAWholeClusterRestart(t *testing.T) {
 	bus := natstest.Cluster(t, 3)
 	f := newFaultFarm(t, bus, 3)
@@ -434,6 +435,15 @@ func TestClusterPlanSurvivesAWholeClusterRestart(t *testing.T) {
 	}
 	if cfg := cons.CachedInfo().Config; !cfg.MemoryStorage || cfg.Replicas != 3 {
 		t.Fatalf("consumer %s/%s: memory storage %v at %d replicas, want its state in memory at 3", stream, name, cfg.MemoryStorage, cfg.Replicas)
+	}
+	// So does the controller's on EVENTS, guarded by its events floor
+	// (TestAControllerWhoseConsumerForgotItsEventsWorksNoneTwice).
+	ctl, err := f.js.Consumer(context.Background(), mesh.EventsStream, mesh.ModuleConsumer("build-controller"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg := ctl.CachedInfo().Config; !cfg.MemoryStorage || cfg.Replicas != 3 {
+		t.Fatalf("the controller's consumer on %s: memory storage %v at %d replicas, want its state in memory at 3", mesh.EventsStream, cfg.MemoryStorage, cfg.Replicas)
 	}
 	f.builds.shut()
 	id := f.push("all-down")

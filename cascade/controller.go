@@ -107,6 +107,8 @@ type Controller struct {
 	events     jetstream.Consumer
 	eventsSeen uint64
 	behind     *eventMark
+	// floor is the events floor (floor.go).
+	floor floorKeeper
 	// askPlatform is the platform of each ask published (with askSeq).
 	askPlatform map[string]string
 	// platforms is what the controller saw of each platform's holders.
@@ -431,6 +433,9 @@ func (c *Controller) start(ctx context.Context) (*runInputs, error) {
 		c.log.Warn("no seat claims bucket: an ask claim is judged on its own lease", "err", err)
 		c.seatClaims = nil
 	}
+	if err := c.answered(ctx, "reading the events floor", func() error { return c.loadFloor(ctx) }); err != nil {
+		return nil, err
+	}
 	if err := c.resume(ctx); err != nil {
 		return nil, err
 	}
@@ -479,6 +484,7 @@ func (c *Controller) tick(ctx context.Context) bool {
 	cancels, expired := c.expireCancels(now), c.expireAsks(now)
 	noted := c.watchPlatforms(ctx)
 	indexed := c.assemble(ctx, true)
+	c.keepFloor(ctx, time.Now())
 	return cancels || expired || noted || indexed || c.unflushed()
 }
 
@@ -486,6 +492,9 @@ func (c *Controller) logRaise(r mesh.RaiseReport) {
 	c.log.Info("raised the catalogue", "created", len(r.Created), "updated", len(r.Updated), "unchanged", len(r.Unchanged))
 	for _, o := range r.Orphans {
 		c.log.Warn("declaration gone; kept, not deleted", "what", o)
+	}
+	for _, o := range r.KeptStorage {
+		c.log.Info("consumer keeps its state where it was made (the server cannot move it); to have it made as the catalogue says, delete it while no controller runs, once this version has worked events (its events floor stored)", "consumer", o)
 	}
 	for _, o := range r.Short {
 		c.log.Error("holders' consumer too small for the fleet; kept (the server cannot change it): delete it while no holder works and raise again", "what", o)

@@ -46,6 +46,9 @@ drain:
 		}
 	}
 	c.saw(batch)
+	if batch = c.pastFloor(batch); len(batch) == 0 {
+		return nil
+	}
 	c.busySinceShare = true
 	clk := c.turnClock(ctx)
 	verdicts := c.fence(ctx, batch)

@@ -112,6 +112,7 @@ func (c *Controller) caughtUp(ctx context.Context, now time.Time) bool {
 		if err != nil {
 			return true
 		}
+		c.floor.seen(info)
 		c.behind = &eventMark{delivered: info.Delivered.Stream, pending: info.NumPending, since: now}
 	}
 	b := c.behind

@@ -48,7 +48,36 @@ const (
 	keyInput    = "key."
 	keySecret   = "secret.asks"
 	keyFetching = "fetching."
+	keyFloor    = "events.floor"
 )
+
+// EventsFloor is how far the controller's consumer on EVENTS had every
+// event acknowledged: the stream's ack floor, and the stream it was read
+// of (its creation time), as the controller stored it last.
+type EventsFloor struct {
+	Stream  time.Time `json:"stream"`
+	Through uint64    `json:"through"`
+}
+
+// Floor reads the events floor last stored; ok is false if none was.
+func (s *Store) Floor(ctx context.Context) (f EventsFloor, ok bool, err error) {
+	e, err := s.kv.Get(ctx, keyFloor)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return f, false, nil
+	}
+	if err != nil {
+		return f, false, fmt.Errorf("reading %s: %w", keyFloor, err)
+	}
+	if err := json.Unmarshal(e.Value(), &f); err != nil {
+		return f, false, fmt.Errorf("decoding %s: %w", keyFloor, err)
+	}
+	return f, true, nil
+}
+
+// PutFloor stores the events floor (Put: not once the seat is lost).
+func (s *Store) PutFloor(ctx context.Context, f EventsFloor) error {
+	return s.Put(ctx, map[string]any{keyFloor: f})
+}
 
 // AskKey is the key the controller derives every ask's secret from
 // (mesh.Ask.Secret): made once, at random, and kept in the bucket

@@ -515,6 +515,17 @@ func holderConsumer(name string, replicas int, filters ...string) jetstream.Cons
 // fsyncs are not shared out among nodes.
 func HolderStateInMemory(replicas int) bool { return replicas > 1 }
 
+// ControllerEventsInMemory reports whether the consumer on EVENTS of the
+// module that holds ControllerSeat keeps its state in memory: on a cluster,
+// as the holders' consumers do (HolderStateInMemory), for the same fsyncs
+// in the path of every outcome (BenchmarkFleet1000 on three nodes, 1,000
+// machines: makespan ÷ bound 1.053 with it on file, 1.040 in memory). A
+// stop of the whole cluster has it deliver EVENTS again from its start;
+// the controller acknowledges, without working them, the events at or
+// below the floor it stored (cascade's events floor). Another module's
+// consumer keeps its state on file: nothing of the kind guards it.
+func ControllerEventsInMemory(replicas int) bool { return replicas > 1 }
+
 // AskClaimsBucketSpec derives the bucket seat s's holders claim asks in
 // (AskClaimsBucket). A live claim carries its lease as the key's TTL, so it
 // lapses on the server's clock; a settled one (its outcome, or the budget
@@ -569,6 +580,7 @@ func (c *Catalogue) ModuleConsumerSpecs(m *Manifest, replicas int) []ConsumerSpe
 				AckPolicy: jetstream.AckExplicitPolicy, AckWait: ConsumerAckWait,
 				DeliverPolicy: jetstream.DeliverAllPolicy, MaxDeliver: -1,
 				MaxAckPending: 10_000, Replicas: replicas,
+				MemoryStorage: st == EventsStream && slices.Contains(m.Holds, ControllerSeat) && ControllerEventsInMemory(replicas),
 			},
 		})
 	}

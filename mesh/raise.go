@@ -28,6 +28,13 @@ type RaiseReport struct {
 	// overflow it refuses to start (agent), and deleting the consumer
 	// while no holder works lets the next raise make it anew.
 	Short []string `json:"short,omitempty"`
+	// KeptStorage are consumers (stream/name) that keep their state where
+	// they were made (on file, or in memory) though the wire now says the
+	// other: the server refuses the change in place, and one made anew
+	// would deliver its stream again from the start. The build seat's
+	// holders' consumers are made anew instead (their queue is a work
+	// queue).
+	KeptStorage []string `json:"kept_storage,omitempty"`
 }
 
 // Changed reports whether the raise changed anything on the server.
@@ -147,8 +154,13 @@ func (r *RaiseReport) consumer(ctx context.Context, js jetstream.JetStream, cs C
 	}
 	if existed && before.MemoryStorage != cs.Config.MemoryStorage {
 		// The server answers "storage type can not be updated".
-		if err := replaceHolders(ctx, js, cs, before.MemoryStorage); err != nil {
+		replaced, err := replaceHolders(ctx, js, cs, before.MemoryStorage)
+		if err != nil {
 			return err
+		}
+		if !replaced {
+			cs.Config.MemoryStorage = before.MemoryStorage
+			r.KeptStorage = append(r.KeptStorage, cs.Stream+"/"+cs.Config.Durable)
 		}
 	}
 	cons, err := js.CreateOrUpdateConsumer(ctx, cs.Stream, cs.Config)
@@ -166,18 +178,19 @@ func (r *RaiseReport) consumer(ctx context.Context, js jetstream.JetStream, cs C
 // acknowledged, so the new one delivers again what the old one had
 // delivered and not seen acknowledged (its holders' claims refuse what
 // another holder works), and its holders bind it again on their next pull.
-// Any other consumer keeps where it was: the server refuses the change.
-func replaceHolders(ctx context.Context, js jetstream.JetStream, cs ConsumerSpec, inMemory bool) error {
+// Any other consumer keeps where it was (replaced false): made anew, it
+// would deliver its stream again from the start.
+func replaceHolders(ctx context.Context, js jetstream.JetStream, cs ConsumerSpec, inMemory bool) (replaced bool, err error) {
 	if _, ok := SeatFromStream(cs.Stream); !ok {
-		return nil
+		return false, nil
 	}
-	err := js.DeleteConsumer(ctx, cs.Stream, cs.Config.Durable)
+	err = js.DeleteConsumer(ctx, cs.Stream, cs.Config.Durable)
 	if err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
 		where := map[bool]string{true: "memory", false: "file"}
-		return fmt.Errorf("replacing consumer %s/%s, its state kept in %s, by one that keeps it in %s: %w",
+		return false, fmt.Errorf("replacing consumer %s/%s, its state kept in %s, by one that keeps it in %s: %w",
 			cs.Stream, cs.Config.Durable, where[inMemory], where[!inMemory], err)
 	}
-	return nil
+	return true, nil
 }
 
 // dropSeatWide deletes the one seat-wide holders' consumer a seat that now

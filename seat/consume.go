@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -37,7 +38,7 @@ func Consume(ctx context.Context, js jetstream.JetStream, stream, consumer strin
 	if err != nil {
 		return nil, fmt.Errorf("binding the consumer of %s (%s/%s): %w", what, stream, consumer, err)
 	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(batch))
+	it, err := cons.Messages(jetstream.PullMaxMessages(batch), jetstream.PullExpiry(consumeExpiry))
 	if err != nil {
 		return nil, fmt.Errorf("consuming %s (%s/%s): %w", what, stream, consumer, err)
 	}
@@ -45,6 +46,15 @@ func Consume(ctx context.Context, js jetstream.JetStream, stream, consumer strin
 	c.wg.Go(func() { c.pull(what, log) })
 	return c, nil
 }
+
+// consumeExpiry is how long each pull of a Consumption waits: the server
+// is heard from every half of it (its heartbeat), and a pull lost is pulled
+// again after two heartbeats missed. The pull nats.go sends again when the
+// connection comes back can be lost too — on a cluster started again whole
+// the consumer is not there yet when it arrives — and with nats.go's 30 s
+// the controller then sat idle for some 20 s more
+// (cascade TestClusterPlanSurvivesAWholeClusterRestart).
+const consumeExpiry = 10 * time.Second
 
 func (c *Consumption) pull(what string, log *slog.Logger) {
 	defer close(c.out)
