@@ -11,7 +11,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/meshbuild/meshbuild/claim"
-	"github.com/meshbuild/meshbuild/internal/backoff"
 	"github.com/meshbuild/meshbuild/internal/gitcache"
 	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/planner"
@@ -265,17 +264,7 @@ func (c *Controller) raise(ctx context.Context, cat *mesh.Catalogue) (r mesh.Rai
 // leaders, waits for it instead of stopping. Any other error is returned at
 // once; fn's last error when ctx ends.
 func (c *Controller) answered(ctx context.Context, what string, fn func() error) error {
-	retry := backoff.Policy{First: 250 * time.Millisecond, Max: 5 * time.Second}
-	for attempt := 1; ; attempt++ {
-		err := fn()
-		if err == nil || ctx.Err() != nil || !unanswered(err) {
-			return err
-		}
-		c.log.Warn(what+": the bus did not answer; retrying", "err", err, "attempt", attempt)
-		if backoff.Wait(ctx, retry.Delay(attempt)) != nil {
-			return err
-		}
-	}
+	return mesh.Answered(ctx, c.log, what, fn)
 }
 
 // unanswered reports whether err is the bus not answering in time, not a

@@ -16,7 +16,6 @@ import (
 
 	"github.com/meshbuild/meshbuild/cascade"
 	"github.com/meshbuild/meshbuild/claim"
-	"github.com/meshbuild/meshbuild/internal/backoff"
 	"github.com/meshbuild/meshbuild/internal/kvsnap"
 	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/seat"
@@ -262,17 +261,7 @@ func (c *Controller) currentImage(ctx context.Context, e jetstream.KeyValueEntry
 // not answer in time (mesh.Unanswered); a refusal, or ctx done, returns
 // its error at once.
 func (c *Controller) retry(ctx context.Context, what string, fn func(context.Context) error) error {
-	policy := backoff.Policy{First: 250 * time.Millisecond, Max: 5 * time.Second}
-	for attempt := 1; ; attempt++ {
-		err := fn(ctx)
-		if err == nil || ctx.Err() != nil || !mesh.Unanswered(err) {
-			return err
-		}
-		c.log.Warn(what+": the bus did not answer; retrying", "err", err, "attempt", attempt)
-		if backoff.Wait(ctx, policy.Delay(attempt)) != nil {
-			return err
-		}
-	}
+	return mesh.Answered(ctx, c.log, what, func() error { return fn(ctx) })
 }
 
 // raise asserts the catalogue's wire.

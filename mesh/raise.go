@@ -5,12 +5,16 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"reflect"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/meshbuild/meshbuild/internal/backoff"
 )
 
 // RaiseReport says what a raise did to each name.
@@ -55,6 +59,29 @@ func Unanswered(err error) bool {
 	var api *jetstream.APIError
 	return errors.As(err, &api) && (api.ErrorCode == jsClusterNoPeers || api.ErrorCode == jsClusterNotAvailable)
 }
+
+// Answered calls fn again, with backoff and saying so in log, while what it
+// returns is the bus not answering in time (Unanswered): a process that
+// starts while the bus is away, or while a cluster started again elects its
+// leaders, waits for it instead of stopping. Any other error is returned at
+// once; fn's last error when ctx ends.
+func Answered(ctx context.Context, log *slog.Logger, what string, fn func() error) error {
+	for attempt := 1; ; attempt++ {
+		err := fn()
+		if err == nil || ctx.Err() != nil || !Unanswered(err) {
+			return err
+		}
+		if log != nil {
+			log.Warn(what+": the bus did not answer; retrying", "err", err, "attempt", attempt)
+		}
+		if backoff.Wait(ctx, answeredRetry.Delay(attempt)) != nil {
+			return err
+		}
+	}
+}
+
+// answeredRetry is how Answered waits between tries.
+var answeredRetry = backoff.Policy{First: 250 * time.Millisecond, Max: 5 * time.Second}
 
 // JetStream's error codes (nats-server's JSClusterNoPeersErrF and
 // JSClusterNotAvailErr) for a cluster that cannot place or answer yet.

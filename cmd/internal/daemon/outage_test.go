@@ -431,3 +431,46 @@ func TestTheConnectionSaysItWasLostAndMadeAgain(t *testing.T) {
 		t.Errorf("the log says the connection closed:\n%s", log.String())
 	}
 }
+
+// A controller started while its cluster cannot answer JetStream (two of
+// three servers down, as while a cluster started again whole elects its
+// leaders) waits for it, saying so, instead of stopping on its first
+// request; it starts once the servers are back. (By hand: a farm of three
+// servers killed with kill -9 and started again stopped with "asserting
+// bucket CLAIMS: context deadline exceeded".)
+func TestAControllerStartedBeforeItsClusterAnswersWaitsForIt(t *testing.T) {
+	bus := natstest.Cluster(t, 3)
+	bus.Stop(1)
+	bus.Stop(2)
+	var log testenv.Buffer
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ready := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		done <- RunController(ctx, ControllerOptions{NATS: bus.URLs(), Catalogue: chainCatalogue(t), Poll: time.Hour,
+			Controller: cascade.Config{Registry: "127.0.0.1:1", Images: testenv.AnyImage{}, Replicas: 3},
+			Ready: ready, Log: slog.New(slog.NewTextHandler(&log, nil))})
+	}()
+	testenv.WaitFor(t, 30*time.Second, "the controller to say the bus does not answer", func() bool {
+		select {
+		case err := <-done:
+			t.Fatalf("the controller stopped while its cluster could not answer: %v", err)
+		default:
+		}
+		return strings.Contains(log.String(), "the bus did not answer; retrying")
+	})
+	bus.Restart(1)
+	bus.Restart(2)
+	select {
+	case <-ready:
+	case err := <-done:
+		t.Fatalf("controller: %v\n%s", err, log.String())
+	case <-time.After(90 * time.Second):
+		t.Fatalf("the controller did not start once its cluster was back\n%s", log.String())
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("RunController: %v", err)
+	}
+}

@@ -453,7 +453,12 @@ func RunController(ctx context.Context, o ControllerOptions) error {
 	// One controller works at a time: it claims mesh-controller, a second
 	// stands by and takes over when the first's claim lapses, and one that
 	// loses its claim stops (its ctx is cancelled) and stands by again.
-	if err := mesh.RaiseClaims(ctx, js, o.Controller.Replicas); err != nil {
+	// Waited for while the bus does not answer: a cluster started again
+	// whole elects its streams' leaders for seconds (by hand: a farm of
+	// three servers killed with kill -9 and started again stopped here).
+	if err := mesh.Answered(ctx, o.Log, "raising the claims bucket", func() error {
+		return mesh.RaiseClaims(ctx, js, o.Controller.Replicas)
+	}); err != nil {
 		return err
 	}
 	ready := sync.OnceFunc(func() {
