@@ -450,7 +450,7 @@ func TestAControllerStartedBeforeItsClusterAnswersWaitsForIt(t *testing.T) {
 	go func() {
 		done <- RunController(ctx, ControllerOptions{NATS: bus.URLs(), Catalogue: chainCatalogue(t), Poll: time.Hour,
 			Controller: cascade.Config{Registry: "127.0.0.1:1", Images: testenv.AnyImage{}, Replicas: 3},
-			Ready: ready, Log: slog.New(slog.NewTextHandler(&log, nil))})
+			Ready:      ready, Log: slog.New(slog.NewTextHandler(&log, nil))})
 	}()
 	testenv.WaitFor(t, 30*time.Second, "the controller to say the bus does not answer", func() bool {
 		select {
