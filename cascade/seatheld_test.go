@@ -13,6 +13,7 @@ import (
 	"github.com/meshbuild/meshbuild/claim"
 	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/internal/testenv"
+	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/mesh/meshtest"
 	"github.com/meshbuild/meshbuild/seat"
 )
@@ -89,6 +90,55 @@ func TestAControllerThatNoLongerHoldsItsSeatWritesNothing(t *testing.T) {
 		}
 		if mods[m].State != cascade.Built {
 			t.Errorf("%s %s", m, mods[m].State)
+		}
+	}
+}
+
+// A controller killed with events in hand (delivered, not acknowledged: kill
+// -9, a machine gone, or a process stopped with SIGSTOP whose seat the
+// standby took) left them to its consumer's ack wait, 30 s: a push in its
+// hand was planned by the next holder half a minute late. The next holder
+// takes them back as it starts consuming (seat.Consume): the plan is made
+// and built within seconds, each module once.
+func TestTheNextControllerWorksTheEventsAKilledOneHadInHandAtOnce(t *testing.T) {
+	h := newHarness(t, map[string][]string{"a": nil, "b": {"a"}, "c": {"b"}}, 1)
+	h.stopControllerNow()
+	plan := h.push("c1", "push-c1")
+	// The killed controller, on its own connection: it was delivered the
+	// push and was killed before it acknowledged it.
+	ctx := context.Background()
+	knc, kjs := natstest.Connect(t, h.s)
+	cons, err := kjs.Consumer(ctx, mesh.EventsStream, mesh.ModuleConsumer(h.c.Module()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, err := cons.Fetch(100, jetstream.FetchMaxWait(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	inHand := 0
+	for range batch.Messages() {
+		inHand++
+	}
+	knc.Close()
+	ours, err := h.js.Consumer(ctx, mesh.EventsStream, mesh.ModuleConsumer(h.c.Module()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info, err := ours.Info(ctx); err != nil || inHand != 1 || info.NumAckPending != 1 {
+		t.Fatalf("the killed controller had %d events in hand, the consumer %+v (%v); want the push", inHand, info, err)
+	}
+
+	start := time.Now()
+	h.startController()
+	rec, mods := h.settle(plan, 15*time.Second)
+	t.Logf("the plan settled %s after the next controller started", time.Since(start).Round(time.Millisecond))
+	if rec.Outcome != cascade.OutcomeBuilt {
+		t.Fatalf("plan %s: %+v", rec.Outcome, rec.Counts)
+	}
+	for _, m := range []string{"a", "b", "c"} {
+		if n := len(h.w.asksOf(m)); n != 1 || mods[m].State != cascade.Built {
+			t.Errorf("%s asked for %d times, %s; want once, built", m, n, mods[m].State)
 		}
 	}
 }

@@ -88,6 +88,49 @@ func TestNodeAwayGetsOnlyTheCurrentDeclaration(t *testing.T) {
 	b.noViolations()
 }
 
+// A node killed with its declaration in hand (fetched, not acknowledged)
+// and started again applies it at once, on its own credentials on an
+// enforcing server: its consumer delivers one declaration at a time, so
+// before, the new process waited out the ack wait (five minutes) for that
+// one and any newer.
+func TestANodeStartedAgainTakesTheDeclarationItsKilledPredecessorHad(t *testing.T) {
+	b := newBed(t, []string{"n1"})
+	b.controller(deploy.DefaultControllerConfig())
+	n, _ := b.node("n1", t.TempDir(), nil)
+	if err := n.Enrol(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	assign(t, b, mesh.AssignTool, "base", "n1")
+	// The predecessor, as n1: it fetched the declaration and was killed.
+	pnc, pjs := b.connect("n1", nil)
+	cons, err := pjs.Consumer(b.ctx, mesh.NodesStream, mesh.NodeConsumer("n1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := 0
+	for range batch.Messages() {
+		got++
+	}
+	if got != 1 {
+		t.Fatalf("the predecessor fetched %d declarations, want 1", got)
+	}
+	pnc.Close()
+
+	start := time.Now()
+	run(b.ctx, n.Run)
+	testenv.WaitFor(t, 20*time.Second, "the node started again to apply the declaration its predecessor had (the ack wait is "+mesh.NodeAckWait.String()+")",
+		func() bool { return n.Applied() == 1 })
+	t.Logf("applied %s after the node started again", time.Since(start).Round(time.Millisecond))
+	// And the next one, through the same consumer.
+	assign(t, b, mesh.AssignTool, "app", "n1")
+	testenv.WaitFor(t, 10*time.Second, "the next declaration", func() bool { return n.Applied() == 2 })
+	b.noViolations()
+}
+
 // TestNodePermissionsReachItsOwnConsumerOnly sets the node's consumer
 // against the grant the node actually gets, on an enforcing server, with
 // each of ADR 0121's three silent mistakes.

@@ -138,14 +138,17 @@ func NodeConsumerSpec(node string, replicas int) ConsumerSpec {
 	}
 }
 
-// NodePermissions derives node n's permission set: bind its own consumer
-// and acknowledge from it, ask the controller's seat to enrol it and hear its
+// NodePermissions derives node n's permission set: bind its own consumer,
+// acknowledge from it and reset it, ask the controller's seat to enrol it and hear its
 // reports, and read its own inbox and answers. Nothing else.
 func NodePermissions(node string) Permissions {
 	p := permSet{pub: map[string]bool{}, sub: map[string]bool{}}
 	for _, g := range consumerGrants(NodesStream, NodeConsumer(node)) {
 		p.pub[g] = true
 	}
+	// Its consumer is its own: a node started again takes back the
+	// declaration its killed predecessor had in hand (seat.Consume).
+	p.pub[ConsumerReset(NodesStream, NodeConsumer(node))] = true
 	p.pub[SeatAcceptSubject(ControllerSeat, EnrolVerb)] = true
 	p.pub[SeatAcceptSubject(ControllerSeat, ReportVerb)] = true
 	p.sub[InboxPrefix(PrincipalID(KindNode, node))+".>"] = true

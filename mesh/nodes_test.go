@@ -36,7 +36,7 @@ func TestNodeNamesAreOneTokenAndAConsumerName(t *testing.T) {
 }
 
 // TestNodePermissionsAreExactlyDerived: the node's set is its own consumer,
-// its ack grant, the controller seat's enrol and report, and its inbox and
+// its ack and reset grants, the controller seat's enrol and report, and its inbox and
 // answers; a hand-written addition fails here.
 func TestNodePermissionsAreExactlyDerived(t *testing.T) {
 	p := mesh.NodePermissions("n1")
@@ -44,6 +44,7 @@ func TestNodePermissionsAreExactlyDerived(t *testing.T) {
 		"$JS.ACK.NODES.n1.>",
 		"$JS.API.CONSUMER.INFO.NODES.n1",
 		"$JS.API.CONSUMER.MSG.NEXT.NODES.n1",
+		"$JS.API.CONSUMER.RESET.NODES.n1",
 		"mesh.seat.mesh-controller.accept.enrol",
 		"mesh.seat.mesh-controller.accept.report",
 	}

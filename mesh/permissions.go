@@ -35,6 +35,14 @@ func consumerInfo(stream, consumer string) string {
 	return "$JS.API.CONSUMER.INFO." + stream + "." + consumer
 }
 
+// ConsumerReset is the subject that resets a consumer to its ack floor
+// (seat.Consume's take-back): granted only where one holder has the
+// consumer to itself — a grant on a consumer holders share would let one
+// of them have every other's asks in hand delivered again.
+func ConsumerReset(stream, consumer string) string {
+	return "$JS.API.CONSUMER.RESET." + stream + "." + consumer
+}
+
 // consumerGrants are what binding to a durable pull consumer takes: look it
 // up, fetch from it, acknowledge what it delivered.
 func consumerGrants(stream, consumer string) []string {

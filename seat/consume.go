@@ -10,6 +10,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/meshbuild/meshbuild/mesh"
 )
 
 // Consumption reads a durable pull consumer onto a channel until it is
@@ -27,6 +29,13 @@ type Consumption struct {
 // Messages, pulling batch at a time. what names the consumption in errors
 // and in log (nil: silent). A missed heartbeat is logged and the pull goes
 // on; any other end of the consumer closes Messages, and Err says why.
+//
+// The consumer is one holder's at a time (a seat's holder: the controller's
+// events, a node's declarations): what it has delivered and not seen
+// acknowledged when a consumption starts is in the hands of a holder that
+// is gone — killed, stopped, cut off, its seat taken over — and is taken
+// back (takeBack), delivered again at once rather than after the
+// consumer's ack wait.
 func Consume(ctx context.Context, js jetstream.JetStream, stream, consumer string, batch int, what string, log *slog.Logger) (*Consumption, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -38,6 +47,7 @@ func Consume(ctx context.Context, js jetstream.JetStream, stream, consumer strin
 	if err != nil {
 		return nil, fmt.Errorf("binding the consumer of %s (%s/%s): %w", what, stream, consumer, err)
 	}
+	takeBack(ctx, js, cons, what, log)
 	it, err := cons.Messages(jetstream.PullMaxMessages(batch), jetstream.PullExpiry(consumeExpiry))
 	if err != nil {
 		return nil, fmt.Errorf("consuming %s (%s/%s): %w", what, stream, consumer, err)
@@ -46,6 +56,39 @@ func Consume(ctx context.Context, js jetstream.JetStream, stream, consumer strin
 	c.wg.Go(func() { c.pull(what, log) })
 	return c, nil
 }
+
+// takeBack resets cons to its ack floor when it has messages delivered and
+// not acknowledged (jetstream's ResetConsumer): a holder killed with a
+// batch in hand (kill -9, a machine gone), or stopped with SIGSTOP and its
+// seat taken over, left them to the consumer's ack wait — 30 s for the
+// controller's events, five minutes for a node's declaration, and a node's
+// consumer delivers nothing else meanwhile (one in hand at most). Every
+// message past the floor is delivered again from it, those acknowledged
+// out of order too: a holder works what is delivered again as it works a
+// redelivery. A holder that lost its seat and wakes writes nothing and
+// acknowledges nothing (claim.Lease.Held), so the two never both apply
+// one. A server without the reset (before nats-server 2.14) or credentials
+// that do not grant it leave them to the ack wait, and the log says so.
+func takeBack(ctx context.Context, js jetstream.JetStream, cons jetstream.Consumer, what string, log *slog.Logger) {
+	info := cons.CachedInfo()
+	if info == nil || info.NumAckPending == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, takeBackFor)
+	defer cancel()
+	r, err := js.ResetConsumer(ctx, info.Stream, info.Name)
+	if err != nil {
+		log.Warn("could not take back what the consumer's previous holder had in hand (it takes nats-server 2.14 or later, and credentials that grant the subject); it is delivered again after the consumer's ack wait",
+			"of", what, "in hand", info.NumAckPending, "ack wait", info.Config.AckWait, "subject", mesh.ConsumerReset(info.Stream, info.Name), "err", err)
+		return
+	}
+	log.Info("took back what the consumer's previous holder had in hand: delivered again from its ack floor",
+		"of", what, "in hand", info.NumAckPending, "from", r.ResetSeq)
+}
+
+// takeBackFor bounds the reset's request: a server that does not know it
+// does not answer.
+const takeBackFor = 5 * time.Second
 
 // consumeExpiry is how long each pull of a Consumption waits: the server
 // is heard from every half of it (its heartbeat), and a pull lost is pulled

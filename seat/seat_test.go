@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/meshbuild/meshbuild/internal/natstest"
+	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/mesh/meshtest"
 	"github.com/meshbuild/meshbuild/seat"
@@ -212,6 +214,74 @@ func TestStopHandsBackWhatWasNotWorked(t *testing.T) {
 	}
 	if got[first.Subject()] {
 		t.Errorf("the acknowledged message %s came again", first.Subject())
+	}
+}
+
+// A holder gone with messages in hand — fetched, not acknowledged, not
+// handed back: killed with -9, or stopped with SIGSTOP and its seat taken —
+// left them to the ack wait (a minute here). The next consumption takes
+// them back: delivered again at once. What the gone holder acknowledged
+// before does not come again.
+func TestAConsumptionTakesBackWhatAGoneHolderHadInHand(t *testing.T) {
+	s := natstest.Server(t, nil)
+	_, js := natstest.Connect(t, s)
+	workQueue(t, js)
+	ctx := context.Background()
+	for i := range 4 {
+		if _, err := js.Publish(ctx, fmt.Sprintf("work.%d", i), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The gone holder, on a connection of its own: it acknowledges the
+	// first, holds the next two and is cut off (its connection closed, as
+	// a killed process's is; nothing handed back).
+	gnc, gjs := natstest.Connect(t, s)
+	gone, err := gjs.Consumer(ctx, "WORK", "holders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, err := gone.Fetch(3, jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var held []string
+	for m := range batch.Messages() {
+		if len(held) == 0 && m.Subject() == "work.0" {
+			if err := m.DoubleAck(ctx); err != nil {
+				t.Fatal(err)
+			}
+			held = append(held, "")
+			continue
+		}
+		held = append(held, m.Subject())
+	}
+	if len(held) != 3 {
+		t.Fatalf("the gone holder fetched %d, want 3", len(held))
+	}
+	gnc.Close()
+
+	var log testenv.Buffer
+	c, err := seat.Consume(ctx, js, "WORK", "holders", 5, "work", slog.New(slog.NewTextHandler(&log, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Stop()
+	got := map[string]bool{}
+	timeout := time.After(10 * time.Second)
+	for len(got) < 3 {
+		select {
+		case m := <-c.Messages():
+			got[m.Subject()] = true
+			_ = m.Ack()
+		case <-timeout:
+			t.Fatalf("the next consumption had %v of work.1-3 in 10s (the ack wait is a minute): what the gone holder had in hand was not taken back", got)
+		}
+	}
+	if got["work.0"] {
+		t.Error("work.0, acknowledged by the gone holder, came again")
+	}
+	if !strings.Contains(log.String(), "took back") {
+		t.Errorf("the log does not say what was taken back:\n%s", log.String())
 	}
 }
 
