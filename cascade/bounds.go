@@ -154,6 +154,9 @@ func (c *Controller) abandoned(ctx context.Context, data []byte, now time.Time) 
 			}
 		}
 	}
+	if c.lostSeat("taking a given-up ask out of its queue") {
+		return
+	}
 	if err := stream.DeleteMsg(ctx, adv.StreamSeq); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
 		c.log.Warn("taking a given-up ask out of its queue", "seq", adv.StreamSeq, "err", err)
 	}

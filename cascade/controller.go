@@ -221,6 +221,23 @@ func treeCache(cfg Config) *gitcache.Cache {
 // it before Run. Without one, a settled plan is only recorded.
 func (c *Controller) SetSettler(s Settler) { c.settler = s }
 
+// lostSeat reports whether the controller no longer holds its seat, and
+// logs that what would have been done is not. Every write of the plan
+// store checks it (Store.Held), and so does every publish of asks; so must
+// what the controller does beside them: push an image index and tag it
+// latest (assemble), delete a cancelled or given-up ask from the queue,
+// ask the holders to cancel. A controller that wakes after its seat was
+// taken (stopped with SIGSTOP, cut off) runs one turn before it sees it
+// lost at the flush, and that turn's tick pushed the indexes of the plans
+// it knew: latest moved back to an index the holder had replaced.
+func (c *Controller) lostSeat(what string) bool {
+	err := c.seatHeld.Err()
+	if err != nil {
+		c.log.Warn("not done: this controller no longer holds its seat", "what", what, "err", err)
+	}
+	return err != nil
+}
+
 // SetHeld sets what says whether this controller still holds its seat
 // (claim.Lease.Held); call it before Run. It is asked before every write
 // to the plan store, every round of asks published and every batch of
@@ -334,6 +351,10 @@ func (c *Controller) Run(ctx context.Context) error {
 			}
 			batch = c.work(ctx, m, in.events)
 		case cmd := <-c.cmds:
+			if c.lostSeat("answering a tool") {
+				cmd.Answer(Reply{Error: fmt.Sprintf("this controller no longer holds %s; ask again: the holder answers", mesh.ControllerSeat)})
+				return nil
+			}
 			if !c.rebuildAside(ctx, cmd) {
 				cmd.Answer(c.command(ctx, cmd.Q))
 			}

@@ -316,6 +316,9 @@ func (s *State) Unserved(served func(platform string) bool) (changed []string, a
 // (all: on the tick, to retry an index the registry refused). It reports
 // whether any module was built so.
 func (c *Controller) assemble(ctx context.Context, all bool) bool {
+	if c.lostSeat("pushing image indexes") {
+		return false
+	}
 	some := false
 	for id, st := range c.plans {
 		if !all && !c.dirtyRun[id] {

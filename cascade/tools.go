@@ -189,7 +189,7 @@ func (c *Controller) plan(ctx context.Context, id string) (*State, error) {
 // its module is cancelled at once (State.Withdrawn). The others stay
 // cancelling until their holder reports or Config.CancelWait passes.
 func (c *Controller) withdraw(ctx context.Context, st *State, asks []string, now time.Time) {
-	if len(asks) == 0 {
+	if len(asks) == 0 || c.lostSeat("withdrawing cancelled asks") {
 		return
 	}
 	stream, err := c.js.Stream(ctx, mesh.SeatStream(mesh.BuildSeat))
@@ -230,7 +230,7 @@ func (c *Controller) withdraw(ctx context.Context, st *State, asks []string, now
 // cancelOnHolders asks the build seat's holders to cut short the asks they
 // are working on (each answers failed{cancelled}).
 func (c *Controller) cancelOnHolders(asks []string) {
-	if len(asks) == 0 {
+	if len(asks) == 0 || c.lostSeat("asking holders to cancel") {
 		return
 	}
 	data, _ := json.Marshal(mesh.Cancel{Asks: asks})
