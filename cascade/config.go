@@ -26,6 +26,9 @@ type Config struct {
 	Images ImageChecker
 	// Replicas of every stream and bucket the controller raises; 0 is 1.
 	Replicas int
+	// PullFor is how long each pull of the controller's consumers waits
+	// (seat.PullForLease of its seat claim's lease); 0 is seat's default.
+	PullFor time.Duration
 	// Batch is how many events are worked between two writes of the
 	// state; 0 is DefaultBatch.
 	Batch int

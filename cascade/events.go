@@ -21,7 +21,7 @@ func (c *Controller) consumeGaveUp(ctx context.Context) (<-chan jetstream.Msg, f
 // consume binds the durable consumer on stream and delivers its messages
 // on a channel, closed if the consumer stops (seat.Consume); stop ends it.
 func (c *Controller) consume(ctx context.Context, stream, consumer string, batch int, what string) (<-chan jetstream.Msg, func(), error) {
-	s, err := seat.Consume(ctx, c.js, stream, consumer, batch, what, c.log)
+	s, err := seat.Consume(ctx, c.js, stream, consumer, batch, what, c.log, seat.PullingFor(c.cfg.PullFor))
 	if err != nil {
 		return nil, nil, err
 	}

@@ -29,6 +29,9 @@ type ControllerConfig struct {
 	Module string
 	// Replicas of the node consumers the controller creates.
 	Replicas int
+	// PullFor is how long each pull of the seat's consumer waits
+	// (seat.PullForLease of the seat claim's lease); 0 is seat's default.
+	PullFor time.Duration
 	// ReportDelay is how long a report the store could not take waits
 	// before it is delivered again.
 	ReportDelay time.Duration
@@ -176,7 +179,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	}
 	var seatMsgs *seat.Consumption
 	if err := c.retry(ctx, "binding the "+mesh.ControllerSeat+" seat's consumer", func(ctx context.Context) (err error) {
-		seatMsgs, err = seat.Consume(ctx, c.js, mesh.SeatStream(mesh.ControllerSeat), mesh.SeatConsumer(mesh.ControllerSeat), 64, "the "+mesh.ControllerSeat+" seat", c.log)
+		seatMsgs, err = seat.Consume(ctx, c.js, mesh.SeatStream(mesh.ControllerSeat), mesh.SeatConsumer(mesh.ControllerSeat), 64, "the "+mesh.ControllerSeat+" seat", c.log, seat.PullingFor(c.cfg.PullFor))
 		return err
 	}); err != nil {
 		return err

@@ -11,18 +11,21 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/meshbuild/meshbuild/claim"
 	"github.com/meshbuild/meshbuild/mesh"
 )
 
 // Consumption reads a durable pull consumer onto a channel until it is
 // stopped or the consumer ends. Make one with Consume.
 type Consumption struct {
-	nc   *nats.Conn
-	it   jetstream.MessagesContext
-	out  chan jetstream.Msg
-	wg   sync.WaitGroup
-	err  error // why the consumer ended; written before out is closed
-	once sync.Once
+	nc  *nats.Conn
+	it  jetstream.MessagesContext
+	out chan jetstream.Msg
+	// abandoned is closed when Stop lets go of a drain that did not end.
+	abandoned chan struct{}
+	wg        sync.WaitGroup
+	err       error // why the consumer ended; written before out is closed
+	once      sync.Once
 }
 
 // Consume binds the durable consumer on stream and delivers its messages on
@@ -36,7 +39,11 @@ type Consumption struct {
 // is gone — killed, stopped, cut off, its seat taken over — and is taken
 // back (takeBack), delivered again at once rather than after the
 // consumer's ack wait.
-func Consume(ctx context.Context, js jetstream.JetStream, stream, consumer string, batch int, what string, log *slog.Logger) (*Consumption, error) {
+func Consume(ctx context.Context, js jetstream.JetStream, stream, consumer string, batch int, what string, log *slog.Logger, opts ...ConsumeOption) (*Consumption, error) {
+	o := consumeOptions{expiry: consumeExpiry}
+	for _, opt := range opts {
+		opt(&o)
+	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -48,11 +55,11 @@ func Consume(ctx context.Context, js jetstream.JetStream, stream, consumer strin
 		return nil, fmt.Errorf("binding the consumer of %s (%s/%s): %w", what, stream, consumer, err)
 	}
 	takeBack(ctx, js, cons, what, log)
-	it, err := cons.Messages(jetstream.PullMaxMessages(batch), jetstream.PullExpiry(consumeExpiry))
+	it, err := cons.Messages(jetstream.PullMaxMessages(batch), jetstream.PullExpiry(o.expiry))
 	if err != nil {
 		return nil, fmt.Errorf("consuming %s (%s/%s): %w", what, stream, consumer, err)
 	}
-	c := &Consumption{nc: js.Conn(), it: it, out: make(chan jetstream.Msg, batch)}
+	c := &Consumption{nc: js.Conn(), it: it, out: make(chan jetstream.Msg, batch), abandoned: make(chan struct{})}
 	c.wg.Go(func() { c.pull(what, log) })
 	return c, nil
 }
@@ -90,6 +97,44 @@ func takeBack(ctx context.Context, js jetstream.JetStream, cons jetstream.Consum
 // does not answer.
 const takeBackFor = 5 * time.Second
 
+// ConsumeOption changes how Consume pulls.
+type ConsumeOption func(*consumeOptions)
+
+type consumeOptions struct{ expiry time.Duration }
+
+// PullingFor has each pull wait at most d (PullForLease); 0 leaves the
+// default, consumeExpiry.
+func PullingFor(d time.Duration) ConsumeOption {
+	return func(o *consumeOptions) {
+		if d > 0 {
+			o.expiry = max(d, time.Second) // the least nats.go takes
+		}
+	}
+}
+
+// PullForLease is how long each pull of a holder whose seat claim has lease
+// waits: a third of the lease (its renewal), at most consumeExpiry, at
+// least a second. A holder stopped with its connection open (SIGSTOP, a
+// network that drops everything) leaves its last pulls at the server until
+// they expire, and what they are delivered meanwhile waits the consumer's
+// ack wait (30 s for the controller's events): taken back only by a
+// holder that starts after (takeBack). Its claim lapses no sooner than two
+// thirds of the lease after it stopped, and the standby takes the seat
+// then; a pull of a third of the lease is gone by then. With 10 s pulls and
+// a lease of 3 s, a push published as the standby took over went to the
+// stopped holder's pull and was planned 30 s later
+// (cmd/internal/daemon TestAStandbyTakingOverFromAFrozenControllerIsDeliveredWhatFollows).
+// lease 0 is claim.DefaultLease's (15 s): pulls of 5 s.
+func PullForLease(lease time.Duration) time.Duration {
+	if lease <= 0 {
+		lease = claim.DefaultLease
+	}
+	return min(consumeExpiry, max(lease/3, time.Second))
+}
+
+// drainFor bounds Stop's drain.
+const drainFor = 2 * time.Second
+
 // consumeExpiry is how long each pull of a Consumption waits: the server
 // is heard from every half of it (its heartbeat), and a pull lost is pulled
 // again after two heartbeats missed. The pull nats.go sends again when the
@@ -116,7 +161,12 @@ func (c *Consumption) pull(what string, log *slog.Logger) {
 			}
 			return
 		}
-		c.out <- m
+		select {
+		case c.out <- m:
+		case <-c.abandoned:
+			_ = m.Nak()
+			return
+		}
 	}
 }
 
@@ -138,9 +188,30 @@ func (c *Consumption) Stop() {
 		} else {
 			c.it.Stop()
 		}
-		for m := range c.out {
-			_ = m.Nak()
+		// A drain waits for the server: on a connection that stands still
+		// (the network drops everything, the server stopped with SIGSTOP;
+		// its TCP connection is open, so it counts as connected) nats.go's
+		// iterator never ends, and a controller that lost its seat so
+		// neither stood by nor stopped until the server dropped the
+		// connection, minutes later (cmd/internal/daemon
+		// TestAStandbyTakingOverFromAFrozenControllerIsDeliveredWhatFollows).
+		// After drainFor the consumption is let go: what it had fetched
+		// goes back with the consumer's ack wait, or to the next holder's
+		// take-back; the iterator ends with the connection.
+		deadline := time.NewTimer(drainFor)
+		defer deadline.Stop()
+		for {
+			select {
+			case m, ok := <-c.out:
+				if !ok {
+					c.wg.Wait()
+					return
+				}
+				_ = m.Nak()
+			case <-deadline.C:
+				close(c.abandoned)
+				return
+			}
 		}
-		c.wg.Wait()
 	})
 }

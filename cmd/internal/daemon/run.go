@@ -34,6 +34,7 @@ import (
 	"github.com/meshbuild/meshbuild/internal/backoff"
 	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/registry"
+	seats "github.com/meshbuild/meshbuild/seat"
 )
 
 // Connect dials NATS as a principal: its inbox prefix is the one its
@@ -481,6 +482,9 @@ func RunController(ctx context.Context, o ControllerOptions) error {
 
 // runController runs the controller while it holds mesh-controller.
 func runController(ctx context.Context, o ControllerOptions, nc *nats.Conn, js jetstream.JetStream, cat *mesh.Catalogue, fp string, held func() error, ready func()) error {
+	// Its pulls end before its claim can lapse: a controller stopped with
+	// its connection open leaves none to take what follows its takeover.
+	o.Controller.PullFor = seats.PullForLease(o.Lease)
 	c, err := cascade.New(o.Controller, js, cat, o.Log, o.Observer)
 	if err != nil {
 		return err
@@ -489,7 +493,7 @@ func runController(ctx context.Context, o ControllerOptions, nc *nats.Conn, js j
 	// The fleet's side runs beside the cascade, on the same connection:
 	// enrolments, assignments, declarations and the nodes' reports.
 	dc := deploy.DefaultControllerConfig()
-	dc.Module, dc.Replicas = o.Controller.Module, o.Controller.Replicas
+	dc.Module, dc.Replicas, dc.PullFor = o.Controller.Module, o.Controller.Replicas, o.Controller.PullFor
 	dc.Raise = false // the cascade raised the wire, the declarations stream with it
 	if o.Fleet == nil {
 		o.Fleet, _ = o.Observer.(deploy.Observer)
@@ -546,7 +550,15 @@ func runController(ctx context.Context, o ControllerOptions, nc *nats.Conn, js j
 
 func waitControllerReady(ctx context.Context, nc *nats.Conn, module string, errc chan error) error {
 	for {
-		_, err := cascade.Call(ctx, nc, module, cascade.ToolRetry, cascade.Request{Plan: "-"})
+		// Each ask bounded: a predecessor stopped with its connection open
+		// (SIGSTOP) still has its tools' subscriptions at the server, so an
+		// ask made before this controller serves is not refused (no
+		// responders) but taken by it and never answered — and with the
+		// tools' 30 s the fleet's side started that much late
+		// (TestAStandbyTakingOverFromAFrozenControllerIsDeliveredWhatFollows).
+		cctx, cancel := context.WithTimeout(ctx, readyAskFor)
+		_, err := cascade.Call(cctx, nc, module, cascade.ToolRetry, cascade.Request{Plan: "-"})
+		cancel()
 		if errors.Is(err, cascade.ErrNoPlan) {
 			return nil
 		}
@@ -563,6 +575,9 @@ func waitControllerReady(ctx context.Context, nc *nats.Conn, module string, errc
 		}
 	}
 }
+
+// readyAskFor bounds each of waitControllerReady's asks.
+const readyAskFor = time.Second
 
 // fingerprint hashes the names, sizes and times of a catalogue's files.
 func fingerprint(dir string) (string, error) {

@@ -26,6 +26,7 @@ import (
 	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/mesh/meshtest"
 	"github.com/meshbuild/meshbuild/planner"
+	seats "github.com/meshbuild/meshbuild/seat"
 )
 
 // proxy stands between one process and the bus; cut partitions it: every
@@ -363,6 +364,93 @@ func TestTwoAgentsOnOneMachineAreRefused(t *testing.T) {
 	for _, m := range []string{"m1", "m2"} {
 		if rec, ok, _ := claim.Current(context.Background(), js, mesh.BuildSeat, claim.Node(m)); ok {
 			t.Errorf("%s still claimed after its agent stopped: %+v", m, rec)
+		}
+	}
+}
+
+// A controller cut off with its connection open — a network that drops
+// everything, or its process stopped with SIGSTOP, as the server sees
+// either — leaves its last pulls at the server until they expire, and an
+// event delivered to one waits the consumer's ack wait (30 s). Its pulls
+// last a third of its lease (seats.PullForLease), so they are gone by the
+// time its claim lapses and the standby takes over: a push published the
+// moment the standby holds the seat is planned at once. With 10 s pulls
+// and this lease of 3 s, such a push went to the stopped controller's pull
+// and the plan was made half a minute late.
+func TestAStandbyTakingOverFromAFrozenControllerIsDeliveredWhatFollows(t *testing.T) {
+	s := natstest.Server(t, nil)
+	_, js := natstest.Connect(t, s)
+	dir := chainCatalogue(t)
+	const lease = 3 * time.Second
+	fz := testenv.Freeze(t, strings.TrimPrefix(s.ClientURL(), "nats://"))
+	ctxA, stopA := context.WithCancel(context.Background())
+	defer stopA()
+	var logA, logB testenv.Buffer
+	readyA, readyB := make(chan struct{}), make(chan struct{})
+	doneA, doneB := make(chan error, 1), make(chan error, 1)
+	opts := func(url string, log *testenv.Buffer, ready chan struct{}) ControllerOptions {
+		return ControllerOptions{NATS: url, Catalogue: dir, Poll: time.Hour, Lease: lease,
+			Controller: cascade.Config{Registry: "127.0.0.1:1", Images: testenv.AnyImage{}}, Ready: ready,
+			Log: slog.New(slog.NewTextHandler(log, nil))}
+	}
+	go func() { doneA <- RunController(ctxA, opts("nats://"+fz.Addr(), &logA, readyA)) }()
+	select {
+	case <-readyA:
+	case err := <-doneA:
+		t.Fatalf("controller A: %v", err)
+	}
+	ctxB, stopB := context.WithCancel(context.Background())
+	defer stopB()
+	go func() { doneB <- RunController(ctxB, opts(s.ClientURL(), &logB, readyB)) }()
+	testenv.WaitFor(t, 10*time.Second, "B to stand by", func() bool { return strings.Contains(logB.String(), "standby") })
+
+	fz.Freeze()
+	frozen := time.Now()
+	select {
+	case <-readyB:
+	case err := <-doneB:
+		t.Fatalf("controller B: %v", err)
+	case <-time.After(20 * time.Second):
+		t.Fatalf("the standby did not take over:\n%s", logB.String())
+	}
+	t.Logf("B took over %s after A froze", time.Since(frozen).Round(time.Millisecond))
+	ev := mesh.Pushed{Version: 1, Repo: meshtest.FleetRepo, Commit: "c1", At: time.Now().UTC()}
+	data, _ := json.Marshal(ev)
+	plan := planner.PlanID(planner.Trigger{Kind: planner.KindPush, Repo: meshtest.FleetRepo, Commit: "c1"})
+	published := time.Now()
+	if _, err := js.Publish(context.Background(), mesh.SeatEventSubject(mesh.GitSeat, mesh.EventPushed), data, jetstream.WithMsgID(plan)); err != nil {
+		t.Fatal(err)
+	}
+	store, err := cascade.OpenStore(context.Background(), js, "build-controller")
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 10*time.Second, "the standby to plan the push published as it took over (the events' ack wait is "+mesh.ConsumerAckWait.String()+")", func() bool {
+		_, err := store.Plan(context.Background(), plan)
+		return err == nil
+	})
+	t.Logf("planned %s after the push", time.Since(published).Round(time.Millisecond))
+	fz.Thaw()
+	stopA()
+	stopB()
+	for i, done := range []chan error{doneA, doneB} {
+		select {
+		case <-done:
+		case <-time.After(20 * time.Second):
+			t.Fatalf("controller %c did not stop:\n%s", 'A'+i, []*testenv.Buffer{&logA, &logB}[i].String())
+		}
+	}
+}
+
+// PullForLease: a third of the lease, at most the default 10 s, at least
+// the 1 s nats.go takes; the default lease's is 5 s.
+func TestPullForLease(t *testing.T) {
+	for _, c := range []struct{ lease, want time.Duration }{
+		{0, claim.DefaultLease / 3}, {3 * time.Second, time.Second}, {time.Second, time.Second},
+		{15 * time.Second, 5 * time.Second}, {time.Minute, 10 * time.Second},
+	} {
+		if got := seats.PullForLease(c.lease); got != c.want {
+			t.Errorf("PullForLease(%s) = %s, want %s", c.lease, got, c.want)
 		}
 	}
 }
