@@ -165,6 +165,31 @@ func builtEvents(t *testing.T, js jetstream.JetStream) map[string]int {
 	return out
 }
 
+// standbyController is a build-controller (RunController) of a test that
+// makes two of one catalogue contend for mesh-controller: its log, Ready,
+// how it ended, and stop.
+type standbyController struct {
+	log   testenv.Buffer
+	ready chan struct{}
+	done  chan error
+	stop  context.CancelFunc
+}
+
+// startStandbyController runs a controller of the catalogue in dir with
+// lease on url until the test ends or stop.
+func startStandbyController(t *testing.T, url, dir string, lease time.Duration) *standbyController {
+	t.Helper()
+	c := &standbyController{ready: make(chan struct{}), done: make(chan error, 1)}
+	ctx, stop := context.WithCancel(context.Background())
+	c.stop = stop
+	t.Cleanup(stop)
+	o := ControllerOptions{NATS: url, Catalogue: dir, Poll: time.Hour, Lease: lease,
+		Controller: cascade.Config{Registry: "127.0.0.1:1", Images: testenv.AnyImage{}}, Ready: c.ready,
+		Log: slog.New(slog.NewTextHandler(&c.log, nil))}
+	go func() { c.done <- RunController(ctx, o) }()
+	return c
+}
+
 // Two controllers on one bus: the second stands by (saying so, and who
 // holds the seat since when) and consumes nothing. The first is cut from
 // the bus mid-plan; the standby takes over within the lease, resumes the
@@ -177,31 +202,19 @@ func TestAStandbyControllerTakesOverMidPlan(t *testing.T) {
 
 	// A reaches the bus through a proxy the test can cut.
 	px := newProxy(t, strings.TrimPrefix(s.ClientURL(), "nats://"))
-	ctxA, stopA := context.WithCancel(context.Background())
-	defer stopA()
-	var logA, logB testenv.Buffer
-	readyA, readyB := make(chan struct{}), make(chan struct{})
-	doneA, doneB := make(chan error, 1), make(chan error, 1)
-	opts := func(url string, log *testenv.Buffer, ready chan struct{}) ControllerOptions {
-		return ControllerOptions{NATS: url, Catalogue: dir, Poll: time.Hour, Lease: lease,
-			Controller: cascade.Config{Registry: "127.0.0.1:1", Images: testenv.AnyImage{}}, Ready: ready,
-			Log: slog.New(slog.NewTextHandler(log, nil))}
-	}
-	go func() { doneA <- RunController(ctxA, opts(px.url(), &logA, readyA)) }()
+	a := startStandbyController(t, px.url(), dir, lease)
 	select {
-	case <-readyA:
-	case err := <-doneA:
+	case <-a.ready:
+	case err := <-a.done:
 		t.Fatalf("controller A: %v", err)
 	}
-	ctxB, stopB := context.WithCancel(context.Background())
-	defer stopB()
-	go func() { doneB <- RunController(ctxB, opts(s.ClientURL(), &logB, readyB)) }()
+	b := startStandbyController(t, s.ClientURL(), dir, lease)
 	holderA, ok, err := claim.Current(context.Background(), js, mesh.ControllerSeat, claim.Mesh())
 	if err != nil || !ok {
 		t.Fatalf("mesh-controller unclaimed with A running: %v", err)
 	}
 	testenv.WaitFor(t, 10*time.Second, "B to say it stands by, naming A", func() bool {
-		l := logB.String()
+		l := b.log.String()
 		return strings.Contains(l, "standby") && strings.Contains(l, holderA.Holder) &&
 			strings.Contains(l, holderA.Since.Format(time.RFC3339))
 	})
@@ -237,27 +250,27 @@ func TestAStandbyControllerTakesOverMidPlan(t *testing.T) {
 		}
 	}
 	// Only A worked so far: B consumed nothing.
-	if l := logB.String(); strings.Contains(l, "controller running") || strings.Contains(l, "plan=") {
+	if l := b.log.String(); strings.Contains(l, "controller running") || strings.Contains(l, "plan=") {
 		t.Fatalf("the standby worked while A held the seat:\n%s", l)
 	}
-	if !strings.Contains(logA.String(), "plan="+plan) {
-		t.Fatalf("A did not plan the push:\n%s", logA.String())
+	if !strings.Contains(a.log.String(), "plan="+plan) {
+		t.Fatalf("A did not plan the push:\n%s", a.log.String())
 	}
 
 	// A is cut off mid-plan, b still building.
 	cut := time.Now()
 	px.cut()
 	select {
-	case <-readyB:
-	case err := <-doneB:
+	case <-b.ready:
+	case err := <-b.done:
 		t.Fatalf("controller B: %v", err)
 	case <-time.After(10 * time.Second):
-		t.Fatalf("the standby did not take over:\n%s", logB.String())
+		t.Fatalf("the standby did not take over:\n%s", b.log.String())
 	}
 	took := time.Since(cut)
 	// A gave the seat up before B could take it: never two holders.
-	if !strings.Contains(logA.String(), "lost the seat") {
-		t.Errorf("B took over before A gave the seat up:\n%s", logA.String())
+	if !strings.Contains(a.log.String(), "lost the seat") {
+		t.Errorf("B took over before A gave the seat up:\n%s", a.log.String())
 	}
 	t.Logf("standby took over %s after the holder was cut off (lease %s)", took, lease)
 	if took > 3*lease+time.Second {
@@ -289,18 +302,18 @@ func TestAStandbyControllerTakesOverMidPlan(t *testing.T) {
 	}
 	// A, cut off, stands by again rather than exiting or working.
 	select {
-	case err := <-doneA:
+	case err := <-a.done:
 		t.Fatalf("A stopped instead of standing by: %v", err)
 	default:
 	}
-	stopA()
+	a.stop()
 	select {
-	case <-doneA:
+	case <-a.done:
 	case <-time.After(20 * time.Second):
 		t.Fatal("A did not stop")
 	}
-	stopB()
-	if err := <-doneB; err != nil {
+	b.stop()
+	if err := <-b.done; err != nil {
 		t.Fatalf("controller B: %v", err)
 	}
 	if rec, ok, _ := claim.Current(context.Background(), js, mesh.ControllerSeat, claim.Mesh()); ok {
@@ -383,35 +396,23 @@ func TestAStandbyTakingOverFromAFrozenControllerIsDeliveredWhatFollows(t *testin
 	dir := chainCatalogue(t)
 	const lease = 3 * time.Second
 	fz := testenv.Freeze(t, strings.TrimPrefix(s.ClientURL(), "nats://"))
-	ctxA, stopA := context.WithCancel(context.Background())
-	defer stopA()
-	var logA, logB testenv.Buffer
-	readyA, readyB := make(chan struct{}), make(chan struct{})
-	doneA, doneB := make(chan error, 1), make(chan error, 1)
-	opts := func(url string, log *testenv.Buffer, ready chan struct{}) ControllerOptions {
-		return ControllerOptions{NATS: url, Catalogue: dir, Poll: time.Hour, Lease: lease,
-			Controller: cascade.Config{Registry: "127.0.0.1:1", Images: testenv.AnyImage{}}, Ready: ready,
-			Log: slog.New(slog.NewTextHandler(log, nil))}
-	}
-	go func() { doneA <- RunController(ctxA, opts("nats://"+fz.Addr(), &logA, readyA)) }()
+	a := startStandbyController(t, "nats://"+fz.Addr(), dir, lease)
 	select {
-	case <-readyA:
-	case err := <-doneA:
+	case <-a.ready:
+	case err := <-a.done:
 		t.Fatalf("controller A: %v", err)
 	}
-	ctxB, stopB := context.WithCancel(context.Background())
-	defer stopB()
-	go func() { doneB <- RunController(ctxB, opts(s.ClientURL(), &logB, readyB)) }()
-	testenv.WaitFor(t, 10*time.Second, "B to stand by", func() bool { return strings.Contains(logB.String(), "standby") })
+	b := startStandbyController(t, s.ClientURL(), dir, lease)
+	testenv.WaitFor(t, 10*time.Second, "B to stand by", func() bool { return strings.Contains(b.log.String(), "standby") })
 
 	fz.Freeze()
 	frozen := time.Now()
 	select {
-	case <-readyB:
-	case err := <-doneB:
+	case <-b.ready:
+	case err := <-b.done:
 		t.Fatalf("controller B: %v", err)
 	case <-time.After(20 * time.Second):
-		t.Fatalf("the standby did not take over:\n%s", logB.String())
+		t.Fatalf("the standby did not take over:\n%s", b.log.String())
 	}
 	t.Logf("B took over %s after A froze", time.Since(frozen).Round(time.Millisecond))
 	ev := mesh.Pushed{Version: 1, Repo: meshtest.FleetRepo, Commit: "c1", At: time.Now().UTC()}
@@ -431,13 +432,13 @@ func TestAStandbyTakingOverFromAFrozenControllerIsDeliveredWhatFollows(t *testin
 	})
 	t.Logf("planned %s after the push", time.Since(published).Round(time.Millisecond))
 	fz.Thaw()
-	stopA()
-	stopB()
-	for i, done := range []chan error{doneA, doneB} {
+	a.stop()
+	b.stop()
+	for i, c := range []*standbyController{a, b} {
 		select {
-		case <-done:
+		case <-c.done:
 		case <-time.After(20 * time.Second):
-			t.Fatalf("controller %c did not stop:\n%s", 'A'+i, []*testenv.Buffer{&logA, &logB}[i].String())
+			t.Fatalf("controller %c did not stop:\n%s", 'A'+i, c.log.String())
 		}
 	}
 }
