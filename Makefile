@@ -25,8 +25,14 @@ demo: deps build
 # Every test, against the real NATS server, buildkitd + runc and registry,
 # and every benchmark once at a tiny size (MESHBUILD_BENCH=tiny), so that the
 # checks inside them keep running; their figures mean nothing there.
+#
+# Two runs: go test runs the packages' test binaries one after the other
+# whenever -bench is given (cmd/go forces benchmarks to run in serial), so
+# the tests go first on their own, packages side by side (-p, the cores),
+# then the benchmarks, one package at a time, from the same test binaries.
 test: deps lint
-	MESHBUILD_BENCH=tiny $(GO) test -race -count=1 -bench . -benchtime 1x -timeout 60m $(PKGS)
+	MESHBUILD_BENCH=tiny $(GO) test -race -count=1 -timeout 60m $(PKGS)
+	MESHBUILD_BENCH=tiny $(GO) test -race -count=1 -run '^$$' -bench . -benchtime 1x -timeout 60m $(PKGS)
 
 # The pure and in-process tests only (no buildkitd).
 test-short:
