@@ -122,6 +122,8 @@ type faultFarm struct {
 	store  *cascade.Store
 	// ctrlErr receives the controller's Run error should it stop.
 	ctrlErr chan error
+	// ctrl is the controller's connection.
+	ctrl *nats.Conn
 }
 
 func newFaultFarm(t *testing.T, bus *natstest.TestCluster, replicas int) *faultFarm {
@@ -130,6 +132,7 @@ func newFaultFarm(t *testing.T, bus *natstest.TestCluster, replicas int) *faultF
 	f.nc, f.js = bus.Connect(t, nats.Name("test"))
 
 	cnc, cjs := bus.Connect(t, nats.Name("build-controller"))
+	f.ctrl = cnc
 	cfg := cascade.DefaultConfig()
 	cfg.Replicas = replicas
 	cfg.Registry, cfg.RegistryClient = reg.host, registry.NewClient(registry.WithInsecure(true))
@@ -414,6 +417,30 @@ func TestClusterPlanSurvivesANodeRestart(t *testing.T) {
 	// And the restarted node is a full member again: a second plan.
 	bus.WaitReady(3)
 	f.check(f.push("after"))
+}
+
+// On a cluster, the controller has the leaders of what it writes on every
+// step — its plans bucket, the build queue it publishes asks on, its
+// consumer on EVENTS — on the server it is connected to
+// (Controller.leadHere): none of its writes and deliveries crosses a route
+// to a leader elsewhere. Before, each was where the cluster placed it: two
+// in three on another server. A plan builds as before.
+func TestAControllerOnAClusterLeadsWhatItWritesFromItsServer(t *testing.T) {
+	bus := natstest.Cluster(t, 3)
+	f := newFaultFarm(t, bus, 3)
+	here := f.ctrl.ConnectedServerName()
+	ctx := context.Background()
+	for _, g := range []mesh.Group{
+		{Stream: mesh.KVStream(mesh.KVBucket("build-controller", "plans"))},
+		{Stream: mesh.SeatStream(mesh.BuildSeat)},
+		{Stream: mesh.EventsStream, Consumer: mesh.ModuleConsumer("build-controller")},
+	} {
+		lead, replicated, err := mesh.LeaderOf(ctx, f.js, g)
+		if err != nil || !replicated || lead != here {
+			t.Errorf("%s: led by %q (replicated %v, %v), want it led by %s, the controller's server", g, lead, replicated, err, here)
+		}
+	}
+	f.check(f.push("led-here"))
 }
 
 // TestClusterPlanSurvivesAWholeClusterRestart: every node of the cluster

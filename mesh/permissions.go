@@ -43,6 +43,17 @@ func ConsumerReset(stream, consumer string) string {
 	return "$JS.API.CONSUMER.RESET." + stream + "." + consumer
 }
 
+// StreamLeaderStepdown is the subject that asks a replicated stream's
+// leader to hand over, to the server its request prefers (LeadHere).
+func StreamLeaderStepdown(stream string) string {
+	return "$JS.API.STREAM.LEADER.STEPDOWN." + stream
+}
+
+// ConsumerLeaderStepdown is the same for a consumer of a replicated stream.
+func ConsumerLeaderStepdown(stream, consumer string) string {
+	return "$JS.API.CONSUMER.LEADER.STEPDOWN." + stream + "." + consumer
+}
+
 // consumerGrants are what binding to a durable pull consumer takes: look it
 // up, fetch from it, acknowledge what it delivered.
 func consumerGrants(stream, consumer string) []string {

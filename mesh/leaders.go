@@ -1,0 +1,133 @@
+package mesh
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Group is a replicated stream (Consumer empty) or a consumer of one: a
+// raft group with a leader on one of the cluster's servers.
+type Group struct {
+	Stream, Consumer string
+}
+
+func (g Group) String() string {
+	if g.Consumer == "" {
+		return g.Stream
+	}
+	return g.Stream + "/" + g.Consumer
+}
+
+// leadWait bounds how long LeadHere waits for one group's new leader.
+const leadWait = 2 * time.Second
+
+// LeadHere asks the leader of each group that is not on the server nc is
+// connected to to hand over to that server (a leader stepdown with that
+// server preferred, nats-server 2.11+), and waits for each to. On a
+// cluster, what a client writes to a stream goes to the stream's leader,
+// and what a consumer delivers comes from the consumer's: from a client on
+// another server, each write is forwarded to the leader over a route and
+// its answer comes back the same way, and each delivery and
+// acknowledgement crosses a route too. A client that writes on every
+// step (the controller: its plans, its asks, its events consumer) has them
+// on its own server instead. Nothing depends on it: a leader that moves
+// later (a server restarted, the client reconnected elsewhere) costs the
+// hops again, not a write. A group of one replica, or whose leader is here
+// already, is left as it is. It returns the groups it moved and an error
+// joining every group it could not (an old server, no quorum, no grant):
+// each is still served where its leader is.
+func LeadHere(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, groups []Group) (moved []Group, err error) {
+	here := nc.ConnectedServerName()
+	if here == "" {
+		return nil, errors.New("not connected")
+	}
+	var errs []error
+	for _, g := range groups {
+		ok, err := leadHere(ctx, nc, js, g, here)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", g, err))
+		}
+		if ok {
+			moved = append(moved, g)
+		}
+	}
+	return moved, errors.Join(errs...)
+}
+
+// LeaderOf is the name of the server leading g, and whether g is
+// replicated at all (on one server, or at one replica, it is not, and has
+// no leader to move).
+func LeaderOf(ctx context.Context, js jetstream.JetStream, g Group) (name string, replicated bool, err error) {
+	var ci *jetstream.ClusterInfo
+	if g.Consumer == "" {
+		st, err := js.Stream(ctx, g.Stream)
+		if err != nil {
+			return "", false, err
+		}
+		ci = st.CachedInfo().Cluster
+	} else {
+		c, err := js.Consumer(ctx, g.Stream, g.Consumer)
+		if err != nil {
+			return "", false, err
+		}
+		ci = c.CachedInfo().Cluster
+	}
+	if ci == nil || len(ci.Replicas) == 0 {
+		return "", false, nil
+	}
+	return ci.Leader, true, nil
+}
+
+func leadHere(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, g Group, here string) (bool, error) {
+	lead, replicated, err := LeaderOf(ctx, js, g)
+	if err != nil || !replicated || lead == here {
+		return false, err
+	}
+	subject := StreamLeaderStepdown(g.Stream)
+	if g.Consumer != "" {
+		subject = ConsumerLeaderStepdown(g.Stream, g.Consumer)
+	}
+	body, _ := json.Marshal(map[string]any{"placement": map[string]string{"preferred": here}})
+	ctx, cancel := context.WithTimeout(ctx, leadWait)
+	defer cancel()
+	// The leader hands over to the server preferred only if it heard from
+	// it lately, else to whichever follower wins the election: asked
+	// again until it is here.
+	for {
+		m, err := nc.RequestWithContext(ctx, subject, body)
+		if err != nil {
+			return false, fmt.Errorf("its leader is %s: %w", lead, err)
+		}
+		var resp struct {
+			Error *struct {
+				Description string `json:"description"`
+			} `json:"error"`
+		}
+		if err := json.Unmarshal(m.Data, &resp); err != nil {
+			return false, fmt.Errorf("reading the answer to a leader stepdown: %w", err)
+		}
+		if resp.Error != nil {
+			return false, fmt.Errorf("its leader is %s: %s", lead, resp.Error.Description)
+		}
+		// The election follows the answer.
+		for was := lead; lead == was || lead == ""; {
+			select {
+			case <-ctx.Done():
+				return false, fmt.Errorf("its leader is %s after %s", lead, leadWait)
+			case <-time.After(25 * time.Millisecond):
+			}
+			if l, _, err := LeaderOf(ctx, js, g); err == nil {
+				lead = l
+			}
+		}
+		if lead == here {
+			return true, nil
+		}
+	}
+}
