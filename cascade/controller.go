@@ -551,7 +551,7 @@ func (c *Controller) observe() {
 
 // leadHereFor bounds leadHere: on a cluster without quorum nobody answers,
 // and the controller starts all the same.
-const leadHereFor = 3 * time.Second
+const leadHereFor = 5 * time.Second
 
 // leadHere has the leaders of what the controller writes and reads on
 // every step on the server it is connected to (mesh.LeadHere), before it

@@ -24,8 +24,12 @@ func (g Group) String() string {
 	return g.Stream + "/" + g.Consumer
 }
 
-// leadWait bounds how long LeadHere waits for one group's new leader.
-const leadWait = 2 * time.Second
+// leadWait bounds how long LeadHere works on one group; electionWait how
+// long it waits for the election a stepdown starts before it asks again.
+const (
+	leadWait     = 3 * time.Second
+	electionWait = time.Second
+)
 
 // LeadHere asks the leader of each group that is not on the server nc is
 // connected to to hand over to that server (a leader stepdown with that
@@ -100,23 +104,36 @@ func leadHere(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, g Grou
 	// it lately, else to whichever follower wins the election: asked
 	// again until it is here.
 	for {
-		m, err := nc.RequestWithContext(ctx, subject, body)
+		// A group between leaders answers nobody: each ask is bounded,
+		// and the leader looked at again.
+		rctx, rcancel := context.WithTimeout(ctx, electionWait)
+		m, err := nc.RequestWithContext(rctx, subject, body)
+		rcancel()
 		if err != nil {
-			return false, fmt.Errorf("its leader is %s: %w", lead, err)
+			if ctx.Err() != nil {
+				return false, fmt.Errorf("its leader is %s: %w", lead, err)
+			}
+			if l, _, lerr := LeaderOf(ctx, js, g); lerr == nil && l != "" {
+				if lead = l; lead == here {
+					return true, nil
+				}
+			}
+			continue
 		}
 		var resp struct {
-			Error *struct {
-				Description string `json:"description"`
-			} `json:"error"`
+			Error *jetstream.APIError `json:"error"`
 		}
 		if err := json.Unmarshal(m.Data, &resp); err != nil {
 			return false, fmt.Errorf("reading the answer to a leader stepdown: %w", err)
 		}
 		if resp.Error != nil {
-			return false, fmt.Errorf("its leader is %s: %s", lead, resp.Error.Description)
+			return false, fmt.Errorf("its leader is %s: %w", lead, resp.Error)
 		}
-		// The election follows the answer.
-		for was := lead; lead == was || lead == ""; {
+		// The election follows the answer; one that does not come to
+		// pass (the old leader elected again, none at all) is asked for
+		// again after electionWait.
+		was, asked := lead, time.Now()
+		for (lead == was || lead == "") && time.Since(asked) < electionWait {
 			select {
 			case <-ctx.Done():
 				return false, fmt.Errorf("its leader is %s after %s", lead, leadWait)

@@ -2,7 +2,9 @@ package mesh_test
 
 import (
 	"context"
+	"errors"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -103,5 +105,11 @@ func TestLeadHereOnOneServerDoesNothing(t *testing.T) {
 	moved, err := mesh.LeadHere(ctx, nc, js, []mesh.Group{{Stream: "HOT"}, {Stream: "HOT", Consumer: "reader"}})
 	if err != nil || len(moved) != 0 {
 		t.Fatalf("moved %v (%v), want nothing and no error", moved, err)
+	}
+	// A group that does not exist is named in the error; the others are
+	// looked at all the same.
+	moved, err = mesh.LeadHere(ctx, nc, js, []mesh.Group{{Stream: "NOPE"}, {Stream: "HOT"}})
+	if err == nil || !strings.Contains(err.Error(), "NOPE") || !errors.Is(err, jetstream.ErrStreamNotFound) || len(moved) != 0 {
+		t.Fatalf("moved %v (%v), want an error naming NOPE, not found", moved, err)
 	}
 }
