@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"path"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -220,6 +221,10 @@ type BuildRequest struct {
 	mesh.Ask
 	// ContextDir is the build context, as Sources.Checkout returns it.
 	ContextDir string
+	// DockerfileDir is the directory that holds the Dockerfile when it
+	// lies outside the context (mesh.DockerfileOutside), as
+	// Sources.DockerfileDir returns it; empty for one in the context.
+	DockerfileDir string
 	// Tag is pushed along with the digest; empty pushes by digest only.
 	Tag string
 	// Log receives the build's output line by line; nil discards it.
@@ -534,16 +539,25 @@ type buildFiles struct {
 }
 
 // dockerfileOf finds req's Dockerfile (default "Dockerfile") in its
-// context: a Dockerfile outside the context or missing is ErrSource.
+// context, or in req.DockerfileDir for one outside it: one outside the
+// context without its directory, or missing, is ErrSource.
 func dockerfileOf(req BuildRequest) (buildFiles, error) {
 	df := dockerfileName(req)
-	rel, ok := relPath(filepath.ToSlash(df))
-	if !ok || rel == "" {
-		return buildFiles{}, classified(ErrSource, fmt.Sprintf("Dockerfile %q is not a file in the build context", df), nil)
+	var dfPath string
+	where := "the build context"
+	if _, outside := mesh.DockerfileOutside(req.Source.Path, df); outside && req.DockerfileDir != "" {
+		dfPath = filepath.Join(req.DockerfileDir, path.Base(path.Clean(filepath.ToSlash(df))))
+		where = "its directory beside the build context"
+	} else {
+		rel, ok := relPath(filepath.ToSlash(df))
+		if !ok || rel == "" {
+			return buildFiles{}, classified(ErrSource, fmt.Sprintf("Dockerfile %q is not a file in the build context", df), nil)
+		}
+		dfPath = filepath.Join(req.ContextDir, filepath.FromSlash(rel))
 	}
-	dfPath := filepath.Join(req.ContextDir, filepath.FromSlash(rel))
+	rel := df
 	if fi, err := os.Stat(dfPath); err != nil || !fi.Mode().IsRegular() {
-		return buildFiles{}, classified(ErrSource, fmt.Sprintf("Dockerfile %q not found in the build context", rel), err)
+		return buildFiles{}, classified(ErrSource, fmt.Sprintf("Dockerfile %q not found in %s", rel, where), err)
 	}
 	ctxFS, err := fsutil.NewFS(req.ContextDir)
 	if err != nil {

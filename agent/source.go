@@ -109,6 +109,59 @@ func (s *Sources) CheckoutCommit(ctx context.Context, src mesh.Source) (dir, com
 	return t.dir, commit, nil
 }
 
+// DockerfileDir writes the directory that holds src's Dockerfile, when it
+// lies outside the build context (mesh.DockerfileOutside), as it is at
+// commit (the full hash CheckoutCommit returned, which fetched it), and
+// returns it: the build's Dockerfile mount, as `docker build -f` mounts
+// the Dockerfile's directory. It returns "" for a Dockerfile in the
+// context. Release the directory as Checkout's.
+func (s *Sources) DockerfileDir(ctx context.Context, src mesh.Source, commit string) (string, error) {
+	sub, dockerfile, err := checkSource(src)
+	if err != nil {
+		return "", err
+	}
+	dir, outside := mesh.DockerfileOutside(sub, dockerfile)
+	if !outside {
+		return "", nil
+	}
+	root, err := s.root()
+	if err != nil {
+		return "", err
+	}
+	if !gitcache.FullHash(commit) {
+		return "", fmt.Errorf("sources: the Dockerfile's directory of %s is read at a full commit hash, not %q", src.Repo, commit)
+	}
+	clone, err := s.clones(root).Clone(src.Repo)
+	if err != nil {
+		return "", classified(ErrInfra, saying("the clone of "+src.Repo, err), err)
+	}
+	objs, err := gitcache.Objects(ctx, clone, gitcache.TreeName(commit, dir))
+	if err != nil {
+		if cerr := ctx.Err(); cerr != nil {
+			return "", cerr
+		}
+		return "", classified(ErrInfra, saying("reading the clone of "+src.Repo, err), err)
+	}
+	if objs[0].Type != "tree" {
+		return "", classified(ErrSource, fmt.Sprintf("the Dockerfile's directory %q is not a directory in %s at %s", dir, src.Repo, short(commit)), nil)
+	}
+	id := objs[0].ID
+	t, err := s.trees.take(ctx, filepath.Join(root, "work"), id, func(to string) error {
+		err := gitcache.Archive(ctx, clone, id, to)
+		switch {
+		case err == nil:
+			return nil
+		case ctx.Err() != nil:
+			return ctx.Err()
+		}
+		return classified(ErrInfra, saying("checking out the Dockerfile's directory at "+short(commit), err), err)
+	})
+	if err != nil {
+		return "", err
+	}
+	return t.dir, nil
+}
+
 // resolve makes sure the clone holds src's commit and finds the tree of
 // its context path, checking that the path is a directory and the
 // Dockerfile a file in it before anything is written. A full commit hash
@@ -121,9 +174,13 @@ func (s *Sources) resolve(ctx context.Context, root string, src mesh.Source, sub
 		r := r.(resolution)
 		return r.clone, r.commit, r.tree, nil
 	}
-	if clone, ok := s.heldTree(ctx, root, src, dockerfile); ok {
-		s.resolved.Store(key, resolution{clone: clone, commit: src.Commit, tree: src.Tree, at: time.Now()})
-		return clone, src.Commit, src.Tree, nil
+	// A Dockerfile beside the context is not in the context's tree: the
+	// commit is read for it.
+	if _, outside := mesh.DockerfileOutside(sub, dockerfile); !outside {
+		if clone, ok := s.heldTree(ctx, root, src, dockerfile); ok {
+			s.resolved.Store(key, resolution{clone: clone, commit: src.Commit, tree: src.Tree, at: time.Now()})
+			return clone, src.Commit, src.Tree, nil
+		}
 	}
 	clone, commit, err = s.fetch(ctx, root, src)
 	if err != nil {
@@ -242,6 +299,14 @@ func checkSource(src mesh.Source) (sub, dockerfile string, err error) {
 	dockerfile = src.Dockerfile
 	if dockerfile == "" {
 		dockerfile = "Dockerfile"
+	}
+	if _, outside := mesh.DockerfileOutside(sub, dockerfile); outside {
+		// Beside the context, in the repository (DockerfileDir checks
+		// its directory out).
+		if full, ok := relPath(path.Join(sub, dockerfile)); !ok || full == "" {
+			return "", "", bad("dockerfile", fmt.Sprintf("%q leaves the repository", src.Dockerfile))
+		}
+		return sub, path.Clean(strings.TrimSpace(dockerfile)), nil
 	}
 	dockerfile, ok = relPath(dockerfile)
 	if !ok || dockerfile == "" {

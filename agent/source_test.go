@@ -87,6 +87,52 @@ func TestCheckout(t *testing.T) {
 	}
 }
 
+// TestADockerfileBesideTheContext: a Dockerfile that climbs out of the
+// build context (`docker build -f docker/app.Dockerfile app`) is found at
+// the commit; the context's checkout holds the context alone, and
+// DockerfileDir writes the Dockerfile's directory (with its
+// .dockerignore) beside it. A Dockerfile in the context has none.
+func TestADockerfileBesideTheContext(t *testing.T) {
+	ctx := context.Background()
+	repo, c := testenv.GitRepo(t, map[string]string{
+		"app/app.txt":                        "app\n",
+		"app/Dockerfile":                     "FROM scratch\n",
+		"docker/app.Dockerfile":              "FROM base\nCOPY app.txt /\n",
+		"docker/app.Dockerfile.dockerignore": "*.md\n",
+	})
+	s := &Sources{Dir: t.TempDir(), KeepTrees: -1}
+	src := mesh.Source{Repo: repo, Commit: c, Path: "app", Dockerfile: "../docker/app.Dockerfile"}
+	dir, commit, err := s.CheckoutCommit(ctx, src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := readFile(t, filepath.Join(dir, "app.txt")); got != "app\n" {
+		t.Errorf("the context's app.txt = %q", got)
+	}
+	dfDir, err := s.DockerfileDir(ctx, src, commit)
+	if err != nil || dfDir == "" {
+		t.Fatalf("DockerfileDir = %q, %v; want the directory of docker/app.Dockerfile", dfDir, err)
+	}
+	if got := readFile(t, filepath.Join(dfDir, "app.Dockerfile")); got != "FROM base\nCOPY app.txt /\n" {
+		t.Errorf("app.Dockerfile = %q", got)
+	}
+	if got := readFile(t, filepath.Join(dfDir, "app.Dockerfile.dockerignore")); got != "*.md\n" {
+		t.Errorf("its .dockerignore = %q", got)
+	}
+	inside := mesh.Source{Repo: repo, Commit: c, Path: "app"}
+	if d, err := s.DockerfileDir(ctx, inside, commit); d != "" || err != nil {
+		t.Errorf("DockerfileDir of a Dockerfile in its context = %q, %v; want none", d, err)
+	}
+	for _, d := range []string{dir, dfDir} {
+		if err := s.Release(d); err != nil {
+			t.Errorf("Release(%s): %v", d, err)
+		}
+		if _, err := os.Stat(d); !os.IsNotExist(err) {
+			t.Errorf("%s still there after Release", d)
+		}
+	}
+}
+
 // A tree is written once for every build of it: a second checkout of the
 // same tree (another commit that left the path alone, or a build of it at
 // once with the first) gets the same directory, which stays until the
@@ -374,7 +420,8 @@ func TestCheckoutErrors(t *testing.T) {
 		{"Dockerfile missing", mesh.Source{Repo: repo, Commit: c, Path: "runtime", Dockerfile: "Other"}, ErrSource, `Dockerfile "runtime/Other" not found`},
 		{"no Dockerfile at the root", mesh.Source{Repo: repo, Commit: c}, ErrSource, `Dockerfile "Dockerfile" not found`},
 		{"path leaves the repository", mesh.Source{Repo: repo, Commit: c, Path: "runtime/../.."}, ErrSource, "leaves"},
-		{"Dockerfile leaves the context", mesh.Source{Repo: repo, Commit: c, Path: "runtime", Dockerfile: "../file"}, ErrSource, "not a file"},
+		{"Dockerfile leaves the repository", mesh.Source{Repo: repo, Commit: c, Path: "runtime", Dockerfile: "../../file"}, ErrSource, `"../../file" leaves the repository`},
+		{"Dockerfile beside the context missing", mesh.Source{Repo: repo, Commit: c, Path: "runtime", Dockerfile: "../docker/Dockerfile"}, ErrSource, `Dockerfile "docker/Dockerfile" not found`},
 		{"commit is an option", mesh.Source{Repo: repo, Commit: "--upload-pack=touch /tmp/pwned"}, ErrSource, "not a commit"},
 		{"repo is an option", mesh.Source{Repo: "--help", Commit: c}, ErrSource, "not a repository"},
 		// git's own words on why, not only what failed (by hand: a farm

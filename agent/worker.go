@@ -72,8 +72,15 @@ func (w *BuildWorker) Work(ctx context.Context, ask mesh.Ask, log func(string)) 
 	if err != nil {
 		return Result{}, err
 	}
-	checkout := time.Since(t)
 	defer w.Sources.Release(dir)
+	dfDir, err := w.Sources.DockerfileDir(ctx, ask.Source, commit)
+	if err != nil {
+		return Result{}, err
+	}
+	if dfDir != "" {
+		defer w.Sources.Release(dfDir)
+	}
+	checkout := time.Since(t)
 	tag := w.Tag
 	if tag == "" {
 		tag = "latest"
@@ -81,7 +88,7 @@ func (w *BuildWorker) Work(ctx context.Context, ask mesh.Ask, log func(string)) 
 	if commit != "" {
 		ask.Source.Commit = commit // the provenance names the commit built
 	}
-	res, err := w.Builder.Build(ctx, BuildRequest{Ask: ask, ContextDir: dir, Tag: tag, Log: log, Modules: w.Modules})
+	res, err := w.Builder.Build(ctx, BuildRequest{Ask: ask, ContextDir: dir, DockerfileDir: dfDir, Tag: tag, Log: log, Modules: w.Modules})
 	if err != nil {
 		return Result{}, err
 	}

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/meshbuild/meshbuild/internal/gitcache"
+	"github.com/meshbuild/meshbuild/mesh"
 )
 
 // KeyRecord is what an input key was built to: kept by the caller, one per
@@ -32,6 +33,10 @@ type KeyRecord struct {
 type Inputs struct {
 	Commit string `json:"commit"`
 	Tree   string `json:"tree"`
+	// DockerfileTree is the tree of the directory that holds the
+	// Dockerfile when it lies outside the context
+	// (mesh.DockerfileOutside); empty otherwise.
+	DockerfileTree string `json:"dockerfile_tree,omitempty"`
 }
 
 // Address records where each module's build context comes from, by module
@@ -47,6 +52,7 @@ func (s *State) Address(inputs map[string]Inputs) {
 			continue
 		}
 		m.Tree = in.Tree
+		m.DockerfileTree = in.DockerfileTree
 		if in.Commit != "" {
 			m.Source.Commit = in.Commit
 		}
@@ -83,16 +89,18 @@ func (s *State) keyOf(i int) string {
 	// A module of several platforms is one output, its index: its key
 	// names every platform (one platform's key is that platform's).
 	platform := strings.Join(m.Source.Platforms, ",")
-	return InputKey(m.Module, platform, m.Tree, m.Source.Path, m.Source.Dockerfile, m.Source.Compression, bases)
+	return InputKey(m.Module, platform, m.Tree, m.Source.Path, m.Source.Dockerfile, m.DockerfileTree, m.Source.Compression, bases)
 }
 
 // InputKey is the input key of a build: a hash of the module, its platform,
 // the git tree id of its build context, the context path and Dockerfile,
-// its layer compression when not the default (empty: gzip, so that keys
+// the tree of the Dockerfile's directory when it lies outside the context
+// (empty otherwise, so that the keys of the others are as before), its
+// layer compression when not the default (empty: gzip, so that keys
 // made before build.compression are the same), and the digest of every
 // base by module. Anything that could change the image changes the key; a
 // commit that leaves the context alone does not. It is 64 hex digits.
-func InputKey(module, platform, tree, path, dockerfile, compression string, bases map[string]string) string {
+func InputKey(module, platform, tree, path, dockerfile, dockerfileTree, compression string, bases map[string]string) string {
 	h := sha256.New()
 	field := func(k, v string) { fmt.Fprintf(h, "%s %d:%s\n", k, len(v), v) }
 	field("key", "v1")
@@ -101,6 +109,9 @@ func InputKey(module, platform, tree, path, dockerfile, compression string, base
 	field("tree", tree)
 	field("path", path)
 	field("dockerfile", dockerfile)
+	if dockerfileTree != "" {
+		field("dockerfile tree", dockerfileTree)
+	}
 	if compression != "" {
 		field("compression", compression)
 	}
@@ -135,6 +146,9 @@ func (c *Controller) address(ctx context.Context, st *State) {
 	for _, m := range st.Modules {
 		k := source{m.Source.Repo, m.Source.Commit}
 		paths[k] = append(paths[k], m.Source.Path)
+		if dir, outside := mesh.DockerfileOutside(m.Source.Path, m.Source.Dockerfile); outside {
+			paths[k] = append(paths[k], dir)
+		}
 	}
 	var mu sync.Mutex
 	resolved := map[source]gitcache.Resolution{}
@@ -171,7 +185,16 @@ func (c *Controller) address(ctx context.Context, st *State) {
 	inputs := map[string]Inputs{}
 	for _, m := range st.Modules {
 		if res, ok := resolved[source{m.Source.Repo, m.Source.Commit}]; ok {
-			inputs[m.Module] = Inputs{Commit: res.Commit, Tree: res.Trees[m.Source.Path]}
+			in := Inputs{Commit: res.Commit, Tree: res.Trees[m.Source.Path]}
+			if dir, outside := mesh.DockerfileOutside(m.Source.Path, m.Source.Dockerfile); outside {
+				// Its Dockerfile's directory is an input too: without
+				// it the module is not addressed (its agent says what
+				// is missing).
+				if in.DockerfileTree = res.Trees[dir]; in.DockerfileTree == "" {
+					in.Tree = ""
+				}
+			}
+			inputs[m.Module] = in
 		}
 	}
 	st.Address(inputs)

@@ -150,31 +150,34 @@ func TestInputKeysSettleUnchangedAndCutTheCascadeOff(t *testing.T) {
 
 func TestInputKeyNamesEveryInput(t *testing.T) {
 	bases := map[string]string{"os": "sha256:1", "rt": "sha256:2"}
-	k := InputKey("app", "linux/amd64", "tree", "app", "Dockerfile", "", bases)
+	k := InputKey("app", "linux/amd64", "tree", "app", "Dockerfile", "", "", bases)
 	if len(k) != 64 {
 		t.Fatalf("key %q: want 64 hex digits", k)
 	}
-	if again := InputKey("app", "linux/amd64", "tree", "app", "Dockerfile", "", maps.Clone(bases)); again != k {
+	if again := InputKey("app", "linux/amd64", "tree", "app", "Dockerfile", "", "", maps.Clone(bases)); again != k {
 		t.Fatal("the same inputs gave two keys")
 	}
 	for name, other := range map[string]string{
-		"module":      InputKey("app2", "linux/amd64", "tree", "app", "Dockerfile", "", bases),
-		"platform":    InputKey("app", "linux/arm64", "tree", "app", "Dockerfile", "", bases),
-		"tree":        InputKey("app", "linux/amd64", "tree2", "app", "Dockerfile", "", bases),
-		"path":        InputKey("app", "linux/amd64", "tree", "app/x", "Dockerfile", "", bases),
-		"dockerfile":  InputKey("app", "linux/amd64", "tree", "app", "Dockerfile.prod", "", bases),
-		"base":        InputKey("app", "linux/amd64", "tree", "app", "Dockerfile", "", map[string]string{"os": "sha256:1", "rt": "sha256:3"}),
-		"no base":     InputKey("app", "linux/amd64", "tree", "app", "Dockerfile", "", map[string]string{"os": "sha256:1"}),
-		"base name":   InputKey("app", "linux/amd64", "tree", "app", "Dockerfile", "", map[string]string{"os": "sha256:1", "rs": "sha256:2"}),
-		"ambiguous":   InputKey("app", "linux/amd64", "tree", "appDockerfile", "", "", bases),
-		"compression": InputKey("app", "linux/amd64", "tree", "app", "Dockerfile", "zstd", bases),
+		"module":      InputKey("app2", "linux/amd64", "tree", "app", "Dockerfile", "", "", bases),
+		"platform":    InputKey("app", "linux/arm64", "tree", "app", "Dockerfile", "", "", bases),
+		"tree":        InputKey("app", "linux/amd64", "tree2", "app", "Dockerfile", "", "", bases),
+		"path":        InputKey("app", "linux/amd64", "tree", "app/x", "Dockerfile", "", "", bases),
+		"dockerfile":  InputKey("app", "linux/amd64", "tree", "app", "Dockerfile.prod", "", "", bases),
+		"base":        InputKey("app", "linux/amd64", "tree", "app", "Dockerfile", "", "", map[string]string{"os": "sha256:1", "rt": "sha256:3"}),
+		"no base":     InputKey("app", "linux/amd64", "tree", "app", "Dockerfile", "", "", map[string]string{"os": "sha256:1"}),
+		"base name":   InputKey("app", "linux/amd64", "tree", "app", "Dockerfile", "", "", map[string]string{"os": "sha256:1", "rs": "sha256:2"}),
+		"ambiguous":   InputKey("app", "linux/amd64", "tree", "appDockerfile", "", "", "", bases),
+		"compression": InputKey("app", "linux/amd64", "tree", "app", "Dockerfile", "", "zstd", bases),
+		// A Dockerfile beside the context: its directory's tree.
+		"dockerfile tree": InputKey("app", "linux/amd64", "tree", "app", "Dockerfile", "dtree", "", bases),
 	} {
 		if other == k {
 			t.Errorf("changing the %s kept the key", name)
 		}
 	}
-	// The default compression adds nothing: keys made before
-	// build.compression are the same.
+	// The default compression and a Dockerfile in the context add
+	// nothing: keys made before build.compression (and before Dockerfiles
+	// beside the context) are the same.
 	h := sha256.New()
 	for _, f := range [][2]string{{"key", "v1"}, {"module", "app"}, {"platform", "linux/amd64"}, {"tree", "tree"}, {"path", "app"}, {"dockerfile", "Dockerfile"}, {"base os", "sha256:1"}, {"base rt", "sha256:2"}} {
 		fmt.Fprintf(h, "%s %d:%s\n", f[0], len(f[1]), f[1])

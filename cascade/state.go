@@ -165,6 +165,10 @@ type ModuleStatus struct {
 	// commit (State.Address); empty when it is not known, and then the
 	// module has no input key and is always submitted.
 	Tree string `json:"tree,omitempty"`
+	// DockerfileTree is the git tree id of the directory that holds its
+	// Dockerfile when that lies outside the context
+	// (mesh.DockerfileOutside), with Tree; empty otherwise.
+	DockerfileTree string `json:"dockerfile_tree,omitempty"`
 	// Key is the module's input key (InputKey), set when it is released.
 	Key string `json:"key,omitempty"`
 	// Reuses is the plan whose build of the same key an unchanged module

@@ -22,12 +22,15 @@ import (
 
 // KeyInputs are the components of a module's input key (InputKey).
 type KeyInputs struct {
-	Platform   string            `json:"platform,omitempty"`
-	Tree       string            `json:"tree"`
-	Path       string            `json:"path,omitempty"`
-	Dockerfile string            `json:"dockerfile,omitempty"`
-	Commit     string            `json:"commit,omitempty"`
-	Bases      map[string]string `json:"bases,omitempty"`
+	Platform   string `json:"platform,omitempty"`
+	Tree       string `json:"tree"`
+	Path       string `json:"path,omitempty"`
+	Dockerfile string `json:"dockerfile,omitempty"`
+	// DockerfileTree is the tree of the Dockerfile's directory when it
+	// lies outside the context.
+	DockerfileTree string            `json:"dockerfile_tree,omitempty"`
+	Commit         string            `json:"commit,omitempty"`
+	Bases          map[string]string `json:"bases,omitempty"`
 }
 
 // PreviousBuild is a module's build before its plan: its current image
@@ -58,7 +61,7 @@ func (s *State) inputsOf(i int) *KeyInputs {
 	}
 	return &KeyInputs{
 		Platform: strings.Join(m.Source.Platforms, ","), Tree: m.Tree, Path: m.Source.Path,
-		Dockerfile: m.Source.Dockerfile, Commit: m.Source.Commit, Bases: bases,
+		Dockerfile: m.Source.Dockerfile, DockerfileTree: m.DockerfileTree, Commit: m.Source.Commit, Bases: bases,
 	}
 }
 
@@ -142,6 +145,9 @@ func changes(m ModuleStatus) []InputChange {
 	if old.Tree != now.Tree {
 		out = append(out, InputChange{Input: "context", Old: old.Tree, New: now.Tree, Paths: m.Previous.Changed})
 	}
+	if old.DockerfileTree != now.DockerfileTree {
+		out = append(out, InputChange{Input: "dockerfile directory", Old: old.DockerfileTree, New: now.DockerfileTree})
+	}
 	for _, f := range []struct{ name, old, new string }{
 		{"dockerfile", old.Dockerfile, now.Dockerfile}, {"path", old.Path, now.Path}, {"platform", old.Platform, now.Platform},
 	} {
@@ -174,6 +180,8 @@ func describe(cs []InputChange) string {
 			parts = append(parts, "context changed: "+strings.Join(c.Paths, ", "))
 		case c.Input == "context":
 			parts = append(parts, fmt.Sprintf("context tree %s → %s", short(c.Old), short(c.New)))
+		case c.Input == "dockerfile directory":
+			parts = append(parts, fmt.Sprintf("the Dockerfile's directory, tree %s → %s", orNone(short(c.Old)), orNone(short(c.New))))
 		case strings.HasPrefix(c.Input, "base "):
 			parts = append(parts, fmt.Sprintf("%s %s → %s", c.Input, orNone(short(c.Old)), orNone(short(c.New))))
 		default:

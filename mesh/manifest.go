@@ -1,6 +1,10 @@
 package mesh
 
-import "time"
+import (
+	"path"
+	"strings"
+	"time"
+)
 
 // Manifest is one module's declaration: one YAML file in a catalogue
 // directory. It names things locally; it never contains a subject, stream,
@@ -160,4 +164,30 @@ func (b *Build) DockerfileOrDefault() string {
 		return DefaultDockerfile
 	}
 	return b.Dockerfile
+}
+
+// DockerfileOutside says where a build's Dockerfile is when it lies outside
+// its build context: dockerfile (relative to contextPath, "" for
+// DefaultDockerfile) climbs out of it with "..", as `docker build -f
+// docker/app.Dockerfile app` reads one. dir is then the directory that
+// holds it, relative to the repository's root ("" for the root), and
+// outside true. Its directory is the build's Dockerfile mount (and the
+// place of its .dockerignore), so the module's input key names that
+// directory's tree beside its context's. A Dockerfile in its context
+// returns "", false. Whether the path stays in the repository is the
+// manifest check's to say (it refuses one that leaves it).
+func DockerfileOutside(contextPath, dockerfile string) (dir string, outside bool) {
+	if strings.TrimSpace(dockerfile) == "" {
+		dockerfile = DefaultDockerfile
+	}
+	df := path.Clean(strings.TrimSpace(dockerfile))
+	if df != ".." && !strings.HasPrefix(df, "../") {
+		return "", false
+	}
+	ctx := strings.TrimPrefix(path.Clean("/"+strings.TrimSpace(contextPath)), "/")
+	dir = path.Dir(path.Join(ctx, df))
+	if dir == "." {
+		dir = ""
+	}
+	return dir, true
 }

@@ -115,3 +115,30 @@ func TestTheBuildSeatSplitsByPlatform(t *testing.T) {
 		t.Fatalf("the arm64 consumer delivered %d asks, want 1", n)
 	}
 }
+
+func TestDockerfileOutside(t *testing.T) {
+	for _, tc := range []struct {
+		path, dockerfile, dir string
+		outside               bool
+	}{
+		{"app", "", "", false},
+		{"app", "Dockerfile", "", false},
+		{"app", "docker/Dockerfile.prod", "", false},
+		{"app", "./x/../Dockerfile", "", false},
+		{"", "Dockerfile", "", false},
+		{"app", "../docker/app.Dockerfile", "docker", true},
+		{"app/", "../docker/app.Dockerfile", "docker", true},
+		{"./services/api", "../../docker/api/Dockerfile", "docker/api", true},
+		{"app", "../Dockerfile", "", true},
+		{"app", "x/../../Dockerfile", "", true},
+		{"a/b", "../Dockerfile", "a", true},
+		// Back into the context: taken for beside it, its directory the
+		// context's (the same tree, checked out once).
+		{"app", "../app/Dockerfile", "app", true},
+	} {
+		dir, outside := mesh.DockerfileOutside(tc.path, tc.dockerfile)
+		if dir != tc.dir || outside != tc.outside {
+			t.Errorf("DockerfileOutside(%q, %q) = %q, %v; want %q, %v", tc.path, tc.dockerfile, dir, outside, tc.dir, tc.outside)
+		}
+	}
+}

@@ -373,14 +373,16 @@ func (ix *Index) builtFrom(i int32) string {
 }
 
 // matchPaths reports whether a changed path is in module i's build context
-// (or is its Dockerfile), or is a directory that holds either (`builds push
+// (or is its Dockerfile, or the Dockerfile's own .dockerignore, which
+// BuildKit reads beside it: both may lie outside the context), or is a
+// directory that holds either (`builds push
 // --path services` for everything under services/; "/" or "." for the whole
 // repository), naming the first such path.
 func (ix *Index) matchPaths(i int32, paths []string) (string, bool) {
 	dir, file := ix.dir[i], ix.file[i]
 	first, count := "", 0
 	for _, p := range paths {
-		if dir == "." || p == dir || strings.HasPrefix(p, dir+"/") || p == file || holds(p, dir) || holds(p, file) {
+		if dir == "." || p == dir || strings.HasPrefix(p, dir+"/") || p == file || p == file+".dockerignore" || holds(p, dir) || holds(p, file) {
 			if count == 0 {
 				first = p
 			}

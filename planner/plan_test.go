@@ -207,6 +207,8 @@ func TestPlanPathFiltering(t *testing.T) {
 		{[]string{"services/api/main.go"}, []string{"nested", "root", "whole"}},
 		{[]string{"services/apix"}, []string{"root", "whole"}},
 		{[]string{"docker/svc.Dockerfile"}, []string{"outside", "root", "whole"}},
+		{[]string{"docker/svc.Dockerfile.dockerignore"}, []string{"outside", "root", "whole"}},
+		{[]string{"docker/other.Dockerfile"}, []string{"root", "whole"}},
 		{[]string{"svc/app.py"}, []string{"outside", "root", "whole"}},
 		{[]string{"README.md"}, []string{"root", "whole"}},
 		// A directory that holds a context (or a Dockerfile): everything

@@ -1,0 +1,107 @@
+package cascade_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/meshbuild/meshbuild/cascade"
+	"github.com/meshbuild/meshbuild/cascade/cascadetest"
+	"github.com/meshbuild/meshbuild/internal/testenv"
+	"github.com/meshbuild/meshbuild/mesh"
+	"github.com/meshbuild/meshbuild/mesh/meshtest"
+	"github.com/meshbuild/meshbuild/registry"
+)
+
+// TestADockerfileBesideTheContextIsBuiltAndKeyed: a module whose
+// build.dockerfile climbs out of its build.path (`dockerfile:
+// ../docker/app.Dockerfile`, as `docker build -f docker/app.Dockerfile
+// app` reads it) is built by a real agent, its Dockerfile's directory
+// mounted as the Dockerfile; its input key names that directory's tree, so
+// a change to the Dockerfile alone rebuilds it (not taken for unchanged,
+// `builds why` naming the Dockerfile's directory), a rebuild with nothing
+// changed reuses it, and a change to a file it copies rebuilds it too.
+func TestADockerfileBesideTheContextIsBuiltAndKeyed(t *testing.T) {
+	bed := cascadetest.RealBed(t, map[string]string{
+		"base/Dockerfile":       "FROM busybox\nCOPY motd /etc/motd\n",
+		"base/motd":             "hello\n",
+		"app/app.txt":           "app\n",
+		"docker/app.Dockerfile": "FROM base\nCOPY app.txt /app.txt\n",
+	}, map[string][]string{"busybox": nil, "base": {"busybox"}, "app": {"base"}})
+	app, _ := bed.Cat.Module("app")
+	app.Build.Dockerfile = "../docker/app.Dockerfile"
+	if ps := mesh.Check(bed.Cat.Modules); mesh.HasErrors(ps) {
+		t.Fatalf("the catalogue with app's Dockerfile beside its context: %v", ps)
+	}
+
+	cfg := cascade.DefaultConfig()
+	cfg.Registry, cfg.RegistryClient = bed.Reg, registry.NewClient(registry.WithInsecure(true))
+	cfg.Sources, cfg.InsteadOf = t.TempDir(), map[string]string{meshtest.FleetRepo: bed.Git}
+	c := bed.Controller(t, cfg)
+	bed.Agent(t, testenv.Buildkitd(t, bed.Reg), "m1")
+
+	store, err := cascade.OpenStore(bed.Ctx, bed.JS, c.Module())
+	if err != nil {
+		t.Fatal(err)
+	}
+	settle := func(plan string) map[string]cascade.ModuleStatus {
+		t.Helper()
+		testenv.WaitFor(t, 3*time.Minute, "plan "+plan+" to settle", func() bool {
+			rec, err := store.Plan(bed.Ctx, plan)
+			return err == nil && rec.Outcome != cascade.OutcomeRunning
+		})
+		mods, err := store.Modules(bed.Ctx, plan)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rec, _ := store.Plan(bed.Ctx, plan); rec.Outcome != cascade.OutcomeBuilt {
+			t.Fatalf("plan %s: %s %+v; app: %s %s", plan, rec.Outcome, rec.Counts, mods["app"].State, mods["app"].Reason)
+		}
+		return mods
+	}
+	rebuild := func(id string) map[string]cascade.ModuleStatus {
+		t.Helper()
+		r, err := cascade.Call(bed.Ctx, bed.NC, c.Module(), cascade.ToolRebuild, cascade.Request{ID: id, Modules: []string{"base"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return settle(r.Plan)
+	}
+	push := func(files map[string]string) map[string]cascade.ModuleStatus {
+		t.Helper()
+		commit := testenv.Commit(t, bed.Git, files)
+		var paths []string
+		for p := range files {
+			paths = append(paths, p)
+		}
+		id, _, err := cascade.Push(bed.Ctx, bed.JS, mesh.Pushed{Repo: meshtest.FleetRepo, Commit: commit, Ref: "refs/heads/main", Paths: paths})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return settle(id)
+	}
+
+	first := rebuild("first")
+	if first["app"].State != cascade.Built || first["app"].DockerfileTree == "" || first["app"].Key == "" {
+		t.Fatalf("app's first build: %s, Dockerfile's directory tree %q, key %q: want built, keyed with the tree", first["app"].State, first["app"].DockerfileTree, first["app"].Key)
+	}
+	if again := rebuild("again"); again["app"].State != cascade.Unchanged || again["app"].Digest != first["app"].Digest {
+		t.Fatalf("nothing changed: app %s at %s, want unchanged at %s", again["app"].State, again["app"].Digest, first["app"].Digest)
+	}
+
+	// The Dockerfile alone changes: app is built again, to a new image.
+	df := push(map[string]string{"docker/app.Dockerfile": "FROM base\nCOPY app.txt /app.txt\nRUN echo two > /two\n"})
+	if df["app"].State != cascade.Built || df["app"].Digest == first["app"].Digest || df["app"].DockerfileTree == first["app"].DockerfileTree {
+		t.Fatalf("after a change to app's Dockerfile: %s at %s (first %s), directory tree %s (first %s): want built anew",
+			df["app"].State, df["app"].Digest, first["app"].Digest, df["app"].DockerfileTree, first["app"].DockerfileTree)
+	}
+	w := cascade.WhyOf("", false, df["app"])
+	if len(w.Changes) != 1 || w.Changes[0].Input != "dockerfile directory" {
+		t.Errorf("why app was built after its Dockerfile changed: %+v, want the Dockerfile's directory alone", w.Changes)
+	}
+
+	// A file of its context changes: built again too.
+	ctx := push(map[string]string{"app/app.txt": "app, two\n"})
+	if ctx["app"].State != cascade.Built || ctx["app"].Digest == df["app"].Digest {
+		t.Fatalf("after a change to app.txt: %s at %s, want built anew (was %s)", ctx["app"].State, ctx["app"].Digest, df["app"].Digest)
+	}
+}
