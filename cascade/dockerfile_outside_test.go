@@ -19,13 +19,17 @@ import (
 // mounted as the Dockerfile; its input key names that directory's tree, so
 // a change to the Dockerfile alone rebuilds it (not taken for unchanged,
 // `builds why` naming the Dockerfile's directory), a rebuild with nothing
-// changed reuses it, and a change to a file it copies rebuilds it too.
+// changed reuses it, and a change to a file it copies rebuilds it too. The
+// Dockerfile's own .dockerignore, beside it, is the one the build reads: a
+// file of the context it names changes nothing in the image.
 func TestADockerfileBesideTheContextIsBuiltAndKeyed(t *testing.T) {
 	bed := cascadetest.RealBed(t, map[string]string{
-		"base/Dockerfile":       "FROM busybox\nCOPY motd /etc/motd\n",
-		"base/motd":             "hello\n",
-		"app/app.txt":           "app\n",
-		"docker/app.Dockerfile": "FROM base\nCOPY app.txt /app.txt\n",
+		"base/Dockerfile":                    "FROM busybox\nCOPY motd /etc/motd\n",
+		"base/motd":                          "hello\n",
+		"app/app.txt":                        "app\n",
+		"app/notes.md":                       "not in the image\n",
+		"docker/app.Dockerfile":              "FROM base\nCOPY . /app/\n",
+		"docker/app.Dockerfile.dockerignore": "*.md\n",
 	}, map[string][]string{"busybox": nil, "base": {"busybox"}, "app": {"base"}})
 	app, _ := bed.Cat.Module("app")
 	app.Build.Dockerfile = "../docker/app.Dockerfile"
@@ -89,7 +93,7 @@ func TestADockerfileBesideTheContextIsBuiltAndKeyed(t *testing.T) {
 	}
 
 	// The Dockerfile alone changes: app is built again, to a new image.
-	df := push(map[string]string{"docker/app.Dockerfile": "FROM base\nCOPY app.txt /app.txt\nRUN echo two > /two\n"})
+	df := push(map[string]string{"docker/app.Dockerfile": "FROM base\nCOPY . /app/\nRUN echo two > /two\n"})
 	if df["app"].State != cascade.Built || df["app"].Digest == first["app"].Digest || df["app"].DockerfileTree == first["app"].DockerfileTree {
 		t.Fatalf("after a change to app's Dockerfile: %s at %s (first %s), directory tree %s (first %s): want built anew",
 			df["app"].State, df["app"].Digest, first["app"].Digest, df["app"].DockerfileTree, first["app"].DockerfileTree)
@@ -97,6 +101,13 @@ func TestADockerfileBesideTheContextIsBuiltAndKeyed(t *testing.T) {
 	w := cascade.WhyOf("", false, df["app"])
 	if len(w.Changes) != 1 || w.Changes[0].Input != "dockerfile directory" {
 		t.Errorf("why app was built after its Dockerfile changed: %+v, want the Dockerfile's directory alone", w.Changes)
+	}
+
+	// A file its .dockerignore leaves out changes: built (its context
+	// changed), to the image it had.
+	ignored := push(map[string]string{"app/notes.md": "still not in the image\n"})
+	if ignored["app"].State != cascade.Built || ignored["app"].Digest != df["app"].Digest {
+		t.Errorf("after a change to a file app.Dockerfile.dockerignore leaves out: %s at %s, want built to the digest it had, %s", ignored["app"].State, ignored["app"].Digest, df["app"].Digest)
 	}
 
 	// A file of its context changes: built again too.
