@@ -44,8 +44,11 @@ type Sources struct {
 
 	trees    trees
 	resolved sync.Map // resolution by repository, commit, path and Dockerfile
-	once     sync.Once
-	cache    *gitcache.Cache
+	// submodules are the gitlinks of each tree written that has any
+	// (Submodules), by tree id.
+	submodules sync.Map
+	once       sync.Once
+	cache      *gitcache.Cache
 }
 
 // clones is the cache of bare clones under Dir/repos, made on first use.
@@ -92,7 +95,15 @@ func (s *Sources) CheckoutCommit(ctx context.Context, src mesh.Source) (dir, com
 	// clone's index and work tree, it has none, are never touched), once
 	// for every build of the same tree (trees.go).
 	t, err := s.trees.take(ctx, filepath.Join(root, "work"), id, func(dir string) error {
-		err := gitcache.Archive(ctx, cache, treeish, dir)
+		empty, err := gitcache.Archive(ctx, cache, treeish, dir)
+		if err == nil && len(empty) > 0 {
+			// Submodules, which git archive writes empty, are said in
+			// each build's log (Submodules); the build goes on without
+			// them if they cannot be read.
+			if links, _ := gitcache.Gitlinks(ctx, cache, treeish); len(links) > 0 {
+				s.submodules.Store(id, links)
+			}
+		}
 		switch {
 		case err == nil:
 			return nil
@@ -107,6 +118,21 @@ func (s *Sources) CheckoutCommit(ctx context.Context, src mesh.Source) (dir, com
 		return "", "", err
 	}
 	return t.dir, commit, nil
+}
+
+// Submodules are the git submodules in the checkout dir (as Checkout
+// returned it), relative to it: a submodule is not fetched, and git
+// writes its directory empty, so a build that copies from it does not
+// find its files (docker build of a clone with its submodules checked out
+// would). The worker says so in the build's log.
+func (s *Sources) Submodules(dir string) []string {
+	t, ok := s.trees.byDir(filepath.Clean(dir))
+	if !ok {
+		return nil
+	}
+	links, _ := s.submodules.Load(t.id)
+	out, _ := links.([]string)
+	return out
 }
 
 // DockerfileDir writes the directory that holds src's Dockerfile, when it
@@ -147,7 +173,7 @@ func (s *Sources) DockerfileDir(ctx context.Context, src mesh.Source, commit str
 	}
 	id := objs[0].ID
 	t, err := s.trees.take(ctx, filepath.Join(root, "work"), id, func(to string) error {
-		err := gitcache.Archive(ctx, clone, id, to)
+		_, err := gitcache.Archive(ctx, clone, id, to)
 		switch {
 		case err == nil:
 			return nil

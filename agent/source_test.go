@@ -569,3 +569,69 @@ func gitTree(t *testing.T, repo, commit, path string) string {
 	}
 	return strings.TrimSpace(string(out))
 }
+
+// builderFunc is a Builder of a function (pure logic: what the worker
+// hands the build).
+type builderFunc func(ctx context.Context, req BuildRequest) (Result, error)
+
+func (f builderFunc) Build(ctx context.Context, req BuildRequest) (Result, error) { return f(ctx, req) }
+
+// TestASubmoduleInTheContextIsSaidInTheBuildLog: git archive writes a
+// submodule's directory empty (submodules are not fetched), so a build
+// that copies from it would not find its files with nothing to say why:
+// the checkout names the submodules of its tree, and the worker says so
+// in the build's log, once for each, also when the checkout is kept for
+// the next build of its tree. A context without any says nothing.
+func TestASubmoduleInTheContextIsSaidInTheBuildLog(t *testing.T) {
+	ctx := context.Background()
+	repo, _ := testenv.GitRepo(t, map[string]string{"app/Dockerfile": "FROM scratch\nCOPY . /\n", "app/a.txt": "a", "other/Dockerfile": "FROM scratch\n"})
+	// A gitlink as `git submodule add` leaves it, without the submodule's
+	// repository (nothing fetches it).
+	for _, args := range [][]string{
+		{"update-index", "--add", "--cacheinfo", "160000," + strings.Repeat("c", 40) + ",app/vendor/lib"},
+		{"-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-q", "-m", "a submodule"},
+	} {
+		if out, err := exec.Command("git", append([]string{"-C", repo}, args...)...).CombinedOutput(); err != nil {
+			t.Fatalf("git %v: %v\n%s", args, err, out)
+		}
+	}
+	out, err := exec.Command("git", "-C", repo, "rev-parse", "HEAD").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	commit := strings.TrimSpace(string(out))
+	s := &Sources{Dir: t.TempDir()}
+	var lines []string
+	var built []string
+	w := &BuildWorker{Sources: s, Builder: builderFunc(func(_ context.Context, req BuildRequest) (Result, error) {
+		built = append(built, req.ContextDir)
+		if fi, err := os.Stat(filepath.Join(req.ContextDir, "vendor", "lib")); req.Module == "app" && (err != nil || !fi.IsDir()) {
+			t.Errorf("the submodule's directory in the context: %v", err)
+		}
+		return Result{Digest: "sha256:" + strings.Repeat("d", 64)}, nil
+	})}
+	// app twice: the second from the checkout the first left.
+	for _, path := range []string{"app", "other", "app"} {
+		lines = nil
+		ask := mesh.Ask{Module: path, Image: "reg.example/" + path, Source: mesh.Source{Repo: repo, Commit: commit, Path: path}}
+		if _, err := w.Work(ctx, ask, func(l string) { lines = append(lines, l) }); err != nil {
+			t.Fatal(err)
+		}
+		var said []string
+		for _, l := range lines {
+			if strings.Contains(l, "submodule") {
+				said = append(said, l)
+			}
+		}
+		want := 0
+		if path == "app" {
+			want = 1
+		}
+		if len(said) != want || want == 1 && !strings.HasPrefix(said[0], "source: vendor/lib in the build context is a git submodule, which is not fetched") {
+			t.Errorf("%s's build log on submodules: %q, want %d line naming vendor/lib", path, said, want)
+		}
+	}
+	if len(built) != 3 || built[0] != built[2] {
+		t.Fatalf("built %q, want 3 builds, app's twice from one checkout", built)
+	}
+}

@@ -73,6 +73,9 @@ func (w *BuildWorker) Work(ctx context.Context, ask mesh.Ask, log func(string)) 
 		return Result{}, err
 	}
 	defer w.Sources.Release(dir)
+	for _, sub := range w.Sources.Submodules(dir) {
+		log("source: " + sub + " in the build context is a git submodule, which is not fetched: its directory is empty in this build")
+	}
 	dfDir, err := w.Sources.DockerfileDir(ctx, ask.Source, commit)
 	if err != nil {
 		return Result{}, err

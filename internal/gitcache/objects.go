@@ -51,44 +51,61 @@ func Objects(ctx context.Context, clone string, names ...string) ([]Object, erro
 // Archive writes the tree treeish of the clone into dir (which exists), from
 // `git archive` in one git process: regular files with their executable
 // bit, directories and symbolic links, as git stores them. The clone has no
-// index or work tree to touch.
-func Archive(ctx context.Context, clone, treeish, dir string) error {
+// index or work tree to touch. empty are the directories it wrote with
+// nothing in them, relative to dir: git stores no empty directory, but
+// writes a submodule's (a gitlink) empty (Gitlinks tells them apart).
+func Archive(ctx context.Context, clone, treeish, dir string) (empty []string, err error) {
 	cmd := command(ctx, clone, "archive", "--format=tar", treeish)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if err := cmd.Start(); err != nil {
-		return err
+		return nil, err
 	}
-	rerr := untar(out, dir)
+	empty, rerr := untar(out, dir)
 	_, _ = io.Copy(io.Discard, out)
 	if err := cmd.Wait(); err != nil {
-		return &Error{Args: []string{"archive", treeish}, Err: err, Stderr: stderr.String()}
+		return nil, &Error{Args: []string{"archive", treeish}, Err: err, Stderr: stderr.String()}
 	}
-	return rerr
+	return empty, rerr
 }
 
-func untar(r io.Reader, dir string) error {
+// untar writes the archive r into dir and returns the directories it wrote
+// with no entry under them.
+func untar(r io.Reader, dir string) ([]string, error) {
 	tr := tar.NewReader(r)
+	var dirs []string
+	full := map[string]bool{}
 	for {
 		h, err := tr.Next()
 		if err == io.EOF {
-			return nil
+			break
 		}
 		if err != nil {
-			return err
+			return nil, err
 		}
 		name := path.Clean(h.Name)
 		if name == "." || path.IsAbs(name) || name == ".." || strings.HasPrefix(name, "../") {
 			continue
 		}
+		if h.Typeflag == tar.TypeDir {
+			dirs = append(dirs, name)
+		}
+		full[path.Dir(name)] = true
 		if err := writeEntry(tr, h, filepath.Join(dir, filepath.FromSlash(name))); err != nil {
-			return err
+			return nil, err
 		}
 	}
+	var empty []string
+	for _, d := range dirs {
+		if !full[d] {
+			empty = append(empty, d)
+		}
+	}
+	return empty, nil
 }
 
 // writeEntry writes one entry of the archive at target.
@@ -120,4 +137,26 @@ func writeEntry(tr *tar.Reader, h *tar.Header, target string) error {
 		return err
 	}
 	return nil
+}
+
+// Gitlinks lists the submodules in the tree treeish of the clone: the
+// paths (relative to the tree) of its gitlink entries, which `git archive`
+// writes as empty directories. One git process.
+func Gitlinks(ctx context.Context, clone, treeish string) ([]string, error) {
+	cmd := command(ctx, clone, "ls-tree", "-r", "-z", treeish)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, &Error{Args: []string{"ls-tree", "-r", treeish}, Err: err, Stderr: stderr.String()}
+	}
+	var links []string
+	for _, e := range strings.Split(string(out), "\x00") {
+		// <mode> SP <type> SP <object> TAB <path>
+		meta, p, ok := strings.Cut(e, "\t")
+		if f := strings.Fields(meta); ok && len(f) == 3 && f[1] == "commit" {
+			links = append(links, p)
+		}
+	}
+	return links, nil
 }
