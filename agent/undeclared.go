@@ -12,7 +12,7 @@ import (
 
 // undeclaredBase refuses, as a source error, a Dockerfile that builds on a
 // module of the catalogue (isModule) the ask does not supply as a base: a
-// FROM or COPY --from naming it by module name, or by its repository in
+// FROM, COPY --from or RUN --mount=from naming it by module name, or by its repository in
 // the ask's registry, bare or tagged latest, that is no stage of the
 // Dockerfile. The farm supplies, pinned to its digest, only the bases the
 // module's build.on lists; any other name BuildKit resolves itself — a
@@ -74,19 +74,35 @@ func undeclaredBase(data []byte, req BuildRequest, isModule func(string) bool) e
 			return err
 		}
 		for _, c := range st.Commands {
-			cp, ok := c.(*instructions.CopyCommand)
-			if !ok || cp.From == "" {
-				continue
-			}
-			if _, err := strconv.Atoi(cp.From); err == nil {
-				continue // a stage by its index
-			}
-			if err := check(i, "COPY --from=", cp.From, cp.Location()); err != nil {
-				return err
+			switch c := c.(type) {
+			case *instructions.CopyCommand:
+				if err := checkFrom(i, "COPY --from=", c.From, c.Location(), check); err != nil {
+					return err
+				}
+			case *instructions.RunCommand:
+				// RUN --mount=type=bind|cache,from=NAME reads an image as
+				// COPY --from does.
+				for _, m := range instructions.GetMounts(c) {
+					if err := checkFrom(i, "RUN --mount=from=", m.From, c.Location(), check); err != nil {
+						return err
+					}
+				}
 			}
 		}
 	}
 	return nil
+}
+
+// checkFrom checks a --from name of stage i (none, or a stage by its
+// index, is left alone).
+func checkFrom(i int, what, from string, at []parser.Range, check func(int, string, string, []parser.Range) error) error {
+	if from == "" {
+		return nil
+	}
+	if _, err := strconv.Atoi(from); err == nil {
+		return nil // a stage by its index
+	}
+	return check(i, what, from, at)
 }
 
 // moduleNamed is the module a FROM name (a lookupName) would be: the name

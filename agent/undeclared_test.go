@@ -27,6 +27,9 @@ func TestADockerfileOnAModuleNotInBuildOnIsASourceError(t *testing.T) {
 		{"FROM 127.0.0.1:5000/runtime:latest\n", "FROM 127.0.0.1:5000/runtime:latest names module runtime"},
 		{"ARG B=lib\nFROM ${B}\n", "Dockerfile:2: FROM lib names module lib"},
 		{"FROM base AS build\nRUN true\nFROM base\nCOPY --from=lib /x /x\n", "Dockerfile:4: COPY --from=lib names module lib"},
+		{"FROM base\nRUN --mount=type=bind,from=lib,target=/l cat /l/x\n", "Dockerfile:2: RUN --mount=from=lib names module lib"},
+		{"FROM base\nRUN --mount=type=cache,target=/c --mount=from=runtime,target=/r true\n", "RUN --mount=from=runtime names module runtime"},
+		{"FROM base AS b\nFROM base\nRUN --mount=from=b,target=/b --mount=from=0,target=/z --mount=from=base,target=/x --mount=type=cache,target=/c true\n", ""},
 		{"FROM base AS runtime\nFROM runtime\nCOPY --from=runtime /x /x\n", ""}, // a stage named like a module
 		{"FROM base AS build\nFROM base\nCOPY --from=0 /x /x\nCOPY --from=build /y /y\n", ""},
 		{"FROM alpine\n", ""},                    // not a module
