@@ -89,29 +89,8 @@ func (s *Sources) CheckoutCommit(ctx context.Context, src mesh.Source) (dir, com
 	// The tree by its name: the commit's objects need not be in the clone
 	// (heldTree). Its files' times are then the checkout's, which neither
 	// BuildKit's cache keys nor the image (its times rewritten) record.
-	treeish := id
-
-	// The tree is written from `git archive` in one git process (the
-	// clone's index and work tree, it has none, are never touched), once
-	// for every build of the same tree (trees.go).
-	t, err := s.trees.take(ctx, filepath.Join(root, "work"), id, func(dir string) error {
-		empty, err := gitcache.Archive(ctx, cache, treeish, dir)
-		if err == nil && len(empty) > 0 {
-			// Submodules, which git archive writes empty, are said in
-			// each build's log (Submodules); the build goes on without
-			// them if they cannot be read.
-			if links, _ := gitcache.Gitlinks(ctx, cache, treeish); len(links) > 0 {
-				s.submodules.Store(id, links)
-			}
-		}
-		switch {
-		case err == nil:
-			return nil
-		case ctx.Err() != nil:
-			return ctx.Err()
-		}
-		return classified(ErrInfra, saying("checking out "+short(commit), err), err)
-	})
+	// Written once for every build of the same tree (writeTree).
+	t, err := s.writeTree(ctx, root, cache, id, "checking out "+short(commit))
 	if err != nil {
 		// What the clone was found to hold is looked at again next time.
 		s.resolved.Delete(resolveKey(src, sub, dockerfile))
@@ -172,20 +151,37 @@ func (s *Sources) DockerfileDir(ctx context.Context, src mesh.Source, commit str
 		return "", classified(ErrSource, fmt.Sprintf("the Dockerfile's directory %q is not a directory in %s at %s", dir, src.Repo, short(commit)), nil)
 	}
 	id := objs[0].ID
-	t, err := s.trees.take(ctx, filepath.Join(root, "work"), id, func(to string) error {
-		_, err := gitcache.Archive(ctx, clone, id, to)
+	t, err := s.writeTree(ctx, root, clone, id, "checking out the Dockerfile's directory at "+short(commit))
+	if err != nil {
+		return "", err
+	}
+	return t.dir, nil
+}
+
+// writeTree takes the checkout of tree id of clone, written from `git
+// archive` in one git process (the clone's index and work tree, it has
+// none, are never touched) when it is not on disk: once for every build
+// of the same tree (trees.go). doing names the work in a failure's
+// message.
+func (s *Sources) writeTree(ctx context.Context, root, clone, id, doing string) (*tree, error) {
+	return s.trees.take(ctx, filepath.Join(root, "work"), id, func(dir string) error {
+		empty, err := gitcache.Archive(ctx, clone, id, dir)
+		if err == nil && len(empty) > 0 {
+			// Submodules, which git archive writes empty, are said in
+			// each build's log (Submodules); the build goes on without
+			// them if they cannot be read.
+			if links, _ := gitcache.Gitlinks(ctx, clone, id); len(links) > 0 {
+				s.submodules.Store(id, links)
+			}
+		}
 		switch {
 		case err == nil:
 			return nil
 		case ctx.Err() != nil:
 			return ctx.Err()
 		}
-		return classified(ErrInfra, saying("checking out the Dockerfile's directory at "+short(commit), err), err)
+		return classified(ErrInfra, saying(doing, err), err)
 	})
-	if err != nil {
-		return "", err
-	}
-	return t.dir, nil
 }
 
 // resolve makes sure the clone holds src's commit and finds the tree of
