@@ -95,47 +95,8 @@ func TestUnchangedInputsAreNotDispatchedAndTheCascadeStops(t *testing.T) {
 		return mods, keys
 	}
 
-	store, err := cascade.OpenStore(ctx, js, "build-controller")
-	if err != nil {
-		t.Fatal(err)
-	}
-	settle := func(plan string) map[string]cascade.ModuleStatus {
-		t.Helper()
-		testenv.WaitFor(t, 3*time.Minute, "plan "+plan+" to settle", func() bool {
-			rec, err := store.Plan(ctx, plan)
-			return err == nil && rec.Outcome != cascade.OutcomeRunning
-		})
-		rec, _ := store.Plan(ctx, plan)
-		if rec.Outcome != cascade.OutcomeBuilt {
-			t.Fatalf("plan %s: %s %+v", plan, rec.Outcome, rec.Counts)
-		}
-		mods, err := store.Modules(ctx, plan)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return mods
-	}
-	rebuild := func(id string, force bool) map[string]cascade.ModuleStatus {
-		t.Helper()
-		r, err := cascade.Call(ctx, nc, "build-controller", cascade.ToolRebuild, cascade.Request{ID: id, Modules: []string{"base"}, Force: force})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return settle(r.Plan)
-	}
-	push := func(files map[string]string) (string, map[string]cascade.ModuleStatus) {
-		t.Helper()
-		commit := testenv.Commit(t, git, files)
-		var paths []string
-		for p := range files {
-			paths = append(paths, p)
-		}
-		id, _, err := cascade.Push(ctx, js, mesh.Pushed{Repo: meshtest.FleetRepo, Commit: commit, Ref: "refs/heads/main", Paths: paths})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return id, settle(id)
-	}
+	d := newPlanDriver(t, bed, "build-controller")
+	store, rebuild, push := d.store, d.rebuild, d.push
 	wantStates := func(plan string, mods map[string]cascade.ModuleStatus, want map[string]cascade.ModuleState) {
 		t.Helper()
 		for m, st := range want {

@@ -2,7 +2,6 @@ package cascade_test
 
 import (
 	"testing"
-	"time"
 
 	"github.com/meshbuild/meshbuild/cascade"
 	"github.com/meshbuild/meshbuild/cascade/cascadetest"
@@ -43,57 +42,17 @@ func TestADockerfileBesideTheContextIsBuiltAndKeyed(t *testing.T) {
 	c := bed.Controller(t, cfg)
 	bed.Agent(t, testenv.Buildkitd(t, bed.Reg), "m1")
 
-	store, err := cascade.OpenStore(bed.Ctx, bed.JS, c.Module())
-	if err != nil {
-		t.Fatal(err)
-	}
-	settle := func(plan string) map[string]cascade.ModuleStatus {
-		t.Helper()
-		testenv.WaitFor(t, 3*time.Minute, "plan "+plan+" to settle", func() bool {
-			rec, err := store.Plan(bed.Ctx, plan)
-			return err == nil && rec.Outcome != cascade.OutcomeRunning
-		})
-		mods, err := store.Modules(bed.Ctx, plan)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if rec, _ := store.Plan(bed.Ctx, plan); rec.Outcome != cascade.OutcomeBuilt {
-			t.Fatalf("plan %s: %s %+v; app: %s %s", plan, rec.Outcome, rec.Counts, mods["app"].State, mods["app"].Reason)
-		}
-		return mods
-	}
-	rebuild := func(id string) map[string]cascade.ModuleStatus {
-		t.Helper()
-		r, err := cascade.Call(bed.Ctx, bed.NC, c.Module(), cascade.ToolRebuild, cascade.Request{ID: id, Modules: []string{"base"}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return settle(r.Plan)
-	}
-	push := func(files map[string]string) map[string]cascade.ModuleStatus {
-		t.Helper()
-		commit := testenv.Commit(t, bed.Git, files)
-		var paths []string
-		for p := range files {
-			paths = append(paths, p)
-		}
-		id, _, err := cascade.Push(bed.Ctx, bed.JS, mesh.Pushed{Repo: meshtest.FleetRepo, Commit: commit, Ref: "refs/heads/main", Paths: paths})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return settle(id)
-	}
-
-	first := rebuild("first")
+	d := newPlanDriver(t, bed, c.Module())
+	first := d.rebuild("first", false)
 	if first["app"].State != cascade.Built || first["app"].DockerfileTree == "" || first["app"].Key == "" {
 		t.Fatalf("app's first build: %s, Dockerfile's directory tree %q, key %q: want built, keyed with the tree", first["app"].State, first["app"].DockerfileTree, first["app"].Key)
 	}
-	if again := rebuild("again"); again["app"].State != cascade.Unchanged || again["app"].Digest != first["app"].Digest {
+	if again := d.rebuild("again", false); again["app"].State != cascade.Unchanged || again["app"].Digest != first["app"].Digest {
 		t.Fatalf("nothing changed: app %s at %s, want unchanged at %s", again["app"].State, again["app"].Digest, first["app"].Digest)
 	}
 
 	// The Dockerfile alone changes: app is built again, to a new image.
-	df := push(map[string]string{"docker/app.Dockerfile": "FROM base\nCOPY . /app/\nRUN echo two > /two\n"})
+	_, df := d.push(map[string]string{"docker/app.Dockerfile": "FROM base\nCOPY . /app/\nRUN echo two > /two\n"})
 	if df["app"].State != cascade.Built || df["app"].Digest == first["app"].Digest || df["app"].DockerfileTree == first["app"].DockerfileTree {
 		t.Fatalf("after a change to app's Dockerfile: %s at %s (first %s), directory tree %s (first %s): want built anew",
 			df["app"].State, df["app"].Digest, first["app"].Digest, df["app"].DockerfileTree, first["app"].DockerfileTree)
@@ -105,13 +64,13 @@ func TestADockerfileBesideTheContextIsBuiltAndKeyed(t *testing.T) {
 
 	// A file its .dockerignore leaves out changes: built (its context
 	// changed), to the image it had.
-	ignored := push(map[string]string{"app/notes.md": "still not in the image\n"})
+	_, ignored := d.push(map[string]string{"app/notes.md": "still not in the image\n"})
 	if ignored["app"].State != cascade.Built || ignored["app"].Digest != df["app"].Digest {
 		t.Errorf("after a change to a file app.Dockerfile.dockerignore leaves out: %s at %s, want built to the digest it had, %s", ignored["app"].State, ignored["app"].Digest, df["app"].Digest)
 	}
 
 	// A file of its context changes: built again too.
-	ctx := push(map[string]string{"app/app.txt": "app, two\n"})
+	_, ctx := d.push(map[string]string{"app/app.txt": "app, two\n"})
 	if ctx["app"].State != cascade.Built || ctx["app"].Digest == df["app"].Digest {
 		t.Fatalf("after a change to app.txt: %s at %s, want built anew (was %s)", ctx["app"].State, ctx["app"].Digest, df["app"].Digest)
 	}
