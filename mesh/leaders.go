@@ -24,12 +24,25 @@ func (g Group) String() string {
 	return g.Stream + "/" + g.Consumer
 }
 
-// leadWait bounds how long LeadHere works on one group; electionWait how
-// long it waits for the election a stepdown starts before it asks again.
+// leadWait bounds how long LeadHere works on one group when its context
+// has no deadline; electionWait how long it waits for the election a
+// stepdown starts before it asks again.
 const (
 	leadWait     = 3 * time.Second
 	electionWait = time.Second
 )
+
+// groupWait is how long LeadHere gives the next of left groups: an equal
+// share of what is left of ctx's time, so that a group that moved quickly
+// leaves its time to those after it and one that does not move leaves
+// theirs to them; leadWait without a deadline.
+func groupWait(ctx context.Context, left int) time.Duration {
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		return leadWait
+	}
+	return time.Until(deadline) / time.Duration(left)
+}
 
 // LeadHere asks the leader of each group that is not on the server nc is
 // connected to to hand over to that server (a leader stepdown with that
@@ -45,15 +58,16 @@ const (
 // hops again, not a write. A group of one replica, or whose leader is here
 // already, is left as it is. It returns the groups it moved and an error
 // joining every group it could not (an old server, no quorum, no grant):
-// each is still served where its leader is.
+// each is still served where its leader is. Each group has an equal share
+// of what is left of ctx's time (groupWait).
 func LeadHere(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, groups []Group) (moved []Group, err error) {
 	here := nc.ConnectedServerName()
 	if here == "" {
 		return nil, errors.New("not connected")
 	}
 	var errs []error
-	for _, g := range groups {
-		ok, err := leadHere(ctx, nc, js, g, here)
+	for i, g := range groups {
+		ok, err := leadHere(ctx, nc, js, g, here, groupWait(ctx, len(groups)-i))
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", g, err))
 		}
@@ -88,7 +102,19 @@ func LeaderOf(ctx context.Context, js jetstream.JetStream, g Group) (name string
 	return ci.Leader, true, nil
 }
 
-func leadHere(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, g Group, here string) (bool, error) {
+// leaderNow is LeaderOf during an election: the group's leader answers the
+// info request, and one asked of the leader that steps down, or before
+// another is elected, is answered by nobody; it is given up after
+// electionWait, and the caller asks again, where LeaderOf would wait out
+// ctx (CI: a consumer's info asked as its leader moved held a LeadHere for
+// all of its 3 s).
+func leaderNow(ctx context.Context, js jetstream.JetStream, g Group) (string, bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, electionWait)
+	defer cancel()
+	return LeaderOf(ctx, js, g)
+}
+
+func leadHere(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, g Group, here string, wait time.Duration) (bool, error) {
 	lead, replicated, err := LeaderOf(ctx, js, g)
 	if err != nil || !replicated || lead == here {
 		return false, err
@@ -98,7 +124,7 @@ func leadHere(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, g Grou
 		subject = ConsumerLeaderStepdown(g.Stream, g.Consumer)
 	}
 	body, _ := json.Marshal(map[string]any{"placement": map[string]string{"preferred": here}})
-	ctx, cancel := context.WithTimeout(ctx, leadWait)
+	ctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	// The leader hands over to the server preferred only if it heard from
 	// it lately, else to whichever follower wins the election: asked
@@ -113,7 +139,7 @@ func leadHere(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, g Grou
 			if ctx.Err() != nil {
 				return false, fmt.Errorf("its leader is %s: %w", lead, err)
 			}
-			if l, _, lerr := LeaderOf(ctx, js, g); lerr == nil && l != "" {
+			if l, _, lerr := leaderNow(ctx, js, g); lerr == nil && l != "" {
 				if lead = l; lead == here {
 					return true, nil
 				}
@@ -127,6 +153,11 @@ func leadHere(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, g Grou
 			return false, fmt.Errorf("reading the answer to a leader stepdown: %w", err)
 		}
 		if resp.Error != nil {
+			// Refused because it is here already: the last ask's
+			// election came to pass after the look that missed it.
+			if l, _, err := leaderNow(ctx, js, g); err == nil && l == here {
+				return true, nil
+			}
 			return false, fmt.Errorf("its leader is %s: %w", lead, resp.Error)
 		}
 		// The election follows the answer; one that does not come to
@@ -136,10 +167,10 @@ func leadHere(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, g Grou
 		for (lead == was || lead == "") && time.Since(asked) < electionWait {
 			select {
 			case <-ctx.Done():
-				return false, fmt.Errorf("its leader is %s after %s", lead, leadWait)
+				return false, fmt.Errorf("its leader is %s after %s", lead, wait.Round(time.Millisecond))
 			case <-time.After(25 * time.Millisecond):
 			}
-			if l, _, err := LeaderOf(ctx, js, g); err == nil {
+			if l, _, err := leaderNow(ctx, js, g); err == nil {
 				lead = l
 			}
 		}
