@@ -432,3 +432,33 @@ func TestAMachineWhoseBuildKitIsKilledStopsTakingAsks(t *testing.T) {
 		t.Fatalf("status %+v: want healthy", st)
 	}
 }
+
+// A submodule of the build context is in the real build: COPY from it
+// finds the files of the commit its gitlink pins (not its repository's
+// newest), fetched from the url .gitmodules gives relative to the
+// repository's — both rewritten to this machine's copies, as a mirror
+// would be (--git-instead-of).
+func TestARealBuildCopiesFromASubmodule(t *testing.T) {
+	testenv.RequireBuildkit(t)
+	reg := registrytest.Registry(t)
+	bk := testenv.Buildkitd(t, reg)
+	base := busyboxBase(t, reg)
+	lib, libCommit := testenv.GitRepo(t, map[string]string{"lib.txt": "lib v1\n"})
+	testenv.Commit(t, lib, map[string]string{"lib.txt": "lib v2\n"})
+	git, _ := testenv.GitRepo(t, map[string]string{
+		"app/Dockerfile": "FROM busybox\nCOPY vendor/lib/lib.txt /lib.txt\nRUN grep -qx 'lib v1' /lib.txt\n",
+	})
+	commit := testenv.Submodule(t, git, "app/vendor/lib", "../lib.git", libCommit)
+	b, err := agent.NewBuildKit(bk, agent.BuildKitOptions{Registry: registry.NewClient(registry.WithInsecure(true))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	src := &agent.Sources{Dir: t.TempDir(), InsteadOf: map[string]string{realRepo: git, "https://git.example/lib.git": lib}}
+	repo, digest := name2(base.Image + "@" + base.Digest)
+	// The build's RUN fails unless the pinned commit's file is there.
+	res, log := buildApp(t, b, src, mesh.Source{Repo: realRepo, Commit: commit, Path: "app"}, reg, repo, digest)
+	if res.Digest == "" {
+		t.Fatalf("built nothing:\n%s", strings.Join(log, "\n"))
+	}
+}

@@ -90,7 +90,7 @@ func (s *Sources) CheckoutCommit(ctx context.Context, src mesh.Source) (dir, com
 	// (heldTree). Its files' times are then the checkout's, which neither
 	// BuildKit's cache keys nor the image (its times rewritten) record.
 	// Written once for every build of the same tree (writeTree).
-	t, err := s.writeTree(ctx, root, cache, id, "checking out "+short(commit))
+	t, err := s.writeTree(ctx, root, cache, id, "checking out "+short(commit), src.Repo, commit, sub)
 	if err != nil {
 		// What the clone was found to hold is looked at again next time.
 		s.resolved.Delete(resolveKey(src, sub, dockerfile))
@@ -99,18 +99,28 @@ func (s *Sources) CheckoutCommit(ctx context.Context, src mesh.Source) (dir, com
 	return t.dir, commit, nil
 }
 
-// Submodules are the git submodules in the checkout dir (as Checkout
-// returned it), relative to it: a submodule is not fetched, and git
-// writes its directory empty, so a build that copies from it does not
-// find its files (docker build of a clone with its submodules checked out
-// would). The worker says so in the build's log.
-func (s *Sources) Submodules(dir string) []string {
+// Submodule is a git submodule in a checkout: its path relative to the
+// checkout, the commit it pins, and the url it was fetched from (resolved
+// from the .gitmodules of the repository that holds it); URL is "" for a
+// gitlink .gitmodules gives no url for, whose directory is left empty.
+type Submodule struct {
+	Path, URL, Commit string
+}
+
+// Submodules are the git submodules in the checkout dir (as Checkout or
+// DockerfileDir returned it), nested ones too, relative to it: each is
+// fetched (at the commit its gitlink pins, from the url .gitmodules gives,
+// a relative one resolved against the repository's, and rewritten by
+// InsteadOf) and written into its directory, as docker build of a git
+// context writes them, unless .gitmodules names no url for it. The worker
+// says each in the build's log.
+func (s *Sources) Submodules(dir string) []Submodule {
 	t, ok := s.trees.byDir(filepath.Clean(dir))
 	if !ok {
 		return nil
 	}
 	links, _ := s.submodules.Load(t.id)
-	out, _ := links.([]string)
+	out, _ := links.([]Submodule)
 	return out
 }
 
@@ -151,7 +161,7 @@ func (s *Sources) DockerfileDir(ctx context.Context, src mesh.Source, commit str
 		return "", classified(ErrSource, fmt.Sprintf("the Dockerfile's directory %q is not a directory in %s at %s", dir, src.Repo, short(commit)), nil)
 	}
 	id := objs[0].ID
-	t, err := s.writeTree(ctx, root, clone, id, "checking out the Dockerfile's directory at "+short(commit))
+	t, err := s.writeTree(ctx, root, clone, id, "checking out the Dockerfile's directory at "+short(commit), src.Repo, commit, dir)
 	if err != nil {
 		return "", err
 	}
@@ -161,27 +171,148 @@ func (s *Sources) DockerfileDir(ctx context.Context, src mesh.Source, commit str
 // writeTree takes the checkout of tree id of clone, written from `git
 // archive` in one git process (the clone's index and work tree, it has
 // none, are never touched) when it is not on disk: once for every build
-// of the same tree (trees.go). doing names the work in a failure's
+// of the same tree (trees.go). The tree is at path sub of commit in repo,
+// whose .gitmodules names the url of each submodule in it: they are
+// written in too (submodules). doing names the work in a failure's
 // message.
-func (s *Sources) writeTree(ctx context.Context, root, clone, id, doing string) (*tree, error) {
+func (s *Sources) writeTree(ctx context.Context, root, clone, id, doing, repo, commit, sub string) (*tree, error) {
 	return s.trees.take(ctx, filepath.Join(root, "work"), id, func(dir string) error {
 		empty, err := gitcache.Archive(ctx, clone, id, dir)
-		if err == nil && len(empty) > 0 {
-			// Submodules, which git archive writes empty, are said in
-			// each build's log (Submodules); the build goes on without
-			// them if they cannot be read.
-			if links, _ := gitcache.Gitlinks(ctx, clone, id); len(links) > 0 {
-				s.submodules.Store(id, links)
-			}
+		if err != nil {
+			return gitFailure(ctx, doing, err)
 		}
-		switch {
-		case err == nil:
+		if len(empty) == 0 {
+			return nil // git writes a submodule as an empty directory
+		}
+		links, err := gitcache.Gitlinks(ctx, clone, id)
+		if err != nil {
+			return gitFailure(ctx, doing, err)
+		}
+		if len(links) == 0 {
 			return nil
-		case ctx.Err() != nil:
-			return ctx.Err()
 		}
-		return classified(ErrInfra, saying(doing, err), err)
+		subs, err := s.fillSubmodules(ctx, root, repo, commit, sub, dir, links, 1)
+		if err != nil {
+			return err
+		}
+		s.submodules.Store(id, subs)
+		return nil
 	})
+}
+
+// gitFailure is a git command's failure while doing: the context's end,
+// or infrastructure (the clone could not be read or written).
+func gitFailure(ctx context.Context, doing string, err error) error {
+	if cerr := ctx.Err(); cerr != nil {
+		return cerr
+	}
+	return classified(ErrInfra, saying(doing, err), err)
+}
+
+// saidOf is err, a classified failure, with its message begun by what
+// (which submodule it is of); any other error as it is.
+func saidOf(what string, err error) error {
+	var e *Error
+	if !errors.As(err, &e) {
+		return err
+	}
+	return classified(e.Kind, what+e.Msg, e.Err)
+}
+
+// maxSubmoduleDepth bounds submodules within submodules.
+const maxSubmoduleDepth = 8
+
+// fillSubmodules writes each submodule of links (the gitlinks of the tree
+// at sub of commit in repo, written to dir) into its directory under dir:
+// its url read from commit's .gitmodules and resolved against repo, its
+// pinned commit fetched into that url's own clone (shallow, as every
+// fetch here) and archived, and the submodules in it in turn (depth
+// counts the nesting). A gitlink .gitmodules gives no url for is left
+// empty, as git leaves it. A url or commit that is not there fails the
+// checkout as a source error naming the submodule; a server that cannot be
+// reached, as infrastructure.
+func (s *Sources) fillSubmodules(ctx context.Context, root, repo, commit, sub, dir string, links []gitcache.Gitlink, depth int) ([]Submodule, error) {
+	if depth > maxSubmoduleDepth {
+		return nil, classified(ErrSource, fmt.Sprintf("submodules in %s nest deeper than %d", repo, maxSubmoduleDepth), nil)
+	}
+	// The commit's .gitmodules: the clone may hold the context's tree
+	// without the commit (heldTree), which is then fetched.
+	clone, full, err := s.fetch(ctx, root, mesh.Source{Repo: repo, Commit: commit})
+	if err != nil {
+		return nil, err
+	}
+	urls, err := gitcache.SubmoduleURLs(ctx, clone, full)
+	if err != nil {
+		return nil, gitFailure(ctx, "reading .gitmodules of "+repo+" at "+short(full), err)
+	}
+	var out []Submodule
+	for _, l := range links {
+		u, ok := urls[path.Join(sub, l.Path)]
+		if !ok {
+			out = append(out, Submodule{Path: l.Path, Commit: l.Commit})
+			continue
+		}
+		bad := func(why string) error {
+			return classified(ErrSource, fmt.Sprintf("submodule %s (%s in .gitmodules of %s): %s", l.Path, u, repo, why), nil)
+		}
+		url, err := gitcache.ResolveURL(repo, u)
+		if err != nil {
+			return nil, bad(err.Error())
+		}
+		if why := refusedURL(s.clones(root), repo, url); why != "" {
+			return nil, bad(why)
+		}
+		subClone, subCommit, err := s.fetch(ctx, root, mesh.Source{Repo: url, Commit: l.Commit})
+		if err != nil {
+			return nil, saidOf("submodule "+l.Path+": ", err)
+		}
+		target := filepath.Join(dir, filepath.FromSlash(l.Path))
+		empty, err := gitcache.Archive(ctx, subClone, subCommit+"^{tree}", target)
+		if err != nil {
+			return nil, gitFailure(ctx, "checking out submodule "+l.Path+" at "+short(subCommit), err)
+		}
+		out = append(out, Submodule{Path: l.Path, URL: url, Commit: subCommit})
+		if len(empty) == 0 {
+			continue
+		}
+		nested, err := gitcache.Gitlinks(ctx, subClone, subCommit+"^{tree}")
+		if err != nil {
+			return nil, gitFailure(ctx, "reading submodule "+l.Path+" at "+short(subCommit), err)
+		}
+		if len(nested) == 0 {
+			continue
+		}
+		inner, err := s.fillSubmodules(ctx, root, url, subCommit, "", target, nested, depth+1)
+		if err != nil {
+			return nil, saidOf("in submodule "+l.Path+": ", err)
+		}
+		for _, n := range inner {
+			n.Path = path.Join(l.Path, n.Path)
+			out = append(out, n)
+		}
+	}
+	return out, nil
+}
+
+// refusedURL says why a submodule's url (resolved) of the repository repo
+// is not fetched by c, "" if it is: a transport that runs a program
+// (transport::address, such as ext::), and a path on this machine unless
+// repo is fetched from this machine too (as rewritten by InsteadOf) — a
+// repository's .gitmodules must not read the machine's own files into an
+// image, as git refuses a local submodule since 2.38.1 (CVE-2022-39253).
+func refusedURL(c *gitcache.Cache, repo, url string) string {
+	if i := strings.Index(url, "::"); i >= 0 && !strings.ContainsAny(url[:i], "/:") {
+		return "a url through a remote helper is not fetched"
+	}
+	if strings.HasPrefix(url, "-") {
+		return "not a url"
+	}
+	if _, local := localPath(url); local {
+		if _, superLocal := localPath(c.Rewrite(repo)); !superLocal {
+			return "a path on the building machine is fetched only for a repository fetched from this machine"
+		}
+	}
+	return ""
 }
 
 // resolve makes sure the clone holds src's commit and finds the tree of

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/meshbuild/meshbuild/internal/gitcache"
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
 )
@@ -576,30 +577,17 @@ type builderFunc func(ctx context.Context, req BuildRequest) (Result, error)
 
 func (f builderFunc) Build(ctx context.Context, req BuildRequest) (Result, error) { return f(ctx, req) }
 
-// TestASubmoduleInTheContextIsSaidInTheBuildLog: git archive writes a
-// submodule's directory empty (submodules are not fetched), so a build
-// that copies from it would not find its files with nothing to say why:
-// the checkout names the submodules of its tree, and the worker says so
-// in the build's log, once for each, also when the checkout is kept for
-// the next build of its tree. A context without any says nothing.
-func TestASubmoduleInTheContextIsSaidInTheBuildLog(t *testing.T) {
+// TestASubmoduleWithoutAURLIsSaidInTheBuildLog: a gitlink that
+// .gitmodules gives no url for (none at all here) cannot be fetched, and
+// git writes its directory empty, so a build that copies from it would not
+// find its files with nothing to say why: the checkout names it, and the
+// worker says so in the build's log, once for each, also when the checkout
+// is kept for the next build of its tree. A context without any says
+// nothing.
+func TestASubmoduleWithoutAURLIsSaidInTheBuildLog(t *testing.T) {
 	ctx := context.Background()
 	repo, _ := testenv.GitRepo(t, map[string]string{"app/Dockerfile": "FROM scratch\nCOPY . /\n", "app/a.txt": "a", "other/Dockerfile": "FROM scratch\n"})
-	// A gitlink as `git submodule add` leaves it, without the submodule's
-	// repository (nothing fetches it).
-	for _, args := range [][]string{
-		{"update-index", "--add", "--cacheinfo", "160000," + strings.Repeat("c", 40) + ",app/vendor/lib"},
-		{"-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-q", "-m", "a submodule"},
-	} {
-		if out, err := exec.Command("git", append([]string{"-C", repo}, args...)...).CombinedOutput(); err != nil {
-			t.Fatalf("git %v: %v\n%s", args, err, out)
-		}
-	}
-	out, err := exec.Command("git", "-C", repo, "rev-parse", "HEAD").Output()
-	if err != nil {
-		t.Fatal(err)
-	}
-	commit := strings.TrimSpace(string(out))
+	commit := testenv.Submodule(t, repo, "app/vendor/lib", "", strings.Repeat("c", 40))
 	s := &Sources{Dir: t.TempDir()}
 	var lines []string
 	var built []string
@@ -627,11 +615,103 @@ func TestASubmoduleInTheContextIsSaidInTheBuildLog(t *testing.T) {
 		if path == "app" {
 			want = 1
 		}
-		if len(said) != want || want == 1 && !strings.HasPrefix(said[0], "source: vendor/lib in the build context is a git submodule, which is not fetched") {
+		if len(said) != want || want == 1 && !strings.HasPrefix(said[0], "source: vendor/lib in the build context is a git submodule that .gitmodules gives no url for, which is not fetched") {
 			t.Errorf("%s's build log on submodules: %q, want %d line naming vendor/lib", path, said, want)
 		}
 	}
 	if len(built) != 3 || built[0] != built[2] {
 		t.Fatalf("built %q, want 3 builds, app's twice from one checkout", built)
+	}
+}
+
+// TestSubmodulesAreFetchedIntoTheContext: a submodule in the build
+// context is checked out at the commit its gitlink pins, from the url
+// .gitmodules gives (relative to the repository, as git resolves it), and
+// so is a submodule within it, as docker build of a git context does; the
+// worker names each with its url and commit. One at a commit its
+// repository lacks, or whose repository is not there, fails the checkout
+// as a source error naming it; and nothing of the failed checkout is kept.
+func TestSubmodulesAreFetchedIntoTheContext(t *testing.T) {
+	ctx := context.Background()
+	inner, innerCommit := testenv.GitRepo(t, map[string]string{"inner.txt": "inner"})
+	lib, _ := testenv.GitRepo(t, map[string]string{"lib.txt": "lib v1"})
+	// Each repository is a directory of the test's own temporary one:
+	// "../<name>" is a sibling, as "../lib.git" is beside fleet.git on a
+	// git server.
+	libCommit := testenv.Submodule(t, lib, "deps/inner", "../"+filepath.Base(inner), innerCommit)
+	testenv.Commit(t, lib, map[string]string{"lib.txt": "lib v2"}) // the gitlink pins v1
+	repo, _ := testenv.GitRepo(t, map[string]string{"app/Dockerfile": "FROM scratch\nCOPY . /\n"})
+	commit := testenv.Submodule(t, repo, "app/vendor/lib", "../"+filepath.Base(lib), libCommit)
+
+	s := &Sources{Dir: t.TempDir()}
+	var lines []string
+	w := &BuildWorker{Sources: s, Builder: builderFunc(func(_ context.Context, req BuildRequest) (Result, error) {
+		if got := readFile(t, filepath.Join(req.ContextDir, "vendor", "lib", "lib.txt")); got != "lib v1" {
+			t.Errorf("vendor/lib/lib.txt = %q, want the pinned commit's", got)
+		}
+		if got := readFile(t, filepath.Join(req.ContextDir, "vendor", "lib", "deps", "inner", "inner.txt")); got != "inner" {
+			t.Errorf("the nested submodule's file = %q", got)
+		}
+		return Result{Digest: "sha256:" + strings.Repeat("d", 64)}, nil
+	})}
+	ask := mesh.Ask{Module: "app", Image: "reg.example/app", Source: mesh.Source{Repo: repo, Commit: commit, Path: "app"}}
+	if _, err := w.Work(ctx, ask, func(l string) { lines = append(lines, l) }); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		"source: submodule vendor/lib: " + lib + " at " + short(libCommit),
+		"source: submodule vendor/lib/deps/inner: " + inner + " at " + short(innerCommit),
+	}
+	var said []string
+	for _, l := range lines {
+		if strings.Contains(l, "submodule") {
+			said = append(said, l)
+		}
+	}
+	if strings.Join(said, "\n") != strings.Join(want, "\n") {
+		t.Errorf("the build log on submodules:\n%s\nwant\n%s", strings.Join(said, "\n"), strings.Join(want, "\n"))
+	}
+
+	for _, c := range []struct {
+		name, url, commit, want string
+	}{
+		{"a commit its repository lacks", "../" + filepath.Base(lib), strings.Repeat("e", 40), "source: submodule vendor/other: commit " + strings.Repeat("e", 40) + " not found in " + lib},
+		{"a repository that is not there", "../no-such-repository", libCommit, "source: submodule vendor/other: repository " + filepath.Join(filepath.Dir(lib), "no-such-repository") + " not found"},
+		{"a url above the root", strings.Repeat("../", 40) + "x", libCommit, "climbs above"},
+		{"a remote helper", "ext::sh -c touch% /tmp/pwned", libCommit, "a url through a remote helper is not fetched"},
+	} {
+		bad := testenv.Submodule(t, repo, "app/vendor/other", c.url, c.commit)
+		_, err := s.Checkout(ctx, mesh.Source{Repo: repo, Commit: bad, Path: "app"})
+		if !errors.Is(err, ErrSource) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want a source error saying %q", c.name, err, c.want)
+		}
+		if _, err := os.Stat("/tmp/pwned"); err == nil {
+			t.Fatal("the remote helper ran")
+		}
+	}
+}
+
+// A submodule's url that is a path on the building machine is fetched only
+// for a repository fetched from the machine itself; a remote helper
+// (transport::address) never.
+func TestRefusedSubmoduleURLs(t *testing.T) {
+	local := t.TempDir()
+	c := &gitcache.Cache{Dir: t.TempDir(), InsteadOf: map[string]string{"https://mirror.example/": local + "/"}}
+	for _, tc := range []struct {
+		repo, url string
+		refused   bool
+	}{
+		{"https://git.example/org/fleet.git", "https://git.example/org/lib.git", false},
+		{"https://git.example/org/fleet.git", "git@git.example:org/lib.git", false},
+		{"https://git.example/org/fleet.git", "/var/lib/meshbuild/agent/secrets", true},
+		{"https://git.example/org/fleet.git", "file:///etc", true},
+		{"https://git.example/org/fleet.git", "ext::sh -c id", true},
+		{"https://git.example/org/fleet.git", "-uhelp", true},
+		{local + "/fleet", local + "/lib", false},
+		{"https://mirror.example/fleet", local + "/lib", false}, // fetched from this machine
+	} {
+		if got := refusedURL(c, tc.repo, tc.url); (got != "") != tc.refused {
+			t.Errorf("refusedURL(%s, %s) = %q, want refused %v", tc.repo, tc.url, got, tc.refused)
+		}
 	}
 }

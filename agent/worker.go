@@ -74,7 +74,11 @@ func (w *BuildWorker) Work(ctx context.Context, ask mesh.Ask, log func(string)) 
 	}
 	defer w.Sources.Release(dir)
 	for _, sub := range w.Sources.Submodules(dir) {
-		log("source: " + sub + " in the build context is a git submodule, which is not fetched: its directory is empty in this build")
+		if sub.URL == "" {
+			log("source: " + sub.Path + " in the build context is a git submodule that .gitmodules gives no url for, which is not fetched: its directory is empty in this build")
+			continue
+		}
+		log("source: submodule " + sub.Path + ": " + sub.URL + " at " + short(sub.Commit))
 	}
 	dfDir, err := w.Sources.DockerfileDir(ctx, ask.Source, commit)
 	if err != nil {

@@ -138,25 +138,3 @@ func writeEntry(tr *tar.Reader, h *tar.Header, target string) error {
 	}
 	return nil
 }
-
-// Gitlinks lists the submodules in the tree treeish of the clone: the
-// paths (relative to the tree) of its gitlink entries, which `git archive`
-// writes as empty directories. One git process.
-func Gitlinks(ctx context.Context, clone, treeish string) ([]string, error) {
-	cmd := command(ctx, clone, "ls-tree", "-r", "-z", treeish)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		return nil, &Error{Args: []string{"ls-tree", "-r", treeish}, Err: err, Stderr: stderr.String()}
-	}
-	var links []string
-	for _, e := range strings.Split(string(out), "\x00") {
-		// <mode> SP <type> SP <object> TAB <path>
-		meta, p, ok := strings.Cut(e, "\t")
-		if f := strings.Fields(meta); ok && len(f) == 3 && f[1] == "commit" {
-			links = append(links, p)
-		}
-	}
-	return links, nil
-}

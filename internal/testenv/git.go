@@ -58,3 +58,24 @@ func git(t testing.TB, dir string, args ...string) string {
 	}
 	return strings.TrimSpace(string(out))
 }
+
+// Submodule adds to the repository at dir a submodule at path (relative to
+// its root) pinned at commit, with url in .gitmodules ("" leaves
+// .gitmodules alone: a gitlink without a url), as `git submodule add`
+// leaves it without a checkout, commits it and returns the new commit.
+func Submodule(t testing.TB, dir, path, url, commit string) string {
+	t.Helper()
+	if url != "" {
+		git(t, dir, "config", "-f", ".gitmodules", "submodule."+path+".path", path)
+		git(t, dir, "config", "-f", ".gitmodules", "submodule."+path+".url", url)
+		git(t, dir, "add", ".gitmodules")
+	}
+	git(t, dir, "update-index", "--add", "--cacheinfo", "160000,"+commit+","+path)
+	// Its directory empty, as a clone leaves a submodule not checked out:
+	// a later Commit (git add -A) keeps the gitlink.
+	if err := os.MkdirAll(filepath.Join(dir, filepath.FromSlash(path)), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	git(t, dir, "commit", "-q", "-m", "submodule "+path)
+	return git(t, dir, "rev-parse", "HEAD")
+}
