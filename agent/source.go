@@ -44,11 +44,11 @@ type Sources struct {
 
 	trees    trees
 	resolved sync.Map // resolution by repository, commit, path and Dockerfile
-	// submodules are the gitlinks of each tree written that has any
-	// (Submodules), by tree id.
-	submodules sync.Map
-	once       sync.Once
-	cache      *gitcache.Cache
+	// notes are what each tree written holds that its build's log says
+	// (Submodules, LFSPointers), by tree id, for those that hold any.
+	notes sync.Map
+	once  sync.Once
+	cache *gitcache.Cache
 }
 
 // clones is the cache of bare clones under Dir/repos, made on first use.
@@ -107,6 +107,25 @@ type Submodule struct {
 	Path, URL, Commit string
 }
 
+// notes are what a checkout holds that its build's log says: its
+// submodules, and the Git LFS pointers in it and in them.
+type notes struct {
+	submodules []Submodule
+	lfs        []string
+}
+
+// notesOf are the notes of the checkout dir (as Checkout or DockerfileDir
+// returned it).
+func (s *Sources) notesOf(dir string) notes {
+	t, ok := s.trees.byDir(filepath.Clean(dir))
+	if !ok {
+		return notes{}
+	}
+	n, _ := s.notes.Load(t.id)
+	out, _ := n.(notes)
+	return out
+}
+
 // Submodules are the git submodules in the checkout dir (as Checkout or
 // DockerfileDir returned it), nested ones too, relative to it: each is
 // fetched (at the commit its gitlink pins, from the url .gitmodules gives,
@@ -114,15 +133,14 @@ type Submodule struct {
 // InsteadOf) and written into its directory, as docker build of a git
 // context writes them, unless .gitmodules names no url for it. The worker
 // says each in the build's log.
-func (s *Sources) Submodules(dir string) []Submodule {
-	t, ok := s.trees.byDir(filepath.Clean(dir))
-	if !ok {
-		return nil
-	}
-	links, _ := s.submodules.Load(t.id)
-	out, _ := links.([]Submodule)
-	return out
-}
+func (s *Sources) Submodules(dir string) []Submodule { return s.notesOf(dir).submodules }
+
+// LFSPointers are the files of the checkout dir, relative to it, that are
+// Git LFS pointers: git stores a pointer in place of a file tracked by
+// Git LFS, and the object it names is not fetched (docker build of a git
+// context does not fetch it either), so a build that copies the file gets
+// the pointer's text. The worker says so in the build's log.
+func (s *Sources) LFSPointers(dir string) []string { return s.notesOf(dir).lfs }
 
 // DockerfileDir writes the directory that holds src's Dockerfile, when it
 // lies outside the build context (mesh.DockerfileOutside), as it is at
@@ -177,25 +195,25 @@ func (s *Sources) DockerfileDir(ctx context.Context, src mesh.Source, commit str
 // message.
 func (s *Sources) writeTree(ctx context.Context, root, clone, id, doing, repo, commit, sub string) (*tree, error) {
 	return s.trees.take(ctx, filepath.Join(root, "work"), id, func(dir string) error {
-		empty, err := gitcache.Archive(ctx, clone, id, dir)
+		w, err := gitcache.Archive(ctx, clone, id, dir)
 		if err != nil {
 			return gitFailure(ctx, doing, err)
 		}
-		if len(empty) == 0 {
-			return nil // git writes a submodule as an empty directory
+		n := notes{lfs: w.LFS}
+		if len(w.Empty) > 0 { // git writes a submodule as an empty directory
+			links, err := gitcache.Gitlinks(ctx, clone, id)
+			if err != nil {
+				return gitFailure(ctx, doing, err)
+			}
+			if len(links) > 0 {
+				if n, err = s.fillSubmodules(ctx, root, repo, commit, sub, dir, links, 1, n); err != nil {
+					return err
+				}
+			}
 		}
-		links, err := gitcache.Gitlinks(ctx, clone, id)
-		if err != nil {
-			return gitFailure(ctx, doing, err)
+		if len(n.submodules)+len(n.lfs) > 0 {
+			s.notes.Store(id, n)
 		}
-		if len(links) == 0 {
-			return nil
-		}
-		subs, err := s.fillSubmodules(ctx, root, repo, commit, sub, dir, links, 1)
-		if err != nil {
-			return err
-		}
-		s.submodules.Store(id, subs)
 		return nil
 	})
 }
@@ -231,25 +249,24 @@ const maxSubmoduleDepth = 8
 // empty, as git leaves it. A url or commit that is not there fails the
 // checkout as a source error naming the submodule; a server that cannot be
 // reached, as infrastructure.
-func (s *Sources) fillSubmodules(ctx context.Context, root, repo, commit, sub, dir string, links []gitcache.Gitlink, depth int) ([]Submodule, error) {
+func (s *Sources) fillSubmodules(ctx context.Context, root, repo, commit, sub, dir string, links []gitcache.Gitlink, depth int, n notes) (notes, error) {
 	if depth > maxSubmoduleDepth {
-		return nil, classified(ErrSource, fmt.Sprintf("submodules in %s nest deeper than %d", repo, maxSubmoduleDepth), nil)
+		return n, classified(ErrSource, fmt.Sprintf("submodules in %s nest deeper than %d", repo, maxSubmoduleDepth), nil)
 	}
 	// The commit's .gitmodules: the clone may hold the context's tree
 	// without the commit (heldTree), which is then fetched.
 	clone, full, err := s.fetch(ctx, root, mesh.Source{Repo: repo, Commit: commit})
 	if err != nil {
-		return nil, err
+		return n, err
 	}
 	urls, err := gitcache.SubmoduleURLs(ctx, clone, full)
 	if err != nil {
-		return nil, gitFailure(ctx, "reading .gitmodules of "+repo+" at "+short(full), err)
+		return n, gitFailure(ctx, "reading .gitmodules of "+repo+" at "+short(full), err)
 	}
-	var out []Submodule
 	for _, l := range links {
 		u, ok := urls[path.Join(sub, l.Path)]
 		if !ok {
-			out = append(out, Submodule{Path: l.Path, Commit: l.Commit})
+			n.submodules = append(n.submodules, Submodule{Path: l.Path, Commit: l.Commit})
 			continue
 		}
 		bad := func(why string) error {
@@ -257,41 +274,47 @@ func (s *Sources) fillSubmodules(ctx context.Context, root, repo, commit, sub, d
 		}
 		url, err := gitcache.ResolveURL(repo, u)
 		if err != nil {
-			return nil, bad(err.Error())
+			return n, bad(err.Error())
 		}
 		if why := refusedURL(s.clones(root), repo, url); why != "" {
-			return nil, bad(why)
+			return n, bad(why)
 		}
 		subClone, subCommit, err := s.fetch(ctx, root, mesh.Source{Repo: url, Commit: l.Commit})
 		if err != nil {
-			return nil, saidOf("submodule "+l.Path+": ", err)
+			return n, saidOf("submodule "+l.Path+": ", err)
 		}
 		target := filepath.Join(dir, filepath.FromSlash(l.Path))
-		empty, err := gitcache.Archive(ctx, subClone, subCommit+"^{tree}", target)
+		w, err := gitcache.Archive(ctx, subClone, subCommit+"^{tree}", target)
 		if err != nil {
-			return nil, gitFailure(ctx, "checking out submodule "+l.Path+" at "+short(subCommit), err)
+			return n, gitFailure(ctx, "checking out submodule "+l.Path+" at "+short(subCommit), err)
 		}
-		out = append(out, Submodule{Path: l.Path, URL: url, Commit: subCommit})
-		if len(empty) == 0 {
+		n.submodules = append(n.submodules, Submodule{Path: l.Path, URL: url, Commit: subCommit})
+		for _, f := range w.LFS {
+			n.lfs = append(n.lfs, path.Join(l.Path, f))
+		}
+		if len(w.Empty) == 0 {
 			continue
 		}
 		nested, err := gitcache.Gitlinks(ctx, subClone, subCommit+"^{tree}")
 		if err != nil {
-			return nil, gitFailure(ctx, "reading submodule "+l.Path+" at "+short(subCommit), err)
+			return n, gitFailure(ctx, "reading submodule "+l.Path+" at "+short(subCommit), err)
 		}
 		if len(nested) == 0 {
 			continue
 		}
-		inner, err := s.fillSubmodules(ctx, root, url, subCommit, "", target, nested, depth+1)
+		inner, err := s.fillSubmodules(ctx, root, url, subCommit, "", target, nested, depth+1, notes{})
 		if err != nil {
-			return nil, saidOf("in submodule "+l.Path+": ", err)
+			return n, saidOf("in submodule "+l.Path+": ", err)
 		}
-		for _, n := range inner {
-			n.Path = path.Join(l.Path, n.Path)
-			out = append(out, n)
+		for _, m := range inner.submodules {
+			m.Path = path.Join(l.Path, m.Path)
+			n.submodules = append(n.submodules, m)
+		}
+		for _, f := range inner.lfs {
+			n.lfs = append(n.lfs, path.Join(l.Path, f))
 		}
 	}
-	return out, nil
+	return n, nil
 }
 
 // refusedURL says why a submodule's url (resolved) of the repository repo

@@ -634,7 +634,7 @@ func TestASubmoduleWithoutAURLIsSaidInTheBuildLog(t *testing.T) {
 func TestSubmodulesAreFetchedIntoTheContext(t *testing.T) {
 	ctx := context.Background()
 	inner, innerCommit := testenv.GitRepo(t, map[string]string{"inner.txt": "inner"})
-	lib, _ := testenv.GitRepo(t, map[string]string{"lib.txt": "lib v1"})
+	lib, _ := testenv.GitRepo(t, map[string]string{"lib.txt": "lib v1", "big.bin": lfsPointer})
 	// Each repository is a directory of the test's own temporary one:
 	// "../<name>" is a sibling, as "../lib.git" is beside fleet.git on a
 	// git server.
@@ -661,10 +661,14 @@ func TestSubmodulesAreFetchedIntoTheContext(t *testing.T) {
 	want := []string{
 		"source: submodule vendor/lib: " + lib + " at " + short(libCommit),
 		"source: submodule vendor/lib/deps/inner: " + inner + " at " + short(innerCommit),
+		"source: 1 file in the build context is a Git LFS pointer (vendor/lib/big.bin): the objects",
 	}
 	var said []string
 	for _, l := range lines {
-		if strings.Contains(l, "submodule") {
+		if strings.Contains(l, "submodule") || strings.Contains(l, "Git LFS") {
+			if strings.Contains(l, "Git LFS") {
+				l = l[:min(len(l), len(want[2]))]
+			}
 			said = append(said, l)
 		}
 	}
@@ -712,6 +716,49 @@ func TestRefusedSubmoduleURLs(t *testing.T) {
 	} {
 		if got := refusedURL(c, tc.repo, tc.url); (got != "") != tc.refused {
 			t.Errorf("refusedURL(%s, %s) = %q, want refused %v", tc.repo, tc.url, got, tc.refused)
+		}
+	}
+}
+
+// lfsPointer is a Git LFS pointer file as git stores it in place of the
+// file it tracks.
+const lfsPointer = "version https://git-lfs.github.com/spec/v1\noid sha256:4d7a214614ab2935c943f9e0ff69d22eadbb8f32b1258daaa5e2ca24d17e2393\nsize 12345\n"
+
+// TestLFSPointersAreSaidInTheBuildLog: a file Git LFS tracks is stored
+// in git as a pointer, and the checkout writes the pointer (as docker
+// build of a git context does): the build's log names the pointers, the
+// first five and how many, once a build; a file that only begins like one
+// but is larger than any pointer, or a context without any, says nothing.
+func TestLFSPointersAreSaidInTheBuildLog(t *testing.T) {
+	ctx := context.Background()
+	files := map[string]string{
+		"app/Dockerfile":   "FROM scratch\nCOPY . /\n",
+		"other/Dockerfile": "FROM scratch\n",
+		"other/large.txt":  "version https://git-lfs.github.com/spec/v1\n" + strings.Repeat("x", 2000),
+	}
+	for i := range 7 {
+		files[fmt.Sprintf("app/assets/%d.bin", i)] = lfsPointer
+	}
+	repo, commit := testenv.GitRepo(t, files)
+	w := &BuildWorker{Sources: &Sources{Dir: t.TempDir()}, Builder: builderFunc(func(_ context.Context, req BuildRequest) (Result, error) {
+		return Result{Digest: "sha256:" + strings.Repeat("d", 64)}, nil
+	})}
+	for _, c := range []struct{ path, want string }{
+		{"app", "source: 7 files in the build context are Git LFS pointers (assets/0.bin, assets/1.bin, assets/2.bin, assets/3.bin, assets/4.bin and 2 more): the objects they name are not fetched"},
+		{"other", ""},
+		{"app", "source: 7 files in the build context are Git LFS pointers (assets/0.bin"}, // from the kept checkout
+	} {
+		var said []string
+		ask := mesh.Ask{Module: c.path, Image: "reg.example/" + c.path, Source: mesh.Source{Repo: repo, Commit: commit, Path: c.path}}
+		if _, err := w.Work(ctx, ask, func(l string) {
+			if strings.Contains(l, "Git LFS") {
+				said = append(said, l)
+			}
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if c.want == "" && len(said) != 0 || c.want != "" && (len(said) != 1 || !strings.HasPrefix(said[0], c.want)) {
+			t.Errorf("%s's build log on LFS: %q, want %q", c.path, said, c.want)
 		}
 	}
 }

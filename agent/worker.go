@@ -2,6 +2,8 @@ package agent
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"time"
 
 	"github.com/meshbuild/meshbuild/mesh"
@@ -80,6 +82,9 @@ func (w *BuildWorker) Work(ctx context.Context, ask mesh.Ask, log func(string)) 
 		}
 		log("source: submodule " + sub.Path + ": " + sub.URL + " at " + short(sub.Commit))
 	}
+	if lfs := w.Sources.LFSPointers(dir); len(lfs) > 0 {
+		log("source: " + lfsNote(lfs))
+	}
 	dfDir, err := w.Sources.DockerfileDir(ctx, ask.Source, commit)
 	if err != nil {
 		return Result{}, err
@@ -103,4 +108,19 @@ func (w *BuildWorker) Work(ctx context.Context, ask mesh.Ask, log func(string)) 
 	res.Spans = append(Spans{{Name: SpanCheckout, Took: checkout}}, res.Spans...)
 	log("took: " + res.Spans.String())
 	return res, nil
+}
+
+// lfsNote says which files of a build context are Git LFS pointers (the
+// first few of them, and how many in all).
+func lfsNote(files []string) string {
+	const named = 5
+	list := strings.Join(files[:min(len(files), named)], ", ")
+	if len(files) > named {
+		list += fmt.Sprintf(" and %d more", len(files)-named)
+	}
+	what := "1 file in the build context is a Git LFS pointer"
+	if len(files) > 1 {
+		what = fmt.Sprintf("%d files in the build context are Git LFS pointers", len(files))
+	}
+	return what + " (" + list + "): the objects they name are not fetched, as docker build of a git context does not fetch them, so the build sees the pointers' text"
 }

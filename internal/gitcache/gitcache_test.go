@@ -175,8 +175,8 @@ func TestAShallowCacheIsSentOneTreeNotTheHistory(t *testing.T) {
 	}
 	// What a build reads of it: the tree.
 	out := t.TempDir()
-	if empty, err := gitcache.Archive(ctx, sclone, c2, out); err != nil || len(empty) != 0 {
-		t.Fatalf("Archive: %v, empty directories %q (want none)", err, empty)
+	if w, err := gitcache.Archive(ctx, sclone, c2, out); err != nil || len(w.Empty)+len(w.LFS) != 0 {
+		t.Fatalf("Archive: %v, %+v (want no empty directory, no LFS pointer)", err, w)
 	}
 	if b, err := os.ReadFile(filepath.Join(out, "app", "f")); err != nil || string(b) != "app\n" {
 		t.Errorf("app/f of the shallow clone's checkout: %q, %v", b, err)

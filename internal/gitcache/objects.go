@@ -48,36 +48,58 @@ func Objects(ctx context.Context, clone string, names ...string) ([]Object, erro
 	return objs, nil
 }
 
+// Written is what Archive wrote that a build may find missing.
+type Written struct {
+	// Empty are the directories written with nothing in them, relative
+	// to the directory written: git stores no empty directory, but
+	// writes a submodule's (a gitlink) empty (Gitlinks tells them apart).
+	Empty []string
+	// LFS are the files written that are Git LFS pointers, relative to
+	// the directory written: git stores the pointer, and the object it
+	// names is not fetched (git-lfs is not run).
+	LFS []string
+}
+
 // Archive writes the tree treeish of the clone into dir (which exists), from
 // `git archive` in one git process: regular files with their executable
 // bit, directories and symbolic links, as git stores them. The clone has no
-// index or work tree to touch. empty are the directories it wrote with
-// nothing in them, relative to dir: git stores no empty directory, but
-// writes a submodule's (a gitlink) empty (Gitlinks tells them apart).
-func Archive(ctx context.Context, clone, treeish, dir string) (empty []string, err error) {
+// index or work tree to touch.
+func Archive(ctx context.Context, clone, treeish, dir string) (Written, error) {
 	cmd := command(ctx, clone, "archive", "--format=tar", treeish)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {
-		return nil, err
+		return Written{}, err
 	}
 	if err := cmd.Start(); err != nil {
-		return nil, err
+		return Written{}, err
 	}
-	empty, rerr := untar(out, dir)
+	w, rerr := untar(out, dir)
 	_, _ = io.Copy(io.Discard, out)
 	if err := cmd.Wait(); err != nil {
-		return nil, &Error{Args: []string{"archive", treeish}, Err: err, Stderr: stderr.String()}
+		return Written{}, &Error{Args: []string{"archive", treeish}, Err: err, Stderr: stderr.String()}
 	}
-	return empty, rerr
+	return w, rerr
+}
+
+// lfsPointerMax bounds a Git LFS pointer's size (the spec's pointers are
+// about 130 bytes; git-lfs reads at most 1024).
+const lfsPointerMax = 1024
+
+// isLFSPointer reports whether a file's content is a Git LFS pointer: its
+// first line names the spec (git-lfs's own test, the older hawser name
+// too).
+func isLFSPointer(b []byte) bool {
+	return bytes.HasPrefix(b, []byte("version https://git-lfs.github.com/spec/v1\n")) ||
+		bytes.HasPrefix(b, []byte("version https://hawser.github.com/spec/v1\n"))
 }
 
 // untar writes the archive r into dir and returns the directories it wrote
-// with no entry under them.
-func untar(r io.Reader, dir string) ([]string, error) {
+// with no entry under them and the Git LFS pointers.
+func untar(r io.Reader, dir string) (Written, error) {
 	tr := tar.NewReader(r)
-	var dirs []string
+	var dirs, lfs []string
 	full := map[string]bool{}
 	for {
 		h, err := tr.Next()
@@ -85,7 +107,7 @@ func untar(r io.Reader, dir string) ([]string, error) {
 			break
 		}
 		if err != nil {
-			return nil, err
+			return Written{}, err
 		}
 		name := path.Clean(h.Name)
 		if name == "." || path.IsAbs(name) || name == ".." || strings.HasPrefix(name, "../") {
@@ -95,21 +117,33 @@ func untar(r io.Reader, dir string) ([]string, error) {
 			dirs = append(dirs, name)
 		}
 		full[path.Dir(name)] = true
-		if err := writeEntry(tr, h, filepath.Join(dir, filepath.FromSlash(name))); err != nil {
-			return nil, err
+		var content io.Reader = tr
+		if h.Typeflag == tar.TypeReg && h.Size <= lfsPointerMax {
+			// A small file is read whole first: it may be a pointer.
+			b, err := io.ReadAll(tr)
+			if err != nil {
+				return Written{}, err
+			}
+			if isLFSPointer(b) {
+				lfs = append(lfs, name)
+			}
+			content = bytes.NewReader(b)
+		}
+		if err := writeEntry(content, h, filepath.Join(dir, filepath.FromSlash(name))); err != nil {
+			return Written{}, err
 		}
 	}
-	var empty []string
+	w := Written{LFS: lfs}
 	for _, d := range dirs {
 		if !full[d] {
-			empty = append(empty, d)
+			w.Empty = append(w.Empty, d)
 		}
 	}
-	return empty, nil
+	return w, nil
 }
 
 // writeEntry writes one entry of the archive at target.
-func writeEntry(tr *tar.Reader, h *tar.Header, target string) error {
+func writeEntry(content io.Reader, h *tar.Header, target string) error {
 	switch h.Typeflag {
 	case tar.TypeDir:
 		return os.MkdirAll(target, 0o755)
@@ -130,7 +164,7 @@ func writeEntry(tr *tar.Reader, h *tar.Header, target string) error {
 		if err != nil {
 			return err
 		}
-		_, err = io.Copy(f, tr)
+		_, err = io.Copy(f, content)
 		if cerr := f.Close(); err == nil {
 			err = cerr
 		}
