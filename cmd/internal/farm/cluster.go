@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -27,7 +28,57 @@ const ClusterReplicas = 3
 // each keeps its store in dir/nK with every write fsynced (sync: always). It
 // returns once they have elected a JetStream meta leader, with the client
 // URLs, comma-separated, as clients take them.
+//
+// A port it picked may be taken by another process between the pick and the
+// server's listen (a port free a moment ago is handed to the next that
+// asks for one, an outgoing connection's too): the cluster is then started
+// again on other ports, twice at most.
 func startNATSCluster(addr string, n int, dir string, keys *creds.Keys, log *slog.Logger) ([]*server.Server, string, error) {
+	for attempt := 1; ; attempt++ {
+		servers, urls, err := startNATSClusterOnce(addr, n, dir, keys, log)
+		var taken *portsTakenError
+		if err == nil || !errors.As(err, &taken) || !taken.picked || attempt == 3 {
+			return servers, urls, err
+		}
+		log.Warn("starting the NATS cluster again on other ports", "err", err)
+	}
+}
+
+// clusterReadyWait is how long a server of the cluster is given to listen.
+var clusterReadyWait = 30 * time.Second
+
+// testHookPortsPicked, when set, is called with the ports each attempt
+// picked, before any server listens on them.
+var testHookPortsPicked func(host string, clients, routes []int)
+
+// portsTakenError is a server that did not start while ports it was to
+// listen on are held by another process.
+type portsTakenError struct {
+	server string
+	ports  []int
+	picked bool // every one of them picked by startNATSCluster, none asked for
+}
+
+func (e *portsTakenError) Error() string {
+	return fmt.Sprintf("NATS %s did not start: port %s taken by another process", e.server, strings.Trim(fmt.Sprint(e.ports), "[]"))
+}
+
+// takenPorts are the ports of ports on host that another process listens
+// on, or that cannot be listened on.
+func takenPorts(host string, ports []int) []int {
+	var taken []int
+	for _, p := range ports {
+		ln, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(p)))
+		if err != nil {
+			taken = append(taken, p)
+			continue
+		}
+		ln.Close()
+	}
+	return taken
+}
+
+func startNATSClusterOnce(addr string, n int, dir string, keys *creds.Keys, log *slog.Logger) ([]*server.Server, string, error) {
 	host, port, err := splitAddr(addr)
 	if err != nil {
 		return nil, "", err
@@ -50,6 +101,9 @@ func startNATSCluster(addr string, n int, dir string, keys *creds.Keys, log *slo
 	routes, err := freePorts(host, n)
 	if err != nil {
 		return nil, "", err
+	}
+	if testHookPortsPicked != nil {
+		testHookPortsPicked(host, clients, routes)
 	}
 	var rs, us []string
 	for i := range n {
@@ -93,10 +147,13 @@ func startNATSCluster(addr string, n int, dir string, keys *creds.Keys, log *slo
 		go s.Start()
 		servers = append(servers, s)
 	}
-	for _, s := range servers {
-		if !s.ReadyForConnections(30 * time.Second) {
+	for i, s := range servers {
+		if !s.ReadyForConnections(clusterReadyWait) {
 			stop()
-			return nil, "", fmt.Errorf("NATS %s did not start on %s within 30s (see the log)", s.Name(), s.ClientURL())
+			if taken := takenPorts(host, []int{clients[i], routes[i]}); len(taken) > 0 {
+				return nil, "", &portsTakenError{server: s.Name(), ports: taken, picked: port == 0 || !slices.Contains(taken, port)}
+			}
+			return nil, "", fmt.Errorf("NATS %s did not start on %s within %s (see the log)", s.Name(), s.ClientURL(), clusterReadyWait)
 		}
 	}
 	deadline := time.Now().Add(60 * time.Second)
