@@ -272,7 +272,7 @@ func (s *Sources) fillSubmodules(ctx context.Context, root, repo, commit, sub, d
 		bad := func(why string) error {
 			return classified(ErrSource, fmt.Sprintf("submodule %s (%s in .gitmodules of %s): %s", l.Path, u, repo, why), nil)
 		}
-		url, err := gitcache.ResolveURL(repo, u)
+		url, err := s.submoduleURL(root, repo, u)
 		if err != nil {
 			return n, bad(err.Error())
 		}
@@ -315,6 +315,38 @@ func (s *Sources) fillSubmodules(ctx context.Context, root, repo, commit, sub, d
 		}
 	}
 	return n, nil
+}
+
+// submoduleURL is the url a submodule's url u in .gitmodules of repo is
+// fetched from: u resolved against repo as git resolves it
+// (gitcache.ResolveURL). A relative one that no InsteadOf rewrites, of a
+// repository fetched from a mirror on this machine (rewritten to a local
+// path), is the mirror's sibling when that is there: the operator who
+// mirrors https://git.example/fleet.git to /srv/git/fleet mirrors its
+// "../lib.git" to /srv/git/lib.git beside it, not to a url of its own.
+func (s *Sources) submoduleURL(root, repo, u string) (string, error) {
+	url, err := gitcache.ResolveURL(repo, u)
+	if err != nil || url == u {
+		return url, err
+	}
+	c := s.clones(root)
+	mirror := c.Rewrite(repo)
+	if c.Rewrite(url) != url || mirror == repo {
+		return url, nil
+	}
+	if _, local := localPath(mirror); !local {
+		return url, nil
+	}
+	beside, err := gitcache.ResolveURL(mirror, u)
+	if err != nil {
+		return url, nil
+	}
+	if p, _ := localPath(beside); p != "" {
+		if _, err := os.Stat(p); err == nil {
+			return beside, nil
+		}
+	}
+	return url, nil
 }
 
 // refusedURL says why a submodule's url (resolved) of the repository repo

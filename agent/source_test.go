@@ -762,3 +762,34 @@ func TestLFSPointersAreSaidInTheBuildLog(t *testing.T) {
 		}
 	}
 }
+
+// A relative submodule url of a repository this machine fetches from a
+// local mirror (--git-instead-of), with no rewrite of its own, is fetched
+// from the mirror's sibling: "../lib" of https://git.example/org/fleet.git,
+// mirrored at <dir>/fleet, from <dir>/lib. One whose sibling is not there is
+// fetched from the url as resolved (and fails here: the host is not).
+func TestARelativeSubmoduleOfAMirroredRepositoryIsTheMirrorsSibling(t *testing.T) {
+	ctx := context.Background()
+	lib, libCommit := testenv.GitRepo(t, map[string]string{"lib.txt": "lib"})
+	mirror, _ := testenv.GitRepo(t, map[string]string{"app/Dockerfile": "FROM scratch\n"})
+	commit := testenv.Submodule(t, mirror, "app/vendor/lib", "../"+filepath.Base(lib), libCommit)
+	const remote = "https://git.example/org/fleet.git"
+	s := &Sources{Dir: t.TempDir(), InsteadOf: map[string]string{remote: mirror}}
+	dir, err := s.Checkout(ctx, mesh.Source{Repo: remote, Commit: commit, Path: "app"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := readFile(t, filepath.Join(dir, "vendor", "lib", "lib.txt")); got != "lib" {
+		t.Errorf("vendor/lib/lib.txt = %q", got)
+	}
+	if subs := s.Submodules(dir); len(subs) != 1 || subs[0].URL != lib {
+		t.Errorf("submodules %+v, want vendor/lib from %s", subs, lib)
+	}
+	s.Release(dir)
+
+	gone := testenv.Submodule(t, mirror, "app/vendor/gone", "../no-such-sibling", libCommit)
+	_, err = s.Checkout(ctx, mesh.Source{Repo: remote, Commit: gone, Path: "app"})
+	if err == nil || !strings.Contains(err.Error(), "submodule vendor/gone") || !strings.Contains(err.Error(), "https://git.example/org/no-such-sibling") {
+		t.Errorf("a sibling that is not there: %v, want the resolved url's failure", err)
+	}
+}
