@@ -67,11 +67,7 @@ func TestProvenanceIsPushedWithTheImage(t *testing.T) {
 		"app/docker/Dockerfile": "FROM busybox\nCOPY app.txt /app.txt\n",
 		"app/app.txt":           "one\n",
 	})
-	b, err := agent.NewBuildKit(bk, agent.BuildKitOptions{Registry: registry.NewClient(registry.WithInsecure(true))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	b := realBuildKit(t, bk)
 	src := &agent.Sources{Dir: t.TempDir(), InsteadOf: map[string]string{realRepo: git}}
 	build := func(s mesh.Source) (agent.Result, []string) {
 		t.Helper()

@@ -30,13 +30,21 @@ import (
 
 const realRepo = "https://git.example/real.git"
 
-func realWorker(t testing.TB, bk, gitDir string) agent.Worker {
+// realBuildKit is the agent's BuildKit on buildkitd bk, pushing to a
+// plain-http registry, closed when the test ends.
+func realBuildKit(t testing.TB, bk string) *agent.BuildKit {
 	t.Helper()
 	b, err := agent.NewBuildKit(bk, agent.BuildKitOptions{Registry: registry.NewClient(registry.WithInsecure(true))})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { b.Close() })
+	return b
+}
+
+func realWorker(t testing.TB, bk, gitDir string) agent.Worker {
+	t.Helper()
+	b := realBuildKit(t, bk)
 	return &agent.BuildWorker{
 		Sources: &agent.Sources{Dir: t.TempDir(), InsteadOf: map[string]string{realRepo: gitDir}},
 		Builder: b,
@@ -449,15 +457,9 @@ func TestARealBuildCopiesFromASubmodule(t *testing.T) {
 		"app/Dockerfile": "FROM busybox\nCOPY vendor/lib/lib.txt /lib.txt\nRUN grep -qx 'lib v1' /lib.txt\n",
 	})
 	commit := testenv.Submodule(t, git, "app/vendor/lib", "../lib.git", libCommit)
-	b, err := agent.NewBuildKit(bk, agent.BuildKitOptions{Registry: registry.NewClient(registry.WithInsecure(true))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { b.Close() })
 	src := &agent.Sources{Dir: t.TempDir(), InsteadOf: map[string]string{realRepo: git, "https://git.example/lib.git": lib}}
-	repo, digest := name2(base.Image + "@" + base.Digest)
 	// The build's RUN fails unless the pinned commit's file is there.
-	res, log := buildApp(t, b, src, mesh.Source{Repo: realRepo, Commit: commit, Path: "app"}, reg, repo, digest)
+	res, log := buildApp(t, realBuildKit(t, bk), src, mesh.Source{Repo: realRepo, Commit: commit, Path: "app"}, reg, base.Image, base.Digest)
 	if res.Digest == "" {
 		t.Fatalf("built nothing:\n%s", strings.Join(log, "\n"))
 	}

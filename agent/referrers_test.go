@@ -32,11 +32,7 @@ func TestAttestationsWhereToolsLook(t *testing.T) {
 	testenv.RequireBuildkit(t)
 	regs := map[string]string{"embedded": registrytest.Registry(t), "docker-registry": testenv.DebianRegistry(t)}
 	bk := testenv.Buildkitd(t, regs["embedded"], regs["docker-registry"])
-	b, err := agent.NewBuildKit(bk, agent.BuildKitOptions{Registry: registry.NewClient(registry.WithInsecure(true))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	b := realBuildKit(t, bk)
 	git, first := testenv.GitRepo(t, map[string]string{
 		"app/Dockerfile": "FROM busybox AS build\nRUN echo built > /b.txt\nFROM build\nCOPY app.txt /app.txt\n",
 		"app/app.txt":    "one\n",

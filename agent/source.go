@@ -191,25 +191,13 @@ func (s *Sources) DockerfileDir(ctx context.Context, src mesh.Source, commit str
 // none, are never touched) when it is not on disk: once for every build
 // of the same tree (trees.go). The tree is at path sub of commit in repo,
 // whose .gitmodules names the url of each submodule in it: they are
-// written in too (submodules). doing names the work in a failure's
+// written in too (writeCheckout). doing names the work in a failure's
 // message.
 func (s *Sources) writeTree(ctx context.Context, root, clone, id, doing, repo, commit, sub string) (*tree, error) {
 	return s.trees.take(ctx, filepath.Join(root, "work"), id, func(dir string) error {
-		w, err := gitcache.Archive(ctx, clone, id, dir)
+		n, err := s.writeCheckout(ctx, root, clone, id, repo, commit, sub, dir, 0, doing)
 		if err != nil {
-			return gitFailure(ctx, doing, err)
-		}
-		n := notes{lfs: w.LFS}
-		if len(w.Empty) > 0 { // git writes a submodule as an empty directory
-			links, err := gitcache.Gitlinks(ctx, clone, id)
-			if err != nil {
-				return gitFailure(ctx, doing, err)
-			}
-			if len(links) > 0 {
-				if n, err = s.fillSubmodules(ctx, root, repo, commit, sub, dir, links, 1, n); err != nil {
-					return err
-				}
-			}
+			return err
 		}
 		if len(n.submodules)+len(n.lfs) > 0 {
 			s.notes.Store(id, n)
@@ -240,17 +228,34 @@ func saidOf(what string, err error) error {
 // maxSubmoduleDepth bounds submodules within submodules.
 const maxSubmoduleDepth = 8
 
-// fillSubmodules writes each submodule of links (the gitlinks of the tree
-// at sub of commit in repo, written to dir) into its directory under dir:
-// its url read from commit's .gitmodules and resolved against repo, its
-// pinned commit fetched into that url's own clone (shallow, as every
-// fetch here) and archived, and the submodules in it in turn (depth
-// counts the nesting). A gitlink .gitmodules gives no url for is left
-// empty, as git leaves it. A url or commit that is not there fails the
-// checkout as a source error naming the submodule; a server that cannot be
-// reached, as infrastructure.
-func (s *Sources) fillSubmodules(ctx context.Context, root, repo, commit, sub, dir string, links []gitcache.Gitlink, depth int, n notes) (notes, error) {
-	if depth > maxSubmoduleDepth {
+// writeCheckout writes the tree treeish of clone — the tree at path sub of
+// commit in repo — into dir, and into the directory of each submodule in
+// it (which git archive writes empty) the submodule's own tree, written so
+// in turn: its url read from commit's .gitmodules and resolved against
+// repo (submoduleURL), its pinned commit fetched into that url's own clone
+// (shallow, as every fetch here). depth is the nesting, 0 for a build's
+// checkout. It returns what the build's log says of them, relative to dir.
+// A gitlink .gitmodules gives no url for is left empty, as git leaves it.
+// A url or commit that is not there fails the checkout as a source error
+// naming the submodule; a server that cannot be reached, as
+// infrastructure.
+func (s *Sources) writeCheckout(ctx context.Context, root, clone, treeish, repo, commit, sub, dir string, depth int, doing string) (notes, error) {
+	w, err := gitcache.Archive(ctx, clone, treeish, dir)
+	if err != nil {
+		return notes{}, gitFailure(ctx, doing, err)
+	}
+	n := notes{lfs: w.LFS}
+	if len(w.Empty) == 0 {
+		return n, nil // no submodule: git writes one as an empty directory
+	}
+	links, err := gitcache.Gitlinks(ctx, clone, treeish)
+	if err != nil {
+		return n, gitFailure(ctx, doing, err)
+	}
+	if len(links) == 0 {
+		return n, nil
+	}
+	if depth >= maxSubmoduleDepth {
 		return n, classified(ErrSource, fmt.Sprintf("submodules in %s nest deeper than %d", repo, maxSubmoduleDepth), nil)
 	}
 	// The commit's .gitmodules: the clone may hold the context's tree
@@ -283,29 +288,12 @@ func (s *Sources) fillSubmodules(ctx context.Context, root, repo, commit, sub, d
 		if err != nil {
 			return n, saidOf("submodule "+l.Path+": ", err)
 		}
-		target := filepath.Join(dir, filepath.FromSlash(l.Path))
-		w, err := gitcache.Archive(ctx, subClone, subCommit+"^{tree}", target)
-		if err != nil {
-			return n, gitFailure(ctx, "checking out submodule "+l.Path+" at "+short(subCommit), err)
-		}
-		n.submodules = append(n.submodules, Submodule{Path: l.Path, URL: url, Commit: subCommit})
-		for _, f := range w.LFS {
-			n.lfs = append(n.lfs, path.Join(l.Path, f))
-		}
-		if len(w.Empty) == 0 {
-			continue
-		}
-		nested, err := gitcache.Gitlinks(ctx, subClone, subCommit+"^{tree}")
-		if err != nil {
-			return n, gitFailure(ctx, "reading submodule "+l.Path+" at "+short(subCommit), err)
-		}
-		if len(nested) == 0 {
-			continue
-		}
-		inner, err := s.fillSubmodules(ctx, root, url, subCommit, "", target, nested, depth+1, notes{})
+		inner, err := s.writeCheckout(ctx, root, subClone, subCommit+"^{tree}", url, subCommit, "",
+			filepath.Join(dir, filepath.FromSlash(l.Path)), depth+1, "checking out "+short(subCommit))
 		if err != nil {
 			return n, saidOf("in submodule "+l.Path+": ", err)
 		}
+		n.submodules = append(n.submodules, Submodule{Path: l.Path, URL: url, Commit: subCommit})
 		for _, m := range inner.submodules {
 			m.Path = path.Join(l.Path, m.Path)
 			n.submodules = append(n.submodules, m)
