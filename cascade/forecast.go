@@ -75,6 +75,11 @@ type Forecast struct {
 	// Unknown says that no module of the plan has an estimate: times are
 	// unknown, and Path is the longest chain in modules.
 	Unknown bool `json:"unknown,omitempty"`
+	// Stalled names a module still to build whose ask no machine online
+	// can take, and why ("odd-arm: no linux/arm64 machine online"): the
+	// plan cannot end until one comes, so Finish is only what it would be
+	// if one came now. Empty when every ask left has machines.
+	Stalled string `json:"stalled,omitempty"`
 }
 
 // PathStep is one module of a remaining critical path.
@@ -139,6 +144,9 @@ func (f Forecast) String() string {
 	if f.Bound == BoundMachines {
 		s += fmt.Sprintf("; %s of work on %d machines is longer", roundETA(f.Work), f.Machines)
 	}
+	if f.Stalled != "" {
+		return s + "; no finish estimate while " + f.Stalled
+	}
 	return s + fmt.Sprintf("; finish ≈ %s (in %s)", f.Finish.Local().Format("15:04:05"), roundETA(f.Remaining))
 }
 
@@ -182,6 +190,9 @@ func CriticalPath(mods []ModuleStatus, est map[string]time.Duration, now time.Ti
 			continue
 		}
 		f.Left++
+		if m.Waiting != "" && f.Stalled == "" {
+			f.Stalled = m.Module + " waits: " + m.Waiting
+		}
 		e := w.visit(i)
 		if w.steps[i].Guessed {
 			f.Guessed++

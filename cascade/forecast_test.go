@@ -84,6 +84,30 @@ func TestCriticalPathByHand(t *testing.T) {
 	}
 }
 
+// A module whose ask no machine online can take (its platform has none)
+// leaves the plan with no finish to promise: the line says which module
+// and why instead of a finish that passes with nothing built; once a
+// machine comes (the note gone) the finish is back.
+func TestAPlanWaitingForAPlatformWithNoMachineHasNoFinish(t *testing.T) {
+	mods := []ModuleStatus{
+		{Module: "base", State: Built, Estimate: time.Minute},
+		{Module: "tool", Bases: []string{"base"}, State: Building, On: "host-a1", Started: t0, Estimate: time.Minute},
+		{Module: "odd-arm", Bases: []string{"base"}, State: Queued, Estimate: 2 * time.Minute, Waiting: NoMachine([]string{"linux/arm64"})},
+	}
+	f := CriticalPath(mods, nil, t0, 2)
+	if f.Stalled != "odd-arm waits: no linux/arm64 machine online" {
+		t.Fatalf("stalled %q", f.Stalled)
+	}
+	line := f.String()
+	if !strings.HasSuffix(line, "; no finish estimate while odd-arm waits: no linux/arm64 machine online") || strings.Contains(line, "finish ≈") {
+		t.Errorf("line %q", line)
+	}
+	mods[2].Waiting = ""
+	if f := CriticalPath(mods, nil, t0, 2); f.Stalled != "" || !strings.Contains(f.String(), "; finish ≈ ") {
+		t.Errorf("with a machine: %+v, %q", f, f.String())
+	}
+}
+
 // A module handed back to be retried after a delay holds its chain up by
 // the delay too, and the line says when its next attempt is.
 func TestARetryDelayIsOnTheCriticalPath(t *testing.T) {

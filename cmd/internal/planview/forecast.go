@@ -75,6 +75,11 @@ func ShortForecast(f cascade.Forecast) string {
 	if f.Unknown {
 		return "waiting on " + h.Module
 	}
+	if f.Stalled != "" {
+		// No machine online takes an ask the plan needs: it ends only
+		// once one comes.
+		return "no ETA while " + f.Stalled
+	}
 	if h.Overdue {
 		// The module holding the plan has run past its estimate: the
 		// rest of the path is a floor, not a forecast.

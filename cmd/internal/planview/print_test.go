@@ -126,6 +126,14 @@ func TestPrintPlanShowsARunningPlansCriticalPath(t *testing.T) {
 	if out := b.String(); !strings.Contains(out, "critical path: tool-17 (building, past its 5m0s estimate) → cli") || !strings.Contains(out, "past its 5m") {
 		t.Errorf("PrintPlan of an overdue module:\n%s", out)
 	}
+	// An ask no machine online takes: no ETA, and why.
+	cli := mods["cli"]
+	cli.State, cli.Waiting = cascade.Queued, cascade.NoMachine([]string{"linux/arm64"})
+	mods["cli"] = cli
+	f, _ = ForecastOf(rec, mods, now)
+	if got := ShortForecast(f); got != "no ETA while cli waits: no linux/arm64 machine online" {
+		t.Errorf("short forecast of a plan waiting for a platform %q", got)
+	}
 	rec.Outcome = cascade.OutcomeBuilt
 	if _, ok := ForecastOf(rec, mods, now); ok {
 		t.Error("a settled plan has a forecast")
