@@ -27,13 +27,17 @@ type HealthObserver interface {
 	Healthy(ok bool)
 }
 
-// Probe implements Prober: the builder answers, if it can say so, and so
-// does the mesh's registry (w.Registry, or the registry of the last ask's
-// image), if the builder can ask it: a registry that cannot be reached or
+// Probe implements Prober: the workspace can take a build's source
+// (Sources.Probe: writable, with Sources.MinFree free), the builder
+// answers, if it can say so, and so does the mesh's registry (w.Registry,
+// or the registry of the last ask's image), if the builder can ask it: a registry that cannot be reached or
 // answers 5xx stops the machine as its BuildKit would. A registry that
 // answers but refuses (401) is not the machine's sickness: the push fails
 // and says so.
 func (w *BuildWorker) Probe(ctx context.Context) error {
+	if err := w.Sources.Probe(); err != nil {
+		return err
+	}
 	if err := w.pingBuilder(ctx); err != nil {
 		return err
 	}

@@ -41,6 +41,10 @@ type Sources struct {
 	// next build of the same tree (trees.go): 0 is DefaultKeepTrees, a
 	// negative number none (each removed when its build releases it).
 	KeepTrees int
+	// MinFree is the free space the workspace's file system needs for the
+	// machine to take an ask (Probe; DefaultMinFree is build-agent's
+	// default): 0 checks none.
+	MinFree int64
 
 	trees    trees
 	resolved sync.Map // resolution by repository, commit, path and Dockerfile
@@ -544,6 +548,11 @@ func (s *Sources) fetch(ctx context.Context, root string, src mesh.Source) (clon
 		return clone, commit, nil
 	case ctx.Err() != nil:
 		return "", "", ctx.Err()
+	}
+	if why, ok := localFailure(err); ok {
+		// This machine's disk, not the source: neither "not found" nor
+		// the mirror's trouble, whatever the fetch left behind.
+		return "", "", s.localError(src.Repo, why, err)
 	}
 	url := c.Rewrite(src.Repo)
 	failure := fetchFailure(src, url, err)

@@ -11,6 +11,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"github.com/docker/go-units"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -44,6 +45,7 @@ func run() int {
 	reg := fs.String("registry", daemon.Env("MESHBUILD_REGISTRY", ""), "the mesh's registry HOST:PORT: while it does not answer (unreachable, 5xx) this machine is unhealthy and takes no asks; default the registry of the last ask's image (MESHBUILD_REGISTRY)")
 	insecure := fs.Bool("registry-insecure", daemon.Env("MESHBUILD_REGISTRY_INSECURE", "") == "true", "plain http to the registry, for a local one (MESHBUILD_REGISTRY_INSECURE=true)")
 	workspace := fs.String("workspace", daemon.Env("MESHBUILD_WORKSPACE", "/var/lib/meshbuild/workspace"), "clones and checkouts (MESHBUILD_WORKSPACE)")
+	minFree := fs.String("min-free", daemon.Env("MESHBUILD_MIN_FREE", units.BytesSize(agent.DefaultMinFree)), "free space the workspace's file system needs for this machine to take an ask (e.g. 64MiB, 2GiB): below it the machine is sick, takes no asks and says why until space is freed; 0: no check (MESHBUILD_MIN_FREE)")
 	platforms := fs.String("platforms", daemon.Env("MESHBUILD_PLATFORMS", ""), "platforms this machine builds, comma separated; default every one its BuildKit worker builds (emulated ones included), and each named must be one of those (MESHBUILD_PLATFORMS)")
 	slots := fs.Int("slots", envInt("MESHBUILD_SLOTS", 1), "asks worked at once; each slot pulls one at a time (MESHBUILD_SLOTS)")
 	catalogue := fs.String("catalogue", daemon.Env("MESHBUILD_CATALOGUE", ""), "optional catalogue directory: asks for modules it does not build are refused (MESHBUILD_CATALOGUE)")
@@ -80,6 +82,14 @@ func run() int {
 		log.Error("bad flag", "err", err)
 		return 2
 	}
+	free, err := units.RAMInBytes(*minFree)
+	if err != nil || free < 0 {
+		log.Error("bad flag", "flag", "min-free", "value", *minFree, "want", "a size such as 64MiB or 2GiB, or 0 for no check")
+		return 2
+	}
+	if free == 0 {
+		free = -1 // AgentOptions: no check
+	}
 	cfg.Machine, cfg.Slots, cfg.Platforms = m, *slots, daemon.SplitList(*platforms)
 	io, err := daemon.ParseInsteadOf(insteadOf)
 	if err != nil {
@@ -95,7 +105,7 @@ func run() int {
 	}
 	err = daemon.RunAgent(ctx, daemon.AgentOptions{
 		NATS: *natsURL, Creds: *creds, TLS: *tls, Agent: cfg, BuildKit: *bk, BuildKitOptions: bkOpts, RegistryClient: registry.NewClient(registry.WithInsecure(*insecure)), Registry: *reg,
-		Workspace: *workspace, InsteadOf: io, Catalogue: *catalogue, Observer: obs, Log: log, Lease: *lease, MachineSet: machineSet,
+		Workspace: *workspace, MinFree: free, InsteadOf: io, Catalogue: *catalogue, Observer: obs, Log: log, Lease: *lease, MachineSet: machineSet,
 	})
 	if err != nil {
 		log.Error("build-agent stopped", "err", err)

@@ -177,6 +177,10 @@ type AgentOptions struct {
 	Registry string
 	// Workspace holds clones and checkouts.
 	Workspace string
+	// MinFree is the free space the workspace's file system needs for the
+	// machine to take an ask (agent.Sources.MinFree): 0 is
+	// agent.DefaultMinFree, a negative number no check.
+	MinFree int64
 	// InsteadOf rewrites repository URLs (git's url.<base>.insteadOf).
 	InsteadOf map[string]string
 	// Catalogue, when set, is the catalogue directory: an ask for a module
@@ -329,7 +333,7 @@ func RunAgent(ctx context.Context, o AgentOptions) error {
 		o.Agent.Known, modules = knownModules(o.Catalogue, cat, o.Log)
 	}
 	w := &agent.BuildWorker{
-		Sources:  &agent.Sources{Dir: o.Workspace, InsteadOf: o.InsteadOf},
+		Sources:  &agent.Sources{Dir: o.Workspace, InsteadOf: o.InsteadOf, MinFree: minFree(o.MinFree)},
 		Builder:  bk,
 		Registry: o.Registry,
 		// A Dockerfile building on a module its build.on does not list
@@ -734,4 +738,15 @@ func cataloguePlatforms(cat *mesh.Catalogue, worker []string, log *slog.Logger) 
 		log.Info("taking asks for the platforms the catalogue builds", "platforms", keep, "worker", worker)
 	}
 	return keep
+}
+
+// minFree is AgentOptions.MinFree as agent.Sources takes it.
+func minFree(n int64) int64 {
+	switch {
+	case n == 0:
+		return agent.DefaultMinFree
+	case n < 0:
+		return 0
+	}
+	return n
 }
