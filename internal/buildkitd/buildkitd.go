@@ -78,6 +78,12 @@ type Options struct {
 	// StopTimeout is how long Stop lets the daemon shut down gracefully
 	// (which waits for builds in flight) before it kills it; 0 is 10s.
 	StopTimeout time.Duration
+	// GC turns on BuildKit's garbage collection of its cache, with its
+	// default policies (the cache kept to a share of the disk, free space
+	// left for the rest); off, the cache only grows, until the disk is
+	// full. A daemon that runs for long (builds up's) wants it; a test or
+	// a benchmark, whose cache must not go from under it, does not.
+	GC bool
 }
 
 func (o Options) validate() (Options, error) {
@@ -249,7 +255,7 @@ func config(o Options, addr, otel string) string {
 	if otel != "" {
 		fmt.Fprintf(&c, "[otel]\n  socketPath = %q\n\n", otel)
 	}
-	fmt.Fprintf(&c, "[worker.oci]\n  enabled = true\n  snapshotter = %q\n  gc = false\n", o.Snapshotter)
+	fmt.Fprintf(&c, "[worker.oci]\n  enabled = true\n  snapshotter = %q\n  gc = %t\n", o.Snapshotter, o.GC)
 	if o.MaxParallelism > 0 {
 		fmt.Fprintf(&c, "  max-parallelism = %d\n", o.MaxParallelism)
 	}

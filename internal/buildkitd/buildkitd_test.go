@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/moby/buildkit/client"
 )
 
 func TestOptionsRefused(t *testing.T) {
@@ -62,9 +64,46 @@ func TestConfig(t *testing.T) {
 		"[registry.\"127.0.0.1:5000\"]\n  http = true",
 		"[registry.\"reg:80\"]\n  http = true",
 		"[worker.containerd]\n  enabled = false",
+		"gc = false",
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("config lacks %q:\n%s", want, got)
+		}
+	}
+	o.GC = true
+	if got := config(o, "unix:///tmp/bk1/buildkitd.sock", ""); !strings.Contains(got, "gc = true") || strings.Contains(got, "socketPath") {
+		t.Errorf("config with GC:\n%s", got)
+	}
+}
+
+// A daemon started with GC collects its cache by BuildKit's default
+// policies, as its worker says; one without has none (the cache of a test
+// or a benchmark stays).
+func TestGCIsOnWhereAsked(t *testing.T) {
+	if os.Getenv("MESHBUILD_BUILDKIT") != "1" {
+		t.Skip("needs buildkitd: set MESHBUILD_BUILDKIT=1 (make test does)")
+	}
+	wd, _ := os.Getwd()
+	bin := filepath.Join(wd, "..", "..", "bin", "buildkitd")
+	for _, gc := range []bool{true, false} {
+		b, err := Start(context.Background(), Options{Bin: bin, Root: t.TempDir(), GC: gc})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = b.Stop() })
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		c, err := client.New(ctx, b.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		ws, err := c.ListWorkers(ctx)
+		c.Close()
+		cancel()
+		if err != nil || len(ws) == 0 {
+			t.Fatalf("workers: %v, %v", ws, err)
+		}
+		if got := len(ws[0].GCPolicy) > 0; got != gc {
+			t.Errorf("GC %v: the worker's GC policies %+v", gc, ws[0].GCPolicy)
 		}
 	}
 }

@@ -19,6 +19,8 @@ import (
 	"testing"
 	"time"
 
+	bkclient "github.com/moby/buildkit/client"
+
 	"github.com/meshbuild/meshbuild/cascade"
 	"github.com/meshbuild/meshbuild/cmd/internal/daemon"
 	"github.com/meshbuild/meshbuild/cmd/internal/demo"
@@ -60,6 +62,17 @@ func TestUpDemo(t *testing.T) {
 	}
 	if bks := f.BuildKitAddrs(); len(bks) != 2 || bks[0] != bks[1] || bks[0] != f.BuildKitAddr() {
 		t.Errorf("BuildKitAddrs = %v, want the one buildkitd %s for both agents", bks, f.BuildKitAddr())
+	}
+	// A farm runs for long: its buildkitd collects its cache (BuildKit's
+	// default policies), where one that never did filled the disk.
+	if bk, err := bkclient.New(context.Background(), f.BuildKitAddr()); err != nil {
+		t.Error(err)
+	} else {
+		ws, err := bk.ListWorkers(context.Background())
+		bk.Close()
+		if err != nil || len(ws) == 0 || len(ws[0].GCPolicy) == 0 {
+			t.Errorf("the farm's buildkitd: workers %+v, %v; want its cache collected", ws, err)
+		}
 	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)

@@ -535,6 +535,9 @@ func (f *Farm) startBuildkitd(ctx context.Context, bin, dir string, log *slog.Lo
 		RegistryHosts:  []string{f.reg.Addr()},
 		MaxParallelism: f.opts.MaxParallelism,
 		Stderr:         &lineLogger{log: log},
+		// A farm runs for long: its cache is kept within BuildKit's
+		// default limits, not left to fill the disk.
+		GC: true,
 	})
 	switch {
 	case err != nil && ctx.Err() != nil:
