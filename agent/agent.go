@@ -71,6 +71,9 @@ type Agent struct {
 	// pull: a retry this machine gave back is left to an idle machine
 	// (coolOff).
 	coolUntil atomic.Int64
+	// failRun is how many asks in a row the machine has given back to be
+	// retried, since its last built (coolOff).
+	failRun atomic.Int64
 	// idle is whether another machine's pull waited on the queue when
 	// asked at idleAt (othersIdle).
 	idleMu sync.Mutex

@@ -744,3 +744,36 @@ func TestABuildPastItsTimeoutIsFailedOnce(t *testing.T) {
 		t.Errorf("failed %+v: want the one timed out, once", r.Failed)
 	}
 }
+
+// A machine that fails every ask it takes for a cause of its own that its
+// probe does not see (its BuildKit's disk full: by hand, 44 asks of one
+// 39-module plan taken and given back, each a fresh ask's first delay,
+// while another machine built them all) takes fewer and fewer while
+// another waits idle: its cool-off grows with its run of failures.
+func TestAMachineThatFailsEveryAskTakesFewerAndFewer(t *testing.T) {
+	s, js := bus(t)
+	full := &unreachableWorker{first: make(chan struct{})}
+	close(full.first)
+	// A retry is due after 200ms: each failure alone would keep m1 off the
+	// queue for 700ms (with the margin): sixteen asks in 12 s.
+	tweak := func(c *agent.Config) { c.RetryDelay, c.MaxRetryDelay = 200*time.Millisecond, 10*time.Second }
+	startAgent(t, s, "m1", full, tweak)
+	startAgent(t, s, "m2", instant{}, tweak)
+	testenv.WaitFor(t, 10*time.Second, "both machines waiting", func() bool { return consumerInfo(t, js).NumWaiting >= 2 })
+	n := 0
+	for end := time.Now().Add(12 * time.Second); time.Now().Before(end); n++ {
+		submit(t, js, ask(fmt.Sprintf("a%02d", n)))
+		time.Sleep(100 * time.Millisecond)
+	}
+	testenv.WaitFor(t, 20*time.Second, "every ask built", func() bool { return len(events(t, js).Built) == n })
+	// 700ms, 900ms, 1.3s, 2.1s, 3.7s, 6.9s: six in 12 s (two more
+	// allowed for a moment m2 was not seen idle).
+	if took := full.worked.Load(); took < 1 || took > 8 {
+		t.Errorf("m1, failing every ask, took %d of %d: want a few (its cool-off grown with each)", took, n)
+	}
+	for _, b := range events(t, js).Built {
+		if b.On != "m2" {
+			t.Errorf("built %+v: want every ask built on m2", b)
+		}
+	}
+}

@@ -19,6 +19,19 @@ import (
 // all four attempts of an ask while another sat idle). Without another
 // machine waiting it pulls at once: its other asks are not held up.
 
+// The cool-off grows with the machine's run of such failures, whatever
+// the ask: a machine that fails every ask it takes for a cause of its own
+// that its probe does not see (its BuildKit's disk full: by hand, 44 asks
+// taken and given back in one 39-module plan, each a fresh ask's first
+// 2 s delay, while another machine built them all) waits the retry delay of
+// its run — 2s, 4s … up to maxRunCoolOff — before it takes the next, so
+// it takes a few asks, not every one, until it builds again (a built ends
+// the run). The bound keeps a fleet whose machines all failed for a while
+// (a git server down) from waiting long once the cause is gone.
+
+// maxRunCoolOff bounds the cool-off a run of failures gives a machine.
+const maxRunCoolOff = 16 * time.Second
+
 // coolOffMargin is how long after a retry is due the machine that gave it
 // back pulls again: the server hands it to another in that time.
 const coolOffMargin = 500 * time.Millisecond
@@ -27,12 +40,14 @@ const coolOffMargin = 500 * time.Millisecond
 // delivered, due after delay, has been handed to another machine, when
 // another waits idle on the ask's consumer.
 func (a *Agent) coolOff(ctx context.Context, msg jetstream.Msg, delay time.Duration, log *slog.Logger) {
+	run := a.failRun.Add(1)
 	if delay <= 0 {
 		return
 	}
 	if !a.othersIdle(ctx, msg) {
 		return
 	}
+	delay = max(delay, min(a.cfg.retryDelay(int(run)), maxRunCoolOff))
 	until := time.Since(a.started) + delay + coolOffMargin
 	for {
 		cur := a.coolUntil.Load()

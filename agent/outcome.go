@@ -232,6 +232,7 @@ func (a *Agent) settle(ctx context.Context, msg jetstream.Msg, log *slog.Logger,
 	switch out.Outcome {
 	case OutcomeBuilt:
 		a.builtN.Add(1)
+		a.failRun.Store(0)
 		log.Info("built", "digest", out.body.(mesh.Built).Digest, "took", out.Took.Round(time.Millisecond))
 	case OutcomeFailed:
 		a.failedN.Add(1)
