@@ -80,11 +80,7 @@ func TestConfig(t *testing.T) {
 // policies, as its worker says; one without has none (the cache of a test
 // or a benchmark stays).
 func TestGCIsOnWhereAsked(t *testing.T) {
-	if os.Getenv("MESHBUILD_BUILDKIT") != "1" {
-		t.Skip("needs buildkitd: set MESHBUILD_BUILDKIT=1 (make test does)")
-	}
-	wd, _ := os.Getwd()
-	bin := filepath.Join(wd, "..", "..", "bin", "buildkitd")
+	bin := daemonBin(t)
 	for _, gc := range []bool{true, false} {
 		b, err := Start(context.Background(), Options{Bin: bin, Root: t.TempDir(), GC: gc})
 		if err != nil {
@@ -129,11 +125,7 @@ func TestDaemonExits(t *testing.T) {
 }
 
 func TestStartStop(t *testing.T) {
-	if os.Getenv("MESHBUILD_BUILDKIT") != "1" {
-		t.Skip("needs buildkitd: set MESHBUILD_BUILDKIT=1 (make test does)")
-	}
-	wd, _ := os.Getwd()
-	bin := filepath.Join(wd, "..", "..", "bin", "buildkitd")
+	bin := daemonBin(t)
 	var log strings.Builder
 	b, err := Start(context.Background(), Options{Bin: bin, Root: t.TempDir(), MaxParallelism: 1, Stderr: &log})
 	if err != nil {
@@ -175,11 +167,8 @@ func TestStartStop(t *testing.T) {
 // leading a group of its own is given the dead daemon's pid. Stop must not
 // signal that group.
 func TestStopAfterTheDaemonDiedSignalsNoOtherGroup(t *testing.T) {
-	if os.Getenv("MESHBUILD_BUILDKIT") != "1" {
-		t.Skip("needs buildkitd: set MESHBUILD_BUILDKIT=1 (make test does)")
-	}
-	wd, _ := os.Getwd()
-	b, err := Start(context.Background(), Options{Bin: filepath.Join(wd, "..", "..", "bin", "buildkitd"), Root: t.TempDir(), MaxParallelism: 1})
+	bin := daemonBin(t)
+	b, err := Start(context.Background(), Options{Bin: bin, Root: t.TempDir(), MaxParallelism: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -235,12 +224,9 @@ func TestStopAfterTheDaemonDiedSignalsNoOtherGroup(t *testing.T) {
 // client that knew the first finds the second; Again refuses a daemon
 // still running; the last Stop removes the socket's directory Start made.
 func TestAgainListensWhereTheKilledDaemonDid(t *testing.T) {
-	if os.Getenv("MESHBUILD_BUILDKIT") != "1" {
-		t.Skip("needs buildkitd: set MESHBUILD_BUILDKIT=1 (make test does)")
-	}
-	wd, _ := os.Getwd()
+	bin := daemonBin(t)
 	root := t.TempDir()
-	b, err := Start(context.Background(), Options{Bin: filepath.Join(wd, "..", "..", "bin", "buildkitd"), Root: root, MaxParallelism: 1})
+	b, err := Start(context.Background(), Options{Bin: bin, Root: root, MaxParallelism: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -286,4 +272,15 @@ func TestAgainListensWhereTheKilledDaemonDid(t *testing.T) {
 	if _, err := os.Stat(dir); !os.IsNotExist(err) {
 		t.Errorf("the socket's directory %s is left after the last Stop: %v", dir, err)
 	}
+}
+
+// daemonBin is the repository's bin/buildkitd, for a test that starts a
+// real daemon; it skips the test unless MESHBUILD_BUILDKIT=1.
+func daemonBin(t *testing.T) string {
+	t.Helper()
+	if os.Getenv("MESHBUILD_BUILDKIT") != "1" {
+		t.Skip("needs buildkitd: set MESHBUILD_BUILDKIT=1 (make test does)")
+	}
+	wd, _ := os.Getwd()
+	return filepath.Join(wd, "..", "..", "bin", "buildkitd")
 }
