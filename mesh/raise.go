@@ -90,6 +90,64 @@ const (
 	jsClusterNotAvailable jetstream.ErrorCode = 10008 // "JetStream system temporarily unavailable"
 )
 
+// JetStream's error codes (nats-server's JSInsufficientResourcesErr and
+// JSStorageResourcesExceededErr) for a stream or bucket refused for want of
+// storage: the server's file storage (max_file_store) or the account's has
+// less room left than the MaxBytes it would reserve.
+const (
+	jsInsufficientResources jetstream.ErrorCode = 10023
+	jsStorageExceeded       jetstream.ErrorCode = 10047
+)
+
+// Reserved is the file storage the wire's streams and buckets reserve on
+// each server that keeps a replica of them (the MaxBytes of those that
+// have one), and what it is made of ("LOGS 256 MiB, 6 buckets of 64 MiB").
+func (w Wire) Reserved() (int64, string) {
+	var total int64
+	var parts []string
+	buckets := map[int64]int{}
+	for _, s := range w.Streams {
+		if s.Config.MaxBytes > 0 {
+			total += s.Config.MaxBytes
+			parts = append(parts, fmt.Sprintf("%s %d MiB", s.Config.Name, s.Config.MaxBytes>>20))
+		}
+	}
+	for _, b := range w.Buckets {
+		if b.Config.MaxBytes > 0 {
+			total += b.Config.MaxBytes
+			buckets[b.Config.MaxBytes]++
+		}
+	}
+	sizes := make([]int64, 0, len(buckets))
+	for n := range buckets {
+		sizes = append(sizes, n)
+	}
+	sort.Slice(sizes, func(i, j int) bool { return sizes[i] > sizes[j] })
+	for _, n := range sizes {
+		if buckets[n] == 1 {
+			parts = append(parts, fmt.Sprintf("1 bucket of %d MiB", n>>20))
+		} else {
+			parts = append(parts, fmt.Sprintf("%d buckets of %d MiB", buckets[n], n>>20))
+		}
+	}
+	return total, strings.Join(parts, ", ")
+}
+
+// storageRefused says, of a stream or bucket the server refused for want
+// of storage, what the wire reserves and what to do; any other error is
+// returned as it is. By hand, `builds up` on a small disk said only
+// "insufficient storage resources available" and stopped.
+func (w Wire) storageRefused(err error) error {
+	var api *jetstream.APIError
+	if !errors.As(err, &api) || (api.ErrorCode != jsInsufficientResources && api.ErrorCode != jsStorageExceeded) {
+		return err
+	}
+	total, parts := w.Reserved()
+	return fmt.Errorf("%w: the server has less JetStream file storage left than the streams and buckets of the catalogue reserve, %d MiB in all (%s): "+
+		"free disk where the server keeps its store, or raise its max_file_store (by default three quarters of the disk free when it starts); "+
+		"builds up keeps the store in its --state directory", err, total>>20, parts)
+}
+
 // Raise asserts on the server every stream, consumer and bucket the catalogue
 // implies, idempotently: asserting twice changes nothing. Streams come first,
 // so a seat's work queue exists before any holder binds to it.
@@ -103,7 +161,7 @@ func Raise(ctx context.Context, js jetstream.JetStream, c *Catalogue, replicas i
 		}
 		st, err := js.CreateOrUpdateStream(ctx, s.Config)
 		if err != nil {
-			return r, fmt.Errorf("asserting stream %s (%s): %w", s.Config.Name, s.Why, err)
+			return r, fmt.Errorf("asserting stream %s (%s): %w", s.Config.Name, s.Why, w.storageRefused(err))
 		}
 		r.note("stream", s.Config.Name, before, st.CachedInfo().Config, existed)
 	}
@@ -114,7 +172,7 @@ func Raise(ctx context.Context, js jetstream.JetStream, c *Catalogue, replicas i
 			return r, err
 		}
 		if _, err := js.CreateOrUpdateKeyValue(ctx, b.Config); err != nil {
-			return r, fmt.Errorf("asserting bucket %s (%s): %w", b.Config.Bucket, b.Why, err)
+			return r, fmt.Errorf("asserting bucket %s (%s): %w", b.Config.Bucket, b.Why, w.storageRefused(err))
 		}
 		if b.DiscardOld {
 			if err := discardOld(ctx, js, stream); err != nil {
@@ -356,7 +414,7 @@ func discardOld(ctx context.Context, js jetstream.JetStream, stream string) erro
 func RaiseClaims(ctx context.Context, js jetstream.JetStream, replicas int) error {
 	spec := ClaimsBucketSpec(replicas)
 	if _, err := js.CreateOrUpdateKeyValue(ctx, spec.Config); err != nil {
-		return fmt.Errorf("asserting bucket %s (%s): %w", spec.Config.Bucket, spec.Why, err)
+		return fmt.Errorf("asserting bucket %s (%s): %w", spec.Config.Bucket, spec.Why, Wire{Buckets: []BucketSpec{spec}}.storageRefused(err))
 	}
 	return nil
 }

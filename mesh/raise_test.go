@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -528,5 +530,35 @@ func TestRaiseReplacesAHoldersConsumerKeptInTheOtherStore(t *testing.T) {
 	}
 	if second, err := mesh.Raise(ctx(t), js, c, 1); err != nil || second.Changed() {
 		t.Fatalf("raising again: %v, updated %v, want nothing changed", err, second.Updated)
+	}
+}
+
+// A server with less file storage left than the catalogue's streams and
+// buckets reserve refuses one of them: the error says how much they
+// reserve, of what, and what to do (by hand, `builds up` on a small disk
+// said only "insufficient storage resources available" and stopped).
+// Nothing is raised past it; given room, the same raise goes through.
+func TestAServerWithTooLittleStorageIsSaidSo(t *testing.T) {
+	c := mesh.NewCatalogue(fixture())
+	w := c.Derive(1)
+	total, parts := w.Reserved()
+	if total <= mesh.LogsMaxBytes || !strings.Contains(parts, "buckets of 64 MiB") {
+		t.Fatalf("reserved %d (%s): want LOGS and the buckets", total, parts)
+	}
+	s := natstest.Server(t, &server.Options{JetStreamMaxStore: total / 2})
+	_, js := natstest.Connect(t, s)
+	_, err := mesh.Raise(ctx(t), js, c, 1)
+	if err == nil {
+		t.Fatal("raised on a server with half the storage the catalogue reserves")
+	}
+	for _, want := range []string{"insufficient storage resources available", fmt.Sprintf("%d MiB in all (%s)", total>>20, parts), "max_file_store", "--state"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not say %q", err, want)
+		}
+	}
+	roomy := natstest.Server(t, &server.Options{JetStreamMaxStore: total + 1<<20})
+	_, js = natstest.Connect(t, roomy)
+	if _, err := mesh.Raise(ctx(t), js, c, 1); err != nil {
+		t.Fatalf("raise with room: %v", err)
 	}
 }
