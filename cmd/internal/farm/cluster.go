@@ -143,7 +143,7 @@ func startNATSClusterOnce(addr string, n int, dir string, keys *creds.Keys, log 
 			stop()
 			return nil, "", fmt.Errorf("NATS %s: %w", name, err)
 		}
-		s.SetLoggerV2(natsLogger{log.With("server", name)}, false, false, false)
+		s.SetLoggerV2(natsLogger{log: log.With("server", name)}, false, false, false)
 		go s.Start()
 		servers = append(servers, s)
 	}

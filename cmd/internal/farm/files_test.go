@@ -34,7 +34,7 @@ func TestAnEmbeddedServerCapsItsConnectionsByItsOpenFiles(t *testing.T) {
 	}
 	var logs testenv.Buffer // the server logs from its own goroutines
 	const nofile = 40
-	ns, err := startNATS("127.0.0.1:0", filepath.Join(t.TempDir(), "nats"), keys, nofile, slog.New(slog.NewTextHandler(&logs, nil)))
+	ns, err := startNATS("127.0.0.1:0", filepath.Join(t.TempDir(), "nats"), keys, nofile, natsLogger{log: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}

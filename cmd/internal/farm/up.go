@@ -212,8 +212,12 @@ type Farm struct {
 	// lock is the state directory's, held from Up to Stop (lockState).
 	lock *stateLock
 
-	ns      *server.Server
-	natsURL string // comma-separated on a cluster
+	// ns is the NATS server (nsMu: superviseNATS starts it again after a
+	// write its store could not make, which it says on storeBroken).
+	ns          *server.Server
+	nsMu        sync.Mutex
+	storeBroken chan string
+	natsURL     string // comma-separated on a cluster
 	// cluster are the servers of UpOptions.Cluster (ns is nil then).
 	cluster []*server.Server
 	reg     *registry.Server
@@ -329,11 +333,14 @@ func (f *Farm) start(ctx context.Context) error {
 		}
 		f.cluster, f.natsURL = servers, urls
 	} else {
-		ns, err := startNATS(o.ListenNATS, filepath.Join(f.stateDir, "nats"), keys, openFiles(), log.With("component", "nats"))
+		dir, nlog := filepath.Join(f.stateDir, "nats"), log.With("component", "nats")
+		f.storeBroken = make(chan string, 1)
+		ns, err := startNATS(o.ListenNATS, dir, keys, openFiles(), natsLogger{log: nlog, broken: f.storeBroken})
 		if err != nil {
 			return err
 		}
 		f.ns, f.natsURL = ns, ns.ClientURL()
+		f.superviseNATS(dir, keys, nlog)
 	}
 	log.Info("NATS running", "url", f.natsURL)
 
@@ -426,7 +433,8 @@ func (f *Farm) start(ctx context.Context) error {
 // dir, with authorization on: it trusts keys' operator and admits the
 // credentials issued from its account, each to its derived set — the same
 // server.conf an operator includes in a server of their own.
-func startNATS(addr, dir string, keys *creds.Keys, nofile uint64, log *slog.Logger) (*server.Server, error) {
+func startNATS(addr, dir string, keys *creds.Keys, nofile uint64, nl natsLogger) (*server.Server, error) {
+	log := nl.log
 	host, port, err := splitAddr(addr)
 	if err != nil {
 		return nil, err
@@ -459,7 +467,7 @@ func startNATS(addr, dir string, keys *creds.Keys, nofile uint64, log *slog.Logg
 	if err != nil {
 		return nil, fmt.Errorf("NATS: %w", err)
 	}
-	ns.SetLoggerV2(natsLogger{log}, false, false, false)
+	ns.SetLoggerV2(nl, false, false, false)
 	go ns.Start()
 	if !ns.ReadyForConnections(15 * time.Second) {
 		ns.Shutdown()
@@ -468,15 +476,119 @@ func startNATS(addr, dir string, keys *creds.Keys, nofile uint64, log *slog.Logg
 	return ns, nil
 }
 
-// natsLogger writes the NATS server's log to a slog.Logger.
-type natsLogger struct{ log *slog.Logger }
+// natsLogger writes the NATS server's log to a slog.Logger, and tells
+// broken (when set) of a write its store could not make.
+type natsLogger struct {
+	log    *slog.Logger
+	broken chan<- string
+}
 
 func (l natsLogger) Noticef(format string, v ...any) { l.log.Info(fmt.Sprintf(format, v...)) }
 func (l natsLogger) Warnf(format string, v ...any)   { l.log.Warn(fmt.Sprintf(format, v...)) }
 func (l natsLogger) Fatalf(format string, v ...any)  { l.log.Error(fmt.Sprintf(format, v...)) }
-func (l natsLogger) Errorf(format string, v ...any)  { l.log.Error(fmt.Sprintf(format, v...)) }
-func (l natsLogger) Debugf(format string, v ...any)  { l.log.Debug(fmt.Sprintf(format, v...)) }
-func (l natsLogger) Tracef(format string, v ...any)  { l.log.Debug(fmt.Sprintf(format, v...)) }
+func (l natsLogger) Errorf(format string, v ...any) {
+	msg := fmt.Sprintf(format, v...)
+	l.log.Error(msg)
+	if l.broken != nil && strings.Contains(msg, storeWriteError) {
+		select {
+		case l.broken <- msg:
+		default:
+		}
+	}
+}
+
+// storeWriteError is how nats-server's file store logs a write it could
+// not make (server/filestore.go): from then the stream refuses every write
+// with that error until the server starts again, even once the disk has
+// room (its fs.werr is kept).
+const storeWriteError = "Critical write error"
+
+// superviseNATS starts the farm's NATS server again once its store could
+// not write (the disk of the state directory full) and the disk has room
+// again (natsRoom): until then, every stream that met the error refuses
+// its writes — by hand, the farm's claims could not be renewed and no
+// push was planned after the disk was freed, until builds up was started
+// again. The clients ride the restart out as they do any bus outage.
+func (f *Farm) superviseNATS(dir string, keys *creds.Keys, log *slog.Logger) {
+	f.supervisors.Go(func() {
+		for {
+			var why string
+			select {
+			case why = <-f.storeBroken:
+			case <-f.stopping:
+				return
+			}
+			log.Error("NATS could not write its store: its streams take no writes until it starts again; the farm starts it again once the disk has room",
+				"dir", dir, "why", why)
+			f.say("NATS could not write its store in %s (%s): nothing is recorded until the disk has room; then NATS starts again by itself", dir, lastLineOf(why))
+			if !f.awaitRoom(dir, log) {
+				return
+			}
+			f.nsMu.Lock()
+			addr := f.ns.Addr().String()
+			f.ns.Shutdown()
+			f.ns.WaitForShutdown()
+			ns, err := startNATS(addr, dir, keys, openFiles(), natsLogger{log: log, broken: f.storeBroken})
+			if err != nil {
+				f.nsMu.Unlock()
+				f.fail(fmt.Errorf("NATS could not write its store, and would not start again: %w", err))
+				return
+			}
+			f.ns = ns
+			f.nsMu.Unlock()
+			select { // what the stopped server said on its way out
+			case <-f.storeBroken:
+			default:
+			}
+			log.Info("NATS running again on its store", "addr", addr, "dir", dir)
+			f.say("NATS is running again on %s", addr)
+		}
+	})
+}
+
+// natsRoom is the free space the disk of NATS's store needs before the
+// farm starts the server again after a write it could not make.
+const natsRoom = 64 << 20
+
+// awaitRoom waits until dir's file system has natsRoom free, or the farm
+// stops (false).
+func (f *Farm) awaitRoom(dir string, log *slog.Logger) bool {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for n := 0; ; n++ {
+		var st syscall.Statfs_t
+		if err := syscall.Statfs(dir, &st); err == nil && int64(st.Bavail)*int64(st.Bsize) >= natsRoom {
+			return true
+		}
+		if n%30 == 0 {
+			log.Warn("waiting for room on the disk of NATS's store", "dir", dir, "want", "64 MiB free")
+		}
+		select {
+		case <-t.C:
+		case <-f.stopping:
+			return false
+		}
+	}
+}
+
+// say writes a line for the operator (UpOptions.Out), where the log, on
+// the same disk, may not be written.
+func (f *Farm) say(format string, v ...any) {
+	if f.opts.Out != nil {
+		fmt.Fprintf(f.opts.Out, format+"\n", v...)
+	}
+}
+
+// lastLineOf is s's last line, trimmed.
+func lastLineOf(s string) string {
+	s = strings.TrimSpace(s)
+	if i := strings.LastIndexByte(s, '\n'); i >= 0 {
+		s = s[i+1:]
+	}
+	return s
+}
+func (l natsLogger) Debugf(format string, v ...any) { l.log.Debug(fmt.Sprintf(format, v...)) }
+func (l natsLogger) Tracef(format string, v ...any) { l.log.Debug(fmt.Sprintf(format, v...)) }
 
 // startBuildkitds starts the farm's buildkitd, or one for each agent
 // (together), and supervises them: one that exits before Stop is started
@@ -822,10 +934,12 @@ func (f *Farm) Stop() error {
 				errs = append(errs, fmt.Errorf("registry: %w", err))
 			}
 		}
+		f.nsMu.Lock()
 		if f.ns != nil {
 			f.ns.Shutdown()
 			f.ns.WaitForShutdown()
 		}
+		f.nsMu.Unlock()
 		for _, s := range f.cluster {
 			s.Shutdown()
 			s.WaitForShutdown()
