@@ -112,6 +112,16 @@ func bucketReadGrants(bucket string) []string {
 	}
 }
 
+// keyReadGrants are what reading one key of a bucket takes (its stream's
+// info, and a direct get of that key alone).
+func keyReadGrants(bucket, key string) []string {
+	st := KVStream(bucket)
+	return []string{
+		"$JS.API.STREAM.INFO." + st,
+		"$JS.API.DIRECT.GET." + st + "." + KVKeySubject(bucket, key),
+	}
+}
+
 // ControllerUses are the seats the mesh's controller submits work to. The
 // controller files no manifest, so this is stated, not derived (ADR 0121).
 var ControllerUses = []string{BuildSeat}
@@ -327,6 +337,12 @@ func (c *Catalogue) OperatorPermissions(principal string) Permissions {
 		}
 	}
 	for _, g := range streamReadGrants(LogsStream) {
+		p.pub[g] = true
+	}
+	// Who holds the controller's seat, and since when: a push no
+	// controller answers is queued behind a missing one, or waits for a
+	// busy one (builds push). No other claim: the machines' are theirs.
+	for _, g := range keyReadGrants(ClaimsBucket(), ClaimKey(ControllerSeat, "")) {
 		p.pub[g] = true
 	}
 	c.operatorStateGrants(p)

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/meshbuild/meshbuild/claim"
 	"github.com/meshbuild/meshbuild/internal/natstest"
 	"github.com/meshbuild/meshbuild/mesh"
 )
@@ -180,7 +181,7 @@ func principals(t *testing.T, c *mesh.Catalogue) (urlOf func(user string) string
 	for _, m := range c.Modules {
 		sets = append(sets, c.ModulePermissions(m))
 	}
-	sets = append(sets, c.ControllerPermissions("controller"))
+	sets = append(sets, c.ControllerPermissions("controller"), c.OperatorPermissions(mesh.OperatorPrincipal))
 	if _, ok := c.Module(mesh.AgentModule); ok {
 		for _, m := range testMachines {
 			p, err := c.MachinePermissions(m)
@@ -218,7 +219,7 @@ var testMachines = []string{"m1", "m2"}
 // testMachines, the controller, or a module.
 func testPrincipal(name string) string {
 	switch {
-	case name == mesh.ControllerPrincipal:
+	case name == mesh.ControllerPrincipal, name == mesh.OperatorPrincipal:
 		return name
 	case slices.Contains(testMachines, name):
 		return mesh.PrincipalID(mesh.KindAgent, name)
@@ -274,6 +275,36 @@ func TestDerivedPermissionsOnARealServer(t *testing.T) {
 			t.Fatal(err)
 		}
 		refused(t, errs, other)
+	})
+
+	t.Run("the operator reads who holds the controller's seat and no other claim", func(t *testing.T) {
+		// By hand, `builds push` with no answer from the controller
+		// could not read the seat's claim ("permissions violation for
+		// Publish to $JS.API.DIRECT.GET.KV_CLAIMS…") and took a busy
+		// controller for none.
+		_, cjs, _ := connect("controller")
+		lease, err := claim.Claim(ctx(t), cjs, mesh.ControllerSeat, claim.Mesh(), "build-controller on test pid 1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer lease.Release(context.Background())
+		_, mjs, _ := connect("m1")
+		m1, err := claim.Claim(ctx(t), mjs, mesh.BuildSeat, claim.Node("m1"), "build-agent on m1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer m1.Release(context.Background())
+		_, ojs, errs := connect(mesh.OperatorPrincipal)
+		rec, ok, err := claim.Current(ctx(t), ojs, mesh.ControllerSeat, claim.Mesh())
+		if err != nil || !ok || rec.Holder != "build-controller on test pid 1" {
+			t.Fatalf("the operator reading the controller's seat: %+v, %v, %v", rec, ok, err)
+		}
+		short, cancel := context.WithTimeout(context.Background(), 2*time.Second) // refused: no answer comes
+		defer cancel()
+		if _, ok, err := claim.Current(short, ojs, mesh.BuildSeat, claim.Node("m1")); err == nil || ok {
+			t.Errorf("the operator read m1's claim: ok %v, err %v", ok, err)
+		}
+		refused(t, errs, "$JS.API.DIRECT.GET."+mesh.KVStream(mesh.ClaimsBucket())+"."+mesh.KVKeySubject(mesh.ClaimsBucket(), mesh.ClaimKey(mesh.BuildSeat, "m1")))
 	})
 
 	t.Run("a holder fetches and acks under exactly its grant", func(t *testing.T) {
