@@ -10,6 +10,7 @@ import (
 	"github.com/docker/go-units"
 	"golang.org/x/sys/unix"
 
+	"github.com/meshbuild/meshbuild/internal/diskfree"
 	"github.com/meshbuild/meshbuild/internal/gitcache"
 )
 
@@ -98,11 +99,10 @@ func (s *Sources) Probe() error {
 	if s.MinFree <= 0 {
 		return nil
 	}
-	var st unix.Statfs_t
-	if err := unix.Statfs(s.Dir, &st); err != nil {
+	free, err := diskfree.Free(s.Dir)
+	if err != nil {
 		return fmt.Errorf("workspace %s: %w", s.Dir, err)
 	}
-	free := int64(st.Bavail) * int64(st.Bsize)
 	if free < s.MinFree {
 		return fmt.Errorf("workspace %s has %s free, less than the %s a build needs (--min-free): free some space there",
 			s.Dir, units.BytesSize(float64(free)), units.BytesSize(float64(s.MinFree)))

@@ -14,21 +14,6 @@ import (
 	"github.com/meshbuild/meshbuild/mesh"
 )
 
-// tinyFS mounts a tmpfs of size bytes (a file system that fills up for
-// real) and returns its directory. It needs root, as `make test` runs.
-func tinyFS(t *testing.T, size string) string {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("mounting a tmpfs needs root")
-	}
-	dir := t.TempDir()
-	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size="+size); err != nil {
-		t.Skipf("mounting a tmpfs: %v", err)
-	}
-	t.Cleanup(func() { _ = syscall.Unmount(dir, syscall.MNT_DETACH) })
-	return dir
-}
-
 // bigRepo is a repository whose commit does not fit in a few hundred KiB
 // (a MiB of random bytes, which git cannot compress).
 func bigRepo(t *testing.T) (repo, commit, tree string) {
@@ -58,7 +43,7 @@ func TestAFullWorkspaceIsTheMachinesTroubleNotTheSources(t *testing.T) {
 			map[string]string{"https://git.example/fleet.git": repo}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s := &Sources{Dir: tinyFS(t, "256k"), InsteadOf: tc.io}
+			s := &Sources{Dir: testenv.Tmpfs(t, "256k"), InsteadOf: tc.io}
 			_, err := s.Checkout(context.Background(), tc.src)
 			if !errors.Is(err, ErrInfra) || errors.Is(err, ErrSource) || Classify(err) != mesh.ReasonInfra {
 				t.Fatalf("Checkout into a full workspace: %v, want ErrInfra", err)
@@ -80,7 +65,7 @@ func TestAFullWorkspaceIsTheMachinesTroubleNotTheSources(t *testing.T) {
 // writable): the machine turns sick and takes no ask until space is freed.
 func TestAWorkspaceWithoutRoomMakesTheMachineSick(t *testing.T) {
 	ctx := context.Background()
-	dir := tinyFS(t, "1m")
+	dir := testenv.Tmpfs(t, "1m")
 	w := &BuildWorker{Sources: &Sources{Dir: dir, MinFree: 512 << 10}}
 	if err := w.Probe(ctx); err != nil {
 		t.Fatalf("probe of an empty 1 MiB workspace needing 512 KiB: %v", err)

@@ -26,16 +26,9 @@ import (
 // the machines' claims are renewed again.
 func TestAFarmWhoseStoreFilledUpRunsAgainOnceThereIsRoom(t *testing.T) {
 	testenv.RequireBuildkit(t)
-	if os.Geteuid() != 0 {
-		t.Skip("mounting a tmpfs needs root")
-	}
-	state := t.TempDir()
 	// Room for what the catalogue's streams and buckets reserve (the
 	// server's store may take three quarters of the free disk), and more.
-	if err := syscall.Mount("tmpfs", state, "tmpfs", 0, "size=1200m"); err != nil {
-		t.Skipf("mounting a tmpfs: %v", err)
-	}
-	t.Cleanup(func() { _ = syscall.Unmount(state, syscall.MNT_DETACH) })
+	state := testenv.Tmpfs(t, "1200m")
 	catalogue, _ := testenv.SmallFleet(t, "base")
 	var out testenv.Buffer
 	f, err := Up(context.Background(), UpOptions{

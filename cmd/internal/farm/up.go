@@ -31,6 +31,7 @@ import (
 	"github.com/meshbuild/meshbuild/cmd/internal/daemon"
 	"github.com/meshbuild/meshbuild/deploy"
 	"github.com/meshbuild/meshbuild/internal/buildkitd"
+	"github.com/meshbuild/meshbuild/internal/diskfree"
 	"github.com/meshbuild/meshbuild/registry"
 )
 
@@ -520,7 +521,7 @@ func (f *Farm) superviseNATS(dir string, keys *creds.Keys, log *slog.Logger) {
 			}
 			log.Error("NATS could not write its store: its streams take no writes until it starts again; the farm starts it again once the disk has room",
 				"dir", dir, "why", why)
-			f.say("NATS could not write its store in %s (%s): nothing is recorded until the disk has room; then NATS starts again by itself", dir, lastLineOf(why))
+			f.say("NATS could not write its store in %s (%s): nothing is recorded until the disk has room; then NATS starts again by itself", dir, lastLines(why, 1))
 			if !f.awaitRoom(dir, log) {
 				return
 			}
@@ -556,12 +557,11 @@ func (f *Farm) awaitRoom(dir string, log *slog.Logger) bool {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	for n := 0; ; n++ {
-		var st syscall.Statfs_t
-		if err := syscall.Statfs(dir, &st); err == nil && int64(st.Bavail)*int64(st.Bsize) >= natsRoom {
+		if free, err := diskfree.Free(dir); err == nil && free >= natsRoom {
 			return true
 		}
 		if n%30 == 0 {
-			log.Warn("waiting for room on the disk of NATS's store", "dir", dir, "want", "64 MiB free")
+			log.Warn("waiting for room on the disk of NATS's store", "dir", dir, "want free", natsRoom)
 		}
 		select {
 		case <-t.C:
@@ -579,14 +579,6 @@ func (f *Farm) say(format string, v ...any) {
 	}
 }
 
-// lastLineOf is s's last line, trimmed.
-func lastLineOf(s string) string {
-	s = strings.TrimSpace(s)
-	if i := strings.LastIndexByte(s, '\n'); i >= 0 {
-		s = s[i+1:]
-	}
-	return s
-}
 func (l natsLogger) Debugf(format string, v ...any) { l.log.Debug(fmt.Sprintf(format, v...)) }
 func (l natsLogger) Tracef(format string, v ...any) { l.log.Debug(fmt.Sprintf(format, v...)) }
 
