@@ -132,8 +132,11 @@ func (f Forecast) String() string {
 		what += ", next attempt in " + roundETA(h.Delay)
 	}
 	if f.Unknown {
-		return fmt.Sprintf("waiting on %s (%s): %d of %d modules left on the critical path; no build times known yet, no finish estimate",
-			h.Module, what, len(f.Path), f.Left)
+		s := fmt.Sprintf("waiting on %s (%s): %d of %d modules left on the critical path; ", h.Module, what, len(f.Path), f.Left)
+		if f.Stalled != "" {
+			return s + "no finish estimate while " + f.Stalled
+		}
+		return s + "no build times known yet, no finish estimate"
 	}
 	s := fmt.Sprintf("waiting on %s (%s): %s of %s left on the critical path", h.Module, what, roundETA(h.Left), roundETA(f.PathLeft))
 	if h.Overdue {

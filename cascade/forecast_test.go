@@ -108,6 +108,26 @@ func TestAPlanWaitingForAPlatformWithNoMachineHasNoFinish(t *testing.T) {
 	}
 }
 
+// At first sight (no build time known) a farm with no machine at all says
+// so too, not that it only lacks build times.
+func TestAFirstPlanOnAFarmWithNoMachineSaysWhyItWaits(t *testing.T) {
+	mods := []ModuleStatus{
+		{Module: "base", State: Queued, Waiting: NoMachine([]string{"linux/amd64"})},
+		{Module: "tool", Bases: []string{"base"}, State: Waiting},
+	}
+	f := CriticalPath(mods, nil, t0, 0)
+	if !f.Unknown {
+		t.Fatalf("no estimates, yet known: %+v", f)
+	}
+	if line := f.String(); line != "waiting on base (queued): 2 of 2 modules left on the critical path; no finish estimate while base waits: no linux/amd64 machine online" {
+		t.Errorf("line %q", line)
+	}
+	mods[0].Waiting = ""
+	if line := CriticalPath(mods, nil, t0, 1).String(); !strings.HasSuffix(line, "; no build times known yet, no finish estimate") {
+		t.Errorf("with a machine: %q", line)
+	}
+}
+
 // A module handed back to be retried after a delay holds its chain up by
 // the delay too, and the line says when its next attempt is.
 func TestARetryDelayIsOnTheCriticalPath(t *testing.T) {

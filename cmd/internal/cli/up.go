@@ -67,7 +67,7 @@ with builds push, build.`,
 	}
 	f := c.Flags()
 	f.StringVar(&fl.catalogue, "catalogue", "", "catalogue directory (default with --demo: DIR/catalogue)")
-	f.IntVar(&fl.agents, "agents", 3, "build agents to run; they share one buildkitd")
+	f.IntVar(&fl.agents, "agents", 3, "build agents to run; they share one buildkitd (0: none, for build agents started by hand)")
 	f.StringVar(&fl.state, "state", "", "state directory, kept and reused, where builds finds the operator's credentials (default $MESHBUILD_STATE, else $XDG_STATE_HOME/meshbuild/up, else ~/.local/state/meshbuild/up)")
 	f.BoolVar(&fl.ephemeral, "ephemeral", false, "keep the state in a temporary directory, removed on exit")
 	f.BoolVar(&fl.stay, "stay", false, "with --demo: keep the farm running after the demo")
@@ -99,6 +99,13 @@ func runUp(ctx context.Context, g *globals, fl upFlags) (err error) {
 	level, err := daemon.LevelOf(fl.logLevel)
 	if err != nil {
 		return fmt.Errorf("--log-level: %w", err)
+	}
+	agents := fl.agents
+	switch {
+	case agents == 0:
+		agents = farm.NoAgents // UpOptions' zero is the default
+	case agents < 0:
+		return fmt.Errorf("--agents %d: want 0 or more", agents)
 	}
 	if fl.stay && fl.demo == "" {
 		return errors.New("--stay goes with --demo: without it the farm stays anyway")
@@ -156,7 +163,7 @@ func runUp(ctx context.Context, g *globals, fl upFlags) (err error) {
 		window = farm.WindowEvery // UpOptions' zero is the default
 	}
 	opts := farm.UpOptions{
-		Catalogue: fl.catalogue, Agents: fl.agents, StateDir: state,
+		Catalogue: fl.catalogue, Agents: agents, StateDir: state,
 		ListenNATS: fl.listenNATS, ListenRegistry: fl.listenRegistry,
 		BuildKit: fl.buildkit, MetricsBase: fl.metrics, Window: window, Cluster: fl.cluster,
 		Log: slog.New(slog.NewTextHandler(logFile, &slog.HandlerOptions{Level: level})),

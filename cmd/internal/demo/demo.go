@@ -284,10 +284,10 @@ func follow(ctx context.Context, f *farm.Farm, store *cascade.Store, plan string
 		Changed: func(pl planview.Plan, m *cascade.ModuleStatus, was cascade.ModuleState) {
 			if m != nil && m.State.Finished() && was != m.State {
 				p.line(planview.ModuleLine(*m))
-				p.draw(pl.Record, time.Since(begun))
+				p.draw(pl, time.Since(begun))
 			}
 		},
-		Ticked: func(pl planview.Plan) { p.draw(pl.Record, time.Since(begun)) },
+		Ticked: func(pl planview.Plan) { p.draw(pl, time.Since(begun)) },
 	})
 	p.clear()
 	if errors.Is(err, cascade.ErrNoPlan) {
@@ -331,8 +331,8 @@ func (p *progress) line(s string) {
 	fmt.Fprintln(p.out, s)
 }
 
-func (p *progress) draw(rec cascade.PlanRecord, elapsed time.Duration) {
-	c := rec.Counts
+func (p *progress) draw(pl planview.Plan, elapsed time.Duration) {
+	rec, c := pl.Record, pl.Record.Counts
 	status := fmt.Sprintf(" %d/%d built", c.Built, c.Total)
 	for _, s := range planview.Tally(c)[1:] { // built is said first
 		if s.N > 0 {
@@ -340,6 +340,12 @@ func (p *progress) draw(rec cascade.PlanRecord, elapsed time.Duration) {
 		}
 	}
 	status += fmt.Sprintf("  %s", clock(elapsed))
+	if f, ok := planview.ForecastOf(rec, pl.Modules, time.Now()); ok {
+		// Why it waits, when no machine online takes what it needs.
+		if s := planview.ShortForecast(f); s != "" {
+			status += "; " + s
+		}
+	}
 	if !p.tty {
 		if time.Since(p.last) >= 10*time.Second {
 			p.last = time.Now()
@@ -347,7 +353,10 @@ func (p *progress) draw(rec cascade.PlanRecord, elapsed time.Duration) {
 		}
 		return
 	}
-	barWidth := min(30, p.width-len(status)-4)
+	if r := []rune(status); len(r) > p.width-1 {
+		status = string(r[:p.width-2]) + "…"
+	}
+	barWidth := min(30, p.width-len([]rune(status))-4)
 	done := 0
 	if c.Total > 0 && barWidth > 0 {
 		done = barWidth * c.Finished() / c.Total

@@ -25,6 +25,9 @@ const DemoService = "static-web"
 // assignService assigns DemoService to the farm's first machine; a
 // catalogue without it assigns nothing.
 func assignService(ctx context.Context, nc *nats.Conn, f *farm.Farm) (module, node string, err error) {
+	if len(f.Machines()) == 0 {
+		return "", "", nil // no node of the farm's own to run it on
+	}
 	node = f.Machines()[0]
 	_, err = deploy.Call(ctx, nc, mesh.AssignTool, deploy.Request{Module: DemoService, Nodes: []string{node}})
 	if errors.Is(err, deploy.ErrUnknownModule) {

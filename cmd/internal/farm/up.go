@@ -12,11 +12,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -47,8 +49,9 @@ type UpOptions struct {
 	// Catalogue is the catalogue directory the controller raises (and
 	// watches).
 	Catalogue string
-	// Agents is how many build agents run; default 1. Each works one ask
-	// at a time; they share one buildkitd unless BuildkitdPerAgent.
+	// Agents is how many build agents run; default 1, NoAgents for none
+	// (the farm's buildkitd is started for agents run by hand). Each works
+	// one ask at a time; they share one buildkitd unless BuildkitdPerAgent.
 	Agents int
 	// StateDir holds NATS's store, the registry's blobs, buildkitd's state
 	// and the agents' workspaces. Empty makes a temporary directory, removed
@@ -105,6 +108,13 @@ type UpOptions struct {
 // which UpOptions' zero value cannot say since it means the default.
 const WindowEvery = math.MinInt
 
+// NoAgents is the UpOptions.Agents of a farm that runs no build agent of
+// its own (`builds up --agents 0`): its NATS, registry, buildkitd and
+// controller wait for build-agent processes started with credentials from
+// `builds creds issue`. UpOptions' zero value cannot say it, since it means
+// the default.
+const NoAgents = math.MinInt
+
 // ErrUpOptions is wrapped by every refusal of UpOptions.
 var ErrUpOptions = errors.New("invalid farm options")
 
@@ -118,11 +128,16 @@ func (o UpOptions) withDefaults() (UpOptions, error) {
 	if fi, err := os.Stat(o.Catalogue); err != nil || !fi.IsDir() {
 		return o, bad("catalogue %s is not a directory", o.Catalogue)
 	}
-	if o.Agents == 0 {
+	switch {
+	case o.Agents == NoAgents:
+		if o.BuildkitdPerAgent {
+			return o, bad("no agents, and a buildkitd for each agent: choose one")
+		}
+		o.Agents = 0
+	case o.Agents == 0:
 		o.Agents = 1
-	}
-	if o.Agents < 0 {
-		return o, bad("agents %d: want 1 or more", o.Agents)
+	case o.Agents < 0:
+		return o, bad("agents %d: want 1 or more, or none (builds up --agents 0)", o.Agents)
 	}
 	if o.Cluster < 0 || o.Cluster == 2 {
 		return o, bad("--cluster %d: want 3 or more servers (a JetStream cluster needs a majority to survive one lost), or 0 for one server", o.Cluster)
@@ -231,6 +246,9 @@ type Farm struct {
 	bkMu        sync.Mutex
 	supervisors sync.WaitGroup
 	bkAddrs     []string
+	// bkShared is the one buildkitd every agent builds with, given or
+	// started here; empty with BuildkitdPerAgent.
+	bkShared string
 
 	controller *component
 	agents     []*component
@@ -368,6 +386,7 @@ func (f *Farm) start(ctx context.Context) error {
 		if err := pingBuildkit(ctx, o.BuildKit); err != nil {
 			return err
 		}
+		f.bkShared = o.BuildKit
 		for range f.machines {
 			f.bkAddrs = append(f.bkAddrs, o.BuildKit)
 		}
@@ -422,6 +441,9 @@ func (f *Farm) start(ctx context.Context) error {
 		f.agents = append(f.agents, f.run("node "+machine, func(nctx context.Context) error {
 			return runNode(nctx, f.natsURL, f.NodeCreds(machine), machine, filepath.Join(f.stateDir, "nodes", machine), ao, nobs, log)
 		}))
+	}
+	if len(f.machines) == 0 {
+		return nil
 	}
 	if err := assignBuildAgents(ctx, f.natsURL, f.OperatorCreds(), f.machines); err != nil {
 		return err
@@ -596,6 +618,7 @@ func (f *Farm) startBuildkitds(ctx context.Context) error {
 			return err
 		}
 		f.bks = append(f.bks, bk)
+		f.bkShared = bk.Addr()
 		for range f.machines {
 			f.bkAddrs = append(f.bkAddrs, bk.Addr())
 		}
@@ -837,7 +860,12 @@ func (f *Farm) RegistryAddr() string { return f.reg.Addr() }
 
 // BuildKitAddr is the address of the buildkitd the agents build with; with
 // BuildkitdPerAgent, the first agent's (see BuildKitAddrs).
-func (f *Farm) BuildKitAddr() string { return f.bkAddrs[0] }
+func (f *Farm) BuildKitAddr() string {
+	if f.bkShared != "" {
+		return f.bkShared
+	}
+	return f.bkAddrs[0]
+}
 
 // BuildKitAddrs are the addresses of the buildkitds the agents build with,
 // in the order of Machines: all the same unless BuildkitdPerAgent.
@@ -964,16 +992,30 @@ func (f *Farm) printBanner() {
 	}
 	switch {
 	case f.opts.BuildKit != "":
-		fmt.Fprintf(w, "  buildkitd   %s (given; it must trust %s over plain http)\n", f.bkAddrs[0], f.reg.Addr())
+		fmt.Fprintf(w, "  buildkitd   %s (given; it must trust %s over plain http)\n", f.bkShared, f.reg.Addr())
 	case f.opts.BuildkitdPerAgent:
 		for i, m := range f.machines {
 			fmt.Fprintf(w, "  buildkitd   %s (started here for %s%s)\n", f.bkAddrs[i], m, par)
 		}
 	default:
-		fmt.Fprintf(w, "  buildkitd   %s (started here%s)\n", f.bkAddrs[0], par)
+		fmt.Fprintf(w, "  buildkitd   %s (started here%s)\n", f.bkShared, par)
 	}
 	fmt.Fprintf(w, "  controller  catalogue %s\n", f.opts.Catalogue)
-	fmt.Fprintf(w, "  agents      %s\n", strings.Join(f.machines, ", "))
+	if len(f.machines) == 0 {
+		cat, err := filepath.Abs(f.opts.Catalogue)
+		if err != nil {
+			cat = f.opts.Catalogue
+		}
+		fmt.Fprintf(w, "  agents      none of the farm's own: the asks wait for build agents started by hand, e.g.\n")
+		fmt.Fprintf(w, "              builds creds issue %s --principal agent NAME --catalogue %s --out NAME.creds\n", CredsDir(f.stateDir), cat)
+		rewrite := ""
+		for _, from := range slices.Sorted(maps.Keys(f.opts.InsteadOf)) {
+			rewrite += fmt.Sprintf(" -git-instead-of %s=%s", from, f.opts.InsteadOf[from])
+		}
+		fmt.Fprintf(w, "              build-agent -nats %s -creds NAME.creds -machine NAME -buildkit %s -registry-insecure -catalogue %s%s\n", f.natsURL, f.bkShared, cat, rewrite)
+	} else {
+		fmt.Fprintf(w, "  agents      %s\n", strings.Join(f.machines, ", "))
+	}
 	f.PrintWhere(w)
 }
 

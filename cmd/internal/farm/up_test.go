@@ -128,6 +128,7 @@ func TestUpRefusesBadOptions(t *testing.T) {
 		{"negative agents", UpOptions{Catalogue: catalogue, Agents: -1}, "agents -1"},
 		{"bad nats address", UpOptions{Catalogue: catalogue, ListenNATS: "4222"}, "--listen-nats"},
 		{"metrics on port 0", UpOptions{Catalogue: catalogue, MetricsBase: "127.0.0.1:0"}, "--metrics"},
+		{"no agents, each with its own buildkitd", UpOptions{Catalogue: catalogue, Agents: NoAgents, BuildkitdPerAgent: true}, "no agents, and a buildkitd for each agent"},
 		{"a cluster of two", UpOptions{Catalogue: catalogue, Cluster: 2}, "--cluster 2: want 3 or more servers"},
 		{"negative max parallelism", UpOptions{Catalogue: catalogue, MaxParallelism: -1}, "max parallelism -1"},
 		{"a given buildkitd per agent", UpOptions{Catalogue: catalogue, BuildKit: "unix:///run/bk.sock", BuildkitdPerAgent: true},

@@ -72,13 +72,13 @@ func ShortForecast(f cascade.Forecast) string {
 	if !ok {
 		return ""
 	}
-	if f.Unknown {
-		return "waiting on " + h.Module
-	}
 	if f.Stalled != "" {
 		// No machine online takes an ask the plan needs: it ends only
 		// once one comes.
 		return "no ETA while " + f.Stalled
+	}
+	if f.Unknown {
+		return "waiting on " + h.Module
 	}
 	if h.Overdue {
 		// The module holding the plan has run past its estimate: the

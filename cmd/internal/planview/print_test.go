@@ -134,6 +134,16 @@ func TestPrintPlanShowsARunningPlansCriticalPath(t *testing.T) {
 	if got := ShortForecast(f); got != "no ETA while cli waits: no linux/arm64 machine online" {
 		t.Errorf("short forecast of a plan waiting for a platform %q", got)
 	}
+	// So too at first sight, no build time known.
+	first := make(map[string]cascade.ModuleStatus, len(mods))
+	for k, m := range mods {
+		m.Estimate = 0
+		first[k] = m
+	}
+	f, _ = ForecastOf(rec, first, now)
+	if got := ShortForecast(f); !f.Unknown || got != "no ETA while cli waits: no linux/arm64 machine online" {
+		t.Errorf("short forecast at first sight of a plan waiting for a platform %q (unknown %v)", got, f.Unknown)
+	}
 	rec.Outcome = cascade.OutcomeBuilt
 	if _, ok := ForecastOf(rec, mods, now); ok {
 		t.Error("a settled plan has a forecast")
