@@ -134,6 +134,8 @@ type Controller struct {
 	// written with an older one, to be written again once it is due.
 	forecasts    map[string]Forecast
 	forecastOwed map[string]bool
+	// replans are the plans to plan again as Run starts (Replan).
+	replans []Replan
 	// sched is the scheduling across plans (scheduler.go).
 	sched scheduler
 
@@ -450,6 +452,7 @@ func (c *Controller) start(ctx context.Context) (*runInputs, error) {
 	if err := c.resume(ctx); err != nil {
 		return nil, err
 	}
+	c.replan(ctx)
 	subs, err := c.serveTools()
 	if err != nil {
 		return nil, err

@@ -102,6 +102,14 @@ type options struct {
 	clock        func() time.Time
 	resume       bool
 	trouble      func()
+	raise        func(ctx context.Context) error
+}
+
+// WithRaise has the claims bucket raised with raise when it is not there,
+// instead of waited for: for the controller, which raises it (a server
+// started again on an empty store has lost it).
+func WithRaise(raise func(ctx context.Context) error) Option {
+	return func(o *options) error { o.raise = raise; return nil }
 }
 
 // WithResume makes a lapsed claim claimed again under its own token instead
@@ -215,7 +223,7 @@ func checkArgs(seat string, scope Scope, holder string) error {
 
 // bucket opens the claims bucket, waiting (ctx bounds it) while it is not
 // raised yet: the controller raises it.
-func bucket(ctx context.Context, js jetstream.JetStream, log *slog.Logger) (jetstream.KeyValue, error) {
+func bucket(ctx context.Context, js jetstream.JetStream, o options) (jetstream.KeyValue, error) {
 	delay := 250 * time.Millisecond
 	for {
 		kv, err := js.KeyValue(ctx, mesh.ClaimsBucket())
@@ -225,7 +233,16 @@ func bucket(ctx context.Context, js jetstream.JetStream, log *slog.Logger) (jets
 		if !errors.Is(err, jetstream.ErrBucketNotFound) {
 			return nil, fmt.Errorf("opening the claims bucket %s: %w", mesh.ClaimsBucket(), err)
 		}
-		log.Warn("the claims bucket is not raised yet; waiting for the controller", "bucket", mesh.ClaimsBucket())
+		if o.raise != nil {
+			o.log.Warn("the claims bucket is not there (a server started again on an empty store?): raising it", "bucket", mesh.ClaimsBucket())
+			rerr := o.raise(ctx)
+			if rerr == nil {
+				continue
+			}
+			o.log.Warn("raising the claims bucket", "bucket", mesh.ClaimsBucket(), "err", rerr)
+		} else {
+			o.log.Warn("the claims bucket is not raised yet; waiting for the controller", "bucket", mesh.ClaimsBucket())
+		}
 		select {
 		case <-ctx.Done():
 			return nil, fmt.Errorf("opening the claims bucket %s: %w (start build-controller: it raises it)", mesh.ClaimsBucket(), ctx.Err())
@@ -247,7 +264,7 @@ func Claim(ctx context.Context, js jetstream.JetStream, seat string, scope Scope
 	if err := checkArgs(seat, scope, holder); err != nil {
 		return nil, err
 	}
-	kv, err := bucket(ctx, js, o.log)
+	kv, err := bucket(ctx, js, o)
 	if err != nil {
 		return nil, err
 	}
@@ -364,7 +381,7 @@ func Standby(ctx context.Context, js jetstream.JetStream, seat string, scope Sco
 	for {
 		var l *Lease
 		if kv == nil {
-			kv, err = bucket(ctx, js, o.log)
+			kv, err = bucket(ctx, js, o)
 		}
 		if kv != nil {
 			l, err = claim(ctx, js, kv, seat, scope, holder, o)

@@ -408,6 +408,19 @@ func discardOld(ctx context.Context, js jetstream.JetStream, stream string) erro
 	return err
 }
 
+// WireGone reports whether the bus has lost what a controller raised: the
+// claims bucket or EVENTS is not there any more (a server started again on
+// an empty store, or the streams deleted by hand). A server that does not
+// answer is not taken for one that lost them.
+func WireGone(ctx context.Context, js jetstream.JetStream) bool {
+	for _, name := range []string{KVStream(ClaimsBucket()), EventsStream} {
+		if _, err := js.Stream(ctx, name); errors.Is(err, jetstream.ErrStreamNotFound) {
+			return true
+		}
+	}
+	return false
+}
+
 // RaiseClaims asserts the claims bucket alone, idempotently. A controller
 // claims its seat before it raises the rest of the catalogue (only the
 // holder raises), so the bucket it claims in comes first.

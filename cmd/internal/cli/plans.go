@@ -168,6 +168,8 @@ func showPlan(g *globals, rec cascade.PlanRecord, mods map[string]cascade.Module
 		return writeJSON(g.out, v)
 	}
 	planview.PrintPlan(g.out, rec, mods)
-	fmt.Fprintf(g.out, "why a module was built (or not): builds why %s MODULE\n", rec.ID)
+	if len(mods) > 0 {
+		fmt.Fprintf(g.out, "why a module was built (or not): builds why %s MODULE\n", rec.ID)
+	}
 	return nil
 }

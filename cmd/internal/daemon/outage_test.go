@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/meshbuild/meshbuild/agent"
@@ -23,6 +24,7 @@ import (
 	"github.com/meshbuild/meshbuild/internal/testenv"
 	"github.com/meshbuild/meshbuild/mesh"
 	"github.com/meshbuild/meshbuild/mesh/meshtest"
+	"github.com/meshbuild/meshbuild/planner"
 	"github.com/meshbuild/meshbuild/registry"
 	"github.com/meshbuild/meshbuild/registry/registrytest"
 )
@@ -472,5 +474,101 @@ func TestAControllerStartedBeforeItsClusterAnswersWaitsForIt(t *testing.T) {
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatalf("RunController: %v", err)
+	}
+}
+
+// A NATS server started again on an empty store (its disk lost, or
+// replaced) has none of the farm's streams: the controller's work failed
+// with them and it exited, taking `builds up` down, while the machines
+// pulled from queues that no longer existed. Now the controller says the
+// bus lost them, raises the wire again, holds its seat anew and plans again
+// the plan it was running, and the machine takes its seat and pulls from
+// its queue again, with no restart of either process.
+func TestAControllerAndAMachineStartOverOnABusThatLostItsStore(t *testing.T) {
+	bk := testenv.Buildkitd(t)
+	srv := newRestartable(t)
+	dir := chainCatalogue(t)
+	var clog, alog testenv.Buffer
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ready := make(chan struct{})
+	cdone := make(chan error, 1)
+	go func() {
+		cdone <- RunController(ctx, ControllerOptions{NATS: srv.s.ClientURL(), Catalogue: dir, Poll: time.Hour, Lease: 6 * time.Second,
+			Controller: cascade.Config{Registry: "127.0.0.1:1", Images: testenv.AnyImage{}}, Ready: ready, Log: slog.New(slog.NewTextHandler(&clog, nil))})
+	}()
+	select {
+	case <-ready:
+	case err := <-cdone:
+		t.Fatalf("controller: %v", err)
+	case <-time.After(60 * time.Second):
+		t.Fatal("the controller did not start")
+	}
+	adone := startAgent(t, ctx, "m1", AgentOptions{NATS: srv.s.ClientURL(), BuildKit: bk, Catalogue: dir,
+		Lease: 2 * time.Second, Log: slog.New(slog.NewTextHandler(&alog, nil))})
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("controller:\n%s\nagent:\n%s", clog.String(), alog.String())
+		}
+	})
+	// The test's own connection, which rides out the restart.
+	_, js := natstest.Connect(t, srv.s, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	pulling := func() bool {
+		c, err := js.Consumer(ctx, mesh.SeatStream(mesh.BuildSeat), mesh.BuildConsumer(mesh.DefaultPlatform))
+		if err != nil {
+			return false
+		}
+		// A pull waiting, or an ask taken (the plan planned again).
+		info, err := c.Info(ctx)
+		return err == nil && (info.NumWaiting > 0 || info.Delivered.Consumer > 0)
+	}
+	held := func(seat string, scope claim.Scope) bool {
+		_, ok, err := claim.Current(ctx, js, seat, scope)
+		return err == nil && ok
+	}
+	testenv.WaitFor(t, 30*time.Second, "m1 holding its seat and pulling", func() bool {
+		return held(mesh.BuildSeat, claim.Node("m1")) && pulling()
+	})
+	// A plan in flight: its repository cannot be fetched here, so it stays
+	// running, its first ask retried.
+	planned := func() bool {
+		st, err := cascade.OpenStore(ctx, js, "build-controller")
+		if err != nil {
+			return false
+		}
+		rec, err := st.Plan(ctx, planner.PlanID(planner.Trigger{Kind: planner.KindPush, Repo: meshtest.FleetRepo, Commit: "c1"}))
+		return err == nil && rec.Outcome == cascade.OutcomeRunning
+	}
+	data, _ := json.Marshal(mesh.Pushed{Version: 1, Repo: meshtest.FleetRepo, Commit: "c1", At: time.Now().UTC()})
+	if _, err := js.Publish(ctx, mesh.SeatEventSubject(mesh.GitSeat, mesh.EventPushed), data); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 30*time.Second, "the push planned", planned)
+
+	srv.stop()
+	if err := os.RemoveAll(srv.opts.StoreDir); err != nil {
+		t.Fatal(err)
+	}
+	srv.start()
+	testenv.WaitFor(t, 90*time.Second, "the controller holding its seat again on the emptied server, the wire raised again, m1 holding its seat and pulling", func() bool {
+		select {
+		case err := <-cdone:
+			t.Fatalf("the controller stopped: %v\n%s", err, clog.String())
+		case err := <-adone:
+			t.Fatalf("the agent stopped: %v\n%s", err, alog.String())
+		default:
+		}
+		return held(mesh.ControllerSeat, claim.Mesh()) && held(mesh.BuildSeat, claim.Node("m1")) && pulling()
+	})
+	testenv.WaitFor(t, 30*time.Second, "the plan in flight planned again", planned)
+	if _, err := js.Stream(ctx, mesh.EventsStream); err != nil {
+		t.Errorf("EVENTS after the restart: %v", err)
+	}
+	cancel()
+	if err := <-cdone; err != nil {
+		t.Errorf("RunController: %v", err)
+	}
+	if err := <-adone; err != nil {
+		t.Errorf("RunAgent: %v", err)
 	}
 }

@@ -471,8 +471,14 @@ func RunController(ctx context.Context, o ControllerOptions) error {
 			close(o.Ready)
 		}
 	})
+	// The plans in flight when the bus lost its store, planned again by
+	// the controller that starts over (errStartOver).
+	var replans []cascade.Replan
 	st := seat{js: js, seat: mesh.ControllerSeat, scope: claim.Mesh(), holder: claim.Process("build-controller"),
-		opts: []claim.Option{claim.WithLease(o.Lease)}, log: o.Log}
+		opts: []claim.Option{claim.WithLease(o.Lease), claim.WithRaise(func(ctx context.Context) error {
+			// The claims bucket gone with the bus's store: raised again.
+			return mesh.RaiseClaims(ctx, js, o.Controller.Replicas)
+		})}, log: o.Log}
 	return st.hold(ctx, func(ctx context.Context, l *claim.Lease, _ *claim.Record) error {
 		// Taking the seat over: the catalogue as it is now.
 		if now, err := fingerprint(o.Catalogue); err == nil && now != loaded {
@@ -480,12 +486,20 @@ func RunController(ctx context.Context, o ControllerOptions) error {
 				cat, loaded = fresh, now
 			}
 		}
-		return runController(ctx, o, nc, js, cat, loaded, l.Held, ready)
+		return runController(ctx, o, nc, js, cat, loaded, l.Held, ready, &replans)
 	})
 }
 
+// wireGone is mesh.WireGone, bounded: a bus that does not answer has not
+// said it lost anything.
+func wireGone(js jetstream.JetStream) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	return mesh.WireGone(ctx, js)
+}
+
 // runController runs the controller while it holds mesh-controller.
-func runController(ctx context.Context, o ControllerOptions, nc *nats.Conn, js jetstream.JetStream, cat *mesh.Catalogue, fp string, held func() error, ready func()) error {
+func runController(ctx context.Context, o ControllerOptions, nc *nats.Conn, js jetstream.JetStream, cat *mesh.Catalogue, fp string, held func() error, ready func(), replans *[]cascade.Replan) error {
 	// Its pulls end before its claim can lapse: a controller stopped with
 	// its connection open leaves none to take what follows its takeover.
 	o.Controller.PullFor = seats.PullForLease(o.Lease)
@@ -494,6 +508,8 @@ func runController(ctx context.Context, o ControllerOptions, nc *nats.Conn, js j
 		return err
 	}
 	c.SetHeld(held)
+	c.Replan(*replans)
+	*replans = nil
 	// The fleet's side runs beside the cascade, on the same connection:
 	// enrolments, assignments, declarations and the nodes' reports.
 	dc := deploy.DefaultControllerConfig()
@@ -510,7 +526,11 @@ func runController(ctx context.Context, o ControllerOptions, nc *nats.Conn, js j
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	errc := make(chan error, 2)
-	go func() { errc <- c.Run(ctx) }()
+	ran := make(chan struct{})
+	go func() {
+		defer close(ran)
+		errc <- c.Run(ctx)
+	}()
 	if err := waitControllerReady(ctx, nc, c.Module(), errc); err != nil {
 		return err
 	}
@@ -525,6 +545,20 @@ func runController(ctx context.Context, o ControllerOptions, nc *nats.Conn, js j
 	for {
 		select {
 		case err := <-errc:
+			if (err != nil || held() != nil) && nc.IsConnected() && wireGone(js) {
+				// A server started again on an empty store (or its
+				// streams deleted): the plans, asks and claims it held
+				// are gone, and what the controller works on failed with
+				// them. It raises the wire again and starts over, planning
+				// again the plans it was running; the machines take asks
+				// again once their queues are back.
+				cancel()
+				<-ran
+				*replans = c.Running()
+				o.Log.Error("the bus has lost the farm's streams (a NATS server started again on an empty store?): raising them again and starting over, the plans in flight planned again",
+					"plans", len(*replans), "err", err)
+				return errStartOver
+			}
 			return err
 		case <-t.C:
 			now, err := fingerprint(o.Catalogue)

@@ -38,6 +38,10 @@ type seat struct {
 	refuse bool
 }
 
+// errStartOver is returned by a holder's work when the bus lost what it
+// works on (mesh.WireGone): hold takes the seat again and runs it anew.
+var errStartOver = errors.New("the bus lost the farm's streams: starting over")
+
 // hold runs fn as the seat's holder, with a context cancelled the moment
 // the claim is lost, and the claim it succeeds: the one this holder took
 // the seat over from (its own, left behind by a process that died or lost
@@ -68,6 +72,11 @@ func (s seat) hold(ctx context.Context, fn func(ctx context.Context, l *claim.Le
 		rcancel()
 		if ctx.Err() != nil {
 			return nil // stopping: what fn said on its way out is not a failure
+		}
+		if errors.Is(err, errStartOver) {
+			rec := l.Record() // its own, if the claim outlived the rest
+			lost = &rec
+			continue
 		}
 		if !errors.Is(lostErr, claim.ErrLost) {
 			return err
@@ -123,6 +132,7 @@ func (s seat) take(ctx context.Context, lost *claim.Record, refuse bool) (*claim
 			return nil, nil, err // the first claim of a process: say why at once
 		}
 		s.log.Warn("the bus does not answer: standing by to take the seat back", "seat", s.seat, "scope", s.scope.String(), "err", err, "attempt", attempt)
+
 		if err := backoff.Wait(ctx, retry.Delay(attempt)); err != nil {
 			return nil, nil, err
 		}
