@@ -490,13 +490,27 @@ func RunController(ctx context.Context, o ControllerOptions) error {
 	})
 }
 
-// wireGone is mesh.WireGone, bounded: a bus that does not answer has not
-// said it lost anything.
+// wireGone is mesh.WireGone, bounded (a bus that does not answer has not
+// said it lost anything) and confirmed by a second look wireRelook later:
+// a cluster recovering from a restart of all its servers must not be taken
+// for one that lost its store.
 func wireGone(js jetstream.JetStream) bool {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	return mesh.WireGone(ctx, js)
+	for i := range 2 {
+		if i > 0 {
+			time.Sleep(wireRelook)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		gone := mesh.WireGone(ctx, js)
+		cancel()
+		if !gone {
+			return false
+		}
+	}
+	return true
 }
+
+// wireRelook is how long wireGone waits before its second look.
+const wireRelook = 2 * time.Second
 
 // runController runs the controller while it holds mesh-controller.
 func runController(ctx context.Context, o ControllerOptions, nc *nats.Conn, js jetstream.JetStream, cat *mesh.Catalogue, fp string, held func() error, ready func(), replans *[]cascade.Replan) error {
