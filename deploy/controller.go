@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"slices"
 	"sort"
 	"strings"
@@ -79,6 +80,10 @@ type Controller struct {
 	decl   map[string]Declaration
 	status map[string]Status
 	heard  map[string]Report
+	// applied is the revision each node said it had applied when it
+	// enrolled: its next declaration is numbered above it, whatever the
+	// store remembers (a store lost with the bus's starts again from 0).
+	applied map[string]uint64
 	// current is each module's current image from the plans bucket.
 	current map[string]cascade.Current
 	cmds    seat.Inbox[command, Reply]
@@ -126,7 +131,7 @@ func NewController(cfg ControllerConfig, js jetstream.JetStream, cat *mesh.Catal
 	return &Controller{
 		cfg: cfg, js: js, nc: js.Conn(), log: log, obs: obs, module: module, cat: cat,
 		nodes: map[string]NodeRecord{}, assign: map[string]Assignment{}, decl: map[string]Declaration{},
-		status: map[string]Status{}, heard: map[string]Report{}, current: map[string]cascade.Current{},
+		status: map[string]Status{}, heard: map[string]Report{}, applied: map[string]uint64{}, current: map[string]cascade.Current{},
 		cmds: make(seat.Inbox[command, Reply], 16),
 	}, nil
 }
@@ -379,6 +384,9 @@ func (c *Controller) enrol(ctx context.Context, m jetstream.Msg) {
 		return
 	}
 	c.nodes[e.Node] = next
+	if e.Applied < math.MaxUint64/2 { // room to count on from it
+		c.applied[e.Node] = e.Applied
+	}
 	c.observe(e.Node)
 	c.answer(e.Reply, EnrolAnswer{Node: e.Node, OK: true, Created: !known})
 	if !known {
@@ -444,7 +452,7 @@ func (c *Controller) report(ctx context.Context, m jetstream.Msg) {
 // compose is node n's declaration as the assignments and current images say
 // now, at the next revision.
 func (c *Controller) compose(node string) Declaration {
-	d := Declaration{Version: WireVersion, Node: node, Revision: c.decl[node].Revision + 1, Modules: []DeclaredModule{}}
+	d := Declaration{Version: WireVersion, Node: node, Revision: max(c.decl[node].Revision, c.applied[node]) + 1, Modules: []DeclaredModule{}}
 	for _, module := range sortedKeys(c.assign) {
 		if !slices.Contains(c.assign[module].Nodes, node) {
 			continue

@@ -207,11 +207,18 @@ func (n *Node) Run(ctx context.Context) error {
 		return err
 	}
 	defer n.stopAll()
-	decls, err := seat.Consume(ctx, n.js, mesh.NodesStream, mesh.NodeConsumer(n.cfg.Name), 1, "declarations", n.log)
-	if err != nil {
-		return fmt.Errorf("node %s (the controller creates its consumer at enrolment): %w", n.cfg.Name, err)
+	consume := func() (*seat.Consumption, error) {
+		decls, err := seat.Consume(ctx, n.js, mesh.NodesStream, mesh.NodeConsumer(n.cfg.Name), 1, "declarations", n.log, seat.EndWhenGone())
+		if err != nil {
+			return nil, fmt.Errorf("node %s (the controller creates its consumer at enrolment): %w", n.cfg.Name, err)
+		}
+		return decls, nil
 	}
-	defer decls.Stop()
+	decls, err := consume()
+	if err != nil {
+		return err
+	}
+	defer func() { decls.Stop() }()
 	n.resume(ctx)
 	var wg sync.WaitGroup
 	defer wg.Wait()
@@ -222,13 +229,27 @@ func (n *Node) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case msg, ok := <-decls.Messages():
-			if !ok {
-				if ctx.Err() != nil || decls.Err() == nil {
-					return nil
-				}
+			if ok {
+				n.Apply(ctx, msg)
+				continue
+			}
+			if ctx.Err() != nil || decls.Err() == nil {
+				return nil
+			}
+			if !errors.Is(decls.Err(), seat.ErrConsumerGone) {
 				return fmt.Errorf("reading declarations: %w", decls.Err())
 			}
-			n.Apply(ctx, msg)
+			// The bus lost its store: the controller knows the node no
+			// more. It enrols again (the controller makes its consumer
+			// again), keeping what it runs; the next declaration is
+			// numbered above what it applied (it says it at enrolment).
+			n.log.Warn("the declarations consumer is gone from the bus (a server started again on an empty store?): enrolling again; what this node runs goes on")
+			if err := n.enrolAgain(ctx); err != nil {
+				return err
+			}
+			if decls, err = consume(); err != nil {
+				return err
+			}
 		}
 	}
 }
@@ -244,12 +265,19 @@ func (n *Node) Enrol(ctx context.Context) error {
 		return fmt.Errorf("listening for the enrolment answer on %s: %w", reply, err)
 	}
 	defer func() { _ = sub.Unsubscribe() }()
-	data, _ := json.Marshal(Enrol{Version: WireVersion, Node: n.cfg.Name, Identity: n.cfg.Identity, Platforms: n.cfg.Platforms, Reply: reply})
-	if _, err := n.js.Publish(ctx, mesh.SeatAcceptSubject(mesh.ControllerSeat, mesh.EnrolVerb), data); err != nil {
+	data, _ := json.Marshal(Enrol{Version: WireVersion, Node: n.cfg.Name, Identity: n.cfg.Identity, Platforms: n.cfg.Platforms, Reply: reply, Applied: n.Applied()})
+	// Sent again under the same id while no answer comes: the queue's
+	// duplicate window drops the copy of one still queued (no controller
+	// yet), and takes one whose first was lost with the bus's store.
+	publish := func() error {
+		_, err := n.js.Publish(ctx, mesh.SeatAcceptSubject(mesh.ControllerSeat, mesh.EnrolVerb), data, jetstream.WithMsgID(reply))
+		return err
+	}
+	if err := publish(); err != nil {
 		return fmt.Errorf("enrolling with %s: %w", mesh.ControllerSeat, err)
 	}
 	for {
-		wctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+		wctx, cancel := context.WithTimeout(ctx, enrolWait)
 		m, err := sub.NextMsgWithContext(wctx)
 		cancel()
 		if ctx.Err() != nil {
@@ -257,6 +285,9 @@ func (n *Node) Enrol(ctx context.Context) error {
 		}
 		if err != nil {
 			n.log.Info("waiting for the controller to answer the enrolment (it stays queued until one does)")
+			if err := publish(); err != nil {
+				n.log.Warn("enrolling again", "err", err)
+			}
 			continue
 		}
 		var a EnrolAnswer
@@ -268,6 +299,27 @@ func (n *Node) Enrol(ctx context.Context) error {
 		}
 		n.log.Info("enrolled", "new", a.Created)
 		return nil
+	}
+}
+
+// enrolWait is how long an enrolment waits for its answer before it is
+// sent again.
+const enrolWait = 15 * time.Second
+
+// enrolAgain enrols until the controller answers: while the bus has no
+// seat queue to take the enrolment (the controller raises it as it starts
+// over), it tries again. A refusal ends it.
+func (n *Node) enrolAgain(ctx context.Context) error {
+	retry := backoff.Policy{First: 250 * time.Millisecond, Max: 5 * time.Second}
+	for attempt := 1; ; attempt++ {
+		err := n.Enrol(ctx)
+		if err == nil || errors.Is(err, ErrRefused) || ctx.Err() != nil {
+			return err
+		}
+		n.log.Warn("enrolling again: the controller's queue is not there yet; trying again", "err", err, "attempt", attempt)
+		if err := backoff.Wait(ctx, retry.Delay(attempt)); err != nil {
+			return err
+		}
 	}
 }
 

@@ -63,6 +63,48 @@ func TestStaleDeclarationIsRefused(t *testing.T) {
 	b.noViolations()
 }
 
+// A bus that lost its store (every stream gone; the fleet's controller
+// started over on the wire raised again) no longer knows the node. Before,
+// the node pulled from its gone consumer for ever, unlisted, and a module
+// assigned after was declared at revision 1, which it refused as stale.
+// Now it enrols again, saying the revision it applied, keeps what it runs,
+// and applies what is assigned after.
+func TestANodeEnrolsAgainOnABusThatLostItsStore(t *testing.T) {
+	b := newBed(t, []string{"n1"})
+	_, c := b.controller(deploy.DefaultControllerConfig())
+	n, nm := b.node("n1", t.TempDir(), nil)
+	run(b.ctx, n.Run)
+	testenv.WaitFor(t, 10*time.Second, "n1 to enrol", func() bool { _, ok := b.nodes()["n1"]; return ok })
+	assign(t, b, mesh.AssignTool, "base", "n1")
+	assign(t, b, mesh.AssignTool, "app", "n1")
+	testenv.WaitFor(t, 10*time.Second, "n1 to apply revision 2", func() bool { return n.Applied() == 2 })
+
+	if err := c.stop(); err != nil {
+		t.Fatal(err)
+	}
+	var streams []string
+	for name := range b.ajs.StreamNames(b.ctx).Name() {
+		streams = append(streams, name)
+	}
+	for _, name := range streams {
+		if err := b.ajs.DeleteStream(b.ctx, name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b.controller(deploy.DefaultControllerConfig()) // raises the wire again
+	testenv.WaitFor(t, 45*time.Second, "n1 to enrol again", func() bool { _, ok := b.nodes()["n1"]; return ok })
+	assign(t, b, mesh.AssignTool, "base", "n1")
+	d, ok := b.lastDeclaration("n1")
+	if !ok || d.Revision != 3 {
+		t.Fatalf("n1's declaration after the store was lost: %+v (%v), want revision 3, above the 2 it applied", d, ok)
+	}
+	testenv.WaitFor(t, 10*time.Second, "n1 to apply revision 3", func() bool { return n.Applied() == 3 })
+	if r := count(nm.Applies(deploy.Refused)); r != 0 {
+		t.Errorf("n1 refused %v declarations", r)
+	}
+	b.noViolations()
+}
+
 // TestNodeAwayGetsOnlyTheCurrentDeclaration: declarations composed while a
 // node is away are not queued; it reads exactly the newest.
 func TestNodeAwayGetsOnlyTheCurrentDeclaration(t *testing.T) {

@@ -22,6 +22,10 @@ type Enrol struct {
 	Identity  string   `json:"identity"`
 	Platforms []string `json:"platforms,omitempty"`
 	Reply     string   `json:"reply"`
+	// Applied is the revision the node has applied: a declaration is
+	// numbered above it (a controller that lost its store starts again
+	// from it, not from 1, which the node would refuse as stale).
+	Applied uint64 `json:"applied,omitempty"`
 }
 
 // EnrolAnswer is the controller's answer to an enrolment.

@@ -18,9 +18,13 @@ import (
 // Consumption reads a durable pull consumer onto a channel until it is
 // stopped or the consumer ends. Make one with Consume.
 type Consumption struct {
-	nc  *nats.Conn
-	it  jetstream.MessagesContext
-	out chan jetstream.Msg
+	nc *nats.Conn
+	js jetstream.JetStream
+	// stream and consumer are the consumer's names; endGone, EndWhenGone.
+	stream, consumer string
+	endGone          bool
+	it               jetstream.MessagesContext
+	out              chan jetstream.Msg
 	// abandoned is closed when Stop lets go of a drain that did not end.
 	abandoned chan struct{}
 	wg        sync.WaitGroup
@@ -59,7 +63,8 @@ func Consume(ctx context.Context, js jetstream.JetStream, stream, consumer strin
 	if err != nil {
 		return nil, fmt.Errorf("consuming %s (%s/%s): %w", what, stream, consumer, err)
 	}
-	c := &Consumption{nc: js.Conn(), it: it, out: make(chan jetstream.Msg, batch), abandoned: make(chan struct{})}
+	c := &Consumption{nc: js.Conn(), js: js, stream: stream, consumer: consumer, endGone: o.endGone,
+		it: it, out: make(chan jetstream.Msg, batch), abandoned: make(chan struct{})}
 	c.wg.Go(func() { c.pull(what, log) })
 	return c, nil
 }
@@ -100,7 +105,25 @@ const takeBackFor = 5 * time.Second
 // ConsumeOption changes how Consume pulls.
 type ConsumeOption func(*consumeOptions)
 
-type consumeOptions struct{ expiry time.Duration }
+type consumeOptions struct {
+	expiry  time.Duration
+	endGone bool
+}
+
+// ErrConsumerGone is why a consumption made with EndWhenGone ended: the
+// server no longer has the consumer or its stream.
+var ErrConsumerGone = errors.New("the consumer is gone from the bus (a server started again on an empty store?)")
+
+// EndWhenGone ends the consumption when the server deletes the consumer,
+// or when its heartbeats stop and the server says, at two heartbeats in a
+// row, that the consumer or its stream is not there (a server started again
+// on an empty store says nothing of a deletion): Err then matches
+// ErrConsumerGone. For a holder that can have its
+// consumer made again (a node, by enrolling again), which otherwise pulls
+// from nothing for ever.
+func EndWhenGone() ConsumeOption {
+	return func(o *consumeOptions) { o.endGone = true }
+}
 
 // PullingFor has each pull wait at most d (PullForLease); 0 leaves the
 // default, consumeExpiry.
@@ -146,13 +169,30 @@ const consumeExpiry = 10 * time.Second
 
 func (c *Consumption) pull(what string, log *slog.Logger) {
 	defer close(c.out)
+	missing := 0 // heartbeats in a row the server said the consumer is not there
 	for {
 		m, err := c.it.Next()
 		if errors.Is(err, jetstream.ErrNoHeartbeat) {
 			// The server missed its heartbeats (a cluster without
 			// quorum, a bus away): the iterator goes on pulling.
+			if c.endGone && c.gone() {
+				if missing++; missing >= 2 {
+					log.Warn("consumer gone from the bus", "of", what, "consumer", c.stream+"/"+c.consumer)
+					c.err = fmt.Errorf("consuming %s: %w", what, ErrConsumerGone)
+					c.it.Stop()
+					return
+				}
+			} else {
+				missing = 0
+			}
 			log.Warn("consumer missed its heartbeats; still pulling", "of", what)
 			continue
+		}
+		missing = 0
+		if c.endGone && (errors.Is(err, jetstream.ErrConsumerDeleted) || errors.Is(err, jetstream.ErrConsumerNotFound)) {
+			log.Warn("consumer gone from the bus", "of", what, "consumer", c.stream+"/"+c.consumer, "err", err)
+			c.err = fmt.Errorf("consuming %s: %w: %w", what, ErrConsumerGone, err)
+			return
 		}
 		if err != nil {
 			if !errors.Is(err, jetstream.ErrMsgIteratorClosed) {
@@ -168,6 +208,15 @@ func (c *Consumption) pull(what string, log *slog.Logger) {
 			return
 		}
 	}
+}
+
+// gone reports whether the server says the consumer or its stream is not
+// there; a server that does not answer has not said so.
+func (c *Consumption) gone() bool {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	_, err := c.js.Consumer(ctx, c.stream, c.consumer)
+	return errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrStreamNotFound)
 }
 
 // Messages is the consumer's messages, closed when the consumption ends.
