@@ -244,6 +244,7 @@ func (n *Node) Run(ctx context.Context) error {
 			// again), keeping what it runs; the next declaration is
 			// numbered above what it applied (it says it at enrolment).
 			n.log.Warn("the declarations consumer is gone from the bus (a server started again on an empty store?): enrolling again; what this node runs goes on")
+			decls.Stop()
 			if err := n.enrolAgain(ctx); err != nil {
 				return err
 			}

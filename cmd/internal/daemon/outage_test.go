@@ -488,27 +488,16 @@ func TestAControllerAndAMachineStartOverOnABusThatLostItsStore(t *testing.T) {
 	bk := testenv.Buildkitd(t)
 	srv := newRestartable(t)
 	dir := chainCatalogue(t)
-	var clog, alog testenv.Buffer
+	var alog testenv.Buffer
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	ready := make(chan struct{})
-	cdone := make(chan error, 1)
-	go func() {
-		cdone <- RunController(ctx, ControllerOptions{NATS: srv.s.ClientURL(), Catalogue: dir, Poll: time.Hour, Lease: 6 * time.Second,
-			Controller: cascade.Config{Registry: "127.0.0.1:1", Images: testenv.AnyImage{}}, Ready: ready, Log: slog.New(slog.NewTextHandler(&clog, nil))})
-	}()
-	select {
-	case <-ready:
-	case err := <-cdone:
-		t.Fatalf("controller: %v", err)
-	case <-time.After(60 * time.Second):
-		t.Fatal("the controller did not start")
-	}
+	ctl := startStandbyController(t, srv.s.ClientURL(), dir, 6*time.Second)
+	ctl.awaitReady(t, 60*time.Second)
 	adone := startAgent(t, ctx, "m1", AgentOptions{NATS: srv.s.ClientURL(), BuildKit: bk, Catalogue: dir,
 		Lease: 2 * time.Second, Log: slog.New(slog.NewTextHandler(&alog, nil))})
 	t.Cleanup(func() {
 		if t.Failed() {
-			t.Logf("controller:\n%s\nagent:\n%s", clog.String(), alog.String())
+			t.Logf("controller:\n%s\nagent:\n%s", ctl.log.String(), alog.String())
 		}
 	})
 	// The test's own connection, which rides out the restart.
@@ -552,8 +541,8 @@ func TestAControllerAndAMachineStartOverOnABusThatLostItsStore(t *testing.T) {
 	srv.start()
 	testenv.WaitFor(t, 90*time.Second, "the controller holding its seat again on the emptied server, the wire raised again, m1 holding its seat and pulling", func() bool {
 		select {
-		case err := <-cdone:
-			t.Fatalf("the controller stopped: %v\n%s", err, clog.String())
+		case err := <-ctl.done:
+			t.Fatalf("the controller stopped: %v\n%s", err, ctl.log.String())
 		case err := <-adone:
 			t.Fatalf("the agent stopped: %v\n%s", err, alog.String())
 		default:
@@ -564,8 +553,9 @@ func TestAControllerAndAMachineStartOverOnABusThatLostItsStore(t *testing.T) {
 	if _, err := js.Stream(ctx, mesh.EventsStream); err != nil {
 		t.Errorf("EVENTS after the restart: %v", err)
 	}
+	ctl.stop()
 	cancel()
-	if err := <-cdone; err != nil {
+	if err := <-ctl.done; err != nil {
 		t.Errorf("RunController: %v", err)
 	}
 	if err := <-adone; err != nil {

@@ -132,7 +132,6 @@ func (s seat) take(ctx context.Context, lost *claim.Record, refuse bool) (*claim
 			return nil, nil, err // the first claim of a process: say why at once
 		}
 		s.log.Warn("the bus does not answer: standing by to take the seat back", "seat", s.seat, "scope", s.scope.String(), "err", err, "attempt", attempt)
-
 		if err := backoff.Wait(ctx, retry.Delay(attempt)); err != nil {
 			return nil, nil, err
 		}

@@ -176,8 +176,8 @@ type standbyController struct {
 }
 
 // startStandbyController runs a controller of the catalogue in dir with
-// lease on url until the test ends or stop.
-func startStandbyController(t *testing.T, url, dir string, lease time.Duration) *standbyController {
+// lease on url until the test ends or stop; tweaks change its options.
+func startStandbyController(t *testing.T, url, dir string, lease time.Duration, tweaks ...func(*ControllerOptions)) *standbyController {
 	t.Helper()
 	c := &standbyController{ready: make(chan struct{}), done: make(chan error, 1)}
 	ctx, stop := context.WithCancel(context.Background())
@@ -186,8 +186,24 @@ func startStandbyController(t *testing.T, url, dir string, lease time.Duration) 
 	o := ControllerOptions{NATS: url, Catalogue: dir, Poll: time.Hour, Lease: lease,
 		Controller: cascade.Config{Registry: "127.0.0.1:1", Images: testenv.AnyImage{}}, Ready: c.ready,
 		Log: slog.New(slog.NewTextHandler(&c.log, nil))}
+	for _, tweak := range tweaks {
+		tweak(&o)
+	}
 	go func() { c.done <- RunController(ctx, o) }()
 	return c
+}
+
+// awaitReady waits, within, for the controller to serve; its stopping
+// first fails t.
+func (c *standbyController) awaitReady(t *testing.T, within time.Duration) {
+	t.Helper()
+	select {
+	case <-c.ready:
+	case err := <-c.done:
+		t.Fatalf("controller: %v\n%s", err, c.log.String())
+	case <-time.After(within):
+		t.Fatalf("the controller did not start within %s\n%s", within, c.log.String())
+	}
 }
 
 // Two controllers on one bus: the second stands by (saying so, and who

@@ -41,21 +41,9 @@ func TestAFarmWhoseNATSStoreWasLostRunsOn(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := filepath.Join(state, "nats")
-	f.nsMu.Lock()
-	addr := f.ns.Addr().String()
-	f.ns.Shutdown()
-	f.ns.WaitForShutdown()
-	if err := os.RemoveAll(dir); err != nil {
-		f.nsMu.Unlock()
+	if _, err := f.restartNATS(dir, keys, testenv.Log(t, "nats"), func() error { return os.RemoveAll(dir) }); err != nil {
 		t.Fatal(err)
 	}
-	ns, err := startNATS(addr, dir, keys, openFiles(), natsLogger{log: testenv.Log(t, "nats"), broken: f.storeBroken})
-	if err != nil {
-		f.nsMu.Unlock()
-		t.Fatal(err)
-	}
-	f.ns = ns
-	f.nsMu.Unlock()
 
 	nc, _, err := daemon.Connect(f.NATSURL(), f.OperatorCreds(), mesh.OperatorPrincipal, "test")
 	if err != nil {

@@ -547,18 +547,11 @@ func (f *Farm) superviseNATS(dir string, keys *creds.Keys, log *slog.Logger) {
 			if !f.awaitRoom(dir, log) {
 				return
 			}
-			f.nsMu.Lock()
-			addr := f.ns.Addr().String()
-			f.ns.Shutdown()
-			f.ns.WaitForShutdown()
-			ns, err := startNATS(addr, dir, keys, openFiles(), natsLogger{log: log, broken: f.storeBroken})
+			addr, err := f.restartNATS(dir, keys, log, nil)
 			if err != nil {
-				f.nsMu.Unlock()
 				f.fail(fmt.Errorf("NATS could not write its store, and would not start again: %w", err))
 				return
 			}
-			f.ns = ns
-			f.nsMu.Unlock()
 			select { // what the stopped server said on its way out
 			case <-f.storeBroken:
 			default:
@@ -567,6 +560,28 @@ func (f *Farm) superviseNATS(dir string, keys *creds.Keys, log *slog.Logger) {
 			f.say("NATS is running again on %s", addr)
 		}
 	})
+}
+
+// restartNATS stops the single NATS server and starts it again on the same
+// address and store dir, calling between (when set) while it is stopped;
+// it returns the address.
+func (f *Farm) restartNATS(dir string, keys *creds.Keys, log *slog.Logger, between func() error) (string, error) {
+	f.nsMu.Lock()
+	defer f.nsMu.Unlock()
+	addr := f.ns.Addr().String()
+	f.ns.Shutdown()
+	f.ns.WaitForShutdown()
+	if between != nil {
+		if err := between(); err != nil {
+			return addr, err
+		}
+	}
+	ns, err := startNATS(addr, dir, keys, openFiles(), natsLogger{log: log, broken: f.storeBroken})
+	if err != nil {
+		return addr, err
+	}
+	f.ns = ns
+	return addr, nil
 }
 
 // natsRoom is the free space the disk of NATS's store needs before the
